@@ -1,0 +1,1 @@
+"""Tessera node agent: device plugin, MPS lanes, NVML telemetry."""

@@ -1,0 +1,1 @@
+"""Tessera API: resource models and contract constants."""

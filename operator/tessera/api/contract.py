@@ -1,0 +1,76 @@
+"""Names shared by every component: API group, resources, annotations, labels, env.
+
+One module so the operator, extender, node agent and chart can never disagree on a spelling.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "tessera.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+KIND_APP: Final = "App"
+KIND_TRIALGROUP: Final = "TrialGroup"
+KIND_MODELDEPLOYMENT: Final = "ModelDeployment"
+PLURAL_APP: Final = "apps"
+PLURAL_TRIALGROUP: Final = "trialgroups"
+PLURAL_MODELDEPLOYMENT: Final = "modeldeployments"
+CATEGORY: Final = "tessera"
+
+# Extended resources on pods.
+RESOURCE_GPU: Final = f"{GROUP}/gpu"  # GPUs spanned (virtual slots advertised by the agent)
+RESOURCE_GPU_MEMORY: Final = f"{GROUP}/gpu-memory"  # MiB per GPU
+RESOURCE_GPU_COMPUTE: Final = f"{GROUP}/gpu-compute"  # percent of one GPU's SMs
+
+# Virtual device slots the agent advertises per physical GPU for tessera.io/gpu.
+DEFAULT_SLOTS_PER_GPU: Final = 10
+
+# Annotations.
+ANN_PLACEMENT: Final = f"{GROUP}/placement"  # operator → extender: node + GPU indices
+ANN_ASSIGNMENT: Final = f"{GROUP}/assignment"  # extender → agent: node, GPU UUIDs, lane, memory, compute
+ANN_WORKLOAD: Final = f"{GROUP}/workload"  # training | trial | serving [+ class]
+ANN_NODE_GPUS: Final = f"{GROUP}/gpus"  # agent → everyone: per-GPU inventory on the Node
+ANN_PROGRESS: Final = f"{GROUP}/progress"  # workload → operator: iterations done (pod annotation)
+
+# Labels.
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE: Final = "tessera"
+LABEL_APP: Final = f"{GROUP}/app"
+LABEL_TRIALGROUP: Final = f"{GROUP}/trialgroup"
+LABEL_MODELDEPLOYMENT: Final = f"{GROUP}/modeldeployment"
+LABEL_JOB: Final = f"{GROUP}/job"
+LABEL_TRIAL: Final = f"{GROUP}/trial"
+LABEL_ROLE: Final = f"{GROUP}/role"  # worker | gateway
+LABEL_LEASE: Final = f"{GROUP}/lease"
+
+WORKLOAD_TRAINING: Final = "training"
+WORKLOAD_TRIAL: Final = "trial"
+WORKLOAD_SERVING: Final = "serving"
+
+SCHEDULER_NAME: Final = "tessera-scheduler"
+FINALIZER: Final = f"{GROUP}/cleanup"
+
+# Env injected into containers.
+ENV_CUDA_VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
+ENV_MPS_PIPE_DIRECTORY: Final = "CUDA_MPS_PIPE_DIRECTORY"
+ENV_MPS_LOG_DIRECTORY: Final = "CUDA_MPS_LOG_DIRECTORY"
+ENV_MPS_ACTIVE_THREAD_PERCENTAGE: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+ENV_MPS_PINNED_DEVICE_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ENV_LANE_ID: Final = "TESSERA_LANE_ID"
+ENV_RANK: Final = "TESSERA_RANK"
+ENV_WORLD_SIZE: Final = "TESSERA_WORLD_SIZE"
+ENV_PROGRESS_ENDPOINT: Final = "TESSERA_PROGRESS_ENDPOINT"
+ENV_COORDINATOR_SOCKET: Final = "TESSERA_COORDINATOR_SOCKET"
+ENV_JOB: Final = "TESSERA_JOB"
+ENV_TRIAL: Final = "TESSERA_TRIAL"
+
+# Device plugin.
+DEVICE_PLUGIN_DIR: Final = "/var/lib/kubelet/device-plugins/"
+KUBELET_SOCKET: Final = DEVICE_PLUGIN_DIR + "kubelet.sock"
+AGENT_SOCKET_NAME: Final = "tessera-gpu.sock"
+MPS_ROOT: Final = "/run/tessera/mps"
+MPS_CONTAINER_ROOT: Final = "/mps"
+
+METRIC_PREFIX: Final = "tessera_"

@@ -1,0 +1,1 @@
+"""Subcommands of `tessera`. Each module here defines `register(subparsers)`; the CLI discovers them."""
