@@ -33,6 +33,7 @@ ANN_ASSIGNMENT: Final = f"{GROUP}/assignment"  # extender → agent: node, GPU U
 ANN_WORKLOAD: Final = f"{GROUP}/workload"  # training | trial | serving [+ class]
 ANN_NODE_GPUS: Final = f"{GROUP}/gpus"  # agent → everyone: per-GPU inventory on the Node
 ANN_PROGRESS: Final = f"{GROUP}/progress"  # workload → operator: iterations done (pod annotation)
+ANN_ALLOCATED: Final = f"{GROUP}/allocated"  # agent: device IDs Allocate gave this pod (marks it served)
 
 # Labels.
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
