@@ -1,0 +1,127 @@
+"""Allocate and GetPreferredAllocation decisions, free of gRPC: pick the pod a request serves, build its env.
+
+The request carries only slot IDs (k8s-interfaces.md §1.6), so the pod is found among this node's pods that
+have an assignment and no `tessera.io/allocated` mark, matched by the number of slots its container asks for;
+among several, the one whose assigned GPUs the slots lie on wins, then the oldest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tessera.api import contract
+
+from .assignment import Assignment
+from .config import AgentConfig
+from .pods import PodInfo
+from .slots import gpu_of
+
+ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"  # read by the NVIDIA container runtime
+
+
+class AllocationError(RuntimeError):
+    """Allocate cannot serve a request; the message is what kubelet shows on the pod."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    container_path: str
+    host_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    pod: PodInfo
+    envs: dict[str, str]
+    mounts: tuple[Mount, ...]
+
+
+def choose_pod(device_ids: Sequence[str], pods: Sequence[PodInfo], node: str) -> PodInfo:
+    n = len(device_ids)
+    if n == 0:
+        raise AllocationError("Allocate called with no device IDs")
+    gpus = {gpu_of(d) for d in device_ids}
+    candidates = [
+        p
+        for p in pods
+        if p.assignment is not None and not p.allocated and p.assignment.node == node and n in p.gpu_requests
+    ]
+    if not candidates:
+        broken = [f"{p.key}: {p.assignment_error}" for p in pods if p.assignment_error and not p.allocated]
+        hint = f"; assignments that could not be read: {'; '.join(broken)}" if broken else ""
+        raise AllocationError(
+            f"no pod on node {node} has a {contract.ANN_ASSIGNMENT} annotation, is not yet allocated and requests "
+            f"{n} {contract.RESOURCE_GPU}; was it scheduled by {contract.SCHEDULER_NAME}?{hint}"
+        )
+    return min(
+        candidates, key=lambda p: (set(p.assignment.gpu_uuids) != gpus if p.assignment else True, p.created)
+    )
+
+
+def container_allocation(pod: PodInfo, cfg: AgentConfig) -> ContainerAllocation:
+    """The env and mounts that put the container in its lane (DESIGN.md "Env injected into containers")."""
+    a: Assignment | None = pod.assignment
+    if a is None:
+        raise AllocationError(f"pod {pod.key} has no {contract.ANN_ASSIGNMENT} annotation")
+    visible = ",".join(a.gpu_uuids)
+    keys = [str(i) for i in range(len(a.gpu_uuids))] if cfg.mem_limit_key == "ordinal" else list(a.gpu_uuids)
+    pipe_in_container = f"{cfg.mps_container_root}/pipe"
+    envs = {
+        contract.ENV_CUDA_VISIBLE_DEVICES: visible,
+        ENV_NVIDIA_VISIBLE_DEVICES: visible,
+        contract.ENV_MPS_PIPE_DIRECTORY: pipe_in_container,
+        contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE: str(a.compute_percent),
+        contract.ENV_MPS_PINNED_DEVICE_MEM_LIMIT: ",".join(f"{k}={a.memory_mib}M" for k in keys),
+        contract.ENV_LANE_ID: a.lane_id,
+    }
+    mounts = [
+        Mount(pipe_in_container, str(cfg.mps_pipe_dir)),
+        Mount("/dev/shm", str(cfg.mps_root / "shm")),
+    ]
+    if cfg.coordinator_socket is not None:
+        envs[contract.ENV_COORDINATOR_SOCKET] = (
+            f"{cfg.coordinator_container_dir}/{cfg.coordinator_socket.name}"
+        )
+        mounts.append(Mount(cfg.coordinator_container_dir, str(cfg.coordinator_socket.parent)))
+    return ContainerAllocation(pod=pod, envs=envs, mounts=tuple(mounts))
+
+
+def preferred_slots(
+    available: Sequence[str], must_include: Sequence[str], size: int, pods: Sequence[PodInfo], node: str
+) -> list[str]:
+    """Slots for a request of `size`: one on each GPU of the oldest pending pod of that size, if any.
+
+    Steering slots onto the assigned GPUs keeps kubelet's per-GPU slot count equal to the lanes on that GPU.
+    """
+    if size < len(must_include):
+        raise AllocationError(
+            f"allocation size {size} is smaller than the {len(must_include)} required devices"
+        )
+    chosen = list(must_include)
+    pending = sorted(
+        (
+            p
+            for p in pods
+            if p.assignment and not p.allocated and p.assignment.node == node and size in p.gpu_requests
+        ),
+        key=lambda p: p.created,
+    )
+    wanted = list(pending[0].assignment.gpu_uuids) if pending and pending[0].assignment else []
+    have = {gpu_of(d) for d in chosen}
+    for uuid in wanted:
+        if len(chosen) >= size or uuid in have:
+            continue
+        slot = next((d for d in available if d not in chosen and gpu_of(d) == uuid), None)
+        if slot is not None:
+            chosen.append(slot)
+            have.add(uuid)
+    for d in available:
+        if len(chosen) >= size:
+            break
+        if d not in chosen:
+            chosen.append(d)
+    if len(chosen) < size:
+        raise AllocationError(f"only {len(chosen)} devices available for an allocation of {size}")
+    return chosen

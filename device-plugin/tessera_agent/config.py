@@ -1,0 +1,52 @@
+"""Node agent settings, with the contract's defaults (paths, resource name, slots per GPU)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from tessera.api import contract
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_name: str
+    resource_name: str = contract.RESOURCE_GPU
+    slots_per_gpu: int = contract.DEFAULT_SLOTS_PER_GPU
+    device_plugin_dir: Path = Path(contract.DEVICE_PLUGIN_DIR)
+    socket_name: str = contract.AGENT_SOCKET_NAME
+    kubelet_socket_name: str = "kubelet.sock"
+    mps_root: Path = Path(contract.MPS_ROOT)  # host path holding pipe/, log/ and shm/
+    mps_container_root: str = contract.MPS_CONTAINER_ROOT
+    # How CUDA_MPS_PINNED_DEVICE_MEM_LIMIT names devices: container-visible ordinals (0..n-1, what NVIDIA's
+    # plugin uses for its daemon limits after limits by UUID were not applied) or the GPU UUIDs.
+    mem_limit_key: Literal["ordinal", "uuid"] = "ordinal"
+    coordinator_socket: Path | None = None  # host path of the lane coordinator; None = not offered
+    coordinator_container_dir: str = "/run/tessera/coordinator"
+    extra_reserve_mib: int = 0  # margin kept off every GPU's usable memory beyond the driver reserve
+    restart_poll_s: float = 1.0  # how often to look for a kubelet restart (§1.4)
+
+    def __post_init__(self) -> None:
+        if not self.node_name:
+            raise ValueError("the node name is required (set NODE_NAME from the downward API or pass --node)")
+        if self.slots_per_gpu < 1:
+            raise ValueError(f"slots per GPU must be at least 1, got {self.slots_per_gpu}")
+        if self.extra_reserve_mib < 0:
+            raise ValueError("extra reserve must not be negative")
+
+    @property
+    def plugin_socket(self) -> Path:
+        return self.device_plugin_dir / self.socket_name
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.device_plugin_dir / self.kubelet_socket_name
+
+    @property
+    def mps_pipe_dir(self) -> Path:
+        return self.mps_root / "pipe"
+
+    @property
+    def mps_log_dir(self) -> Path:
+        return self.mps_root / "log"

@@ -1,0 +1,107 @@
+"""An in-memory GPU backend for tests and demos: GPUs, processes and injected faults.
+
+It implements `GpuBackend` exactly as the NVML backend does, so code under test cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import replace
+
+from .backend import MIB, GpuBackend, GpuInfo, GpuProcess, GpuUsage, HealthEvent
+
+
+class FakeGpuBackend(GpuBackend):
+    def __init__(self, gpus: list[GpuInfo]) -> None:
+        if len({g.uuid for g in gpus}) != len(gpus):
+            raise ValueError("fake GPUs need distinct UUIDs")
+        self._lock = threading.Lock()
+        self._gpus = {g.uuid: g for g in gpus}
+        self._procs: dict[str, dict[int, GpuProcess]] = {g.uuid: {} for g in gpus}
+        self._util: dict[str, float] = {g.uuid: 0.0 for g in gpus}
+        self._events: queue.Queue[HealthEvent] = queue.Queue()
+
+    @classmethod
+    def uniform(
+        cls,
+        count: int,
+        *,
+        model: str = "NVIDIA A100-SXM4-40GB",
+        memory_mib: int = 40960,
+        reserved_mib: int = 512,
+    ) -> FakeGpuBackend:
+        return cls(
+            [
+                GpuInfo(
+                    index=i,
+                    uuid=f"GPU-00000000-0000-0000-0000-{i:012d}",
+                    model=model,
+                    memory_total_bytes=memory_mib * MIB,
+                    memory_reserved_bytes=reserved_mib * MIB,
+                )
+                for i in range(count)
+            ]
+        )
+
+    # --- GpuBackend ---
+    def gpus(self) -> list[GpuInfo]:
+        with self._lock:
+            return sorted(self._gpus.values(), key=lambda g: g.index)
+
+    def usage(self, uuid: str) -> GpuUsage:
+        with self._lock:
+            self._require(uuid)
+            used = sum(p.used_memory_bytes or 0 for p in self._procs[uuid].values())
+            return GpuUsage(memory_used_bytes=used, utilization_percent=self._util[uuid])
+
+    def processes(self, uuid: str) -> list[GpuProcess]:
+        with self._lock:
+            self._require(uuid)
+            return list(self._procs[uuid].values())
+
+    def wait_health_event(self, timeout_s: float) -> HealthEvent | None:
+        try:
+            return self._events.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        pass
+
+    # --- test controls ---
+    def add_process(
+        self, uuid: str, pid: int, used_mib: float | None, *, sm_util: float = 0.0, mps: bool = True
+    ) -> None:
+        used = None if used_mib is None else int(used_mib * MIB)
+        with self._lock:
+            self._require(uuid)
+            self._procs[uuid][pid] = GpuProcess(
+                pid=pid, used_memory_bytes=used, sm_util_percent=sm_util, mps=mps
+            )
+
+    def remove_process(self, uuid: str, pid: int) -> None:
+        with self._lock:
+            self._procs[uuid].pop(pid, None)
+
+    def set_utilization(self, uuid: str, percent: float) -> None:
+        with self._lock:
+            self._require(uuid)
+            self._util[uuid] = percent
+
+    def inject_fault(self, uuid: str, reason: str = "XID 79: GPU has fallen off the bus") -> None:
+        """Mark a GPU unhealthy and deliver the event, as an NVML XID critical error would."""
+        self._set_health(uuid, False, reason)
+
+    def recover(self, uuid: str, reason: str = "recovered") -> None:
+        self._set_health(uuid, True, reason)
+
+    def _set_health(self, uuid: str, healthy: bool, reason: str) -> None:
+        with self._lock:
+            self._require(uuid)
+            self._gpus[uuid] = replace(self._gpus[uuid], healthy=healthy)
+        self._events.put(HealthEvent(uuid=uuid, healthy=healthy, reason=reason))
+
+    def _require(self, uuid: str) -> None:
+        if uuid not in self._gpus:
+            raise KeyError(f"no GPU with UUID {uuid!r} on this fake node (have {sorted(self._gpus)})")

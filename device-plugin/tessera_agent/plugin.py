@@ -1,0 +1,238 @@
+"""The device plugin (API v1beta1) over gRPC on a unix socket, its kubelet registration and restart handling.
+
+Flow as in k8s-interfaces.md §1.3: serve first, then Register with kubelet; kubelet opens ListAndWatch, which
+re-sends the full device list whenever a GPU's health changes. A new kubelet deletes every socket in the
+device-plugin directory (§1.4), so the plugin polls for its socket vanishing or kubelet.sock being replaced
+and then restarts its server and registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from .allocate import AllocationError, choose_pod, container_allocation, preferred_slots
+from .backend import GpuBackend
+from .config import AgentConfig
+from .pods import PodSource
+from .proto import api_pb2, api_pb2_grpc
+from .slots import slot_ids
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    def __init__(self, cfg: AgentConfig, backend: GpuBackend, pods: PodSource) -> None:
+        self.cfg = cfg
+        self.pods = pods
+        self._health = {g.uuid: g.healthy for g in backend.gpus()}
+        self._version = 0
+        self._changed = asyncio.Condition()
+        self._allocate_lock = asyncio.Lock()
+        self._served: set[str] = set()  # pod UIDs served, in case the API has not shown our mark yet
+
+    # --- state ---
+    def devices(self) -> list[api_pb2.Device]:
+        return [
+            api_pb2.Device(ID=sid, health=HEALTHY if healthy else UNHEALTHY)
+            for uuid, healthy in sorted(self._health.items())
+            for sid in slot_ids(uuid, self.cfg.slots_per_gpu)
+        ]
+
+    async def set_health(self, uuid: str, healthy: bool, reason: str = "") -> None:
+        if uuid not in self._health:
+            log.warning("health event for unknown GPU %s ignored", uuid)
+            return
+        if self._health[uuid] == healthy:
+            return
+        log.warning(
+            "GPU %s is now %s%s", uuid, HEALTHY if healthy else UNHEALTHY, f": {reason}" if reason else ""
+        )
+        async with self._changed:
+            self._health[uuid] = healthy
+            self._version += 1
+            self._changed.notify_all()
+
+    # --- RPCs ---
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: object
+    ) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: object
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        seen = -1
+        while True:
+            async with self._changed:
+                while self._version == seen:
+                    await self._changed.wait()
+                seen = self._version
+                devices = self.devices()
+            yield api_pb2.ListAndWatchResponse(devices=devices)
+
+    async def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.PreferredAllocationResponse:
+        pods = await self._pending_pods()
+        out = []
+        for req in request.container_requests:
+            try:
+                ids = preferred_slots(
+                    list(req.available_deviceIDs),
+                    list(req.must_include_deviceIDs),
+                    req.allocation_size,
+                    pods,
+                    self.cfg.node_name,
+                )
+            except AllocationError as err:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+            out.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return api_pb2.PreferredAllocationResponse(container_responses=out)
+
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.AllocateResponse:
+        responses = []
+        async with self._allocate_lock:
+            for req in request.container_requests:
+                ids = list(req.devices_ids)
+                try:
+                    unhealthy = [d for d in ids if not self._health.get(d.rpartition("::")[0], False)]
+                    if unhealthy:
+                        raise AllocationError(f"devices {', '.join(unhealthy)} are unhealthy or unknown")
+                    pod = choose_pod(ids, await self._pending_pods(), self.cfg.node_name)
+                    alloc = container_allocation(pod, self.cfg)
+                    await self.pods.mark_allocated(pod, ids)
+                except AllocationError as err:
+                    log.warning("Allocate %s refused: %s", ids, err)
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+                self._served.add(pod.uid)
+                log.info("Allocate %s -> pod %s lane %s", ids, pod.key, alloc.envs.get("TESSERA_LANE_ID"))
+                responses.append(
+                    api_pb2.ContainerAllocateResponse(
+                        envs=alloc.envs,
+                        mounts=[
+                            api_pb2.Mount(
+                                container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
+                            )
+                            for m in alloc.mounts
+                        ],
+                    )
+                )
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: object
+    ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()
+
+    async def _pending_pods(self) -> list:  # type: ignore[type-arg]
+        pods = await self.pods.pods_on_node(self.cfg.node_name)
+        return [p for p in pods if p.uid not in self._served]
+
+
+class DevicePlugin:
+    """Owns the gRPC server's lifecycle: serve, register, watch for kubelet restarts, shut down cleanly."""
+
+    def __init__(self, cfg: AgentConfig, backend: GpuBackend, pods: PodSource) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.servicer = DevicePluginServicer(cfg, backend, pods)
+        self._server: grpc.aio.Server | None = None
+        self._kubelet_inode: int | None = None
+        self.registrations = 0
+        self.on_registered: Callable[[], None] | None = None
+
+    async def serve(self) -> None:
+        sock = self.cfg.plugin_socket
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()  # a stale socket from a previous run would make bind fail
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        server.add_insecure_port(f"unix://{sock}")
+        await server.start()
+        self._server = server
+        log.info("device plugin serving on %s", sock)
+
+    async def register(self, timeout_s: float = 5.0) -> None:
+        kubelet = self.cfg.kubelet_socket
+        async with grpc.aio.insecure_channel(f"unix://{kubelet}") as channel:
+            stub = api_pb2_grpc.RegistrationStub(channel)
+            await stub.Register(
+                api_pb2.RegisterRequest(
+                    version=API_VERSION,
+                    endpoint=self.cfg.socket_name,
+                    resource_name=self.cfg.resource_name,
+                    options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
+                ),
+                timeout=timeout_s,
+            )
+        self._kubelet_inode = os.stat(kubelet).st_ino
+        self.registrations += 1
+        log.info("registered %s with kubelet at %s", self.cfg.resource_name, kubelet)
+        if self.on_registered:
+            self.on_registered()
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.cfg.plugin_socket.unlink()
+
+    def kubelet_restarted(self) -> bool:
+        if not self.cfg.plugin_socket.exists():
+            return True
+        try:
+            return os.stat(self.cfg.kubelet_socket).st_ino != self._kubelet_inode
+        except FileNotFoundError:
+            return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set, re-registering after every kubelet restart."""
+        health = asyncio.create_task(self._watch_health(stop))
+        try:
+            await self._start_and_register(stop)
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.cfg.restart_poll_s)
+                if not stop.is_set() and self.kubelet_restarted():
+                    log.warning("kubelet restart detected (socket recreated); restarting and re-registering")
+                    await self.stop()
+                    await self._start_and_register(stop)
+        finally:
+            health.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await health
+            await self.stop()
+
+    async def _start_and_register(self, stop: asyncio.Event) -> None:
+        await self.serve()
+        delay = 0.1
+        while not stop.is_set():
+            try:
+                await self.register()
+                return
+            except (grpc.aio.AioRpcError, FileNotFoundError) as err:
+                log.info(
+                    "kubelet not ready at %s (%s); retrying in %.1fs", self.cfg.kubelet_socket, err, delay
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _watch_health(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            event = await asyncio.to_thread(self.backend.wait_health_event, 0.2)
+            if event is not None:
+                await self.servicer.set_health(event.uuid, event.healthy, event.reason)

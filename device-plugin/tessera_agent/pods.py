@@ -1,0 +1,114 @@
+"""Where the agent learns which pods on its node hold a lane: a small interface over the Kubernetes API.
+
+Allocate is told only device IDs (k8s-interfaces.md §1.6), so the plugin lists this node's pods that carry an
+assignment and have not been allocated yet (the Aliyun/HAMi pattern), and marks the one it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from tessera.api import contract
+
+from .assignment import Assignment, AssignmentError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    created: str  # RFC 3339 creationTimestamp; orders candidates oldest first
+    gpu_requests: tuple[int, ...]  # tessera.io/gpu per container that asks for it
+    assignment: Assignment | None
+    allocated: bool = False
+    assignment_error: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class PodSource(Protocol):
+    async def pods_on_node(self, node: str) -> list[PodInfo]: ...
+
+    async def mark_allocated(self, pod: PodInfo, device_ids: list[str]) -> None: ...
+
+
+def pod_info_from_manifest(pod: dict[str, Any]) -> PodInfo:
+    """Read the fields the agent needs from a v1.Pod as JSON (camelCase, as the API server sends it)."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    where = f"pod {meta.get('namespace', '?')}/{meta.get('name', '?')}"
+    assignment, error = None, None
+    raw = annotations.get(contract.ANN_ASSIGNMENT)
+    if raw is not None:
+        try:
+            assignment = Assignment.parse(raw, where=where)
+        except AssignmentError as err:
+            error = str(err)
+    requests = []
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        value = (resources.get("limits") or {}).get(contract.RESOURCE_GPU) or (
+            resources.get("requests") or {}
+        ).get(contract.RESOURCE_GPU)
+        if value is not None:
+            requests.append(int(value))
+    return PodInfo(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        created=str(meta.get("creationTimestamp") or ""),
+        gpu_requests=tuple(requests),
+        assignment=assignment,
+        allocated=contract.ANN_ALLOCATED in annotations,
+        assignment_error=error,
+    )
+
+
+class KubernetesPodSource(PodSource):
+    """Pods from the API server through the official client (calls run in a worker thread)."""
+
+    def __init__(self, api: Any | None = None) -> None:
+        if api is None:
+            from kubernetes import client, config
+
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            api = client.CoreV1Api()
+        self._api = api
+
+    async def pods_on_node(self, node: str) -> list[PodInfo]:
+        def fetch() -> list[dict[str, Any]]:
+            resp = self._api.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _preload_content=False
+            )
+            return list(json.loads(resp.data).get("items") or [])
+
+        return [pod_info_from_manifest(p) for p in await asyncio.to_thread(fetch)]
+
+    async def mark_allocated(self, pod: PodInfo, device_ids: list[str]) -> None:
+        body = {"metadata": {"annotations": {contract.ANN_ALLOCATED: ",".join(device_ids)}}}
+        await asyncio.to_thread(self._api.patch_namespaced_pod, pod.name, pod.namespace, body)
+
+
+@dataclass
+class StaticPodSource(PodSource):
+    """Pods held in memory: for `tessera-agent --fake-gpus` demos and tests without an API server."""
+
+    pods: list[PodInfo] = field(default_factory=list)
+
+    async def pods_on_node(self, node: str) -> list[PodInfo]:
+        return [p for p in self.pods if p.assignment is None or p.assignment.node == node]
+
+    async def mark_allocated(self, pod: PodInfo, device_ids: list[str]) -> None:
+        self.pods = [replace(p, allocated=True) if p.uid == pod.uid else p for p in self.pods]

@@ -1,0 +1,48 @@
+"""A fake kubelet Registration server on a temporary unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+from tessera_agent.proto import api_pb2, api_pb2_grpc
+
+
+class FakeKubelet(api_pb2_grpc.RegistrationServicer):
+    """Kubelet's Registration service: records each Register and then dials the plugin back, as kubelet does."""
+
+    def __init__(self, plugin_dir: Path) -> None:
+        self.plugin_dir = plugin_dir
+        self.requests: list[api_pb2.RegisterRequest] = []
+        self.registered = asyncio.Event()
+        self._server: grpc.aio.Server | None = None
+
+    async def Register(self, request: api_pb2.RegisterRequest, context: object) -> api_pb2.Empty:
+        self.requests.append(request)
+        self.registered.set()
+        return api_pb2.Empty()
+
+    async def start(self) -> None:
+        server = grpc.aio.server()
+        api_pb2_grpc.add_RegistrationServicer_to_server(self, server)
+        server.add_insecure_port(f"unix://{self.plugin_dir / 'kubelet.sock'}")
+        await server.start()
+        self._server = server
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+
+    async def restart(self) -> None:
+        """What a new kubelet does (k8s-interfaces.md §1.4): remove every socket in the directory, serve anew."""
+        await self.stop()
+        for sock in self.plugin_dir.glob("*.sock"):
+            sock.unlink()
+        self.registered.clear()
+        await self.start()
+
+    def plugin_channel(self) -> grpc.aio.Channel:
+        endpoint = self.requests[-1].endpoint
+        return grpc.aio.insecure_channel(f"unix://{self.plugin_dir / endpoint}")

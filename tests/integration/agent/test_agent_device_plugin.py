@@ -1,0 +1,224 @@
+"""The device plugin against a fake kubelet on temporary unix sockets (issue 7, first "done when" item)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from agent_fake_kubelet import FakeKubelet
+from tessera.api import contract
+from tessera_agent.config import AgentConfig
+from tessera_agent.fake_backend import FakeGpuBackend
+from tessera_agent.plugin import DevicePlugin
+from tessera_agent.pods import StaticPodSource, pod_info_from_manifest
+from tessera_agent.proto import api_pb2, api_pb2_grpc
+
+NODE = "node-a"
+
+
+def pod(
+    name: str, gpus: int, assignment: dict[str, object] | None, created: str = "2024-01-01T00:00:00Z"
+) -> dict:
+    annotations = {contract.ANN_ASSIGNMENT: json.dumps(assignment)} if assignment else {}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "uid": f"uid-{name}",
+            "creationTimestamp": created,
+            "annotations": annotations,
+        },
+        "spec": {
+            "containers": [{"name": "main", "resources": {"limits": {contract.RESOURCE_GPU: str(gpus)}}}]
+        },
+    }
+
+
+@pytest.fixture
+def backend() -> FakeGpuBackend:
+    return FakeGpuBackend.uniform(2)
+
+
+@pytest.fixture
+async def running(
+    plugin_dir: Path, kubelet: FakeKubelet, backend: FakeGpuBackend
+) -> AsyncIterator[tuple[DevicePlugin, StaticPodSource]]:
+    cfg = AgentConfig(
+        node_name=NODE,
+        device_plugin_dir=plugin_dir,
+        slots_per_gpu=4,
+        mps_root=Path("/run/tessera/mps"),
+        restart_poll_s=0.05,
+    )
+    uuids = [g.uuid for g in backend.gpus()]
+    pods = StaticPodSource(
+        [
+            pod_info_from_manifest(
+                pod(
+                    "train-1",
+                    1,
+                    {
+                        "node": NODE,
+                        "gpuUUIDs": [uuids[1]],
+                        "gpuIndices": [1],
+                        "laneId": "lane-7",
+                        "memoryMiB": 4096,
+                        "computePercent": 30,
+                    },
+                )
+            ),
+            pod_info_from_manifest(pod("plain", 1, None)),
+        ]
+    )
+    plugin = DevicePlugin(cfg, backend, pods)
+    stop = asyncio.Event()
+    task = asyncio.create_task(plugin.run(stop))
+    await asyncio.wait_for(kubelet.registered.wait(), 5)
+    yield plugin, pods
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_registers_with_kubelet(
+    running: tuple[DevicePlugin, StaticPodSource], kubelet: FakeKubelet
+) -> None:
+    (req,) = kubelet.requests
+    assert req.version == "v1beta1"
+    assert req.endpoint == contract.AGENT_SOCKET_NAME
+    assert req.resource_name == "tessera.io/gpu"
+    assert req.options.get_preferred_allocation_available
+
+
+async def test_list_and_watch_streams_slots_and_health_change(
+    running: tuple[DevicePlugin, StaticPodSource], kubelet: FakeKubelet, backend: FakeGpuBackend
+) -> None:
+    uuids = [g.uuid for g in backend.gpus()]
+    async with kubelet.plugin_channel() as ch:
+        stub = api_pb2_grpc.DevicePluginStub(ch)
+        opts = await stub.GetDevicePluginOptions(api_pb2.Empty())
+        assert opts.get_preferred_allocation_available and not opts.pre_start_required
+        stream = stub.ListAndWatch(api_pb2.Empty())
+        first = await asyncio.wait_for(stream.read(), 5)
+        assert len(first.devices) == 8  # 2 GPUs x 4 slots
+        assert {d.ID for d in first.devices} == {f"{u}::{k}" for u in uuids for k in range(4)}
+        assert all(d.health == "Healthy" for d in first.devices)
+
+        backend.inject_fault(uuids[0])
+        second = await asyncio.wait_for(stream.read(), 5)
+        health = {d.ID: d.health for d in second.devices}
+        assert [health[f"{uuids[0]}::{k}"] for k in range(4)] == ["Unhealthy"] * 4
+        assert [health[f"{uuids[1]}::{k}"] for k in range(4)] == ["Healthy"] * 4
+
+        backend.recover(uuids[0])
+        third = await asyncio.wait_for(stream.read(), 5)
+        assert all(d.health == "Healthy" for d in third.devices)
+        stream.cancel()
+
+
+async def test_allocate_with_assignment_returns_lane_env_and_mounts(
+    running: tuple[DevicePlugin, StaticPodSource], kubelet: FakeKubelet, backend: FakeGpuBackend
+) -> None:
+    uuids = [g.uuid for g in backend.gpus()]
+    async with kubelet.plugin_channel() as ch:
+        stub = api_pb2_grpc.DevicePluginStub(ch)
+        avail = [f"{u}::{k}" for u in uuids for k in range(4)]
+        pref = await stub.GetPreferredAllocation(
+            api_pb2.PreferredAllocationRequest(
+                container_requests=[
+                    api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=avail, allocation_size=1)
+                ]
+            )
+        )
+        (chosen,) = pref.container_responses[0].deviceIDs
+        assert chosen.startswith(uuids[1])  # steered onto the GPU the extender assigned
+
+        resp = await stub.Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[chosen])]
+            )
+        )
+        (c,) = resp.container_responses
+        assert dict(c.envs) == {
+            "CUDA_VISIBLE_DEVICES": uuids[1],
+            "NVIDIA_VISIBLE_DEVICES": uuids[1],
+            "CUDA_MPS_PIPE_DIRECTORY": "/mps/pipe",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
+            "TESSERA_LANE_ID": "lane-7",
+        }
+        assert {(m.container_path, m.host_path) for m in c.mounts} == {
+            ("/mps/pipe", "/run/tessera/mps/pipe"),
+            ("/dev/shm", "/run/tessera/mps/shm"),
+        }
+    _, pods = running
+    assert [p.allocated for p in pods.pods] == [True, False]
+
+
+async def test_allocate_without_assignment_fails_with_reason(
+    running: tuple[DevicePlugin, StaticPodSource], kubelet: FakeKubelet, backend: FakeGpuBackend
+) -> None:
+    uuid = backend.gpus()[0].uuid
+    async with kubelet.plugin_channel() as ch:
+        stub = api_pb2_grpc.DevicePluginStub(ch)
+        # two slots: no pod asks for 2, and the plain pod has no assignment
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Allocate(
+                api_pb2.AllocateRequest(
+                    container_requests=[
+                        api_pb2.ContainerAllocateRequest(devices_ids=[f"{uuid}::0", f"{uuid}::1"])
+                    ]
+                )
+            )
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no pod on node node-a has a tessera.io/assignment annotation" in (err.value.details() or "")
+
+
+async def test_second_allocate_for_same_pod_is_refused(
+    running: tuple[DevicePlugin, StaticPodSource], kubelet: FakeKubelet, backend: FakeGpuBackend
+) -> None:
+    uuid = backend.gpus()[1].uuid
+    async with kubelet.plugin_channel() as ch:
+        stub = api_pb2_grpc.DevicePluginStub(ch)
+        req = api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[f"{uuid}::0"])]
+        )
+        await stub.Allocate(req)
+        with pytest.raises(grpc.aio.AioRpcError, match="not yet allocated"):
+            await stub.Allocate(req)
+
+
+async def test_reregisters_after_kubelet_restart(
+    running: tuple[DevicePlugin, StaticPodSource], kubelet: FakeKubelet, plugin_dir: Path
+) -> None:
+    plugin, _ = running
+    await kubelet.restart()  # deletes our socket like a new kubelet
+    await asyncio.wait_for(kubelet.registered.wait(), 5)
+    for _ in range(100):  # the plugin counts once kubelet's reply arrives
+        if plugin.registrations == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert len(kubelet.requests) == 2 and plugin.registrations == 2
+    assert (plugin_dir / contract.AGENT_SOCKET_NAME).exists()
+    async with kubelet.plugin_channel() as ch:  # and the new server answers
+        first = await asyncio.wait_for(
+            api_pb2_grpc.DevicePluginStub(ch).ListAndWatch(api_pb2.Empty()).read(), 5
+        )
+        assert len(first.devices) == 8
+
+
+async def test_clean_shutdown_removes_socket(
+    plugin_dir: Path, kubelet: FakeKubelet, backend: FakeGpuBackend
+) -> None:
+    cfg = AgentConfig(node_name=NODE, device_plugin_dir=plugin_dir, restart_poll_s=0.05)
+    plugin = DevicePlugin(cfg, backend, StaticPodSource())
+    stop = asyncio.Event()
+    task = asyncio.create_task(plugin.run(stop))
+    await asyncio.wait_for(kubelet.registered.wait(), 5)
+    assert cfg.plugin_socket.exists()
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert not cfg.plugin_socket.exists()
