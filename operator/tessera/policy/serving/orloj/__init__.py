@@ -1,0 +1,21 @@
+"""Orloj: distribution-aware batch scheduling for dynamic DNNs (seed-orloj)."""
+
+from tessera.policy.serving.orloj.batch_dist import BatchDistribution, MixMode, batch_distribution
+from tessera.policy.serving.orloj.histogram import Histogram, OnlineHistogram
+from tessera.policy.serving.orloj.scheduler import CandidateOrder, OrlojConfig, OrlojScheduler
+from tessera.policy.serving.orloj.score import ScoreTable, hull_coeffs, score, scores_by_slack
+
+__all__ = [
+    "BatchDistribution",
+    "CandidateOrder",
+    "Histogram",
+    "MixMode",
+    "OnlineHistogram",
+    "OrlojConfig",
+    "OrlojScheduler",
+    "ScoreTable",
+    "batch_distribution",
+    "hull_coeffs",
+    "score",
+    "scores_by_slack",
+]
