@@ -1,0 +1,129 @@
+"""Algorithm 1 (simulator-guided greedy model selection, with beam search) and the fast heuristic.
+
+Paper §4.2, L3019–L3122; spec §2.3, §2.4, §2.9. Given fixed groups and configs, add one model replica at
+a time; each candidate is scored by simulating the workload. The best selection seen in any iteration is
+returned, not the last (Alg. 1 lines 16–18): an extra replica can attract traffic and hurt others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tessera.policy.serving.alpaserve.placement import MemoryRule, Placement, fits
+from tessera.policy.serving.alpaserve.profiles import ModelProfile
+from tessera.policy.serving.alpaserve.simulator import SimStats, simulate
+from tessera.policy.serving.alpaserve.workload import Workload
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Scored:
+    placement: Placement
+    stats: SimStats
+    score: float
+    simulations: int = 0
+
+    @property
+    def attainment(self) -> float:
+        return self.stats.attainment
+
+
+def evaluate(
+    placement: Placement,
+    profiles: Mapping[str, ModelProfile],
+    workload: Workload,
+    *,
+    fixed_overhead_s: float = 0.0,
+) -> Scored:
+    stats = simulate(placement, profiles, workload, fixed_overhead_s=fixed_overhead_s)
+    return Scored(placement, stats, stats.score(placement.num_replicas()), 1)
+
+
+def greedy_selection(
+    models: Sequence[str],
+    base: Placement,
+    profiles: Mapping[str, ModelProfile],
+    workload: Workload,
+    budget_bytes: float,
+    *,
+    beam_size: int = 1,
+    memory_rule: MemoryRule = "per_stage",
+    fixed_overhead_s: float = 0.0,
+) -> Scored:
+    """Algorithm 1. ``workload`` should hold only ``models``' requests (a bucket's share of W)."""
+    if beam_size < 1:
+        raise ValueError(f"beam size must be ≥ 1, got {beam_size}")
+    best = evaluate(base, profiles, workload, fixed_overhead_s=fixed_overhead_s)
+    sims = 1
+    beam = [base]
+    visited = {base.key()}
+    while True:
+        new: list[Scored] = []
+        for sel in beam:
+            for m in models:
+                for gi, g in enumerate(sel.groups):
+                    if not fits(g, m, profiles, budget_bytes, memory_rule):
+                        continue
+                    cand = sel.with_model(gi, m)
+                    key = cand.key()
+                    if key in visited:
+                        continue
+                    visited.add(key)
+                    new.append(evaluate(cand, profiles, workload, fixed_overhead_s=fixed_overhead_s))
+                    sims += 1
+        if not new:
+            break
+        new.sort(key=lambda s: -s.score)  # stable: ties keep enumeration order (determinism)
+        beam = [s.placement for s in new[:beam_size]]
+        if new[0].score > best.score:
+            best = new[0]
+    log.debug("greedy selection: %d simulations, attainment %.4f", sims, best.attainment)
+    return Scored(best.placement, best.stats, best.score, sims)
+
+
+def fast_greedy_selection(
+    models: Sequence[str],
+    base: Placement,
+    profiles: Mapping[str, ModelProfile],
+    workload: Workload,
+    budget_bytes: float,
+    *,
+    memory_rule: MemoryRule = "per_stage",
+    fixed_overhead_s: float = 0.0,
+) -> Scored:
+    """The fast heuristic (L3114–L3122, REF ``replica_placement_fast_greedy``): simulate once per added
+    replica, then put the model with the most unserved requests on the least-loaded group (fewest routed
+    requests) that has room for it. O((M+G)·R·S)."""
+    names = workload.model_names
+    index = {m: names.index(m) for m in models if m in names}
+    sol = base
+    cur = evaluate(sol, profiles, workload, fixed_overhead_s=fixed_overhead_s)
+    best, sims = cur, 1
+    while True:
+        unserved = cur.stats.per_model_requests() - cur.stats.per_model_good()
+        # most unserved first; ties keep the given model order
+        order = sorted(models, key=lambda m: -int(unserved[index[m]]) if m in index else 0)
+        load = cur.stats.per_group_requests()
+        groups = [int(i) for i in np.argsort(load, kind="stable")]
+        pick = next(
+            (
+                (gi, m)
+                for gi in groups
+                for m in order
+                if fits(sol.groups[gi], m, profiles, budget_bytes, memory_rule)
+            ),
+            None,
+        )
+        if pick is None:
+            break
+        sol = sol.with_model(*pick)
+        cur = evaluate(sol, profiles, workload, fixed_overhead_s=fixed_overhead_s)
+        sims += 1
+        if cur.score > best.score:
+            best = cur
+    return Scored(best.placement, best.stats, best.score, sims)

@@ -1,0 +1,1 @@
+"""Serving baselines compared against the serving policies."""
