@@ -16,10 +16,13 @@ class FakeKubelet(api_pb2_grpc.RegistrationServicer):
         self.plugin_dir = plugin_dir
         self.requests: list[api_pb2.RegisterRequest] = []
         self.registered = asyncio.Event()
+        self.generation = 0  # bumped by restart()
+        self.generations: list[int] = []  # generation that received each request
         self._server: grpc.aio.Server | None = None
 
     async def Register(self, request: api_pb2.RegisterRequest, context: object) -> api_pb2.Empty:
         self.requests.append(request)
+        self.generations.append(self.generation)
         self.registered.set()
         return api_pb2.Empty()
 
@@ -41,6 +44,7 @@ class FakeKubelet(api_pb2_grpc.RegistrationServicer):
         for sock in self.plugin_dir.glob("*.sock"):
             sock.unlink()
         self.registered.clear()
+        self.generation += 1
         await self.start()
 
     def plugin_channel(self) -> grpc.aio.Channel:

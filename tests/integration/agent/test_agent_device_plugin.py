@@ -197,11 +197,15 @@ async def test_reregisters_after_kubelet_restart(
     plugin, _ = running
     await kubelet.restart()  # deletes our socket like a new kubelet
     await asyncio.wait_for(kubelet.registered.wait(), 5)
-    for _ in range(100):  # the plugin counts once kubelet's reply arrives
-        if plugin.registrations == 2:
-            break
+    # The plugin may notice the old kubelet going away before the new one has cleared the directory, and
+    # then register once more when its fresh socket is deleted too; what matters is it ends registered with
+    # the new kubelet and serving.
+    for _ in range(200):
         await asyncio.sleep(0.02)
-    assert len(kubelet.requests) == 2 and plugin.registrations == 2
+        if plugin.registrations >= 2 and not plugin.kubelet_restarted():
+            break
+    assert kubelet.generations[0] == 0 and kubelet.generations[-1] == 1
+    assert plugin.registrations >= 2 and not plugin.kubelet_restarted()
     assert (plugin_dir / contract.AGENT_SOCKET_NAME).exists()
     async with kubelet.plugin_channel() as ch:  # and the new server answers
         first = await asyncio.wait_for(
