@@ -1,1 +1,31 @@
-"""Tessera API: resource models and contract constants."""
+"""Tessera API: resource models (spec + status), CRD generation and contract constants.
+
+Parse manifests with `parse_resource` / `parse_app` / `parse_trialgroup` / `parse_modeldeployment`
+(raise `ManifestError`), or list problems with `manifest_errors`; write status with `Status.to_wire()`.
+"""
+
+from tessera.api.resources import (
+    KINDS,
+    App,
+    ManifestError,
+    ModelDeployment,
+    TrialGroup,
+    manifest_errors,
+    parse_app,
+    parse_modeldeployment,
+    parse_resource,
+    parse_trialgroup,
+)
+
+__all__ = [
+    "KINDS",
+    "App",
+    "ManifestError",
+    "ModelDeployment",
+    "TrialGroup",
+    "manifest_errors",
+    "parse_app",
+    "parse_modeldeployment",
+    "parse_resource",
+    "parse_trialgroup",
+]

@@ -1,0 +1,454 @@
+"""`ModelDeployment`: a model served under a latency SLO.
+
+Inputs come from three readings: Orloj's distribution-aware batching for dynamic models
+(seed-orloj.md §5), Symphony's deferred batching and load-proportional GPUs for static models
+(seed-symphony-orion.md part D) and AlpaServe's placement inputs (seed-alpaserve.md §5.1-5.2).
+Defaults are the papers' where they give one; [GAP] marks values the papers leave open.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from tessera.api.base import Condition, CrossFieldRule, PodTemplateSpec, WireModel
+from tessera.api.gpu import GPUUsage
+
+MAX_BATCH_SIZES = 64
+MAX_APPLICATIONS = 64
+MAX_STEPS = 32
+MAX_BINS = 4096
+
+
+def _strictly_increasing(values: list[int] | list[float]) -> bool:
+    return all(a < b for a, b in itertools.pairwise(values))
+
+
+def _non_decreasing(values: list[float]) -> bool:
+    return all(a <= b for a, b in itertools.pairwise(values))
+
+
+# CEL has no index loop; Kubernetes' list library gives isSorted(), and exists_one() rules out repeats.
+_CEL_STRICTLY_INCREASING = "{0}.isSorted() && {0}.all(x, {0}.exists_one(y, y == x))"
+
+
+class Model(WireModel):
+    """What to serve (Orloj §5 'model', Symphony D 'model', AlpaServe §5.1 identity)."""
+
+    name: str = Field(min_length=1, description="Model name, reported in metrics.")
+    artifact_uri: str | None = Field(default=None, description="Where the weights live, e.g. s3://... .")
+    framework: str | None = Field(default=None, description="Runtime, e.g. pytorch, tensorrt, onnxruntime.")
+    family: str | None = Field(default=None, description="Architecture family; AlpaServe buckets by it.")
+    parameters: float | None = Field(default=None, gt=0, description="Parameter count, e.g. 1.3e9.")
+    dynamic: bool = Field(
+        default=True,
+        description="Execution time varies per request (Orloj batching); false uses Symphony deferred batching.",
+    )
+
+
+class CostStep(WireModel):
+    """Piece-wise step cost: a request finishing `afterMs` past its deadline costs `cost` (Orloj §2.1.5)."""
+
+    after_ms: float = Field(ge=0)
+    cost: float = Field(ge=0)
+
+
+class ApplicationSLO(WireModel):
+    """A per-application deadline overriding the model's SLO (Orloj §5)."""
+
+    app_id: str = Field(min_length=1)
+    latency_ms: float = Field(gt=0)
+
+
+class SLO(WireModel):
+    """Latency objective: absolute, or a multiple of solo latency (Orloj x·P99; AlpaServe sloScale)."""
+
+    latency_ms: float | None = Field(default=None, gt=0, description="End-to-end budget per request, ms.")
+    p99_multiplier: float | None = Field(
+        default=None, gt=0, description="SLO = x · P99 of solo time (Orloj)."
+    )
+    slo_scale: float | None = Field(
+        default=None, gt=0, description="SLO = scale · single-device latency (AlpaServe)."
+    )
+    percentile: float = Field(default=99.0, gt=0, le=100, description="Goodput counts p-th percentile ≤ SLO.")
+    miss_cost: float = Field(default=1.0, ge=0, description="c: cost of a missed deadline (Orloj §2.1.1).")
+    cost_steps: list[CostStep] = Field(default_factory=list, max_length=MAX_STEPS)
+    per_application: list[ApplicationSLO] = Field(default_factory=list, max_length=MAX_APPLICATIONS)
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="[has(self.latencyMs), has(self.p99Multiplier), has(self.sloScale)].filter(x, x).size() == 1",
+            message="set exactly one of latencyMs, p99Multiplier, sloScale",
+            check=lambda s: sum(v is not None for v in (s.latency_ms, s.p99_multiplier, s.slo_scale)) == 1,
+        ),
+        CrossFieldRule(
+            cel=_CEL_STRICTLY_INCREASING.format("self.costSteps.map(c, c.afterMs)"),
+            message="costSteps[].afterMs must be strictly increasing",
+            check=lambda s: _strictly_increasing([c.after_ms for c in s.cost_steps]),
+            field_path=".costSteps",
+        ),
+    )
+
+
+class Traffic(WireModel):
+    """Expected load: the planner's forecast (Symphony r_i; AlpaServe rate and CV, §5.1)."""
+
+    expected_rps: float = Field(default=0.0, ge=0, description="Mean requests per second.")
+    cv: float = Field(
+        default=1.0, gt=0, description="Coefficient of variation of inter-arrivals (Gamma; 1 = Poisson)."
+    )
+    popularity_weight: float = Field(default=1.0, gt=0)
+
+
+class LatencyModel(WireModel):
+    """Batch execution time ℓ(k) (Orloj Eq. 3; Symphony ℓ(b) = αb + β)."""
+
+    type: Literal["linear", "perBatchSize", "profile"] = Field(
+        default="profile", description="linear: c0Ms + c1·k·(solo); perBatchSize: table; profile: measure it."
+    )
+    c0_ms: float | None = Field(default=None, ge=0, description="Fixed cost per batch, ms (linear).")
+    c1: float | None = Field(default=None, ge=0, description="Per-item factor (linear).")
+    per_batch_size_ms: list[float] = Field(
+        default_factory=list, max_length=MAX_BATCH_SIZES, description="ℓ(k) for each supported batch size."
+    )
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="self.type != 'linear' || (has(self.c0Ms) && has(self.c1))",
+            message="type linear needs c0Ms and c1",
+            check=lambda s: s.type != "linear" or (s.c0_ms is not None and s.c1 is not None),
+        ),
+        CrossFieldRule(
+            cel="self.type != 'perBatchSize' || (size(self.perBatchSizeMs) > 0 && self.perBatchSizeMs.isSorted())",
+            message="type perBatchSize needs perBatchSizeMs, non-decreasing in batch size (Orloj §2.4.1)",
+            check=lambda s: (
+                s.type != "perBatchSize"
+                or (len(s.per_batch_size_ms) > 0 and _non_decreasing(s.per_batch_size_ms))
+            ),
+            field_path=".perBatchSizeMs",
+        ),
+    )
+
+
+class Batching(WireModel):
+    """How requests are grouped (Orloj Alg. 1 input 𝒮; Symphony Alg. 1 and GETBATCH)."""
+
+    policy: Literal["auto", "orloj", "deferred", "eager", "timeout"] = Field(
+        default="auto", description="auto: orloj for dynamic models, Symphony deferred for static ones."
+    )
+    supported_batch_sizes: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16],
+        min_length=1,
+        max_length=MAX_BATCH_SIZES,
+        description="𝒮: batch sizes the runtime accepts; must contain 1 ([GAP] values).",
+    )
+    latency_model: LatencyModel = Field(default_factory=LatencyModel)
+    timeout_ms: float | None = Field(
+        default=None, ge=0, description="k for policy timeout: exec = max(now, a + k)."
+    )
+    get_batch: Literal["headGreedy", "earlyDropForTarget"] = "headGreedy"
+    drop_policy: Literal["failFast", "none"] = Field(
+        default="failFast", description="failFast drops a request once now + ℓ(1) passes its deadline."
+    )
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel=_CEL_STRICTLY_INCREASING.format("self.supportedBatchSizes"),
+            message="supportedBatchSizes must be strictly increasing",
+            check=lambda s: _strictly_increasing(s.supported_batch_sizes),
+            field_path=".supportedBatchSizes",
+        ),
+        CrossFieldRule(
+            cel="self.supportedBatchSizes.all(x, x >= 1) && 1 in self.supportedBatchSizes",
+            message="supportedBatchSizes must be >= 1 and contain 1 (Orloj §5)",
+            check=lambda s: all(x >= 1 for x in s.supported_batch_sizes) and 1 in s.supported_batch_sizes,
+            field_path=".supportedBatchSizes",
+        ),
+        CrossFieldRule(
+            cel="self.latencyModel.type != 'perBatchSize' "
+            "|| size(self.latencyModel.perBatchSizeMs) == size(self.supportedBatchSizes)",
+            message="latencyModel.perBatchSizeMs needs one entry per supported batch size",
+            check=lambda s: (
+                s.latency_model.type != "perBatchSize"
+                or len(s.latency_model.per_batch_size_ms) == len(s.supported_batch_sizes)
+            ),
+            field_path=".latencyModel.perBatchSizeMs",
+        ),
+        CrossFieldRule(
+            cel="self.policy != 'timeout' || has(self.timeoutMs)",
+            message="policy timeout needs timeoutMs",
+            check=lambda s: s.policy != "timeout" or s.timeout_ms is not None,
+            field_path=".timeoutMs",
+        ),
+    )
+
+
+class LatencyPoint(WireModel):
+    """p99 batch latency at one batch size on one GPU type."""
+
+    batch_size: int = Field(ge=1)
+    latency_ms: float = Field(gt=0)
+
+
+class LatencyProfile(WireModel):
+    """ℓ_M(b) for one GPU type (Symphony D 'latencyProfiles')."""
+
+    gpu_type: str = Field(min_length=1, description="GPU model, e.g. nvidia-a100-40gb.")
+    source: Literal["measured", "emulated"] = "measured"
+    points: list[LatencyPoint] = Field(min_length=1, max_length=MAX_BATCH_SIZES)
+    preprocess_ms: float = Field(default=0.0, ge=0)
+    postprocess_ms: float = Field(default=0.0, ge=0)
+    force_monotonic: bool = Field(default=True, description="Raise ℓ(b) to its running max before fitting.")
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel=_CEL_STRICTLY_INCREASING.format("self.points.map(p, p.batchSize)"),
+            message="points[].batchSize must be strictly increasing",
+            check=lambda s: _strictly_increasing([p.batch_size for p in s.points]),
+            field_path=".points",
+        ),
+    )
+
+
+class Histogram(WireModel):
+    """A discretised latency distribution (Orloj §2.1.3)."""
+
+    bin_width_ms: float = Field(gt=0)
+    masses: list[float] = Field(min_length=1, max_length=MAX_BINS, description="Probability mass per bin.")
+
+
+class Parametric(WireModel):
+    """A parametric solo-latency prior."""
+
+    type: Literal["normal", "lognormal"] = "normal"
+    mean_ms: float = Field(gt=0)
+    std_ms: float = Field(ge=0)
+
+
+class Prior(WireModel):
+    """Cold-start distribution of solo execution time until the profiler has enough samples."""
+
+    histogram: Histogram | None = None
+    samples_ms: list[float] = Field(default_factory=list, max_length=MAX_BINS)
+    parametric: Parametric | None = None
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="[has(self.histogram), size(self.samplesMs) > 0, has(self.parametric)].filter(x, x).size() == 1",
+            message="set exactly one of histogram, samplesMs, parametric",
+            check=lambda s: (
+                sum((s.histogram is not None, len(s.samples_ms) > 0, s.parametric is not None)) == 1
+            ),
+        ),
+    )
+
+
+class Application(WireModel):
+    """A tagged request stream with its own latency distribution (Orloj §5 'applications')."""
+
+    id: str = Field(min_length=1, max_length=63)
+    weight: float = Field(default=1.0, gt=0)
+    prior: Prior | None = None
+
+
+class Frontend(WireModel):
+    """How the gateway tags requests (Orloj §5, engineering fields)."""
+
+    app_id_header: str = "X-App-Id"
+    default_app: str = "default"
+
+
+class Distribution(WireModel):
+    """Histogram discretisation and batch mixing (Orloj §3, §2.2.5)."""
+
+    bin_width_ms: float | None = Field(default=None, gt=0, description="Unset: max(0.5, P99/200) ([GAP]).")
+    batch_mix_mode: Literal["roundRobin", "iidMixture", "weighted"] = "roundRobin"
+
+
+class Scheduler(WireModel):
+    """Orloj scheduler knobs (seed-orloj.md §5)."""
+
+    anticipated_delay_rate_per_ms: float = Field(default=1e-4, ge=0, description="b in the priority score.")
+    base_time_reset: float = Field(default=100.0, gt=0, description="Reset base time when b·Δt exceeds this.")
+    candidate_order: Literal["literalDesc", "edfThenLargest"] = "literalDesc"
+    drop_estimator: str = Field(
+        default="mean",
+        pattern=r"^(mean|min|quantile:(0(\.[0-9]+)?|1(\.0+)?))$",
+        description="mean, min or quantile:q.",
+    )
+    priority_queue: Literal["convexHull", "bruteForce"] = "convexHull"
+    schedule_ahead_ms: float = Field(default=0.0, ge=0, description="Lazily form a batch this early.")
+    max_queue_length: int = Field(default=10000, ge=1)
+
+
+class Profiler(WireModel):
+    """Online learning of per-application distributions (Orloj §3)."""
+
+    sample_rate: float = Field(default=0.02, ge=0, le=1, description="Share of finished requests sampled.")
+    pickup_interval_seconds: float = Field(default=10.0, gt=0)
+    window_seconds: float = Field(default=600.0, gt=0, description="Profiling memory is reset this often.")
+    min_samples_per_app: int = Field(default=200, ge=1)
+    max_gpu_share_percent: float = Field(
+        default=5.0, ge=0, le=100, description="Cap on solo re-execution cost."
+    )
+
+
+class ModelMemory(WireModel):
+    """Model memory for placement feasibility (Symphony MILP (5)(7); AlpaServe weights per device)."""
+
+    static_mib: int = Field(ge=0, description="Weights, s_i.")
+    dynamic_mib_at_max_batch: int = Field(
+        default=0, ge=0, description="Activations at the largest batch, d_i."
+    )
+
+
+class Network(WireModel):
+    """Per-batch network delay d_ctrl + d_data·bs budgeted into the deadline (Symphony Fig. 18)."""
+
+    ctrl_latency_us: float = Field(default=0.0, ge=0)
+    data_latency_per_item_us: float = Field(default=0.0, ge=0)
+    response_latency_us: float = Field(default=0.0, ge=0)
+
+
+class Placement(WireModel):
+    """Bounds on GPUs for load-proportional allocation (Symphony §A.7) and AlpaServe grouping."""
+
+    gpu_types: list[str] = Field(default_factory=list, max_length=16)
+    min_gpus: int = Field(default=1, ge=1)
+    max_gpus: int = Field(default=64, ge=1)
+    profile_ref: str | None = Field(default=None, description="Name of a shared AlpaServe model profile.")
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="self.minGPUs <= self.maxGPUs",
+            message="minGPUs must be <= maxGPUs",
+            check=lambda s: s.min_gpus <= s.max_gpus,
+            field_path=".minGPUs",
+        ),
+    )
+
+
+class Colocation(WireModel):
+    """Orion interference-aware sharing (seed-symphony-orion.md part B, D 'colocation')."""
+
+    kernel_profile_config_map: str | None = Field(
+        default=None,
+        description="ConfigMap with the kernel profile CSV (name, profile, sm_needed, duration_ns).",
+    )
+    dedicated_latency_ms: float | None = Field(default=None, gt=0, description="Latency alone on the GPU.")
+    dur_threshold_percent: float = Field(default=2.5, gt=0, le=100, description="Orion DUR_THRESHOLD.")
+    interference_budget_percent: float = Field(
+        default=15.0, ge=0, description="Allowed p99 inflation over dedicated ([OURS])."
+    )
+
+
+class ModelDeploymentSpec(WireModel):
+    """Everything the serving policies need for one model."""
+
+    template: PodTemplateSpec = Field(description="Pod template of the serving workers.")
+    model: Model
+    slo: SLO
+    replicas: int = Field(
+        default=1, ge=1, description="Initial replicas; the autoscaler moves it within placement."
+    )
+    gpus_per_replica: int = Field(default=1, ge=1)
+    traffic: Traffic = Field(default_factory=Traffic)
+    batching: Batching = Field(default_factory=Batching)
+    latency_profiles: list[LatencyProfile] = Field(default_factory=list, max_length=16)
+    applications: list[Application] = Field(default_factory=list, max_length=MAX_APPLICATIONS)
+    frontend: Frontend = Field(default_factory=Frontend)
+    distribution: Distribution = Field(default_factory=Distribution)
+    scheduler: Scheduler = Field(default_factory=Scheduler)
+    profiler: Profiler = Field(default_factory=Profiler)
+    memory: ModelMemory | None = None
+    network: Network = Field(default_factory=Network)
+    placement: Placement = Field(default_factory=Placement)
+    colocation: Colocation = Field(default_factory=Colocation)
+    gpu: GPUUsage = Field(default_factory=lambda: GPUUsage(workload_class="latency-critical"))
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="!has(self.placement) || (self.replicas * self.gpusPerReplica >= self.placement.minGPUs "
+            "&& self.replicas * self.gpusPerReplica <= self.placement.maxGPUs)",
+            message="replicas * gpusPerReplica must lie within placement.minGPUs..maxGPUs",
+            check=lambda s: s.placement.min_gpus <= s.replicas * s.gpus_per_replica <= s.placement.max_gpus,
+            field_path=".replicas",
+        ),
+        CrossFieldRule(
+            cel="!has(self.memory) || !has(self.gpu) || "
+            "self.memory.staticMiB + self.memory.dynamicMiBAtMaxBatch <= "
+            "(has(self.gpu.lane) ? self.gpu.lane.memoryMiB : self.gpu.gpuMemoryMiB - self.gpu.reservedMiB) "
+            "* self.gpusPerReplica",
+            message="memory.staticMiB + dynamicMiBAtMaxBatch must fit the replica's GPUs (or its lane)",
+            check=lambda s: (
+                s.memory is None
+                or s.memory.static_mib + s.memory.dynamic_mib_at_max_batch
+                <= (s.gpu.lane.memory_mib if s.gpu.lane else s.gpu.gpu_memory_mib - s.gpu.reserved_mib)
+                * s.gpus_per_replica
+            ),
+            field_path=".memory",
+        ),
+        CrossFieldRule(
+            cel="self.applications.all(a, self.applications.exists_one(b, b.id == a.id))",
+            message="application ids must be unique",
+            check=lambda s: len({a.id for a in s.applications}) == len(s.applications),
+            field_path=".applications",
+        ),
+    )
+
+
+class BatchLatency(WireModel):
+    """E[L_B(bs)]: expected latency of a batch of size bs (Orloj status)."""
+
+    batch_size: int = Field(ge=1)
+    latency_ms: float = Field(ge=0)
+
+
+class ApplicationStats(WireModel):
+    """Per-application histogram summary (Orloj status)."""
+
+    id: str
+    samples: int = Field(default=0, ge=0)
+    mean_ms: float | None = Field(default=None, ge=0)
+    p99_ms: float | None = Field(default=None, ge=0)
+
+
+class AutoscalerAdvice(WireModel):
+    """Flat-top autoscaler advice: add N·r/(1−r), remove N·f GPUs (Symphony §A.8)."""
+
+    add: int = Field(default=0, ge=0)
+    remove: int = Field(default=0, ge=0)
+
+
+class ModelDeploymentStatus(WireModel):
+    """What the serving controller reports (Orloj §5 status, Symphony D status, AlpaServe §5.2)."""
+
+    phase: Literal["Pending", "Placing", "Serving", "Degraded", "Failed"] = "Pending"
+    observed_generation: int | None = None
+    replicas: int = Field(default=0, ge=0, description="Groups or replicas holding the model.")
+    gpus_assigned: int = Field(default=0, ge=0)
+    groups: list[str] = Field(default_factory=list, description="AlpaServe groups that hold the model.")
+    slo_latency_ms: float | None = Field(default=None, gt=0, description="The resolved SLO in ms.")
+    slo_attainment_percent: float | None = Field(default=None, ge=0, le=100, description="Observed.")
+    predicted_slo_attainment_percent: float | None = Field(default=None, ge=0, le=100)
+    finish_rate_percent: float | None = Field(default=None, ge=0, le=100)
+    goodput_rps: float | None = Field(default=None, ge=0)
+    timeouts: int = Field(default=0, ge=0)
+    late_completions: int = Field(default=0, ge=0)
+    mean_batch_size: float | None = Field(default=None, ge=0)
+    batch_size_p50: float | None = Field(default=None, ge=0)
+    queue_length: int = Field(default=0, ge=0)
+    queueing_delay_p99_ms: float | None = Field(default=None, ge=0)
+    p99_latency_ms: float | None = Field(default=None, ge=0)
+    gpu_idle_percent: float | None = Field(default=None, ge=0, le=100)
+    fitted_alpha_ms: float | None = Field(default=None, description="ℓ(b) = αb + β fit, α.")
+    fitted_beta_ms: float | None = Field(default=None, description="ℓ(b) = αb + β fit, β.")
+    autoscaler_advice: AutoscalerAdvice | None = None
+    expected_batch_latency: list[BatchLatency] = Field(default_factory=list)
+    applications: list[ApplicationStats] = Field(default_factory=list)
+    last_profiler_pickup: datetime | None = None
+    last_base_time_reset: datetime | None = None
+    conditions: list[Condition] = Field(default_factory=list)

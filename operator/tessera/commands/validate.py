@@ -1,0 +1,82 @@
+"""`tessera validate FILE|DIR...`: check Tessera manifests offline with the same models the operator uses."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tessera.api.resources import manifest_errors
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "validate",
+        help="check App / TrialGroup / ModelDeployment manifests offline",
+        description=(
+            "Validate Tessera manifests without a cluster. Prints 'OK <file>' per valid document and "
+            "'<file>: <kind>/<name>: <field path>: <message>' per error; exits 1 if any error. "
+            "A directory means its *.yaml and *.yml files; multi-document YAML is supported."
+        ),
+    )
+    parser.add_argument(
+        "paths", nargs="+", type=Path, metavar="FILE|DIR", help="manifest files or directories"
+    )
+    parser.set_defaults(func=run)
+
+
+def _files(paths: list[Path]) -> list[Path]:
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()))
+        else:
+            files.append(path)
+    return files
+
+
+def _describe(doc: Any) -> str:
+    if not isinstance(doc, dict):
+        return "<not a mapping>"
+    meta = doc.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return f"{doc.get('kind') or '<no kind>'}/{name or '<no name>'}"
+
+
+def validate_file(path: Path) -> list[str]:
+    """Lines to print for one file; lines starting with 'OK ' are good documents."""
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except OSError as exc:
+        return [f"{path}: cannot read: {exc.strerror or exc}"]
+    except yaml.YAMLError as exc:
+        return [f"{path}: not valid YAML: {exc}"]
+    if not docs:
+        return [f"{path}: no YAML documents found"]
+    lines: list[str] = []
+    for doc in docs:
+        errors = manifest_errors(doc)
+        if not errors:
+            lines.append(f"OK {path}" + (f" ({_describe(doc)})" if len(docs) > 1 else ""))
+        for field_path, message in errors:
+            lines.append(f"{path}: {_describe(doc)}: {field_path or '<document>'}: {message}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    failed = False
+    files = _files(args.paths)
+    if not files:
+        print("no manifests found in " + ", ".join(str(p) for p in args.paths))
+        return 1
+    for path in files:
+        for line in validate_file(path):
+            failed |= not line.startswith("OK ")
+            print(line)
+    log.debug("validated %d file(s)", len(files))
+    return 1 if failed else 0
