@@ -1,0 +1,210 @@
+"""Runs and watches the MPS control daemon (`nvidia-cuda-mps-control -d`), k8s-interfaces.md §3.
+
+Pipe and log directories live on host paths so pods mount the same pipe (CUDA_MPS_PIPE_DIRECTORY must match
+between daemon and clients, §3.2). After start the daemon gets its defaults through control commands (§3.1);
+lane limits themselves come from each client's env, which can only lower the daemon's defaults, so the
+defaults are left at "no limit" unless configured. A health check sends a read-only command; when the daemon
+stops answering it is restarted with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tessera.api import contract
+
+log = logging.getLogger(__name__)
+
+CONTROL_BINARY = "nvidia-cuda-mps-control"
+HEALTH_COMMAND = "get_default_active_thread_percentage"  # what NVIDIA's daemon uses as its health check
+
+
+class MpsError(RuntimeError):
+    """The MPS control daemon could not be started or did not accept a command."""
+
+
+class MpsPhase(enum.StrEnum):
+    STOPPED = "Stopped"
+    RUNNING = "Running"
+    BACKOFF = "BackOff"  # crashed or failed to start; waiting to retry
+
+
+@dataclass(frozen=True)
+class MpsDefaults:
+    """Daemon-wide defaults applied after each start (they affect servers spawned afterwards)."""
+
+    active_thread_percentage: int | None = None
+    pinned_mem_limit_mib: dict[int, int] = field(default_factory=dict)  # by GPU index, as NVIDIA sets them
+
+    def commands(self) -> list[str]:
+        out = []
+        if self.active_thread_percentage is not None:
+            if not 1 <= self.active_thread_percentage <= 100:
+                raise ValueError(
+                    f"active thread percentage must be 1..100, got {self.active_thread_percentage}"
+                )
+            out.append(f"set_default_active_thread_percentage {self.active_thread_percentage}")
+        for index, mib in sorted(self.pinned_mem_limit_mib.items()):
+            if mib <= 0:
+                raise ValueError(f"pinned memory limit for GPU {index} must be positive, got {mib} MiB")
+            out.append(f"set_default_device_pinned_mem_limit {index} {mib}M")
+        return out
+
+
+@dataclass(frozen=True)
+class MpsState:
+    phase: MpsPhase
+    restarts: int
+    last_error: str | None
+    retry_in_s: float | None
+
+
+class MpsManager:
+    def __init__(
+        self,
+        pipe_dir: Path,
+        log_dir: Path,
+        *,
+        binary: str = CONTROL_BINARY,
+        defaults: MpsDefaults | None = None,
+        check_interval_s: float = 5.0,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+        command_timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pipe_dir = pipe_dir
+        self.log_dir = log_dir
+        self.binary = binary
+        self.defaults = defaults or MpsDefaults()
+        self.defaults.commands()  # validate now, not after the first start
+        self.check_interval_s = check_interval_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.command_timeout_s = command_timeout_s
+        self._clock = clock
+        self._phase = MpsPhase.STOPPED
+        self._restarts = 0
+        self._last_error: str | None = None
+        self._retry_at: float | None = None
+        self.start_times: list[float] = []  # clock() of each successful start, for backoff checks
+
+    def state(self) -> MpsState:
+        retry = None if self._retry_at is None else max(0.0, self._retry_at - self._clock())
+        return MpsState(self._phase, self._restarts, self._last_error, retry)
+
+    def _env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            contract.ENV_MPS_PIPE_DIRECTORY: str(self.pipe_dir),
+            contract.ENV_MPS_LOG_DIRECTORY: str(self.log_dir),
+        }
+
+    async def _exec(self, args: list[str], stdin: str | None) -> tuple[int, str, str]:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self.binary,
+                *args,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._env(),
+            )
+        except FileNotFoundError as err:
+            raise MpsError(
+                f"{self.binary} not found; install the NVIDIA driver utilities or pass --mps-binary"
+            ) from err
+        try:
+            out, errb = await asyncio.wait_for(
+                proc.communicate(stdin.encode() if stdin is not None else None), self.command_timeout_s
+            )
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise MpsError(
+                f"{self.binary} {' '.join(args)} did not finish in {self.command_timeout_s}s"
+            ) from None
+        return proc.returncode or 0, out.decode().strip(), errb.decode().strip()
+
+    async def command(self, cmd: str) -> str:
+        """Send one control command (`echo cmd | nvidia-cuda-mps-control`) and return its answer."""
+        rc, out, err = await self._exec([], cmd + "\n")
+        if rc != 0:
+            raise MpsError(f"MPS control command {cmd!r} failed (exit {rc}): {err or out or 'no output'}")
+        return out
+
+    async def start(self) -> None:
+        for d in (self.pipe_dir, self.log_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        rc, out, err = await self._exec(["-d"], None)
+        if rc != 0:
+            raise MpsError(f"{self.binary} -d exited {rc}: {err or out or 'no output'}")
+        for cmd in self.defaults.commands():
+            await self.command(cmd)
+        self._phase = MpsPhase.RUNNING
+        self._retry_at = None
+        self.start_times.append(self._clock())
+        log.info("MPS control daemon running (pipe %s, log %s)", self.pipe_dir, self.log_dir)
+
+    async def healthy(self) -> bool:
+        try:
+            await self.command(HEALTH_COMMAND)
+            return True
+        except MpsError as err:
+            self._last_error = str(err)
+            return False
+
+    async def stop(self) -> None:
+        """Ask the daemon to quit (never SIGKILL: clients mid-kernel would leave the server undefined, §3.3)."""
+        if self._phase is MpsPhase.RUNNING:
+            with contextlib.suppress(MpsError):
+                await self.command("quit")
+        self._phase = MpsPhase.STOPPED
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start, then check health every interval; restart with doubling backoff after a crash."""
+        backoff = self.backoff_initial_s
+        first = True
+        try:
+            while not stop.is_set():
+                if self._phase is not MpsPhase.RUNNING:
+                    try:
+                        if not first:
+                            self._restarts += 1
+                        first = False
+                        await self.start()
+                    except MpsError as err:
+                        self._fail(str(err), backoff)
+                        await _sleep_or_stop(stop, backoff)
+                        backoff = min(backoff * 2, self.backoff_max_s)
+                        continue
+                await _sleep_or_stop(stop, self.check_interval_s)
+                if stop.is_set():
+                    break
+                if await self.healthy():
+                    backoff = self.backoff_initial_s  # reset only once a start has proven stable
+                else:
+                    self._fail(self._last_error or "daemon stopped answering", backoff)
+                    await _sleep_or_stop(stop, backoff)
+                    backoff = min(backoff * 2, self.backoff_max_s)
+        finally:
+            await self.stop()
+
+    def _fail(self, reason: str, backoff: float) -> None:
+        self._phase = MpsPhase.BACKOFF
+        self._last_error = reason
+        self._retry_at = self._clock() + backoff
+        log.warning("MPS control daemon down (%s); restarting in %.1fs", reason, backoff)
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
