@@ -3,7 +3,6 @@
 from fractions import Fraction
 
 import pytest
-
 from tessera.cluster import Cluster
 from tessera.policy.fluid import FluidConfig, TrialDemand, choose_gang, place, plan_trial_group
 
@@ -53,7 +52,9 @@ def test_existing_lanes_are_joined() -> None:
     cluster = Cluster.homogeneous(1, 2)
     first = place(cluster, ["m000/0"], [TrialDemand("a", 1)], [Fraction(1, 2)], 2)
     assert first.gangs == {} and len(first.lanes["m000/0"]) == 1
-    p = place(cluster, cluster.gpu_ids, [TrialDemand("b", 1)], [Fraction(1, 2)], 2, existing_lanes=first.lanes)
+    p = place(
+        cluster, cluster.gpu_ids, [TrialDemand("b", 1)], [Fraction(1, 2)], 2, existing_lanes=first.lanes
+    )
     assert [lane.trial_id for lane in p.lanes["m000/0"]] == ["a", "b"]
 
 

@@ -3,11 +3,10 @@
 from fractions import Fraction as F
 
 import pytest
-
 from tessera.policy.fluid import (
     FluidConfig,
-    RuntimeModel,
     Rule,
+    RuntimeModel,
     choose_packing_degree,
     dynamic_rescale,
     marginal_benefits,
@@ -70,7 +69,9 @@ def test_scale_down_never_fires_with_linear_speedup() -> None:
     (r,) = dynamic_rescale([F(4)], [100.0], 2, FluidConfig(max_workers=4, epsilon=0.1))
     assert r.proposed == 2 and r.rule == Rule.KEEP
     # with β > 1 it fires iff w'ε < h1(β^{w−1} − β^{w'−1}): 2·0.1 < 100·(1.1^3 − 1.1) = 23.1
-    (r,) = dynamic_rescale([F(4)], [100.0], 2, FluidConfig(max_workers=4, epsilon=0.1), [RuntimeModel(beta=1.1)])
+    (r,) = dynamic_rescale(
+        [F(4)], [100.0], 2, FluidConfig(max_workers=4, epsilon=0.1), [RuntimeModel(beta=1.1)]
+    )
     assert r.rule == Rule.SCALE_DOWN and r.width == 2
 
 

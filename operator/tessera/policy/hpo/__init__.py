@@ -1,1 +1,43 @@
-"""policy/hpo."""
+"""Tuning algorithms that emit TrialGroups and react to results (spec seed-salus-fluid.md §2.4, §2.13)."""
+
+from tessera.policy.hpo.asha import ASHA, asha, bohb
+from tessera.policy.hpo.base import Config, Decision, Result, TrialGroupSpec, TrialSpec, TuningAlgorithm
+from tessera.policy.hpo.external import ExternalTuner, ExternalTunerAlgorithm, Suggestion
+from tessera.policy.hpo.grid_random import GridSearch, RandomSearch
+from tessera.policy.hpo.halving import (
+    Bracket,
+    SyncHalving,
+    hyperband,
+    hyperband_brackets,
+    successive_halving,
+    sync_bohb,
+)
+from tessera.policy.hpo.pbt import PBT
+from tessera.policy.hpo.search_space import SearchSpace
+from tessera.policy.hpo.tpe import TPESampler
+
+__all__ = [
+    "ASHA",
+    "PBT",
+    "Bracket",
+    "Config",
+    "Decision",
+    "ExternalTuner",
+    "ExternalTunerAlgorithm",
+    "GridSearch",
+    "RandomSearch",
+    "Result",
+    "SearchSpace",
+    "Suggestion",
+    "SyncHalving",
+    "TPESampler",
+    "TrialGroupSpec",
+    "TrialSpec",
+    "TuningAlgorithm",
+    "asha",
+    "bohb",
+    "hyperband",
+    "hyperband_brackets",
+    "successive_halving",
+    "sync_bohb",
+]
