@@ -29,7 +29,7 @@ class Workload:
     quality_spread: float = 0.4
     tau: float = 8.0  # curve time constant in iterations
     noise: float = 0.003
-    target: float = 0.90
+    target: float = 0.85
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -1,0 +1,55 @@
+"""Fluid reproduction on seeded workloads (spec §4.2.8–9; seed Fig. 3.7, 3.10, 3.13a)."""
+
+import pytest
+from tessera.policy.fluid import FluidConfig
+from tessera.sim.tuning.experiments import mean_of, packing_overhead_grid, run_one
+from tessera.sim.tuning.workload import Workload
+
+SEEDS = range(5)
+FLUID = FluidConfig(max_pack=2, max_workers=4)
+
+
+def speedup(name: str, metric: str, gpus: int = 8) -> float:
+    base = [run_one(name, "fifo", gpus, s, Workload(), FLUID) for s in SEEDS]
+    fluid = [run_one(name, "fluid", gpus, s, Workload(), FLUID) for s in SEEDS]
+    return mean_of(base, metric) / mean_of(fluid, metric)
+
+
+@pytest.mark.parametrize("name", ["hyperband", "syncbohb"])
+def test_synchronous_stage_based_gain_at_least_30_percent(name: str) -> None:
+    assert speedup(name, "makespan") >= 1.3
+
+
+def test_hyperband_time_to_target_gain() -> None:
+    assert speedup("hyperband", "time_to_target") >= 1.3
+
+
+@pytest.mark.parametrize("name", ["asha", "bohb"])
+def test_asynchronous_gain_at_least_10_percent(name: str) -> None:
+    assert speedup(name, "makespan") >= 1.1
+
+
+def test_pbt_changes_least() -> None:
+    pbt = speedup("pbt", "makespan")
+    assert pbt < speedup("hyperband", "makespan") and pbt < speedup("asha", "makespan")
+    assert pbt < 1.3
+
+
+def test_ten_x_packing_overhead_disables_packing() -> None:
+    base, fluid, c = packing_overhead_grid(10.0)
+    assert c == 1
+    assert 0.95 <= base / fluid <= 1.2
+    base15, fluid15, c15 = packing_overhead_grid(1.5)
+    assert c15 == 2 and base15 / fluid15 > base / fluid  # small overhead: packing still pays
+
+
+def test_asha_scaling_with_and_without_fluid() -> None:
+    ttt = {
+        (n, ex): mean_of([run_one("asha", ex, n, s, Workload(), FLUID) for s in SEEDS], "time_to_target")
+        for n in (4, 8, 16)
+        for ex in ("fifo", "fluid")
+    }
+    assert ttt[(8, "fifo")] < 0.8 * ttt[(4, "fifo")]
+    assert ttt[(16, "fifo")] >= 0.95 * ttt[(8, "fifo")]  # without Fluid more than 8 workers buys nothing
+    assert ttt[(4, "fluid")] <= 1.2 * ttt[(8, "fifo")]  # with Fluid 4 GPUs come close to 8
+    assert ttt[(16, "fluid")] < ttt[(8, "fifo")]  # and more GPUs do better
