@@ -19,6 +19,7 @@ import grpc
 from .allocate import AllocationError, choose_pod, container_allocation, preferred_slots
 from .backend import GpuBackend
 from .config import AgentConfig
+from .metrics_factory import AgentMetrics
 from .pods import PodSource
 from .proto import api_pb2, api_pb2_grpc
 from .slots import slot_ids
@@ -31,8 +32,11 @@ UNHEALTHY = "Unhealthy"
 
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
-    def __init__(self, cfg: AgentConfig, backend: GpuBackend, pods: PodSource) -> None:
+    def __init__(
+        self, cfg: AgentConfig, backend: GpuBackend, pods: PodSource, metrics: AgentMetrics | None = None
+    ) -> None:
         self.cfg = cfg
+        self.metrics = metrics
         self.pods = pods
         self._health = {g.uuid: g.healthy for g in backend.gpus()}
         self._version = 0
@@ -115,8 +119,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     await self.pods.mark_allocated(pod, ids)
                 except AllocationError as err:
                     log.warning("Allocate %s refused: %s", ids, err)
+                    self._count("error")
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
                 self._served.add(pod.uid)
+                self._count("ok")
                 log.info("Allocate %s -> pod %s lane %s", ids, pod.key, alloc.envs.get("TESSERA_LANE_ID"))
                 responses.append(
                     api_pb2.ContainerAllocateResponse(
@@ -136,6 +142,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.PreStartContainerResponse:
         return api_pb2.PreStartContainerResponse()
 
+    def _count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.counter("tessera_device_plugin_allocations_total").labels(
+                node=self.cfg.node_name, result=result
+            ).inc()
+
     async def _pending_pods(self) -> list:  # type: ignore[type-arg]
         pods = await self.pods.pods_on_node(self.cfg.node_name)
         return [p for p in pods if p.uid not in self._served]
@@ -144,10 +156,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 class DevicePlugin:
     """Owns the gRPC server's lifecycle: serve, register, watch for kubelet restarts, shut down cleanly."""
 
-    def __init__(self, cfg: AgentConfig, backend: GpuBackend, pods: PodSource) -> None:
+    def __init__(
+        self, cfg: AgentConfig, backend: GpuBackend, pods: PodSource, metrics: AgentMetrics | None = None
+    ) -> None:
         self.cfg = cfg
         self.backend = backend
-        self.servicer = DevicePluginServicer(cfg, backend, pods)
+        self.servicer = DevicePluginServicer(cfg, backend, pods, metrics)
         self._server: grpc.aio.Server | None = None
         self._kubelet_inode: int | None = None
         self.registrations = 0

@@ -1,0 +1,187 @@
+"""Per-lane telemetry: attribute NVML's per-process memory and SM samples to pods and lanes.
+
+NVML reports host PIDs; a PID belongs to the pod whose UID appears in its cgroup path (k8s-interfaces.md §4,
+needs hostPID). The pod's assignment names its lane and limits, so memory used is set against the lane's
+MPS pinned limit and a lane above it is flagged — the per-pod view DCGM lacks under MPS (§3.4).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .backend import MIB, GpuBackend
+from .metrics_factory import AgentMetrics
+from .pods import PodInfo
+
+log = logging.getLogger(__name__)
+
+# cgroupfs: .../pod1f2e3d4c-..../<container>; systemd: ...-pod1f2e3d4c_...slice/...
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+
+PidResolver = Callable[[int], "str | None"]
+
+
+def pod_uid_from_cgroup(pid: int, proc_root: Path = Path("/proc")) -> str | None:
+    """The pod UID in `/proc/<pid>/cgroup`, or None for a process outside any pod (or already gone)."""
+    try:
+        text = (proc_root / str(pid) / "cgroup").read_text()
+    except OSError:
+        return None
+    m = _POD_UID.search(text)
+    return m.group(1).replace("_", "-") if m else None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    uuid: str
+    healthy: bool
+    memory_used_bytes: int
+    memory_total_bytes: int
+    utilization_ratio: float
+    unattributed_memory_bytes: int  # processes outside any Tessera lane (e.g. the MPS server itself)
+
+
+@dataclass(frozen=True)
+class LaneSample:
+    index: int
+    uuid: str
+    lane: str
+    namespace: str
+    pod: str
+    memory_used_bytes: int
+    memory_limit_bytes: int
+    compute_limit_ratio: float
+    utilization_ratio: float
+
+    @property
+    def over_limit(self) -> bool:
+        return self.memory_used_bytes > self.memory_limit_bytes
+
+
+def collect(
+    backend: GpuBackend, pods: Sequence[PodInfo], resolve_pid: PidResolver
+) -> tuple[list[GpuSample], list[LaneSample]]:
+    by_uid = {p.uid: p for p in pods if p.assignment is not None}
+    gpus: list[GpuSample] = []
+    lanes: list[LaneSample] = []
+    for gpu in backend.gpus():
+        usage = backend.usage(gpu.uuid)
+        mem: dict[str, int] = defaultdict(int)
+        sm: dict[str, float] = defaultdict(float)
+        unattributed = 0
+        for proc in backend.processes(gpu.uuid):
+            uid = resolve_pid(proc.pid)
+            pod = by_uid.get(uid) if uid else None
+            if pod is None or pod.assignment is None or gpu.uuid not in pod.assignment.gpu_uuids:
+                unattributed += proc.used_memory_bytes or 0
+                continue
+            mem[pod.uid] += proc.used_memory_bytes or 0
+            sm[pod.uid] += proc.sm_util_percent
+        gpus.append(
+            GpuSample(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                healthy=gpu.healthy,
+                memory_used_bytes=usage.memory_used_bytes,
+                memory_total_bytes=gpu.memory_total_bytes,
+                utilization_ratio=usage.utilization_percent / 100.0,
+                unattributed_memory_bytes=unattributed,
+            )
+        )
+        # every lane on this GPU is reported, idle ones with zero use, so dashboards see the limits
+        for pod in by_uid.values():
+            a = pod.assignment
+            if a is None or gpu.uuid not in a.gpu_uuids:
+                continue
+            lanes.append(
+                LaneSample(
+                    index=gpu.index,
+                    uuid=gpu.uuid,
+                    lane=a.lane_id,
+                    namespace=pod.namespace,
+                    pod=pod.name,
+                    memory_used_bytes=mem.get(pod.uid, 0),
+                    memory_limit_bytes=a.memory_mib * MIB,
+                    compute_limit_ratio=a.compute_percent / 100.0,
+                    utilization_ratio=min(1.0, sm.get(pod.uid, 0.0) / 100.0),
+                )
+            )
+    return gpus, lanes
+
+
+class LaneTelemetry:
+    """Samples the backend, exports tessera_gpu_* / tessera_lane_* and logs lanes above their limit."""
+
+    def __init__(
+        self,
+        node: str,
+        backend: GpuBackend,
+        metrics: AgentMetrics,
+        resolve_pid: PidResolver = pod_uid_from_cgroup,
+    ) -> None:
+        self.node = node
+        self.backend = backend
+        self.metrics = metrics
+        self.resolve_pid = resolve_pid
+        self._flagged: set[tuple[str, str]] = set()
+
+    def update(self, pods: Sequence[PodInfo]) -> list[LaneSample]:
+        """Refresh every gauge from one sample; returns the lanes above their memory limit."""
+        gpus, lanes = collect(self.backend, pods, self.resolve_pid)
+        m = self.metrics
+        gpu_gauges = [
+            "tessera_gpu_utilization_ratio",
+            "tessera_gpu_memory_used_bytes",
+            "tessera_gpu_memory_total_bytes",
+            "tessera_gpu_healthy",
+        ]
+        lane_gauges = [
+            "tessera_lane_memory_used_bytes",
+            "tessera_lane_memory_limit_bytes",
+            "tessera_lane_compute_limit_ratio",
+            "tessera_lane_utilization_ratio",
+        ]
+        for name in gpu_gauges + lane_gauges:
+            m.gauge(name).clear()  # lanes come and go; stale series must not linger
+        for g in gpus:
+            labels = {"node": self.node, "gpu": str(g.index), "uuid": g.uuid}
+            m.gauge("tessera_gpu_utilization_ratio").labels(**labels).set(g.utilization_ratio)
+            m.gauge("tessera_gpu_memory_used_bytes").labels(**labels).set(g.memory_used_bytes)
+            m.gauge("tessera_gpu_memory_total_bytes").labels(**labels).set(g.memory_total_bytes)
+            m.gauge("tessera_gpu_healthy").labels(**labels).set(1 if g.healthy else 0)
+        over = []
+        for lane in lanes:
+            labels = {
+                "node": self.node,
+                "gpu": str(lane.index),
+                "lane": lane.lane,
+                "namespace": lane.namespace,
+                "pod": lane.pod,
+            }
+            m.gauge("tessera_lane_memory_used_bytes").labels(**labels).set(lane.memory_used_bytes)
+            m.gauge("tessera_lane_memory_limit_bytes").labels(**labels).set(lane.memory_limit_bytes)
+            m.gauge("tessera_lane_compute_limit_ratio").labels(**labels).set(lane.compute_limit_ratio)
+            m.gauge("tessera_lane_utilization_ratio").labels(**labels).set(lane.utilization_ratio)
+            key = (lane.uuid, lane.lane)
+            if lane.over_limit:
+                over.append(lane)
+                if key not in self._flagged:
+                    log.warning(
+                        "lane %s of pod %s/%s on GPU %d uses %d MiB, above its %d MiB limit",
+                        lane.lane,
+                        lane.namespace,
+                        lane.pod,
+                        lane.index,
+                        lane.memory_used_bytes // MIB,
+                        lane.memory_limit_bytes // MIB,
+                    )
+                self._flagged.add(key)
+            else:
+                self._flagged.discard(key)
+        return over
