@@ -8,12 +8,11 @@ decided (§5.4).
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Literal
 
 from pydantic import Field
 
-from tessera.api.base import DNS_LABEL, Condition, CrossFieldRule, PodTemplateSpec, WireModel
+from tessera.api.base import DNS_LABEL, Condition, CrossFieldRule, PodTemplateSpec, Timestamp, WireModel
 from tessera.api.gpu import GPUUsage
 
 MAX_JOBS = 256
@@ -151,7 +150,7 @@ class Lease(WireModel):
     node: str
     gpu_indices: list[int] = Field(default_factory=list)
     job: str | None = None
-    expires_at: datetime
+    expires_at: Timestamp
     source: Literal["auction", "leftover"] = Field(
         description="Whether the auction or leftover step granted it."
     )
@@ -172,13 +171,13 @@ class AppStatus(WireModel):
     gpus: int = Field(default=0, ge=0, description="GPUs the App holds now.")
     rho: float | None = Field(default=None, ge=0, description="Current finish-time fairness ρ estimate.")
     rho_final: float | None = Field(default=None, ge=0, description="(T_finish - T_start) / T_id at the end.")
-    start_time: datetime | None = None
-    finish_time: datetime | None = None
+    start_time: Timestamp | None = None
+    finish_time: Timestamp | None = None
     active_gpu_seconds: float = Field(default=0.0, ge=0, description="∫ N_active dt, for N_avg.")
     elapsed_seconds: float = Field(default=0.0, ge=0)
     tuning_phase: int = Field(default=0, ge=0)
     jobs: list[JobStatus] = Field(default_factory=list)
     leases: list[Lease] = Field(default_factory=list)
     bid_table: list[BidEntry] = Field(default_factory=list, description="The last bid submitted.")
-    last_round_time: datetime | None = None
+    last_round_time: Timestamp | None = None
     conditions: list[Condition] = Field(default_factory=list)

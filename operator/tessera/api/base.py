@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -45,6 +46,10 @@ class CrossFieldRule:
     field_path: str = ""
 
 
+Timestamp = Annotated[datetime, Field(strict=False)]
+"""An RFC 3339 time; accepted as a string, since that is how status comes back from the API server."""
+
+
 class WireModel(BaseModel):
     """Base of every spec/status model: camelCase aliases, strict about unknown fields."""
 
@@ -53,6 +58,8 @@ class WireModel(BaseModel):
         populate_by_name=True,
         extra="forbid",
         validate_default=True,
+        # Like the API server: "4.06e8" (a YAML 1.1 string) is not a number, "true" is not a boolean.
+        strict=True,
     )
 
     cross_field_rules: ClassVar[tuple[CrossFieldRule, ...]] = ()

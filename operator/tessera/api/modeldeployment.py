@@ -9,12 +9,11 @@ Defaults are the papers' where they give one; [GAP] marks values the papers leav
 from __future__ import annotations
 
 import itertools
-from datetime import datetime
 from typing import Literal
 
 from pydantic import Field
 
-from tessera.api.base import Condition, CrossFieldRule, PodTemplateSpec, WireModel
+from tessera.api.base import Condition, CrossFieldRule, PodTemplateSpec, Timestamp, WireModel
 from tessera.api.gpu import GPUUsage
 
 MAX_BATCH_SIZES = 64
@@ -449,6 +448,6 @@ class ModelDeploymentStatus(WireModel):
     autoscaler_advice: AutoscalerAdvice | None = None
     expected_batch_latency: list[BatchLatency] = Field(default_factory=list)
     applications: list[ApplicationStats] = Field(default_factory=list)
-    last_profiler_pickup: datetime | None = None
-    last_base_time_reset: datetime | None = None
+    last_profiler_pickup: Timestamp | None = None
+    last_base_time_reset: Timestamp | None = None
     conditions: list[Condition] = Field(default_factory=list)

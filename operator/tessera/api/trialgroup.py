@@ -7,12 +7,11 @@ w GPUs of distributed training — by water-filling (Alg. 3.1, 3.2).
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import Field
 
-from tessera.api.base import DNS_LABEL, Condition, CrossFieldRule, PodTemplateSpec, WireModel
+from tessera.api.base import DNS_LABEL, Condition, CrossFieldRule, PodTemplateSpec, Timestamp, WireModel
 from tessera.api.gpu import GPUUsage
 
 MAX_TRIALS = 512
@@ -145,7 +144,7 @@ class TrialStatus(WireModel):
 class Reallocation(WireModel):
     """The last DynamicFluid decision and the rule that fired (Alg. 3.2)."""
 
-    time: datetime
+    time: Timestamp
     rule: str
     reason: str | None = None
 

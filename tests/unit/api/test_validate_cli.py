@@ -1,0 +1,43 @@
+"""`tessera validate` through the real CLI entry point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, INVALID, expected_errors
+from tessera.cli import main
+
+
+def test_accepts_the_valid_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(EXAMPLES)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"OK {p}" for p in sorted(EXAMPLES.glob("*.yaml"))]
+
+
+def test_rejects_each_invalid_example_with_its_field_path(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", *map(str, INVALID)]) == 1
+    out = set(capsys.readouterr().out.splitlines())
+    for path in INVALID:
+        name = path.read_text().split("name: ", 1)[1].split("}", 1)[0]
+        for field_path, message in expected_errors(path):
+            assert any(
+                line.startswith(f"{path}: ") and line.endswith(f"/{name}: {field_path}: {message}")
+                for line in out
+            ), (path, field_path)
+
+
+def test_multi_document_file_and_bad_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    both = tmp_path / "both.yaml"
+    both.write_text((EXAMPLES / "app.yaml").read_text() + "\n---\n" + INVALID[0].read_text())
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("kind: App\n  bad: [indent\n")
+    assert main(["validate", str(both), str(broken)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"OK {both} (App/resnet50-lr-search)"
+    assert any(line.startswith(f"{both}: App/") for line in out[1:])
+    assert any(line.startswith(f"{broken}: not valid YAML") for line in out)
+
+
+def test_empty_directory_is_an_error(tmp_path: Path) -> None:
+    assert main(["validate", str(tmp_path)]) == 1
