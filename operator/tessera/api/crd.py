@@ -9,13 +9,13 @@ defaults spelled out so the API server applies them before the rules run.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel
 
 from tessera.api import contract
-from tessera.api.base import OpenModel, WireModel
+from tessera.api.base import WireModel
 from tessera.api.resources import KINDS, ResourceKind
 
 JSON = dict[str, Any]
@@ -23,28 +23,34 @@ JSON = dict[str, Any]
 _DROP = {"title", "discriminator"}
 
 
-def _rules_by_title() -> dict[str, list[JSON]]:
-    """Model name (the $defs key pydantic uses) → its CEL rules."""
-    out: dict[str, list[JSON]] = {}
-    seen: set[type[BaseModel]] = set()
+def _reachable(root: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """Models used (transitively) by `root`'s fields, keyed as pydantic names them in $defs."""
+    found: dict[str, type[BaseModel]] = {}
 
-    def visit(model: type[BaseModel]) -> None:
-        if model in seen:
-            return
-        seen.add(model)
-        if issubclass(model, WireModel) and model.cross_field_rules:
-            rules = []
-            for rule in model.cross_field_rules:
-                entry: JSON = {"message": rule.message, "rule": rule.cel}
-                if rule.field_path:
-                    entry["fieldPath"] = rule.field_path
-                rules.append(entry)
-            out[model.__name__] = rules
-        for sub in model.__subclasses__():
-            visit(sub)
+    def visit(tp: Any) -> None:
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            if found.get(tp.__name__) is tp:
+                return
+            found[tp.__name__] = tp
+            for info in tp.model_fields.values():
+                visit(info.annotation)
+        for arg in get_args(tp):
+            visit(arg)
 
-    visit(WireModel)
-    return out
+    visit(root)
+    return found
+
+
+def _rules(model: type[BaseModel]) -> list[JSON]:
+    if not issubclass(model, WireModel):
+        return []
+    rules = []
+    for rule in model.cross_field_rules:
+        entry: JSON = {"message": rule.message, "rule": rule.cel}
+        if rule.field_path:
+            entry["fieldPath"] = rule.field_path
+        rules.append(entry)
+    return rules
 
 
 def _defaults(model: type[BaseModel]) -> dict[str, Any]:
@@ -59,24 +65,12 @@ def _defaults(model: type[BaseModel]) -> dict[str, Any]:
     return out
 
 
-def _all_models() -> dict[str, type[BaseModel]]:
-    found: dict[str, type[BaseModel]] = {}
-
-    def visit(model: type[BaseModel]) -> None:
-        for sub in model.__subclasses__():
-            found[sub.__name__] = sub
-            visit(sub)
-
-    visit(WireModel)
-    visit(OpenModel)
-    return found
-
-
 class _Structurer:
-    def __init__(self, defs: dict[str, JSON], with_defaults: bool) -> None:
+    def __init__(
+        self, defs: dict[str, JSON], models: dict[str, type[BaseModel]], with_defaults: bool
+    ) -> None:
         self.defs = defs
-        self.rules = _rules_by_title()
-        self.models = _all_models()
+        self.models = models
         self.with_defaults = with_defaults
 
     def convert(self, node: JSON) -> JSON:
@@ -102,10 +96,10 @@ class _Structurer:
 
     def _model(self, name: str) -> JSON:
         out = self.convert(self.defs[name])
-        if name in self.rules:
-            out["x-kubernetes-validations"] = self.rules[name]
-        model = self.models.get(name)
-        if model is not None and self.with_defaults:
+        model = self.models[name]
+        if rules := _rules(model):
+            out["x-kubernetes-validations"] = rules
+        if self.with_defaults:
             for key, value in _defaults(model).items():
                 if key in out.get("properties", {}):
                     out["properties"][key]["default"] = value
@@ -148,7 +142,10 @@ def structural_schema(model: type[BaseModel], *, with_defaults: bool = True) -> 
     raw = model.model_json_schema(by_alias=True, ref_template="#/$defs/{model}")
     defs = raw.pop("$defs", {})
     defs[model.__name__] = raw
-    return _Structurer(defs, with_defaults)._model(model.__name__)
+    models = _reachable(model)
+    if set(defs) != set(models):
+        raise TypeError(f"two models share a name under {model.__name__}: {sorted(set(defs) ^ set(models))}")
+    return _Structurer(defs, models, with_defaults)._model(model.__name__)
 
 
 def _status_schema(kind: ResourceKind) -> JSON:
