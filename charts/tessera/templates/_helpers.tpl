@@ -1,0 +1,86 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "tessera.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Fully qualified app name: <release>-tessera unless the release name already contains it. */}}
+{{- define "tessera.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* <fullname>-<component>, for component-scoped objects. */}}
+{{- define "tessera.componentName" -}}
+{{- printf "%s-%s" (include "tessera.fullname" .root | trunc 50 | trimSuffix "-") .component -}}
+{{- end -}}
+
+{{- define "tessera.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Standard labels (helm.sh/docs/chart_best_practices/labels). */}}
+{{- define "tessera.labels" -}}
+helm.sh/chart: {{ include "tessera.chart" . }}
+{{ include "tessera.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tessera
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "tessera.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tessera.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels of one component: call with (dict "root" $ "component" "operator"). */}}
+{{- define "tessera.componentLabels" -}}
+{{ include "tessera.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "tessera.componentSelectorLabels" -}}
+{{ include "tessera.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "tessera.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* ServiceAccount name of a component: call with (dict "root" $ "component" "agent"). */}}
+{{- define "tessera.serviceAccountName" -}}
+{{- $sa := index .root.Values.serviceAccounts .component -}}
+{{- if $sa.create -}}
+{{- default (include "tessera.componentName" .) $sa.name -}}
+{{- else -}}
+{{- default "default" $sa.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* ServiceMonitors need the prometheus-operator CRD unless the check is skipped (helm template, GitOps). */}}
+{{- define "tessera.serviceMonitorEnabled" -}}
+{{- if and .Values.serviceMonitor.enabled (or .Values.serviceMonitor.skipCapabilityCheck (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor")) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Checks the schema cannot express (Go's regexp has no negative lookahead). */}}
+{{- define "tessera.validate" -}}
+{{- if eq (toString .Values.image.tag) "latest" -}}
+{{- fail "image.tag: 'latest' is not allowed; pin a version (empty means the chart's appVersion)" -}}
+{{- end -}}
+{{- if eq (toString .Values.scheduler.kubeScheduler.image.tag) "latest" -}}
+{{- fail "scheduler.kubeScheduler.image.tag: 'latest' is not allowed; use your cluster's version, e.g. v1.31.4" -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,330 @@
+"""The Helm chart: renders through the real Helm engine, lints clean, and every object validates."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from chart_render import CHART, NAMESPACE, ROOT, chart_crds, find, objects, render
+
+# A recent Kubernetes that kubernetes-validate ships schemas for, and the oldest the chart supports.
+KUBE_VERSIONS = ("1.33.0", "1.28.0")
+
+NON_DEFAULT: dict[str, Any] = {
+    "image": {"repository": "registry.example.com/ml/tessera", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "fullnameOverride": "gpu-share",
+    "commonLabels": {"team": "ml-platform"},
+    "logLevel": "DEBUG",
+    "operator": {
+        "replicas": 3,
+        "allNamespaces": False,
+        "peeringName": "gpu-share",
+        "extraArgs": ["--verbose"],
+    },
+    "scheduler": {
+        "schedulerName": "gpu-share",
+        "extender": {"port": 9443, "urlPath": "/scheduler", "weight": 10, "ignorable": True},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}],
+    },
+    "agent": {
+        "runtimeClassName": "nvidia",
+        "slotsPerGpu": 4,
+        "nodeSelector": {"gpu": "on"},
+        "hostPID": False,
+    },
+    "serviceAccounts": {"agent": {"create": True, "name": "tessera-node"}},
+    "serviceMonitor": {"enabled": True, "skipCapabilityCheck": True, "additionalLabels": {"release": "kps"}},
+    "dashboards": {"namespace": "monitoring", "label": "grafana.io/dashboard", "labelValue": "tessera"},
+}
+VALUE_SETS = {
+    "default": None,
+    "non-default": NON_DEFAULT,
+    "agent-only": {
+        "operator": {"enabled": False},
+        "scheduler": {"enabled": False},
+        "dashboards": {"enabled": False},
+    },
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VALUE_SETS))
+def rendered(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, objects(render(VALUE_SETS[request.param]))
+
+
+def _crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> openAPIV3Schema of the CRDs the chart ships."""
+    schemas = {}
+    for crd in chart_crds():
+        for version in crd["spec"]["versions"]:
+            key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
+            schemas[key] = version["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+def _check_service_monitor(obj: dict[str, Any], objs: list[dict[str, Any]]) -> None:
+    """No CRD schema for prometheus-operator here: check it selects a rendered Service with that port name."""
+    spec = obj["spec"]
+    selector = spec["selector"]["matchLabels"]
+    services = [
+        s
+        for s in objs
+        if s["kind"] == "Service" and selector.items() <= s["metadata"].get("labels", {}).items()
+    ]
+    assert len(services) == 1, f"{obj['metadata']['name']} selects {len(services)} Services"
+    port_names = {p["name"] for p in services[0]["spec"]["ports"]}
+    for endpoint in spec["endpoints"]:
+        assert endpoint["port"] in port_names
+        assert endpoint["honorLabels"] is True
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_every_rendered_object_validates(
+    rendered: tuple[str, list[dict[str, Any]]], kube_version: str
+) -> None:
+    _, objs = rendered
+    assert objs
+    crd_schemas = _crd_schemas()
+    for obj in objs:
+        key = (obj["apiVersion"], obj["kind"])
+        if key in crd_schemas:
+            jsonschema.validate(obj, crd_schemas[key])
+        elif obj["kind"] == "ServiceMonitor":
+            _check_service_monitor(obj, objs)
+        else:
+            kubernetes_validate.validate(obj, kube_version, strict=True)
+
+
+def test_shipped_crds_validate() -> None:
+    for crd in chart_crds():
+        kubernetes_validate.validate(crd, KUBE_VERSIONS[0], strict=True)
+
+
+def test_chart_crds_are_the_generated_crds() -> None:
+    # Helm reads CRDs only from the chart's own crds/ and cannot reach ../../crds, so the chart carries a
+    # copy of what hack/gen-crds writes; this keeps the copy exact.
+    generated = {p.name: p.read_text() for p in (ROOT / "crds").glob("*.yaml")}
+    copied = {p.name: p.read_text() for p in (CHART / "crds").glob("tessera.io_*.yaml")}
+    assert generated, "crds/ is empty: run hack/gen-crds"
+    assert copied == generated, "charts/tessera/crds is stale: cp crds/tessera.io_*.yaml charts/tessera/crds/"
+    kinds = {d["spec"]["names"]["kind"] for d in chart_crds()}
+    assert {"App", "TrialGroup", "ModelDeployment", "ClusterKopfPeering", "KopfPeering"} <= kinds
+
+
+@pytest.mark.parametrize("values", sorted(VALUE_SETS))
+def test_lint_is_clean(values: str) -> None:
+    report = helm.lint(CHART, VALUE_SETS[values], strict=True, namespace=NAMESPACE, kube_version="v1.33.0")
+    assert report["errors"] == []
+    # Severity 1 is informational ("icon is recommended"); warnings and errors fail.
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_services_select_pods_and_name_real_ports(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, objs = rendered
+    workloads = [o for o in objs if o["kind"] in ("Deployment", "DaemonSet")]
+    for svc in (o for o in objs if o["kind"] == "Service"):
+        selector = svc["spec"]["selector"]
+        targets = [
+            w for w in workloads if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert len(targets) == 1, svc["metadata"]["name"]
+        container_ports = {
+            p["name"]
+            for c in targets[0]["spec"]["template"]["spec"]["containers"]
+            for p in c.get("ports", [])
+        }
+        for port in svc["spec"]["ports"]:
+            assert port["targetPort"] in container_ports
+    for w in workloads:
+        assert (
+            w["spec"]["selector"]["matchLabels"].items()
+            <= w["spec"]["template"]["metadata"]["labels"].items()
+        )
+
+
+def test_operator_runs_two_peered_replicas() -> None:
+    objs = objects(render())
+    deploy = find(objs, "Deployment", "-operator")
+    assert deploy["spec"]["replicas"] == 2
+    command = " ".join(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert "tessera --log-level INFO operator" in command
+    assert "--peering tessera" in command and "--priority" in command and "--all-namespaces" in command
+    assert find(objs, "ClusterKopfPeering")["metadata"]["name"] == "tessera"
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_scheduler_config_keeps_the_extender_contract() -> None:
+    objs = objects(render())
+    config = yaml.safe_load(find(objs, "ConfigMap", "-scheduler-config")["data"]["config.yaml"])
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert config["profiles"] == [{"schedulerName": "tessera-scheduler"}]
+    (ext,) = config["extenders"]
+    assert ext["urlPrefix"] == "http://127.0.0.1:8888"
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert ext["nodeCacheCapable"] is True and ext["weight"] > 0
+    assert {r["name"]: r["ignoredByScheduler"] for r in ext["managedResources"]} == {
+        "tessera.io/gpu": False,
+        "tessera.io/gpu-memory": True,
+        "tessera.io/gpu-compute": True,
+    }
+    pod = find(objs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["kube-scheduler", "extender"]
+    assert "--config=/etc/tessera-scheduler/config.yaml" in pod["containers"][0]["command"]
+
+
+def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
+    objs = objects(render())
+    pod = find(objs, "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    (container,) = pod["containers"]
+    assert (
+        container["securityContext"]["privileged"] is True and container["securityContext"]["runAsUser"] == 0
+    )
+    host_paths = {v["hostPath"]["path"] for v in pod["volumes"]}
+    assert host_paths == {"/var/lib/kubelet/device-plugins", "/run/tessera/mps", "/run/tessera/mps/shm"}
+    env = {e["name"] for e in container["env"]}
+    assert "NODE_NAME" in env
+
+
+def _rules(objs: list[dict[str, Any]], kind: str, suffix: str) -> set[tuple[str, str, str]]:
+    role = find(objs, kind, suffix)
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_rbac_is_least_privilege() -> None:
+    objs = objects(render())
+    extender = _rules(objs, "ClusterRole", "-scheduler-extender")
+    assert extender == {
+        ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"),
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
+        ("", "pods/binding", "create"),
+        ("", "events", "create"), ("", "events", "patch"),
+        ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
+    }  # fmt: skip
+    agent = _rules(objs, "ClusterRole", "-agent")
+    assert agent == {
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+    }
+    operator = _rules(objs, "ClusterRole", "-operator")
+    assert ("", "pods", "create") in operator and ("", "pods", "delete") in operator
+    assert ("tessera.io", "apps/status", "patch") in operator
+    assert ("tessera.io", "trialgroups/finalizers", "update") in operator
+    assert ("kopf.dev", "clusterkopfpeerings", "patch") in operator
+    # Nothing anywhere may touch secrets or use wildcards.
+    for role in (o for o in objs if o["kind"] in ("ClusterRole", "Role")):
+        for rule in role["rules"]:
+            assert (
+                "*" not in rule["verbs"]
+                and "*" not in rule["resources"]
+                and "secrets" not in rule["resources"]
+            )
+
+
+def test_dashboards_ship_as_sidecar_configmaps() -> None:
+    objs = objects(render())
+    maps = [
+        o
+        for o in objs
+        if o["kind"] == "ConfigMap" and o["metadata"]["labels"].get("grafana_dashboard") == "1"
+    ]
+    assert len(maps) == 4
+    for cm in maps:
+        ((key, text),) = cm["data"].items()
+        source = CHART / "dashboards" / key.removeprefix("tessera-")
+        assert json.loads(text) == json.loads(source.read_text())
+
+
+def test_non_default_values_take_effect() -> None:
+    objs = objects(render(NON_DEFAULT))
+    deploy = find(objs, "Deployment", "gpu-share-operator")
+    assert deploy["spec"]["replicas"] == 3
+    assert (
+        deploy["spec"]["template"]["spec"]["containers"][0]["image"]
+        == "registry.example.com/ml/tessera:0.1.0-rc1"
+    )
+    assert deploy["metadata"]["labels"]["team"] == "ml-platform"
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert "--namespace tessera-system" in args and '"--verbose"' in args
+    assert find(objs, "KopfPeering")["metadata"]["namespace"] == NAMESPACE
+    config = yaml.safe_load(find(objs, "ConfigMap", "-scheduler-config")["data"]["config.yaml"])
+    assert config["extenders"][0]["urlPrefix"] == "http://127.0.0.1:9443/scheduler"
+    assert config["profiles"][0]["schedulerName"] == "gpu-share"
+    monitors = [o for o in objs if o["kind"] == "ServiceMonitor"]
+    assert len(monitors) == 3 and all(m["metadata"]["labels"]["release"] == "kps" for m in monitors)
+    dashboards = [
+        o for o in objs if o["kind"] == "ConfigMap" and "grafana.io/dashboard" in o["metadata"]["labels"]
+    ]
+    assert len(dashboards) == 4 and {d["metadata"]["namespace"] for d in dashboards} == {"monitoring"}
+    agent = find(objs, "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    assert agent["runtimeClassName"] == "nvidia" and agent["serviceAccountName"] == "tessera-node"
+    assert "--slots-per-gpu=4" in agent["containers"][0]["args"]
+
+
+def test_service_monitors_need_the_crd_unless_told_otherwise() -> None:
+    objs = objects(render({"serviceMonitor": {"enabled": True}}))
+    assert not [o for o in objs if o["kind"] == "ServiceMonitor"]  # offline render: the CRD is not announced
+    assert (
+        "WARNING: serviceMonitor.enabled"
+        in render({"serviceMonitor": {"enabled": True}})["tessera/templates/NOTES.txt"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"operator": {"replicas": 0}}, "at '/operator/replicas': minimum: got 0, want 1"),
+        ({"operatr": {"replicas": 2}}, "additional properties 'operatr' not allowed"),
+        ({"agent": {"mpsRoot": "run/mps"}}, "at '/agent/mpsRoot'"),
+        ({"agent": {"slotsPerGpu": 100}}, "at '/agent/slotsPerGpu': maximum"),
+        ({"scheduler": {"extender": {"weight": 0}}}, "at '/scheduler/extender/weight': minimum"),
+        ({"scheduler": {"extender": {"port": 70000}}}, "at '/scheduler/extender/port': maximum"),
+        ({"scheduler": {"schedulerName": "Tessera_Scheduler"}}, "at '/scheduler/schedulerName'"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy': value must be one of"),
+        ({"dashboards": {"labelValue": 1}}, "at '/dashboards/labelValue': got number, want string"),
+        ({"serviceMonitor": {"interval": "often"}}, "at '/serviceMonitor/interval'"),
+        ({"logLevel": "verbose"}, "at '/logLevel': value must be one of"),
+    ],
+)
+def test_schema_rejects_bad_values_with_the_offending_key(values: dict[str, Any], message: str) -> None:
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmValuesError) as err:
+            chart.validate_schema(values)
+        assert message in str(err.value)
+        with pytest.raises(helm.HelmValuesError):
+            chart.render(values, name="t", namespace="t")
+
+
+@pytest.mark.parametrize("path", [("image",), ("scheduler", "kubeScheduler", "image")])
+def test_latest_tags_are_refused_with_a_clear_message(path: tuple[str, ...]) -> None:
+    values: dict[str, Any] = {"tag": "latest"}
+    for key in reversed(path):
+        values = {key: values}
+    with pytest.raises(helm.HelmRenderError, match="'latest' is not allowed; "):
+        render(values)
+
+
+def test_schema_accepts_the_default_values() -> None:
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(chart.values)
+        assert chart.schema is not None and chart.schema["$schema"].startswith(
+            "http://json-schema.org/draft-07"
+        )
