@@ -250,3 +250,33 @@ def run(scenario: PlacementScenario, *, progress: bool = False) -> PlacementResu
             points.append((x, run_point(sc)))
             bar.update(i + 1)
     return PlacementResult(scenario, points)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tessera.sim.serving.placement_scenario FILE [--sweep cv=1,3,5] [--plots DIR]``."""
+    import argparse
+    import json
+
+    import yaml
+
+    ap = argparse.ArgumentParser(description="Run a placement scenario (AlpaServe vs baselines).")
+    ap.add_argument("file", type=Path)
+    ap.add_argument("--sweep", help="override the sweep, e.g. cv=1,3,5 or slo_scale=1,2.5,5,10")
+    ap.add_argument("--plots", type=Path, help="directory for PNG plots")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    args = ap.parse_args(argv)
+    data = yaml.safe_load(args.file.read_text())
+    if args.sweep:
+        param, _, vals = args.sweep.partition("=")
+        data["sweep"] = {"param": param, "values": [float(v) for v in vals.split(",") if v]}
+        data["name"] = f"{data.get('name', args.file.stem)}-{param}"
+    res = run(load(data, str(args.file)), progress=True)
+    print(json.dumps(res.to_json(), indent=1) if args.json else res.table())
+    if args.plots:
+        for p in res.plots(args.plots):
+            print(f"plot: {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
