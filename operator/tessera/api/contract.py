@@ -75,3 +75,10 @@ MPS_ROOT: Final = "/run/tessera/mps"
 MPS_CONTAINER_ROOT: Final = "/mps"
 
 METRIC_PREFIX: Final = "tessera_"
+
+# Interference profile of a GPU workload (pod annotation): "compute" | "memory" | "unknown" | a measured
+# fraction in [0, 1] of GPU time that is compute-bound. The workload class rides on ANN_WORKLOAD as
+# "<kind>:<class>", class "latency-critical" | "best-effort" (default best-effort).
+ANN_PROFILE: Final = f"{GROUP}/profile"
+CLASS_LATENCY_CRITICAL: Final = "latency-critical"
+CLASS_BEST_EFFORT: Final = "best-effort"

@@ -1,0 +1,239 @@
+"""kube-scheduler extender over HTTP: filter, prioritize and bind (k8s-interfaces §2).
+
+Wire format is kube-scheduler's exact JSON (PascalCase; `NodeNames` when nodeCacheCapable, else `Nodes`).
+Filter and prioritize read the in-memory ClusterView; bind re-checks capacity under a per-node asyncio lock,
+reserves the GPUs, writes `tessera.io/assignment`, then creates the Binding — so concurrent binds can never
+oversubscribe a GPU; the loser gets an `Error` with the reason and the scheduler retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from tessera.api import contract
+from tessera.api.assignment import Assignment
+from tessera.api.placement import Placement, PlacementError
+from tessera.extender.kube import KubeClient, KubeError
+from tessera.extender.view import ClusterView, Holding, PodRequestError, pod_key, pod_request
+from tessera.policy.lanes.placement import Choice, PlacementConfig, choose_gpus, to_priority
+
+log = logging.getLogger(__name__)
+JsonObj = dict[str, Any]
+
+
+class BadRequest(ValueError):
+    """The request body is not what kube-scheduler sends."""
+
+
+class Extender:
+    def __init__(
+        self, kube: KubeClient | None, view: ClusterView | None = None, config: PlacementConfig | None = None
+    ) -> None:
+        self.kube = kube
+        self.view = view or ClusterView()
+        self.config = config or PlacementConfig()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- decisions ----------------------------------------------------------------------------------
+    def evaluate(self, pod: JsonObj, node: str) -> Choice | str:
+        """Where the pod would go on `node`, or why it cannot."""
+        gpus = self.view.nodes.get(node)
+        if gpus is None:
+            return self.view.node_errors.get(node, f"node has no {contract.ANN_NODE_GPUS} annotation")
+        ann = pod.get("metadata", {}).get("annotations", {}) or {}
+        only = None
+        if contract.ANN_PLACEMENT in ann:
+            try:
+                placement = Placement.parse(ann[contract.ANN_PLACEMENT], where=pod_key(pod))
+            except PlacementError as err:
+                return str(err)
+            if placement.node != node:
+                return f"pod is placed on node {placement.node} by {contract.ANN_PLACEMENT}"
+            only = placement.gpu_indices
+        try:
+            req = pod_request(pod, min((g.memory_mib for g in gpus), default=None))
+        except PodRequestError as err:
+            return str(err)
+        if req is None:
+            return "pod asks for no tessera.io GPU resource"
+        return choose_gpus(gpus, req, self.config, only=only)
+
+    # -- verbs --------------------------------------------------------------------------------------
+    def filter(self, args: JsonObj) -> JsonObj:
+        pod, names, cache_capable = _pod_and_nodes(args)
+        ok, failed = [], {}
+        for name in names:
+            out = self.evaluate(pod, name)
+            if isinstance(out, Choice):
+                ok.append(name)
+            else:
+                failed[name] = out
+        result: JsonObj = {
+            "Nodes": None,
+            "NodeNames": None,
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": {},
+            "Error": "",
+        }
+        if cache_capable:
+            result["NodeNames"] = ok
+        else:
+            keep = set(ok)
+            items = [
+                n
+                for n in (args.get("Nodes") or {}).get("items") or []
+                if n.get("metadata", {}).get("name") in keep
+            ]
+            result["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
+        return result
+
+    def prioritize(self, args: JsonObj) -> list[JsonObj]:
+        pod, names, _ = _pod_and_nodes(args)
+        out = []
+        for name in names:
+            choice = self.evaluate(pod, name)
+            out.append(
+                {"Host": name, "Score": to_priority(choice.score) if isinstance(choice, Choice) else 0}
+            )
+        return out
+
+    async def bind(self, args: JsonObj) -> JsonObj:
+        for field in ("PodName", "PodNamespace", "PodUID", "Node"):
+            if not isinstance(args.get(field), str) or not args[field]:
+                raise BadRequest(f"ExtenderBindingArgs needs a non-empty string {field}")
+        ns, name, uid, node = args["PodNamespace"], args["PodName"], args["PodUID"], args["Node"]
+        pod = self.view.pods.get(f"{ns}/{name}")
+        if pod is None and self.kube is not None:
+            try:
+                pod = await self.kube.get_pod(ns, name)
+            except KubeError as err:
+                if err.status == 404:
+                    return {"Error": f"pod {ns}/{name} not found"}
+                return {"Error": f"cannot read pod {ns}/{name}: {err}"}
+        if pod is None:
+            return {"Error": f"pod {ns}/{name} not found"}
+        if pod.get("metadata", {}).get("uid") not in (None, uid):
+            return {"Error": f"pod {ns}/{name} has uid {pod['metadata']['uid']}, not {uid} (recreated?)"}
+        lock = self._locks.setdefault(node, asyncio.Lock())
+        async with lock:
+            choice = self.evaluate(pod, node)
+            if not isinstance(choice, Choice):
+                return {"Error": f"cannot bind {ns}/{name} to {node}: {choice}"}
+            req = pod_request(pod, min(g.memory_mib for g in self.view.nodes[node]))
+            assert req is not None
+            gpus = {g.index: g for g in self.view.nodes[node]}
+            assignment = Assignment(
+                node=node,
+                gpu_uuids=[gpus[i].uuid for i in choice.gpu_indices],
+                gpu_indices=list(choice.gpu_indices),
+                lane_id=self.view.lane_id(node, choice.gpu_indices[0]),
+                memory_mib=req.memory_mib,
+                compute_percent=req.compute_percent,
+            )
+            self.view.hold(uid, Holding(node, choice.gpu_indices, assignment.lane_id, req.as_tenant()))
+            try:
+                if self.kube is not None:
+                    await self.kube.patch_pod_annotations(
+                        ns, name, {contract.ANN_ASSIGNMENT: assignment.to_annotation()}
+                    )
+                    await self.kube.bind_pod(ns, name, uid, node)
+            except KubeError as err:
+                self.view.release(uid)
+                return {"Error": f"binding {ns}/{name} to {node} failed: {err}"}
+        log.info("bound %s/%s to %s GPUs %s lane %s", ns, name, node, choice.gpu_indices, assignment.lane_id)
+        return {"Error": ""}
+
+    # -- keeping the view -----------------------------------------------------------------------------
+    async def sync_forever(self, stop: asyncio.Event, retry_seconds: float = 2.0) -> None:
+        """List then watch nodes and pods; on any error wait and relist."""
+        assert self.kube is not None
+        while not stop.is_set():
+            try:
+                nodes, pods = await self.kube.list_nodes(), await self.kube.list_pods()
+                for node in nodes.get("items", []):
+                    self.view.apply_node(node)
+                for pod in pods.get("items", []):
+                    self.view.apply_pod(pod)
+                await asyncio.gather(
+                    self._watch(
+                        "/api/v1/nodes",
+                        nodes,
+                        self.view.apply_node,
+                        lambda o: self.view.delete_node(o["metadata"]["name"]),
+                    ),
+                    self._watch("/api/v1/pods", pods, self.view.apply_pod, self.view.delete_pod),
+                )
+            except (KubeError, KeyError, ValueError) as err:
+                log.warning("watch ended (%s); relisting in %.0fs", err, retry_seconds)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), retry_seconds)
+
+    async def _watch(
+        self, path: str, listing: JsonObj, apply: Callable[[JsonObj], None], delete: Callable[[JsonObj], None]
+    ) -> None:
+        assert self.kube is not None
+        rv = listing.get("metadata", {}).get("resourceVersion")
+        async for event in self.kube.watch(path, rv):
+            kind, obj = event.get("type"), event.get("object", {})
+            if kind == "DELETED":
+                delete(obj)
+            elif kind in ("ADDED", "MODIFIED"):
+                apply(obj)
+            elif kind == "ERROR":
+                raise KubeError(f"watch {path}: {obj.get('message', obj)}")
+
+
+def _pod_and_nodes(args: JsonObj) -> tuple[JsonObj, list[str], bool]:
+    pod = args.get("Pod")
+    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+        raise BadRequest("ExtenderArgs needs a Pod object with metadata")
+    if args.get("NodeNames") is not None:
+        names = args["NodeNames"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BadRequest("NodeNames must be a list of node names")
+        return pod, names, True
+    nodes = args.get("Nodes")
+    if isinstance(nodes, dict) and isinstance(nodes.get("items"), list):
+        return pod, [n.get("metadata", {}).get("name", "") for n in nodes["items"]], False
+    raise BadRequest("ExtenderArgs needs NodeNames (nodeCacheCapable) or Nodes.items")
+
+
+def make_app(extender: Extender) -> web.Application:
+    def handler(fn: Callable[[JsonObj], Awaitable[Any]]) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            try:
+                body = json.loads(await request.read())
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                return web.Response(status=400, text=f"request body is not JSON: {err}\n")
+            if not isinstance(body, dict):
+                return web.Response(status=400, text="request body must be a JSON object\n")
+            try:
+                result = await fn(body)
+            except BadRequest as err:
+                return web.Response(status=400, text=f"{err}\n")
+            return web.json_response(result)
+
+        return handle
+
+    async def do_filter(body: JsonObj) -> JsonObj:
+        return extender.filter(body)
+
+    async def do_prioritize(body: JsonObj) -> list[JsonObj]:
+        return extender.prioritize(body)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    app = web.Application()
+    app.router.add_post("/filter", handler(do_filter))
+    app.router.add_post("/prioritize", handler(do_prioritize))
+    app.router.add_post("/bind", handler(extender.bind))
+    app.router.add_get("/healthz", healthz)
+    return app

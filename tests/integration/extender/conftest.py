@@ -1,0 +1,100 @@
+"""Fixtures: a fake API server, the extender's HTTP server synced from it, and object builders."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fake_apiserver import FakeApiServer
+from tessera.api import contract
+from tessera.api.gpu_inventory import GpuInfo, dump_node_gpus
+from tessera.extender.kube import KubeClient, KubeConfig
+from tessera.extender.server import Extender, make_app
+
+
+def node(name: str, gpus: int = 2, memory_mib: int = 16000, annotate: bool = True) -> dict[str, Any]:
+    inv = [GpuInfo(uuid=f"GPU-{name}-{i}", index=i, model="P100", memory_mib=memory_mib) for i in range(gpus)]
+    ann = {contract.ANN_NODE_GPUS: dump_node_gpus(inv)} if annotate else {}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": ann}}
+
+
+def pod(
+    name: str,
+    memory: int | None = 4000,
+    compute: int | None = 25,
+    gpus: int = 1,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    limits = {contract.RESOURCE_GPU: str(gpus)}
+    if memory is not None:
+        limits[contract.RESOURCE_GPU_MEMORY] = str(memory)
+    if compute is not None:
+        limits[contract.RESOURCE_GPU_COMPUTE] = str(compute)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "annotations": annotations or {},
+        },
+        "spec": {
+            "schedulerName": contract.SCHEDULER_NAME,
+            "containers": [{"name": "c", "resources": {"limits": limits}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+@dataclass
+class Env:
+    api: FakeApiServer
+    extender: Extender
+    http: aiohttp.ClientSession
+    url: str
+
+    async def post(self, verb: str, body: Any) -> tuple[int, Any]:
+        async with self.http.post(f"{self.url}/{verb}", json=body) as resp:
+            return resp.status, (await resp.json() if resp.status == 200 else await resp.text())
+
+    async def settle(self, predicate: Any, timeout: float = 5.0) -> None:
+        for _ in range(int(timeout / 0.02)):
+            if predicate():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("the extender's view never caught up with the API server")
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    api = FakeApiServer()
+    api_server = TestServer(api.app())
+    await api_server.start_server()
+    kube = KubeClient(KubeConfig(str(api_server.make_url("")).rstrip("/")))
+    extender = Extender(kube)
+    ext_server = TestServer(make_app(extender))
+    await ext_server.start_server()
+    stop = asyncio.Event()
+    sync = asyncio.create_task(extender.sync_forever(stop, retry_seconds=0.1))
+    http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200))
+    try:
+        yield Env(api, extender, http, str(ext_server.make_url("")).rstrip("/"))
+    finally:
+        stop.set()
+        sync.cancel()
+        await asyncio.gather(sync, return_exceptions=True)
+        await http.close()
+        await kube.close()
+        await ext_server.close()
+        await api_server.close()
