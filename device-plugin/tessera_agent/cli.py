@@ -1,14 +1,123 @@
-"""The `tessera-agent` command line."""
+"""The `tessera-agent` command line: run the node agent (device plugin, MPS, NVML telemetry, coordinator)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
+import signal
 import sys
+from pathlib import Path
+
+from tessera.api import contract
+from tessera.policy.lanes.iteration import POLICIES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tessera-agent", description="Tessera node agent.")
+    p.add_argument(
+        "--node", default=os.environ.get("NODE_NAME", ""), help="this node's name (default $NODE_NAME)"
+    )
+    p.add_argument("--device-plugin-dir", type=Path, default=Path(contract.DEVICE_PLUGIN_DIR))
+    p.add_argument("--slots-per-gpu", type=int, default=contract.DEFAULT_SLOTS_PER_GPU)
+    p.add_argument(
+        "--mps-root", type=Path, default=Path(contract.MPS_ROOT), help="host dir for pipe/, log/, shm/"
+    )
+    p.add_argument("--mps-binary", default="nvidia-cuda-mps-control")
+    p.add_argument(
+        "--no-mps", action="store_true", help="do not run the MPS control daemon (one runs elsewhere)"
+    )
+    p.add_argument(
+        "--mem-limit-key",
+        choices=["ordinal", "uuid"],
+        default="ordinal",
+        help="how CUDA_MPS_PINNED_DEVICE_MEM_LIMIT names devices",
+    )
+    p.add_argument(
+        "--extra-reserve-mib", type=int, default=0, help="memory kept off each GPU beyond the driver's"
+    )
+    p.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port (0 = off)")
+    p.add_argument("--sample-interval", type=float, default=10.0, help="seconds between telemetry samples")
+    p.add_argument(
+        "--coordinator-socket", type=Path, default=None, help="serve the lane coordinator here (opt-in)"
+    )
+    p.add_argument(
+        "--lane-policy", choices=POLICIES, default="FAIR", help="coordinator's default lane policy"
+    )
+    p.add_argument("--fake-gpus", type=int, default=0, help="use N fake GPUs and no Kubernetes API (demos)")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tessera-agent", description="Tessera node agent.")
-    p.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2), format="%(asctime)s %(name)s %(message)s"
+    )
+    from prometheus_client import start_http_server
+
+    from .agent import NodeAgent
+    from .config import AgentConfig
+    from .coordinator import LaneCoordinator
+    from .inventory import KubernetesNodePatcher, NodePatcher
+    from .metrics_factory import AgentMetrics
+    from .mps import MpsManager
+    from .pods import KubernetesPodSource, PodSource, StaticPodSource
+
+    try:
+        cfg = AgentConfig(
+            node_name=args.node,
+            device_plugin_dir=args.device_plugin_dir,
+            slots_per_gpu=args.slots_per_gpu,
+            mps_root=args.mps_root,
+            mem_limit_key=args.mem_limit_key,
+            extra_reserve_mib=args.extra_reserve_mib,
+            coordinator_socket=args.coordinator_socket,
+        )
+    except ValueError as err:
+        print(f"tessera-agent: {err}", file=sys.stderr)
+        return 2
+    pods: PodSource
+    patcher: NodePatcher | None
+    if args.fake_gpus:
+        from .fake_backend import FakeGpuBackend
+
+        backend: object = FakeGpuBackend.uniform(args.fake_gpus)
+        pods, patcher = StaticPodSource(), None
+    else:
+        from .nvml_backend import NvmlGpuBackend, NvmlUnavailableError
+
+        try:
+            backend = NvmlGpuBackend()
+        except NvmlUnavailableError as err:
+            print(f"tessera-agent: {err} (use --fake-gpus N to try it without a GPU)", file=sys.stderr)
+            return 1
+        pods, patcher = KubernetesPodSource(), KubernetesNodePatcher()
+    metrics = AgentMetrics()
+    if args.metrics_port:
+        start_http_server(args.metrics_port, registry=metrics.registry)
+    agent = NodeAgent(
+        cfg,
+        backend,  # type: ignore[arg-type]
+        pods,
+        patcher,
+        metrics,
+        mps=None if args.no_mps else MpsManager(cfg.mps_pipe_dir, cfg.mps_log_dir, binary=args.mps_binary),
+        coordinator=LaneCoordinator(args.coordinator_socket, policy=args.lane_policy)
+        if args.coordinator_socket
+        else None,
+        sample_interval_s=args.sample_interval,
+    )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await agent.run(stop)
+
+    asyncio.run(run())
     return 0
 
 
