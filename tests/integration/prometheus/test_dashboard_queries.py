@@ -74,9 +74,8 @@ class Scene:
                 if spec.type is MetricType.GAUGE:
                     if spec.name == "tessera_gpu_healthy":
                         value = 1
-                    self.gauge(spec.name).labels(**labels).set(value) if labels else self.gauge(
-                        spec.name
-                    ).set(value)
+                    gauge = self.gauge(spec.name)
+                    (gauge.labels(**labels) if labels else gauge).set(value)
                 elif spec.type is MetricType.COUNTER:
                     metric = self.counter(spec.name)
                     (metric.labels(**labels) if labels else metric).inc(1 + n + i)
