@@ -1,0 +1,120 @@
+"""On a real NVIDIA GPU: NVML discovery, MPS start, and per-client pinned memory limits (issue 7, third item).
+
+Skips with a reason where there is no driver, GPU or MPS control binary. Run on a GPU machine with
+`.venv/bin/pytest -m gpu tests/e2e/gpu -s` (as root, so the MPS daemon can start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _skip_reason() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+    except Exception as err:
+        return f"no usable NVML here ({err})"
+    if count == 0:
+        return "NVML sees no GPU"
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as err:
+        return f"libcuda.so.1 not loadable ({err})"
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        return "nvidia-cuda-mps-control is not on PATH"
+    return None
+
+
+REASON = _skip_reason()
+if REASON:
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason=f"needs a real NVIDIA GPU: {REASON}")]
+
+CLIENT = str(Path(__file__).parent / "cuda_client.py")
+
+
+def test_nvml_discovers_gpus_and_inventory() -> None:
+    from tessera_agent.inventory import gpu_inventory
+    from tessera_agent.nvml_backend import NvmlGpuBackend
+
+    backend = NvmlGpuBackend()
+    try:
+        gpus = backend.gpus()
+        inv = gpu_inventory(backend)
+        print(
+            "NVML:",
+            [
+                (g.index, g.uuid, g.model, g.memory_total_bytes >> 20, g.memory_reserved_bytes >> 20)
+                for g in gpus
+            ],
+        )
+        assert gpus and all(g.uuid.startswith(("GPU-", "MIG-")) for g in gpus)
+        assert all(0 < i["memoryMiB"] <= g.memory_total_bytes >> 20 for i, g in zip(inv, gpus, strict=True))
+        usage = backend.usage(gpus[0].uuid)
+        assert 0 <= usage.utilization_percent <= 100
+        backend.processes(gpus[0].uuid)  # must not raise on this driver
+    finally:
+        backend.close()
+
+
+def run_client(env: dict[str, str], mib: int) -> dict[str, object]:
+    r = subprocess.run(
+        [sys.executable, CLIENT, str(mib)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def test_mps_clients_are_held_to_their_pinned_memory_limits() -> None:
+    from tessera_agent.mps import MpsManager, MpsPhase
+
+    root = Path(tempfile.mkdtemp(prefix="tessera-mps-"))
+    mgr = MpsManager(root / "pipe", root / "log")
+
+    async def scenario() -> tuple[dict[str, object], dict[str, object]]:
+        await mgr.start()
+        assert mgr.state().phase is MpsPhase.RUNNING
+        base = {
+            **os.environ,
+            "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(root / "log"),
+        }
+        small = await asyncio.to_thread(
+            run_client, {**base, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1024M"}, 2048
+        )
+        large = await asyncio.to_thread(
+            run_client, {**base, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M"}, 2048
+        )
+        print("server list:", await mgr.command("get_server_list"))
+        await mgr.stop()
+        return small, large
+
+    try:
+        small, large = asyncio.run(scenario())
+    finally:
+        subprocess.run(
+            ["nvidia-cuda-mps-control"],
+            input="quit\n",
+            text=True,
+            capture_output=True,
+            env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe")},
+        )
+    print("client limited to 1 GiB asking 2 GiB:", small)
+    print("client limited to 4 GiB asking 2 GiB:", large)
+    assert small.get("alloc_result") == 2  # CUDA_ERROR_OUT_OF_MEMORY at its limit
+    assert large.get("alloc_result") == 0
