@@ -94,7 +94,7 @@ def test_agent_factory_matches_the_shared_factory() -> None:
         )
         == 2**30
     )
-    with pytest.raises(KeyError, match="not by the node agent"):
+    with pytest.raises(KeyError, match="not an agent gauge"):
         agent.gauge("tessera_app_rho")
-    with pytest.raises(TypeError, match="not a Counter"):
+    with pytest.raises(KeyError, match="not an agent counter"):
         agent.counter("tessera_gpu_healthy")
