@@ -1,0 +1,84 @@
+"""`tessera simulate [SCENARIO.yaml]`: run a scenario in the discrete-event simulator.
+
+No argument runs the bundled default training scenario (Themis vs every baseline on 64 GPUs). A file is
+dispatched on its top-level `kind` through tessera.sim.scenario.KINDS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tessera.sim.scenario import KINDS, ScenarioError
+
+log = logging.getLogger(__name__)
+DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "sim" / "data" / "training-default.yaml"
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="run a scenario in the simulator (default: Themis vs baselines on 64 GPUs)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("scenario", nargs="?", help="scenario YAML (default: the bundled training scenario)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--seed", type=int, help="override the scenario's seed")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=main)
+
+
+def load_scenario(path: Path) -> tuple[Any, Any]:
+    """Parse a scenario file and return (kind module, scenario). Raises ScenarioError naming the file."""
+    source = str(path)
+    if not path.exists():
+        raise ScenarioError(source, "file", "not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ScenarioError(source, "file", f"not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(source, "file", "expected a mapping at the top level (kind, cluster, …)")
+    kind = data.get("kind", "training")
+    if kind not in KINDS:
+        raise ScenarioError(source, "kind", f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
+    try:
+        module = importlib.import_module(KINDS[kind])
+    except ImportError as e:
+        raise ScenarioError(source, "kind", f"kind {kind!r} is not available in this build ({e})") from None
+    return module, module.load(data, source)
+
+
+def main(args: argparse.Namespace) -> int:
+    path = Path(args.scenario) if args.scenario else DEFAULT_SCENARIO
+    try:
+        module, scenario = load_scenario(path)
+    except ScenarioError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.seed is not None:
+        if dataclasses.is_dataclass(scenario) and any(f.name == "seed" for f in dataclasses.fields(scenario)):
+            scenario = dataclasses.replace(scenario, seed=args.seed)  # type: ignore[type-var]
+        else:
+            print(f"error: {path}: seed: this scenario kind takes no seed", file=sys.stderr)
+            return 2
+    result = module.run(scenario, progress=not args.no_progress and not args.json)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(result.table())
+    if args.plots:
+        for p in result.plots(Path(args.plots)):
+            print(f"wrote {p}", file=sys.stderr)
+    return 0

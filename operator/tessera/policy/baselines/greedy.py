@@ -1,0 +1,88 @@
+"""The loop every greedy baseline shares (spec seed-themis §4.1 [OURS]).
+
+    while free GPUs remain and some app has unmet demand:
+        score each app; give the next GPU — or the best-placed gang — to the top-scoring app
+
+Each baseline only defines its score, its step (one GPU or the whole unmet gang) and whether it places
+GPUs next to what an app holds ("pack") or ignores placement and takes GPUs in cluster order ("order").
+Every policy gets the same lease, so only the allocation rule differs (spec §4.1 [OURS], erratum 10).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Literal
+
+from tessera.cluster import Cluster
+from tessera.cluster.pool import Anchor, FreePool
+from tessera.policy.training import AppState, Grant, RoundDecision, lease_expiry
+
+
+class GreedyPolicy:
+    name = "greedy"
+    step: Literal["gpu", "gang"] = "gang"
+    placement: Literal["pack", "order"] = "pack"
+
+    def __init__(self, lease_s: float = 600.0) -> None:
+        if not lease_s > 0:
+            raise ValueError(f"lease_s must be positive, got {lease_s}")
+        self.lease_s = lease_s
+
+    def score(
+        self, app: AppState, given: int, anchor: Anchor, pool: FreePool, now: float, cluster: Cluster
+    ) -> float:
+        """Higher is served first. `given` GPUs were already handed to the app this round."""
+        raise NotImplementedError
+
+    def allocate(
+        self,
+        now: float,
+        apps: Sequence[AppState],
+        cluster: Cluster,
+        free: Sequence[str],
+        rng: random.Random,
+    ) -> RoundDecision:
+        pool = FreePool(cluster, free)
+        given: dict[str, list[str]] = {}
+        anchors = {a.app_id: Anchor.of(cluster, a.held) for a in apps if a.unmet > 0}
+        live = [a for a in apps if a.unmet > 0]
+        in_order = cluster.sorted(free)
+        while pool.size and live:
+            best = max(
+                live,
+                key=lambda a: (
+                    self.score(a, len(given.get(a.app_id, ())), anchors[a.app_id], pool, now, cluster),
+                    -a.arrival,
+                ),
+            )
+            have = given.setdefault(best.app_id, [])
+            want = best.unmet - len(have)
+            d = min(want if self.step == "gang" else 1, pool.size)
+            if self.placement == "pack":
+                got = pool.take(anchors[best.app_id], d, grow_to=want)
+            else:
+                free_now = set(pool.ids())
+                got = [g for g in in_order if g in free_now][:d]
+                pool.remove(got)
+            have.extend(got)
+            anchors[best.app_id].add(cluster, got)
+            if len(have) >= best.unmet:
+                live.remove(best)
+        expiry = lease_expiry(now, self.lease_s)
+        return RoundDecision(grants=[Grant(k, tuple(v), expiry, "greedy") for k, v in given.items() if v])
+
+
+def best_slowdown(app: AppState, anchor: Anchor, pool: FreePool, d: int) -> float:
+    """S of the app's gang if it got d more GPUs placed as tightly as the pool allows now."""
+    loc = pool.predict(anchor, max(1, min(d, pool.size)))
+    return app.sensitivity.slowdown(loc if loc is not None else anchor.locality())
+
+
+def throughput(gpus: int, demand: int, slowdown: float) -> float:
+    return min(gpus, demand) / slowdown if gpus > 0 else 0.0
+
+
+def safe_ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.inf

@@ -1,0 +1,193 @@
+"""The Themis ARBITER round (Pseudocode 1 lines 13–21, spec §2.5–2.6, §3.1).
+
+One round is a pure function of (now, apps' state, cluster, free GPUs, config, rng) → grants (with lease
+expiry and source: auction or leftover) plus the auction record. The simulator and the operator both
+call `Themis.allocate`; nothing here keeps a clock or talks to Kubernetes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tessera.cluster import Cluster
+from tessera.cluster.pool import Anchor, FreePool
+from tessera.policy.themis.auction import SolverName, run_auction
+from tessera.policy.themis.bids import Bid, make_bid
+from tessera.policy.themis.estimate import TidMode
+from tessera.policy.training import AppState, Grant, RoundDecision, lease_expiry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ThemisConfig:
+    """Arbiter knobs (spec §5.3). Defaults are the paper's: f = 0.8, 10-minute leases (L1199, L1675)."""
+
+    fairness_knob: float = 0.8  # f: the top 1−f fraction of apps by ρ bid (spec §1.9, erratum 1)
+    lease_s: float = 600.0
+    rho_cap: float = 1e6  # ρ of an app holding nothing (∞ in the paper; spec §2.3)
+    tid_mode: TidMode = "paper"
+    solver: SolverName = "auto"
+    exact_limit: int = 20_000  # largest (bidders+1)^|R| solved by enumeration under "auto"
+    min_keep: int = 1  # GPUs a PF winner always keeps after its hidden payment (0 = literal floor)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fairness_knob <= 1.0:
+            raise ValueError(f"fairness_knob f must be in [0, 1], got {self.fairness_knob}")
+        if not self.lease_s > 0:
+            raise ValueError(f"lease_s must be positive, got {self.lease_s}")
+        if self.rho_cap <= 1:
+            raise ValueError(f"rho_cap must be > 1, got {self.rho_cap}")
+        if self.tid_mode not in ("paper", "exact"):
+            raise ValueError(f"tid_mode must be 'paper' or 'exact', got {self.tid_mode!r}")
+        if self.solver not in ("auto", "exact", "greedy"):
+            raise ValueError(f"solver must be 'auto', 'exact' or 'greedy', got {self.solver!r}")
+        if self.min_keep < 0:
+            raise ValueError(f"min_keep must be >= 0, got {self.min_keep}")
+
+
+def participants(n_active: int, f: float) -> int:
+    """k = max(1, ⌈(1 − f)·N⌉): f = 0 → all, f = 1 → exactly one (spec §1.9 [OURS])."""
+    if n_active <= 0:
+        return 0
+    return max(1, math.ceil((1.0 - f) * n_active - 1e-9))
+
+
+def filter_apps(ranked: Sequence[tuple[float, AppState]], f: float) -> list[AppState]:
+    """The top 1−f apps by current ρ, highest first; ties go to the earlier arrival."""
+    order = sorted(ranked, key=lambda ra: (-ra[0], ra[1].arrival, ra[1].app_id))
+    return [a for _, a in order[: participants(len(order), f)]]
+
+
+def allocate_leftover(
+    cluster: Cluster,
+    leftover: Sequence[str],
+    first: Sequence[AppState],
+    second: Sequence[AppState],
+    already: dict[str, list[str]],
+    rng: random.Random,
+) -> dict[str, list[str]]:
+    """Hand leftover GPUs to apps at random (pseudocode line 21, spec §2.5 [OURS]).
+
+    Apps in `first` (the unfiltered) are visited in random order, each taking what it can still use,
+    packed next to its GPUs; then `second` (the filtered) the same way. A GPU stays idle only when no app
+    has unmet demand, so the round is work-conserving (invariant §6.6-4).
+    """
+    pool = FreePool(cluster, leftover)
+    out: dict[str, list[str]] = {}
+    for group in (first, second):
+        order = list(group)
+        rng.shuffle(order)
+        for a in order:
+            if not pool.size:
+                return out
+            have = already.get(a.app_id, [])
+            want = a.demand_max - len(a.held) - len(have)
+            if want <= 0:
+                continue
+            anchor = Anchor.of(cluster, [*a.held, *have])
+            got = pool.take(anchor, min(want, pool.size))
+            out[a.app_id] = got
+    return out
+
+
+class Themis:
+    """Finish-time fair policy: filter → bids → partial-allocation auction → leftover, under leases."""
+
+    name = "themis"
+
+    def __init__(self, config: ThemisConfig | None = None) -> None:
+        self.config = config or ThemisConfig()
+
+    @property
+    def lease_s(self) -> float:
+        return self.config.lease_s
+
+    def current_rho(self, app: AppState, now: float, cluster: Cluster) -> float:
+        """ρ_current from the app's valuation of what it holds (the cached-table rule of §2.6: the
+        ARBITER evaluates the table itself, so an app cannot inflate its rank)."""
+        return self._bid(app, now, cluster, 0).rho_old
+
+    def _bid(self, app: AppState, now: float, cluster: Cluster, offered: int) -> Bid:
+        c = self.config
+        return make_bid(app, now, cluster, offered, rho_cap=c.rho_cap, tid_mode=c.tid_mode)
+
+    def allocate(
+        self,
+        now: float,
+        apps: Sequence[AppState],
+        cluster: Cluster,
+        free: Sequence[str],
+        rng: random.Random,
+    ) -> RoundDecision:
+        c = self.config
+        decision = RoundDecision()
+        hungry = [a for a in apps if a.unmet > 0]
+        if not free or not hungry:
+            return decision
+        ranked = [(self.current_rho(a, now, cluster), a) for a in hungry]
+        filtered = filter_apps(ranked, c.fairness_knob)
+        bids = [self._bid(a, now, cluster, len(free)) for a in filtered]
+        result = run_auction(
+            bids, cluster, list(free), solver=c.solver, exact_limit=c.exact_limit, min_keep=c.min_keep
+        )
+        chosen = {a.app_id for a in filtered}
+        unfiltered = [a for a in hungry if a.app_id not in chosen]
+        extra = allocate_leftover(cluster, result.leftover, unfiltered, filtered, result.won, rng)
+        expiry = lease_expiry(now, c.lease_s)
+        for app_id, gpus in result.won.items():
+            if gpus:
+                decision.grants.append(Grant(app_id, tuple(gpus), expiry, "auction"))
+        for app_id, gpus in extra.items():
+            if gpus:
+                decision.grants.append(Grant(app_id, tuple(gpus), expiry, "leftover"))
+        rho_now = {a.app_id: r for r, a in ranked}
+        decision.record = _record(now, len(hungry), bids, rho_now, result, extra)
+        log.debug(
+            "themis round t=%.0f: %d bidders, %d offered, solver %s", now, len(bids), len(free), result.solver
+        )
+        return decision
+
+
+def _record(
+    now: float,
+    n_active: int,
+    bids: Sequence[Bid],
+    rho_now: dict[str, float],
+    result: Any,
+    extra: dict[str, list[str]],
+) -> dict[str, Any]:
+    """The auction record of spec §5.4 (bid tables are summarised by their row count to stay small)."""
+    return {
+        "now": now,
+        "active": n_active,
+        "solver": result.solver,
+        "participants": [
+            {
+                "app": b.app_id,
+                "rho_current": rho_now[b.app_id],
+                "bid_rows": len(b._memo) + 1,
+                "pf": list(result.pf[b.app_id]),
+                "payment": result.payment[b.app_id],
+                "won": list(result.won[b.app_id]),
+            }
+            for b in bids
+        ],
+        "leftover": list(result.leftover),
+        "leftover_grants": {k: list(v) for k, v in extra.items()},
+    }
+
+
+def admit(requested_gpus: int, outstanding_gpus: int, cluster_gpus: int, threshold: float | None) -> bool:
+    """Admission control (footnote 2, L448–L451): reject an app if the aggregate GPUs requested would
+    cross threshold × cluster size. None disables it (the paper's experiments run without it)."""
+    if threshold is None:
+        return True
+    if threshold <= 0:
+        raise ValueError(f"admission threshold must be positive, got {threshold}")
+    return outstanding_gpus + requested_gpus <= threshold * cluster_gpus

@@ -1,0 +1,331 @@
+"""Discrete-event simulator of a GPU cluster running training apps under one policy.
+
+Events: app arrivals, an app runtime's own events (a job or phase finishes), lease expiries. After the
+events at one instant, if GPUs are free and some app can use more, the policy runs a round on the free
+GPUs (a "resource-available event", spec seed-themis §1.8) and its grants become leases. Each app's GPU
+set changes at most once per instant, so a lease renewed onto the same GPUs costs no restart.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.cluster import Cluster
+from tessera.policy.themis.arbiter import admit
+from tessera.policy.themis.estimate import NAvg, t_id
+from tessera.policy.training import AppState, TrainingPolicy, check_decision
+from tessera.sim.training.runtime import AppRuntime, GangJobsRuntime, Job, SuccessiveHalvingRuntime
+from tessera.sim.training.trace import AppSpec, Trace
+
+log = logging.getLogger(__name__)
+
+_ARRIVE, _RUNTIME, _LEASE = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    restart_s: float = (
+        30.0  # checkpoint + container restart when a job's GPUs change (L1178–L1181, L1516–L1521)
+    )
+    admission_threshold: float | None = None  # footnote 2; None = admit everything
+    halving_rule: str = "median"  # Eq. 2's current-phase estimate ("median" reproduces Table 3)
+    max_time: float = 1e9  # safety stop (simulated seconds)
+
+    def __post_init__(self) -> None:
+        if self.restart_s < 0:
+            raise ValueError(f"restart_s must be >= 0, got {self.restart_s}")
+        if self.halving_rule not in ("median", "actual"):
+            raise ValueError(f"halving_rule must be 'median' or 'actual', got {self.halving_rule!r}")
+
+
+@dataclass(slots=True)
+class AppOutcome:
+    app_id: str
+    arrival: float
+    finish: float
+    total_work: float
+    peak_demand: int
+    n_avg: float
+    gpu_seconds: float
+    network_intensive: bool
+    rho: float  # T_sh / T_id with T_id = T_cluster × N_avg (paper)
+    rho_exact: float  # T_id = work / min(R_C / N_avg, demand) (spec §1.4 note)
+    rejected: bool = False
+
+
+@dataclass(slots=True)
+class SimRun:
+    policy: str
+    apps: list[AppOutcome]
+    placement_scores: list[float]
+    makespan: float
+    gpu_seconds: float
+    rounds: int
+    events: int
+    wall_s: float = 0.0
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Live:
+    spec: AppSpec
+    runtime: AppRuntime
+    navg: NAvg
+    held: set[str] = field(default_factory=set)
+    attained: float = 0.0
+    since: float = 0.0  # when `held` last changed (for attained service)
+    version: int = 0
+
+
+def make_runtime(spec: AppSpec, cluster: Cluster, config: SimConfig) -> AppRuntime:
+    jobs = [
+        Job(
+            f"{spec.id}/{k}",
+            j.iterations,
+            j.iter_time,
+            min(j.gpus, len(cluster)),
+            spec.sensitivity,
+            score=j.score,
+        )
+        for k, j in enumerate(spec.jobs)
+    ]
+    if spec.halving is None:
+        return GangJobsRuntime(cluster, jobs, config.restart_s)
+    from tessera.policy.themis.estimate import HalvingPlan
+
+    plan = HalvingPlan(
+        len(jobs), spec.halving.iters_per_phase, min(spec.halving.job_gpus, len(cluster)), spec.halving.eta
+    )
+    rule = "actual" if config.halving_rule == "actual" else "median"
+    return SuccessiveHalvingRuntime(cluster, jobs, plan, config.restart_s, rule)
+
+
+def simulate(
+    policy: TrainingPolicy,
+    cluster: Cluster,
+    trace: Trace,
+    rng: random.Random,
+    config: SimConfig | None = None,
+    *,
+    on_progress: Callable[[float], None] | None = None,
+    keep_records: bool = False,
+) -> SimRun:
+    """Run the whole trace under `policy`. `on_progress(fraction of apps finished)` is called as it goes."""
+    import time as _time
+
+    wall0 = _time.perf_counter()
+    cfg = config or SimConfig()
+    heap: list[tuple[float, int, int, str, int]] = []
+    seq = 0
+
+    def push(t: float, kind: int, app_id: str, version: int = 0) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(heap, (t, seq, kind, app_id, version))
+
+    for spec in trace.apps:
+        push(spec.arrival, _ARRIVE, spec.id)
+    specs = {s.id: s for s in trace.apps}
+    live: dict[str, _Live] = {}
+    owner: dict[str, str] = {}
+    expiry: dict[str, float] = {}
+    free: set[str] = set(cluster.gpu_ids)
+    outcomes: list[AppOutcome] = []
+    scores: list[float] = []
+    records: list[dict[str, Any]] = []
+    rounds = events = 0
+    outstanding = 0
+    n_total = len(trace.apps)
+    first_arrival = trace.apps[0].arrival if trace.apps else 0.0
+    last_finish = first_arrival
+
+    def set_held(app: _Live, now: float, new: set[str]) -> None:
+        app.attained += len(app.held) * (now - app.since)
+        app.since = now
+        app.held = new
+
+    def reschedule(app: _Live) -> None:
+        app.version += 1
+        t = app.runtime.next_event()
+        if math.isfinite(t):
+            push(t, _RUNTIME, app.spec.id, app.version)
+
+    def navg_update(now: float) -> None:
+        n = len(live)
+        for a in live.values():
+            a.navg.update(now, n)
+
+    def finish(app: _Live, now: float) -> None:
+        nonlocal last_finish, outstanding
+        for g in app.held:
+            owner.pop(g, None)
+            expiry.pop(g, None)
+            free.add(g)
+        set_held(app, now, set())
+        del live[app.spec.id]
+        outstanding -= app.runtime.peak_demand()
+        navg_update(now)
+        rt = app.runtime
+        n_avg = app.navg.value(now)
+        work = rt.total_work()
+        peak = rt.peak_demand()
+        t_sh = now - app.spec.arrival
+        outcomes.append(
+            AppOutcome(
+                app.spec.id,
+                app.spec.arrival,
+                now,
+                work,
+                peak,
+                n_avg,
+                app.attained,
+                app.spec.network_intensive,
+                t_sh / t_id(work, len(cluster), peak, n_avg, "paper"),
+                t_sh / t_id(work, len(cluster), peak, n_avg, "exact"),
+            )
+        )
+        scores.extend(rt.placement_scores)
+        last_finish = max(last_finish, now)
+        if on_progress is not None:
+            on_progress(len(outcomes) / max(1, n_total))
+
+    pending: dict[str, set[str]] = {}  # apps whose GPU set changed this instant → new set
+
+    while heap:
+        now = heap[0][0]
+        if now > cfg.max_time:
+            raise RuntimeError(f"simulation passed max_time={cfg.max_time}s with {len(live)} apps unfinished")
+        pending.clear()
+        arrived = False
+        while heap and heap[0][0] <= now + 1e-9:
+            _, _, kind, app_id, ver = heapq.heappop(heap)
+            events += 1
+            if kind == _ARRIVE:
+                spec = specs[app_id]
+                rt = make_runtime(spec, cluster, cfg)
+                if not admit(rt.peak_demand(), outstanding, len(cluster), cfg.admission_threshold):
+                    outcomes.append(
+                        AppOutcome(
+                            app_id,
+                            spec.arrival,
+                            now,
+                            rt.total_work(),
+                            rt.peak_demand(),
+                            1.0,
+                            0.0,
+                            spec.network_intensive,
+                            math.nan,
+                            math.nan,
+                            rejected=True,
+                        )
+                    )
+                    continue
+                outstanding += rt.peak_demand()
+                rt.advance(now)
+                live[app_id] = _Live(spec, rt, NAvg(now, len(live) + 1), since=now)
+                arrived = True
+            elif kind == _RUNTIME:
+                app = live.get(app_id)
+                if app is None or ver != app.version:
+                    continue
+                app.runtime.advance(now)
+                reschedule(app)
+            else:
+                app = live.get(app_id)
+                if app is None:
+                    continue
+                gone = {g for g in app.held if expiry.get(g, math.inf) <= now + 1e-9}
+                if gone:
+                    new = pending.get(app_id, set(app.held)) - gone
+                    for g in gone:
+                        owner.pop(g, None)
+                        expiry.pop(g, None)
+                        free.add(g)
+                    pending[app_id] = new
+                    set_held(app, now, set(new))
+        if arrived:
+            navg_update(now)
+        # Finished apps leave; apps that shrank give back GPUs their jobs no longer use.
+        for app_id in list(live):
+            app = live[app_id]
+            if app.runtime.done():
+                pending.pop(app_id, None)
+                finish(app, now)
+                continue
+            used = app.runtime.used_gpus()
+            spare = len(app.held) - app.runtime.demand()
+            if spare > 0:
+                drop = sorted(g for g in app.held if g not in used)[:spare]
+                if drop:
+                    for g in drop:
+                        owner.pop(g, None)
+                        expiry.pop(g, None)
+                        free.add(g)
+                    new = set(app.held) - set(drop)
+                    pending[app_id] = new
+                    set_held(app, now, new)
+        hungry = [a for a in live.values() if a.runtime.demand() > len(a.held)]
+        if free and hungry:
+            rounds += 1
+            states = []
+            for a in live.values():
+                a.runtime.advance(now)
+                states.append(
+                    AppState(
+                        app_id=a.spec.id,
+                        arrival=a.spec.arrival,
+                        demand_max=a.runtime.demand(),
+                        held=frozenset(a.held),
+                        sensitivity=a.spec.sensitivity,
+                        total_work=a.runtime.total_work(),
+                        remaining_work=a.runtime.remaining_work(now),
+                        attained_service=a.attained + len(a.held) * (now - a.since),
+                        n_avg=a.navg.value(now),
+                        estimator=a.runtime,
+                        network_intensive=a.spec.network_intensive,
+                        peak_demand=a.runtime.peak_demand(),
+                    )
+                )
+            free_list = cluster.sorted(free)
+            decision = policy.allocate(now, states, cluster, free_list, rng)
+            check_decision(decision, states, free_list)
+            if keep_records and decision.record:
+                records.append(decision.record)
+            for grant in decision.grants:
+                app = live[grant.app_id]
+                new = set(pending.get(grant.app_id, app.held)) | set(grant.gpus)
+                for g in grant.gpus:
+                    free.discard(g)
+                    owner[g] = grant.app_id
+                    expiry[g] = grant.expiry
+                pending[grant.app_id] = new
+                set_held(app, now, new)
+                if math.isfinite(grant.expiry):
+                    push(grant.expiry, _LEASE, grant.app_id)
+        for app_id, gpus in pending.items():
+            app = live[app_id]
+            app.runtime.set_gpus(now, frozenset(gpus))
+            reschedule(app)
+        if not heap and live:
+            stuck = sorted(live)[:5]
+            raise RuntimeError(
+                f"simulation stalled at t={now:.0f}s: apps {stuck} can never run on this cluster"
+            )
+    wall = _time.perf_counter() - wall0
+    return SimRun(
+        policy=getattr(policy, "name", type(policy).__name__),
+        apps=sorted(outcomes, key=lambda o: o.app_id),
+        placement_scores=scores,
+        makespan=last_finish - first_arrival,
+        gpu_seconds=sum(o.gpu_seconds for o in outcomes),
+        rounds=rounds,
+        events=events,
+        wall_s=wall,
+        records=records,
+    )
