@@ -193,6 +193,10 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
     assert host_paths == {"/var/lib/kubelet/device-plugins", "/run/tessera/mps", "/run/tessera/mps/shm"}
     env = {e["name"] for e in container["env"]}
     assert "NODE_NAME" in env
+    assert {"--mps-root=/run/tessera/mps", "--device-plugin-dir=/var/lib/kubelet/device-plugins"} <= set(
+        container["args"]
+    )
+    assert "-v" not in container["args"]
 
 
 def _rules(objs: list[dict[str, Any]], kind: str, suffix: str) -> set[tuple[str, str, str]]:
@@ -276,7 +280,7 @@ def test_non_default_values_take_effect() -> None:
     assert len(dashboards) == 4 and {d["metadata"]["namespace"] for d in dashboards} == {"monitoring"}
     agent = find(objs, "DaemonSet", "-agent")["spec"]["template"]["spec"]
     assert agent["runtimeClassName"] == "nvidia" and agent["serviceAccountName"] == "tessera-node"
-    assert "--slots-per-gpu=4" in agent["containers"][0]["args"]
+    assert {"--slots-per-gpu=4", "-v"} <= set(agent["containers"][0]["args"])
 
 
 def test_service_monitors_need_the_crd_unless_told_otherwise() -> None:
