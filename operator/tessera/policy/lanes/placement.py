@@ -13,7 +13,8 @@ class, latency-critical (HP) or best-effort (BE).
 
 Scores (each in [0, 1], higher is better), combined by weights:
 - binpack: how full the GPUs are after placement; spread: how empty.
-- interference: the mean complementarity with the pods already on the chosen GPUs (1 when alone).
+- interference: the mean complementarity with the pods already on the chosen GPUs (0.5, neutral, when
+  alone, so a complementary partner is preferred to an empty GPU and an empty GPU to a same-kind one).
 - fragmentation: 1 minus the penalty for what the placement leaves behind: a sliver of memory or compute
   below `sliver_fraction` of the GPU (usable by nobody), and stranded capacity (free memory without free
   compute or the reverse: |free memory fraction − free compute fraction|).
@@ -143,7 +144,7 @@ def gpu_scores(gpu: GpuState, req: Request, cfg: PlacementConfig) -> dict[Strate
             gpu.tenants
         )
     else:
-        inter = 1.0
+        inter = 0.5  # neutral: a complementary partner beats an empty GPU, a same-kind one does not
     free_mem, free_comp = 1.0 - mem_after, 1.0 - comp_after
     sliver = sum(1.0 for f in (free_mem, free_comp) if 1e-9 < f < cfg.sliver_fraction) / 2.0
     stranded = abs(free_mem - free_comp)
@@ -198,7 +199,14 @@ def choose_gpus(
         return f"{len(scored)} of {req.gpus} GPUs fit: {detail}"
     scored.sort(key=lambda s: (-s[0], s[1]))
     best = scored[: req.gpus]
-    return Choice(tuple(sorted(i for _, i in best)), sum(s for s, _ in best) / req.gpus)
+    score = sum(s for s, _ in best) / req.gpus
+    # Binpack also across the node: prefer nodes already in use, keeping whole nodes free for gangs.
+    w_pack = dict(cfg.weights).get("binpack", 0.0) - dict(cfg.weights).get("spread", 0.0)
+    total = sum(w for _, w in cfg.weights)
+    if w_pack and total and gpus:
+        fill = sum(g.used_memory / g.memory_mib for g in gpus) / len(gpus)
+        score = min(1.0, max(0.0, score + 0.5 * (w_pack / total) * (fill - 0.5)))
+    return Choice(tuple(sorted(i for _, i in best)), score)
 
 
 def to_priority(score: float) -> int:
