@@ -82,3 +82,7 @@ METRIC_PREFIX: Final = "tessera_"
 ANN_PROFILE: Final = f"{GROUP}/profile"
 CLASS_LATENCY_CRITICAL: Final = "latency-critical"
 CLASS_BEST_EFFORT: Final = "best-effort"
+
+# Serving gateway (Open Inference Protocol v2 over HTTP): request headers the gateway reads.
+HEADER_APP: Final = "x-tessera-app"  # application tag of a request (Orloj's per-application histograms)
+HEADER_DEADLINE_MS: Final = "x-tessera-deadline-ms"  # optional per-request latency budget, milliseconds
