@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tessera.api import contract
+from tessera.api.assignment import Assignment
 
-from .assignment import Assignment
 from .config import AgentConfig
 from .pods import PodInfo
 from .slots import gpu_of

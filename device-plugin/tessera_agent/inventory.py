@@ -1,34 +1,47 @@
 """The `tessera.io/gpus` node annotation: what the extender may carve lanes from, kept current.
 
 Per GPU: UUID, index, model, usable memory (total minus the driver's reserve and an optional margin; not
-deducting it overcommits, anchors.md on KAI #2212) and health.
+deducting it overcommits, anchors.md on KAI #2212) and health. Built and serialised with the extender's own
+schema (`tessera.api.gpu_inventory`), so what the agent writes is exactly what the extender parses.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any, Protocol
 
 from tessera.api import contract
+from tessera.api.gpu_inventory import GpuInfo, dump_node_gpus
 
 from .backend import GpuBackend, usable_memory_mib
 
 log = logging.getLogger(__name__)
 
 
+class InventoryError(ValueError):
+    """The node's GPUs cannot be published as an inventory, with the reason."""
+
+
+def node_gpus(backend: GpuBackend, *, extra_reserve_mib: int = 0) -> list[GpuInfo]:
+    """The inventory entries for the backend's GPUs; a GPU left with no usable memory is an error, since
+    publishing it would advertise a GPU no lane fits on (and the schema rejects it)."""
+    out = []
+    for g in backend.gpus():
+        usable = usable_memory_mib(g, extra_reserve_mib)
+        if usable <= 0:
+            raise InventoryError(
+                f"GPU {g.index} ({g.uuid}) has no usable memory: {g.memory_total_bytes >> 20} MiB total, "
+                f"{g.memory_reserved_bytes >> 20} MiB reserved by the driver, {extra_reserve_mib} MiB extra "
+                "reserve; lower --extra-reserve-mib"
+            )
+        out.append(GpuInfo(uuid=g.uuid, index=g.index, model=g.model, memory_mib=usable, healthy=g.healthy))
+    return out
+
+
 def gpu_inventory(backend: GpuBackend, *, extra_reserve_mib: int = 0) -> list[dict[str, Any]]:
-    return [
-        {
-            "uuid": g.uuid,
-            "index": g.index,
-            "model": g.model,
-            "memoryMiB": usable_memory_mib(g, extra_reserve_mib),
-            "healthy": g.healthy,
-        }
-        for g in backend.gpus()
-    ]
+    """The inventory as the JSON objects of the annotation (camelCase keys)."""
+    return [g.model_dump(by_alias=True) for g in node_gpus(backend, extra_reserve_mib=extra_reserve_mib)]
 
 
 class NodePatcher(Protocol):
@@ -65,9 +78,7 @@ class InventoryPublisher:
         self._last: str | None = None
 
     async def publish_if_changed(self) -> bool:
-        value = json.dumps(
-            gpu_inventory(self.backend, extra_reserve_mib=self.extra_reserve_mib), sort_keys=True
-        )
+        value = dump_node_gpus(node_gpus(self.backend, extra_reserve_mib=self.extra_reserve_mib))
         if value == self._last:
             return False
         await self.patcher.annotate(self.node, {contract.ANN_NODE_GPUS: value})

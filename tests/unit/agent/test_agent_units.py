@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from tessera.api import contract
+from tessera.api.assignment import Assignment, AssignmentError
 from tessera_agent.allocate import AllocationError, choose_pod, container_allocation, preferred_slots
-from tessera_agent.assignment import Assignment, AssignmentError
 from tessera_agent.backend import MIB, GpuInfo, usable_memory_mib
 from tessera_agent.config import AgentConfig
 from tessera_agent.pods import PodInfo, pod_info_from_manifest
@@ -74,12 +74,12 @@ def assignment(**over: object) -> str:
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ("{", "not JSON"),
-        ("[]", "JSON object"),
-        (json.dumps({"node": "n"}), "lacks gpuUUIDs, laneId, memoryMiB, computePercent"),
-        (assignment(gpuUUIDs=[]), "names no GPU"),
-        (assignment(memoryMiB=0), "memoryMiB must be positive"),
-        (assignment(computePercent=101), "computePercent must be in 1..100"),
+        ("{", "Invalid JSON"),
+        ("[]", "should be an object"),
+        (json.dumps({"node": "n"}), "gpuUUIDs Field required"),
+        (assignment(gpuUUIDs=[]), "gpuUUIDs List should have at least 1 item"),
+        (assignment(memoryMiB=0), "memoryMiB Input should be greater than 0"),
+        (assignment(computePercent=101), "computePercent Input should be less than or equal to 100"),
         (assignment(gpuIndices=[0, 1]), "differ in length"),
     ],
 )
@@ -139,7 +139,9 @@ def test_unreadable_assignment_is_named_in_the_error() -> None:
             "spec": {"containers": [{"name": "c", "resources": {"limits": {contract.RESOURCE_GPU: "1"}}}]},
         }
     )
-    with pytest.raises(AllocationError, match=re.escape("ns/b: pod ns/b: tessera.io/assignment is not JSON")):
+    with pytest.raises(
+        AllocationError, match=re.escape("ns/b: pod ns/b: tessera.io/assignment is malformed:  Invalid JSON")
+    ):
         choose_pod([f"{U0}::0"], [bad], "n")
 
 
