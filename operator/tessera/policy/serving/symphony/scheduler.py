@@ -1,0 +1,188 @@
+"""Symphony's deferred batch scheduling across many GPUs, seed-symphony-orion A.2-A.3 (Algorithm 1).
+
+Per model: a deadline-ordered queue and one candidate (B, exec, latest) with exec = max(now, d − ℓ(|B|+1))
+(the frontrun) and latest = d − ℓ(|B|). A model timer at ``exec`` grants the lowest-id GPU free by then
+(argmin id concentrates load, A.7); a GPU timer at ``G.free`` picks the valid candidate with the closest
+``latest``. Comparisons use ``≤`` (A.3 decision 1; the §3.3 trace only reproduces with it). The timeout
+variant replaces the frontrun with ``a_head + k``; ``k = 0`` is eager dispatch (A.2, [S:L182]).
+GETBATCH is head-greedy and drops requests that cannot finish even alone (A.5 default); a candidate
+whose ``latest`` passes is recomputed (A.3 decision 4, optional).
+
+Timers are a heap with versioned entries, so cancelling is O(1) and each event is O(log M + log G).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tessera.policy.serving.common import Batch, Drop, DropReason, LinearProfile, Request
+
+
+@dataclass
+class Candidate:
+    size: int
+    exec: float
+    latest: float
+    version: int
+
+
+class SymphonyScheduler:
+    """Algorithm 1 for a shard of models over ``n_gpus`` GPUs (ids 0..n−1).
+
+    Drive it with ``enqueue(request, now)`` and ``advance(now)``, which fires every timer due by
+    ``now`` and returns the batches dispatched (``Batch.worker`` is the GPU, ``Batch.start`` its exec
+    time); ``next_timer()`` says when to call ``advance`` next. ``timeout`` None = deferred (Symphony);
+    a number k = timeout batching inside the same framework, 0 = eager.
+    """
+
+    def __init__(
+        self,
+        profiles: Mapping[str, LinearProfile],
+        n_gpus: int,
+        *,
+        timeout: float | None = None,
+        refresh_stale: bool = True,
+    ) -> None:
+        if n_gpus < 1:
+            raise ValueError(f"Symphony needs at least one GPU, got {n_gpus}")
+        if not profiles:
+            raise ValueError("Symphony needs at least one model profile")
+        self.profiles = dict(profiles)
+        self.timeout = timeout
+        self.refresh_stale = refresh_stale
+        self.gpu_free = [-math.inf] * n_gpus
+        self._queues: dict[str, list[tuple[float, int, Request]]] = {m: [] for m in profiles}
+        self._cand: dict[str, Candidate | None] = dict.fromkeys(profiles)
+        self._timers: list[tuple[float, int, str, str | int, int]] = []
+        self._seq = itertools.count()
+        self._ver = itertools.count()
+        self._gpu_ver = [0] * n_gpus
+        self._drops: list[Drop] = []
+        self._out: list[Batch] = []
+
+    # -- Algorithm 1 ---------------------------------------------------------------------------
+    def _get_batch(self, m: str, now: float) -> int:
+        prof, q = self.profiles[m], self._queues[m]
+        while q and q[0][0] - prof(1) < now:  # same arithmetic as `latest`, so latest ≥ now
+            self._drops.append(Drop(q.pop(0)[2], now, DropReason.CANNOT_MEET_DEADLINE))
+        if not q:
+            return 0
+        d = q[0][0]
+        n = 1
+        cap = min(len(q), prof.max_batch)
+        while n < cap and d - prof(n + 1) >= now:
+            n += 1
+        return n
+
+    def _update_candidate(self, m: str, now: float) -> None:
+        n = self._get_batch(m, now)
+        if n == 0:
+            self._cand[m] = None
+            return
+        prof, q = self.profiles[m], self._queues[m]
+        d = q[0][0]
+        if self.timeout is None:
+            ex = max(now, d - prof(n + 1))
+        else:
+            ex = max(now, min(e[2].arrival for e in q[:n]) + self.timeout)
+        c = Candidate(n, ex, d - prof(n), next(self._ver))
+        self._cand[m] = c
+        heapq.heappush(self._timers, (ex, next(self._seq), "model", m, c.version))
+        if self.refresh_stale:
+            heapq.heappush(
+                self._timers, (math.nextafter(c.latest, math.inf), next(self._seq), "stale", m, c.version)
+            )
+
+    def _dispatch(self, m: str, g: int, now: float) -> None:
+        self._update_candidate(m, now)
+        c = self._cand[m]
+        if c is None:
+            return
+        q = self._queues[m]
+        reqs = [e[2] for e in q[: c.size]]
+        del q[: c.size]
+        dur = self.profiles[m](c.size)
+        self.gpu_free[g] = c.exec + dur
+        self._gpu_ver[g] += 1
+        heapq.heappush(self._timers, (self.gpu_free[g], next(self._seq), "gpu", g, self._gpu_ver[g]))
+        self._out.append(Batch(reqs, g, c.exec, dur, m))
+        self._update_candidate(m, now)
+
+    def enqueue(self, request: Request, now: float) -> None:
+        q = self._queues.get(request.model)
+        if q is None:
+            raise ValueError(
+                f"request {request.rid} is for model {request.model!r}, not served by this shard"
+            )
+        bisect.insort(q, (request.deadline, request.rid, request), key=lambda e: (e[0], e[1]))
+        self._update_candidate(request.model, now)
+
+    def _on_model_timer(self, m: str, now: float) -> None:
+        c = self._cand[m]
+        if c is None:
+            return
+        free = [g for g, f in enumerate(self.gpu_free) if f <= c.exec]
+        if free:
+            self._dispatch(m, min(free), now)
+
+    def _on_gpu_timer(self, g: int, now: float) -> None:
+        f = self.gpu_free[g]
+        best: tuple[float, str] | None = None
+        for m, c in self._cand.items():
+            if c is not None and c.exec <= f <= c.latest and (best is None or (c.latest, m) < best):
+                best = (c.latest, m)
+        if best is not None:
+            self._dispatch(best[1], g, now)
+
+    def next_timer(self) -> float | None:
+        while self._timers and not self._live(self._timers[0]):
+            heapq.heappop(self._timers)
+        return self._timers[0][0] if self._timers else None
+
+    def _live(self, e: tuple[float, int, str, str | int, int]) -> bool:
+        _, _, kind, key, ver = e
+        if kind == "gpu":
+            return self._gpu_ver[int(key)] == ver
+        c = self._cand[str(key)]
+        return c is not None and c.version == ver
+
+    def advance(self, now: float, *, strictly_before: bool = False) -> list[Batch]:
+        """Fire the timers due at or before ``now`` (before it, if ``strictly_before``)."""
+        while self._timers and (
+            self._timers[0][0] < now or (not strictly_before and self._timers[0][0] <= now)
+        ):
+            e = heapq.heappop(self._timers)
+            if not self._live(e):
+                continue
+            t, _, kind, key, _ = e
+            if kind == "model":
+                self._on_model_timer(str(key), t)
+            elif kind == "gpu":
+                self._on_gpu_timer(int(key), t)
+            else:
+                self._update_candidate(str(key), t)
+        out, self._out = self._out, []
+        return out
+
+    def take_drops(self) -> list[Drop]:
+        out, self._drops = self._drops, []
+        return out
+
+
+def autoscale_advice(
+    n_gpus: int, bad_rate: float, idle_fraction: float, *, bad_threshold: float = 0.01
+) -> int:
+    """GPUs to add (> 0) or release (< 0), seed-symphony A.8 [S:L221-L223]: add N·r/(1−r) when the bad
+    rate r exceeds the threshold, otherwise release N·f for idle fraction f."""
+    if not 0 <= bad_rate < 1 or not 0 <= idle_fraction <= 1:
+        raise ValueError(
+            f"bad_rate must be in [0,1) and idle_fraction in [0,1], got {bad_rate}, {idle_fraction}"
+        )
+    if bad_rate > bad_threshold:
+        return math.ceil(n_gpus * bad_rate / (1 - bad_rate) - 1e-9)
+    return -math.floor(n_gpus * idle_fraction + 1e-9)
