@@ -146,6 +146,7 @@ class LaneTelemetry:
             "tessera_lane_memory_limit_bytes",
             "tessera_lane_compute_limit_ratio",
             "tessera_lane_utilization_ratio",
+            "tessera_lane_over_limit",
         ]
         for name in gpu_gauges + lane_gauges:
             m.gauge(name).clear()  # lanes come and go; stale series must not linger
@@ -168,6 +169,7 @@ class LaneTelemetry:
             m.gauge("tessera_lane_memory_limit_bytes").labels(**labels).set(lane.memory_limit_bytes)
             m.gauge("tessera_lane_compute_limit_ratio").labels(**labels).set(lane.compute_limit_ratio)
             m.gauge("tessera_lane_utilization_ratio").labels(**labels).set(lane.utilization_ratio)
+            m.gauge("tessera_lane_over_limit").labels(**labels).set(1 if lane.over_limit else 0)
             key = (lane.uuid, lane.lane)
             if lane.over_limit:
                 over.append(lane)

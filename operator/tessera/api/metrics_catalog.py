@@ -269,6 +269,13 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         frozenset({_AGENT}),
     ),
     MetricSpec(
+        "tessera_lane_over_limit",
+        MetricType.GAUGE,
+        "1 while a lane's processes use more device memory than its MPS pinned limit, else 0.",
+        _LANE,
+        frozenset({_AGENT}),
+    ),
+    MetricSpec(
         "tessera_device_plugin_allocations_total",
         MetricType.COUNTER,
         "Device plugin Allocate calls answered, by result (ok, error).",

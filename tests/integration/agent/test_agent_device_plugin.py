@@ -13,6 +13,7 @@ from agent_fake_kubelet import FakeKubelet
 from tessera.api import contract
 from tessera_agent.config import AgentConfig
 from tessera_agent.fake_backend import FakeGpuBackend
+from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.plugin import DevicePlugin
 from tessera_agent.pods import StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import api_pb2, api_pb2_grpc
@@ -74,7 +75,7 @@ async def running(
             pod_info_from_manifest(pod("plain", 1, None)),
         ]
     )
-    plugin = DevicePlugin(cfg, backend, pods)
+    plugin = DevicePlugin(cfg, backend, pods, AgentMetrics())
     stop = asyncio.Event()
     task = asyncio.create_task(plugin.run(stop))
     await asyncio.wait_for(kubelet.registered.wait(), 5)
@@ -189,6 +190,34 @@ async def test_second_allocate_for_same_pod_is_refused(
         await stub.Allocate(req)
         with pytest.raises(grpc.aio.AioRpcError, match="not yet allocated"):
             await stub.Allocate(req)
+
+
+async def test_allocate_counter_counts_answers_by_result(
+    running: tuple[DevicePlugin, StaticPodSource], kubelet: FakeKubelet, backend: FakeGpuBackend
+) -> None:
+    plugin, _ = running
+    metrics = plugin.servicer.metrics
+    assert metrics is not None
+
+    def count(result: str) -> float:
+        value = metrics.registry.get_sample_value(
+            "tessera_device_plugin_allocations_total", {"node": NODE, "result": result}
+        )
+        return value or 0.0
+
+    uuid = backend.gpus()[1].uuid
+    req = api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[f"{uuid}::0"])]
+    )
+    assert (count("ok"), count("error")) == (0.0, 0.0)
+    async with kubelet.plugin_channel() as ch:
+        stub = api_pb2_grpc.DevicePluginStub(ch)
+        await stub.Allocate(req)
+        assert (count("ok"), count("error")) == (1.0, 0.0)
+        for _ in range(2):  # the only pod with an assignment is served: refused twice
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.Allocate(req)
+    assert (count("ok"), count("error")) == (1.0, 2.0)
 
 
 async def test_reregisters_after_kubelet_restart(

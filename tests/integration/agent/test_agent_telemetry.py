@@ -128,6 +128,8 @@ def test_per_lane_metrics_and_over_limit() -> None:
     assert sample(text, "tessera_lane_utilization_ratio", **a) == 0.15
     assert sample(text, "tessera_lane_memory_used_bytes", **bb) == 6000 * MIB
     assert sample(text, "tessera_lane_utilization_ratio", **bb) == 0.6
+    assert sample(text, "tessera_lane_over_limit", **a) == 1.0
+    assert sample(text, "tessera_lane_over_limit", **bb) == 0.0  # 6000 MiB within 8192 MiB
     gpu0 = {"node": "node-a", "gpu": "0", "uuid": g0}
     assert sample(text, "tessera_gpu_memory_used_bytes", **gpu0) == (1800 + 400 + 6000 + 300) * MIB
     assert sample(text, "tessera_gpu_utilization_ratio", **gpu0) == 0.8
@@ -138,6 +140,7 @@ def test_per_lane_metrics_and_over_limit() -> None:
     assert tel.update(pods[:1]) == []
     text = generate_latest(metrics.registry).decode()
     assert 'pod="big"' not in text
+    assert sample(text, "tessera_lane_over_limit", **a) == 0.0  # 1800 MiB, back under 2048 MiB
 
 
 def test_every_agent_metric_in_the_catalogue_is_exported() -> None:
