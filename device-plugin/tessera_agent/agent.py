@@ -1,5 +1,5 @@
 """Runs the node agent's parts together until stopped: device plugin, MPS daemon, inventory, telemetry,
-and (opt-in) the lane coordinator."""
+and (opt-in) the lane coordinator and progress endpoint."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from .metrics_factory import AgentMetrics
 from .mps import MpsManager
 from .plugin import DevicePlugin
 from .pods import PodSource
+from .progress import ProgressServer
 from .telemetry import LaneTelemetry
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,13 @@ class NodeAgent:
             tasks.append(asyncio.create_task(self.mps.run(stop)))
         if self.coordinator is not None:
             await self.coordinator.start()
+        progress = (
+            ProgressServer(self.cfg.node_name, self.pods, socket_path=self.cfg.progress_socket)
+            if self.cfg.progress_socket is not None
+            else None
+        )
+        if progress is not None:
+            await progress.start()
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -46,6 +54,8 @@ class NodeAgent:
                 t.cancel()
             if self.coordinator is not None:
                 await self.coordinator.stop()
+            if progress is not None:
+                await progress.stop()
             self.backend.close()
 
     async def _sample(self, stop: asyncio.Event) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from tessera.api import contract
 from tessera.api.assignment import Assignment
@@ -85,7 +86,18 @@ def container_allocation(pod: PodInfo, cfg: AgentConfig) -> ContainerAllocation:
             f"{cfg.coordinator_container_dir}/{cfg.coordinator_socket.name}"
         )
         mounts.append(Mount(cfg.coordinator_container_dir, str(cfg.coordinator_socket.parent)))
+    if cfg.progress_socket is not None:
+        envs[contract.ENV_PROGRESS_ENDPOINT] = progress_endpoint(
+            f"{cfg.progress_container_dir}/{cfg.progress_socket.name}", pod.namespace, pod.name
+        )
+        mounts.append(Mount(cfg.progress_container_dir, str(cfg.progress_socket.parent)))
     return ContainerAllocation(pod=pod, envs=envs, mounts=tuple(mounts))
+
+
+def progress_endpoint(socket_in_container: str, namespace: str, name: str) -> str:
+    """The pod's progress URL on the agent's unix socket (`tessera_agent.progress`), in the http+unix form
+    whose host is the percent-encoded socket path."""
+    return f"http+unix://{quote(socket_in_container, safe='')}/v1/namespaces/{namespace}/pods/{name}/progress"
 
 
 def preferred_slots(

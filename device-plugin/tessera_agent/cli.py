@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--coordinator-socket", type=Path, default=None, help="serve the lane coordinator here (opt-in)"
     )
     p.add_argument(
+        "--progress-socket",
+        type=Path,
+        default=None,
+        help=f"serve the progress endpoint here and inject {contract.ENV_PROGRESS_ENDPOINT} (opt-in)",
+    )
+    p.add_argument(
         "--lane-policy", choices=POLICIES, default="FAIR", help="coordinator's default lane policy"
     )
     p.add_argument("--fake-gpus", type=int, default=0, help="use N fake GPUs and no Kubernetes API (demos)")
@@ -74,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             mem_limit_key=args.mem_limit_key,
             extra_reserve_mib=args.extra_reserve_mib,
             coordinator_socket=args.coordinator_socket,
+            progress_socket=args.progress_socket,
         )
     except ValueError as err:
         print(f"tessera-agent: {err}", file=sys.stderr)

@@ -24,6 +24,8 @@ class AgentConfig:
     mem_limit_key: Literal["ordinal", "uuid"] = "ordinal"
     coordinator_socket: Path | None = None  # host path of the lane coordinator; None = not offered
     coordinator_container_dir: str = "/run/tessera/coordinator"
+    progress_socket: Path | None = None  # host path of the progress endpoint; None = not offered
+    progress_container_dir: str = "/run/tessera/progress"
     extra_reserve_mib: int = 0  # margin kept off every GPU's usable memory beyond the driver reserve
     restart_poll_s: float = 1.0  # how often to look for a kubelet restart (§1.4)
 

@@ -62,7 +62,7 @@ class KubernetesNodePatcher(NodePatcher):
 
     async def annotate(self, node: str, annotations: dict[str, str]) -> None:
         body = {"metadata": {"annotations": annotations}}
-        await asyncio.to_thread(self._api.patch_node, node, body)
+        await asyncio.to_thread(self._api.patch_node, node, body, _preload_content=False)
 
 
 class InventoryPublisher:

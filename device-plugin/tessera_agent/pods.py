@@ -40,6 +40,10 @@ class PodSource(Protocol):
 
     async def mark_allocated(self, pod: PodInfo, device_ids: list[str]) -> None: ...
 
+    async def annotate(self, pod: PodInfo, annotations: dict[str, str]) -> None:
+        """Merge `annotations` into the pod's (e.g. `tessera.io/progress`)."""
+        ...
+
 
 def pod_info_from_manifest(pod: dict[str, Any]) -> PodInfo:
     """Read the fields the agent needs from a v1.Pod as JSON (camelCase, as the API server sends it)."""
@@ -94,11 +98,23 @@ class KubernetesPodSource(PodSource):
             )
             return list(json.loads(resp.data).get("items") or [])
 
-        return [pod_info_from_manifest(p) for p in await asyncio.to_thread(fetch)]
+        # the field selector is the server's job; checking again keeps a server that ignores it
+        # (or a stale cache in between) from handing this node another node's pods
+        return [
+            pod_info_from_manifest(p)
+            for p in await asyncio.to_thread(fetch)
+            if (p.get("spec") or {}).get("nodeName") == node
+        ]
 
     async def mark_allocated(self, pod: PodInfo, device_ids: list[str]) -> None:
-        body = {"metadata": {"annotations": {contract.ANN_ALLOCATED: ",".join(device_ids)}}}
-        await asyncio.to_thread(self._api.patch_namespaced_pod, pod.name, pod.namespace, body)
+        await self.annotate(pod, {contract.ANN_ALLOCATED: ",".join(device_ids)})
+
+    async def annotate(self, pod: PodInfo, annotations: dict[str, str]) -> None:
+        body = {"metadata": {"annotations": annotations}}
+        # the reply is not needed; not decoding it also spares a full V1Pod validation per write
+        await asyncio.to_thread(
+            self._api.patch_namespaced_pod, pod.name, pod.namespace, body, _preload_content=False
+        )
 
 
 @dataclass
@@ -106,9 +122,14 @@ class StaticPodSource(PodSource):
     """Pods held in memory: for `tessera-agent --fake-gpus` demos and tests without an API server."""
 
     pods: list[PodInfo] = field(default_factory=list)
+    annotations: dict[str, dict[str, str]] = field(default_factory=dict)  # pod UID → annotations written
 
     async def pods_on_node(self, node: str) -> list[PodInfo]:
         return [p for p in self.pods if p.assignment is None or p.assignment.node == node]
 
     async def mark_allocated(self, pod: PodInfo, device_ids: list[str]) -> None:
         self.pods = [replace(p, allocated=True) if p.uid == pod.uid else p for p in self.pods]
+        await self.annotate(pod, {contract.ANN_ALLOCATED: ",".join(device_ids)})
+
+    async def annotate(self, pod: PodInfo, annotations: dict[str, str]) -> None:
+        self.annotations.setdefault(pod.uid, {}).update(annotations)

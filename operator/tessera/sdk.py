@@ -9,23 +9,91 @@
 
 The coordinator (node agent, `tessera_agent.coordinator`) runs one iteration per lane at a time, chosen by
 the lane's FIFO/PACK/SRTF/FAIR policy (seed-salus-fluid.md part 1). The wire protocol is documented there:
-JSON lines over a unix socket. This module depends on nothing but the standard library.
+JSON lines over a unix socket.
+
+Progress needs no coordinator: `report_progress(n, total=m, loss=x)` posts to `TESSERA_PROGRESS_ENDPOINT`
+(injected by the agent's Allocate; `tessera_agent.progress`), and the agent writes the pod's
+`tessera.io/progress` annotation, which the operator reads. `Lane.report_progress` does both.
+This module depends on nothing but the standard library.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from tessera.api import contract
 
 
 class LaneError(RuntimeError):
     """The coordinator refused a request or could not be reached."""
+
+
+class ProgressError(RuntimeError):
+    """The progress endpoint is not set, could not be reached, or refused the report."""
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._socket_path = socket_path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._socket_path)
+
+
+def report_progress(
+    iterations: int,
+    total: int | None = None,
+    *,
+    loss: float | None = None,
+    endpoint: str | None = None,
+    timeout_s: float = 5.0,
+) -> str:
+    """Report iterations done to the node agent, which writes the pod's `tessera.io/progress`.
+
+    `endpoint` defaults to `$TESSERA_PROGRESS_ENDPOINT`: `http+unix://<percent-encoded socket>/<path>` (what
+    the agent injects) or `http://host:port/<path>`. Returns the annotation value written. Each call is one
+    API write on the agent's side, so report every few seconds rather than every step.
+    """
+    if iterations < 0 or (total is not None and total < 0):
+        raise ValueError("iterations and total must not be negative")
+    url = endpoint or os.environ.get(contract.ENV_PROGRESS_ENDPOINT, "")
+    if not url:
+        raise ProgressError(f"no progress endpoint: pass endpoint or set {contract.ENV_PROGRESS_ENDPOINT}")
+    parts = urlsplit(url)
+    conn: http.client.HTTPConnection
+    if parts.scheme == "http+unix":
+        conn = _UnixHTTPConnection(unquote(parts.netloc), timeout_s)
+    elif parts.scheme == "http":
+        conn = http.client.HTTPConnection(parts.netloc, timeout=timeout_s)
+    else:
+        raise ProgressError(f"progress endpoint {url!r} must start with http+unix:// or http://")
+    body: dict[str, Any] = {"iterations": iterations, "total": total, "ts": time.time()}
+    if loss is not None:
+        body["loss"] = loss
+    try:
+        conn.request(
+            "POST", parts.path or "/", json.dumps(body), headers={"Content-Type": "application/json"}
+        )
+        resp = conn.getresponse()
+        reply = json.loads(resp.read() or b"{}")
+    except (OSError, ValueError) as err:
+        raise ProgressError(f"cannot report progress to {url}: {err}") from err
+    finally:
+        conn.close()
+    if resp.status != 200 or not reply.get("ok"):
+        raise ProgressError(f"progress endpoint refused the report ({resp.status}): {reply.get('error')}")
+    return str(reply.get("annotation", ""))
 
 
 class Lane:
@@ -94,10 +162,15 @@ class Lane:
         finally:
             self._call({"op": "end", "remaining_seconds": remaining_seconds, "next": not last})
 
-    def report_progress(self, iterations: int, total: int | None = None) -> None:
+    def report_progress(
+        self, iterations: int, total: int | None = None, *, loss: float | None = None
+    ) -> None:
+        """Tell the coordinator, and the operator too when `TESSERA_PROGRESS_ENDPOINT` is set."""
         if iterations < 0 or (total is not None and total < 0):
             raise ValueError("iterations and total must not be negative")
         self._call({"op": "progress", "iterations": iterations, "total": total})
+        if os.environ.get(contract.ENV_PROGRESS_ENDPOINT):
+            report_progress(iterations, total, loss=loss)
 
     def close(self) -> None:
         self._file.close()
