@@ -2,7 +2,7 @@
 
 import pytest
 from tessera.policy.fluid import FluidConfig
-from tessera.sim.tuning.experiments import mean_of, packing_overhead_grid, run_one
+from tessera.sim.tuning.experiments import grid_heights, mean_of, packing_overhead_grid, run_one
 from tessera.sim.tuning.workload import Workload
 
 SEEDS = range(5)
@@ -25,8 +25,16 @@ def test_hyperband_time_to_target_gain() -> None:
 
 
 @pytest.mark.parametrize("name", ["asha", "bohb"])
-def test_asynchronous_gain_at_least_10_percent(name: str) -> None:
+def test_asynchronous_gain_at_least_10_percent_in_makespan(name: str) -> None:
     assert speedup(name, "makespan") >= 1.1
+
+
+@pytest.mark.parametrize("name", ["asha", "bohb"])
+def test_asynchronous_time_to_target_not_worse(name: str) -> None:
+    # The paper's +10-30% time-to-target does not reproduce here (docs/results-fluid.md explains why:
+    # the first config to reach the target starts at t = 0 in both runs and Fluid packs it while the
+    # queue is non-empty). What holds: Fluid reaches the target no later, within noise.
+    assert speedup(name, "time_to_target") >= 0.97
 
 
 def test_pbt_changes_least() -> None:
@@ -35,10 +43,29 @@ def test_pbt_changes_least() -> None:
     assert pbt < 1.3
 
 
+def list_schedule(heights: list[float], gpus: int) -> float:
+    """Makespan of greedy list scheduling, one trial per GPU, in the given order."""
+    free = [0.0] * gpus
+    for h in heights:
+        i = free.index(min(free))
+        free[i] += h
+    return max(free)
+
+
 def test_ten_x_packing_overhead_disables_packing() -> None:
     base, fluid, c = packing_overhead_grid(10.0)
     assert c == 1
-    assert 0.95 <= base / fluid <= 1.2
+    h = grid_heights()
+    # FIFO is list scheduling in submission order; with c = 1 and no spreading or re-planning Fluid is
+    # exactly list scheduling in Alg. 3.1's order (h non-increasing): no packing happens at all.
+    assert base == pytest.approx(list_schedule(h, 8))
+    _, ordered, _ = packing_overhead_grid(10.0, fluid=FluidConfig(max_workers=1, dynamic=False))
+    assert ordered == pytest.approx(list_schedule(sorted(h, reverse=True), 8))
+    # The rest of full Fluid's gain is DynamicFluid spreading the last trials over idle GPUs (d = 4).
+    _, no_spread, _ = packing_overhead_grid(10.0, fluid=FluidConfig(max_workers=1))
+    assert no_spread == pytest.approx(ordered)
+    assert fluid < ordered <= base
+    assert base / fluid < 1.2
     base15, fluid15, c15 = packing_overhead_grid(1.5)
     assert c15 == 2 and base15 / fluid15 > base / fluid  # small overhead: packing still pays
 

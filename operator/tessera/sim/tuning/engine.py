@@ -33,12 +33,19 @@ from tessera.policy.hpo import Decision, Result, TrialSpec, TuningAlgorithm
 
 log = logging.getLogger(__name__)
 Executor = Literal["fifo", "fluid"]
+# What Fluid takes as a trial's remaining h_{i,1}: up to its next milestone ("rung": the budget the
+# algorithm has committed, as in ASHA's rung jobs, spec §2.4 "a training budget associated to each
+# trial"), or up to its maximum budget ("budget"). Same for synchronous algorithms (no milestones).
+Horizon = Literal["rung", "budget"]
 _TOL = 1e-9
 
 
 class TrialModel(Protocol):
-    gpu_util: float
-    target: float
+    @property
+    def gpu_util(self) -> float: ...  # share of a GPU one trial keeps busy alone
+
+    @property
+    def target(self) -> float: ...  # score that counts as reaching the target (time-to-target)
 
     def iteration_time(self, spec: TrialSpec) -> float: ...
 
@@ -60,8 +67,9 @@ class _Trial:
     packed: bool = False
     pause_until: float = 0.0
 
-    def h1(self) -> float:
-        return (self.spec.budget - self.it) * self.t1
+    def h1(self, horizon: Horizon = "rung") -> float:
+        end = self.stops[0] if horizon == "rung" else self.spec.budget
+        return (end - self.it) * self.t1
 
 
 @dataclass
@@ -87,6 +95,7 @@ class TuningSim:
     executor: Executor = "fluid"
     fluid: FluidConfig = field(default_factory=FluidConfig)
     sensitivity: Sensitivity = field(default_factory=Sensitivity)
+    horizon: Horizon = "rung"
     now: float = 0.0
     _running: dict[str, _Trial] = field(default_factory=dict, init=False)
     _pending: list[_Trial] = field(default_factory=list, init=False)
@@ -104,6 +113,8 @@ class TuningSim:
     def __post_init__(self) -> None:
         if self.executor not in ("fifo", "fluid"):
             raise ValueError(f"executor must be 'fifo' or 'fluid', got {self.executor!r}")
+        if self.horizon not in ("rung", "budget"):
+            raise ValueError(f"horizon must be 'rung' or 'budget', got {self.horizon!r}")
         for g in self.pool:
             self.cluster.gpu(g)
         self.pool = self.cluster.sorted(self.pool)
@@ -254,11 +265,18 @@ class TuningSim:
                 )
                 new.append(t)
             if self.executor == "fluid" and new:
+                # Alg. 3.1 plans a new group on the *idle* GPUs. With none idle (only open lanes left),
+                # every ⌊h/Σh·n⌋ is 0 and Eq. B.1 maps it to 1/c: the group packs into the open lanes
+                # instead of queueing for a whole GPU that is not there.
                 idle = len(self._free())
-                widths = static_widths([t.h1() for t in new], max(1, idle), self.fluid)
+                widths = (
+                    static_widths([t.h1(self.horizon) for t in new], idle, self.fluid)
+                    if idle
+                    else [Fraction(1, self.fluid.c)] * len(new)
+                )
                 for t, w in zip(new, widths, strict=True):
                     t.width = w
-                new.sort(key=lambda t: (-t.width, -t.h1()))
+                new.sort(key=lambda t: (-t.width, -t.h1(self.horizon)))
             self._pending.extend(new)
         self._plan()
 
@@ -302,7 +320,7 @@ class TuningSim:
         widths = [
             t.width if t.width < 1 else Fraction(min(int(t.width), max(1, len(free)))) for t in self._pending
         ]
-        demands = [TrialDemand(t.spec.trial_id, t.h1()) for t in self._pending]
+        demands = [TrialDemand(t.spec.trial_id, t.h1(self.horizon)) for t in self._pending]
         plan = place(self.cluster, [*free, *open_lanes], demands, widths, c, existing_lanes=open_lanes)
         by_id = {t.spec.trial_id: t for t in self._pending}
         for tid, gpus in plan.gangs.items():
@@ -326,7 +344,11 @@ class TuningSim:
             return
         current = [self._current_width(t) for t in trials]
         plan = dynamic_rescale(
-            current, [t.h1() for t in trials], len(self.pool), self.fluid, [t.model for t in trials]
+            current,
+            [t.h1(self.horizon) for t in trials],
+            len(self.pool),
+            self.fluid,
+            [t.model for t in trials],
         )
         for r in plan:
             t, free = trials[r.index], self._free()
@@ -336,7 +358,8 @@ class TuningSim:
                 target = Fraction(min(int(r.proposed), base + len(free)))
                 if (
                     target <= r.current
-                    or rescale_rule(t.h1(), r.current, target, t.model, self.fluid.epsilon) != Rule.SCALE_UP
+                    or rescale_rule(t.h1(self.horizon), r.current, target, t.model, self.fluid.epsilon)
+                    != Rule.SCALE_UP
                 ):
                     continue
                 own = () if sharing else t.gpus
