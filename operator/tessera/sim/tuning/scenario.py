@@ -1,0 +1,315 @@
+"""The `tuning` scenario kind: tuning algorithms × {FIFO baseline, Fluid} on a pool of GPUs.
+
+    kind: tuning
+    name: my-run
+    seed: 0                     # runs use seeds seed, seed+1, … (workload optimum and algorithm RNG)
+    runs: 3                     # seeded runs per (algorithm, executor); the table shows their means
+    gpus: 8                     # the pool: one machine up to 16 GPUs, else machines of 8
+    algorithms: [hyperband, syncbohb, asha, bohb, pbt]
+    executors: [fifo, fluid]    # fifo = each algorithm's default execution (one trial per GPU worker)
+    budget: {max_budget: 27, samples: 40}      # iterations per trial at most; configs for ASHA/BOHB
+    fluid: {max_pack: 2, max_workers: 4, epsilon: 0, intra_gpu: true, inter_gpu: true, dynamic: true}
+    horizon: rung               # what Fluid plans on: remaining work to the next rung, or to the budget
+    workload: {iter_time: 10, alpha: 1.15, beta: 1.05, target: 0.85, …}   # tessera.sim.tuning.workload
+
+Reports time-to-target, makespan, GPU utilisation and GPU-seconds (spec seed-salus-fluid §2.14), with
+Fluid's ratio over FIFO. Every error names the file, the field and what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from tessera.policy.fluid import FluidConfig
+from tessera.progress import Progress
+from tessera.sim.scenario import ScenarioError
+from tessera.sim.tuning.engine import Executor, Horizon, TuningResult
+from tessera.sim.tuning.experiments import ALGORITHMS, run_one
+from tessera.sim.tuning.workload import Workload
+
+_TOP = {
+    "kind",
+    "name",
+    "description",
+    "seed",
+    "runs",
+    "gpus",
+    "algorithms",
+    "executors",
+    "budget",
+    "fluid",
+    "horizon",
+    "workload",
+}
+_EXECUTORS: tuple[Executor, ...] = ("fifo", "fluid")
+METRICS = ("time_to_target", "makespan", "utilisation", "gpu_seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class TuningScenario:
+    name: str
+    source: str
+    seed: int
+    runs: int
+    gpus: int
+    algorithms: tuple[str, ...]
+    executors: tuple[Executor, ...]
+    max_budget: int
+    samples: int
+    fluid: FluidConfig
+    horizon: Horizon
+    workload: Workload
+
+
+def _int(source: str, field: str, v: Any, minimum: int) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise ScenarioError(source, field, f"expected an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _mapping(source: str, field: str, v: Any, known: set[str]) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise ScenarioError(source, field, f"expected a mapping, got {type(v).__name__}")
+    for k in v:
+        if k not in known:
+            raise ScenarioError(source, f"{field}.{k}", f"unknown field; known: {', '.join(sorted(known))}")
+    return v
+
+
+def _names(source: str, field: str, v: Any, known: tuple[str, ...]) -> tuple[str, ...]:
+    if not isinstance(v, list) or not v:
+        raise ScenarioError(source, field, f"expected a non-empty list out of: {', '.join(known)}")
+    for i, x in enumerate(v):
+        if x not in known:
+            raise ScenarioError(source, f"{field}[{i}]", f"unknown {x!r}; known: {', '.join(known)}")
+    if len(set(v)) != len(v):
+        raise ScenarioError(source, field, "lists a name twice")
+    return tuple(v)
+
+
+def load(data: dict[str, Any], source: str) -> TuningScenario:
+    """Validate a `kind: tuning` scenario. Raises ScenarioError naming the file, field and problem."""
+    if data.get("kind", "tuning") != "tuning":
+        raise ScenarioError(source, "kind", f"expected 'tuning', got {data.get('kind')!r}")
+    for k in data:
+        if k not in _TOP:
+            raise ScenarioError(source, str(k), f"unknown field; known: {', '.join(sorted(_TOP))}")
+    gpus = _int(source, "gpus", data.get("gpus", 8), 1)
+    budget = _mapping(source, "budget", data.get("budget", {}), {"max_budget", "samples"})
+    max_budget = _int(source, "budget.max_budget", budget.get("max_budget", 27), 2)
+    samples = _int(source, "budget.samples", budget.get("samples", 40), 1)
+    fluid_raw = _mapping(
+        source, "fluid", data.get("fluid", {}), {f.name for f in dataclasses.fields(FluidConfig)}
+    )
+    try:
+        fluid = FluidConfig(**fluid_raw)
+    except (TypeError, ValueError) as e:
+        raise ScenarioError(source, "fluid", str(e)) from None
+    workload_raw = _mapping(
+        source,
+        "workload",
+        data.get("workload", {}),
+        {f.name for f in dataclasses.fields(Workload)} - {"seed"},
+    )
+    try:
+        workload = Workload(**workload_raw)
+    except (TypeError, ValueError) as e:
+        raise ScenarioError(source, "workload", str(e)) from None
+    horizon = data.get("horizon", "rung")
+    if horizon not in ("rung", "budget"):
+        raise ScenarioError(source, "horizon", f"expected 'rung' or 'budget', got {horizon!r}")
+    seed = data.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ScenarioError(source, "seed", f"expected an integer, got {seed!r}")
+    name = data.get("name", Path(source).stem)
+    return TuningScenario(
+        name=str(name),
+        source=source,
+        seed=seed,
+        runs=_int(source, "runs", data.get("runs", 3), 1),
+        gpus=gpus,
+        algorithms=_names(source, "algorithms", data.get("algorithms", list(ALGORITHMS)), ALGORITHMS),
+        executors=cast(
+            tuple[Executor, ...],
+            _names(source, "executors", data.get("executors", list(_EXECUTORS)), _EXECUTORS),
+        ),
+        max_budget=max_budget,
+        samples=samples,
+        fluid=fluid,
+        horizon=cast(Horizon, horizon),
+        workload=workload,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """Means over the seeded runs of one algorithm under one executor."""
+
+    algorithm: str
+    executor: str
+    time_to_target: float | None  # None when no run reached the target
+    reached: int  # runs that reached the target
+    makespan: float
+    utilisation: float
+    gpu_seconds: float
+    runs: tuple[TuningResult, ...]
+
+    @staticmethod
+    def of(algorithm: str, executor: str, runs: list[TuningResult]) -> Cell:
+        ttts = [r.time_to_target for r in runs if r.time_to_target is not None]
+        n = len(runs)
+        return Cell(
+            algorithm,
+            executor,
+            sum(ttts) / len(ttts) if ttts else None,
+            len(ttts),
+            sum(r.makespan for r in runs) / n,
+            sum(r.utilisation for r in runs) / n,
+            sum(r.gpu_seconds for r in runs) / n,
+            tuple(runs),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TuningScenarioResult:
+    scenario: TuningScenario
+    cells: tuple[Cell, ...]
+
+    def cell(self, algorithm: str, executor: str) -> Cell:
+        for c in self.cells:
+            if c.algorithm == algorithm and c.executor == executor:
+                return c
+        raise KeyError(f"no result for {algorithm} under {executor}")
+
+    def speedup(self, algorithm: str, metric: str) -> float | None:
+        """FIFO / Fluid for a time metric (> 1: Fluid is faster or uses fewer GPU-seconds)."""
+        try:
+            base, fluid = self.cell(algorithm, "fifo"), self.cell(algorithm, "fluid")
+        except KeyError:
+            return None
+        b, f = getattr(base, metric), getattr(fluid, metric)
+        return b / f if b is not None and f else None
+
+    def table(self) -> str:
+        s = self.scenario
+        head = (
+            f"{s.name}: {s.gpus} GPUs, mean of {s.runs} seeded runs (seeds {s.seed}..{s.seed + s.runs - 1}), "
+            f"c={s.fluid.c} d={s.fluid.d}, target score {s.workload.target}"
+        )
+        cols = f"{'algorithm':<10} {'executor':<8} {'to target s':>12} {'makespan s':>11} {'GPU util':>9} {'GPU-s':>9}"
+        lines = [head, cols, "-" * len(cols)]
+        for c in self.cells:
+            ttt = "never" if c.time_to_target is None else f"{c.time_to_target:.0f}"
+            if c.time_to_target is not None and c.reached < s.runs:
+                ttt += f" ({c.reached}/{s.runs})"
+            lines.append(
+                f"{c.algorithm:<10} {c.executor:<8} {ttt:>12} {c.makespan:>11.0f} "
+                f"{c.utilisation * 100:>8.1f}% {c.gpu_seconds:>9.0f}"
+            )
+        if "fifo" in s.executors and "fluid" in s.executors:
+            lines += ["", "Fluid speed-up over FIFO (FIFO / Fluid; > 1 is better)"]
+            lines.append(f"{'algorithm':<10} {'to target':>10} {'makespan':>9} {'GPU-s':>7}")
+            for a in s.algorithms:
+                vals = [self.speedup(a, m) for m in ("time_to_target", "makespan", "gpu_seconds")]
+                cells = ["-" if v is None else f"{v:.2f}x" for v in vals]
+                lines.append(f"{a:<10} {cells[0]:>10} {cells[1]:>9} {cells[2]:>7}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.scenario
+        return {
+            "kind": "tuning",
+            "name": s.name,
+            "seed": s.seed,
+            "runs": s.runs,
+            "gpus": s.gpus,
+            "fluid": dataclasses.asdict(s.fluid),
+            "horizon": s.horizon,
+            "workload": dataclasses.asdict(s.workload),
+            "results": [
+                {
+                    "algorithm": c.algorithm,
+                    "executor": c.executor,
+                    "time_to_target": c.time_to_target,
+                    "reached": c.reached,
+                    "makespan": c.makespan,
+                    "utilisation": c.utilisation,
+                    "gpu_seconds": c.gpu_seconds,
+                    "per_run": [dataclasses.asdict(r) for r in c.runs],
+                }
+                for c in self.cells
+            ],
+            "speedup": {
+                a: {m: self.speedup(a, m) for m in ("time_to_target", "makespan", "gpu_seconds")}
+                for a in s.algorithms
+            },
+        }
+
+    def plots(self, directory: Path) -> list[Path]:
+        """One grouped bar chart per metric: algorithms on x, one bar per executor."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        directory.mkdir(parents=True, exist_ok=True)
+        s = self.scenario
+        labels = {
+            "time_to_target": "time to target (s)",
+            "makespan": "makespan (s)",
+            "utilisation": "mean GPU utilisation",
+            "gpu_seconds": "GPU-seconds",
+        }
+        out: list[Path] = []
+        width = 0.8 / len(s.executors)
+        for metric, label in labels.items():
+            fig, ax = plt.subplots(figsize=(6.5, 3.8))
+            for k, ex in enumerate(s.executors):
+                vals = [getattr(self.cell(a, ex), metric) for a in s.algorithms]
+                xs = [i + (k - (len(s.executors) - 1) / 2) * width for i in range(len(s.algorithms))]
+                ax.bar(xs, [math.nan if v is None else v for v in vals], width, label=ex)
+            ax.set_xticks(range(len(s.algorithms)), list(s.algorithms))
+            ax.set_ylabel(label)
+            ax.set_title(f"{s.name}: {label}, {s.gpus} GPUs, mean of {s.runs} runs")
+            ax.legend()
+            fig.tight_layout()
+            path = directory / f"{s.name}-{metric.replace('_', '-')}.png"
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            out.append(path)
+        return out
+
+
+def run(scenario: TuningScenario, *, progress: bool = False) -> TuningScenarioResult:
+    """Every algorithm under every executor, `runs` seeded runs each (same seeds for both executors)."""
+    s = scenario
+    total = len(s.algorithms) * len(s.executors) * s.runs
+    cells: list[Cell] = []
+    with Progress(total, f"tuning {s.name}", enabled=None if progress else False) as bar:
+        done = 0
+        for a in s.algorithms:
+            for ex in s.executors:
+                runs = []
+                for k in range(s.runs):
+                    runs.append(
+                        run_one(
+                            a,
+                            ex,
+                            s.gpus,
+                            s.seed + k,
+                            s.workload,
+                            s.fluid,
+                            samples=s.samples,
+                            max_budget=s.max_budget,
+                            horizon=s.horizon,
+                        )
+                    )
+                    done += 1
+                    bar.update(done, f"{a}/{ex}")
+                cells.append(Cell.of(a, ex, runs))
+    return TuningScenarioResult(s, tuple(cells))
