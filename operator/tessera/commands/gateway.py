@@ -1,0 +1,48 @@
+"""`tessera gateway`: serve models over the Open Inference Protocol with policy-driven batching."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from tessera.gateway.config import ConfigError, GatewayConfig
+from tessera.gateway.server import Gateway, make_gateway_app
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "gateway",
+        help="run the serving gateway (KServe v2 HTTP, batches formed by Orloj/Symphony/baselines)",
+        description=(
+            "Serve /v2/models/{name}/infer for the models in --config, batch requests with each model's "
+            "scheduler and dispatch the batches to its workers (`tessera worker`). Metrics at /metrics."
+        ),
+    )
+    parser.add_argument("--config", required=True, help="gateway configuration (YAML or JSON)")
+    parser.add_argument("--host", help="address to listen on (default: the config's host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default: the config's port, 8080)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the profiler's request sampling")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = GatewayConfig.load(args.config)
+    except ConfigError as err:
+        log.error("%s", err)
+        print(err)
+        return 2
+    host = args.host or config.host
+    port = args.port if args.port is not None else config.port
+    app = make_gateway_app(Gateway(config, seed=args.seed))
+    try:
+        web.run_app(app, host=host, port=port, print=None, access_log=None)
+    except ConfigError as err:
+        print(err)
+        return 2
+    return 0

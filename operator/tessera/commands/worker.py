@@ -1,0 +1,55 @@
+"""`tessera worker`: run one ONNX model for a serving gateway (ONNX Runtime; CUDA when available)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from tessera.gateway.worker import OnnxModel, Worker, make_worker_app
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "worker",
+        help="run a serving worker for one ONNX model (KServe v2 HTTP plus the gateway's batch endpoint)",
+        description="Load an ONNX model and run the batches a `tessera gateway` sends, reporting timings.",
+    )
+    parser.add_argument("--model", help="ONNX model file")
+    parser.add_argument("--name", help="model name in the URLs (default: the file name without .onnx)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=9001, help="port to listen on (default 9001)")
+    parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default 1)")
+    parser.add_argument(
+        "--provider",
+        default="auto",
+        help="execution provider, e.g. CPUExecutionProvider (default: CUDA if present)",
+    )
+    parser.add_argument(
+        "--write-demo-model",
+        metavar="PATH",
+        help="write the early-exit demo model (cost grows with its input n) to PATH and exit",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.write_demo_model:
+        from tessera.gateway.demo_models import early_exit_model
+
+        print(early_exit_model(args.write_demo_model))
+        return 0
+    if not args.model:
+        print("tessera worker: --model is required (or --write-demo-model PATH)")
+        return 2
+    try:
+        model = OnnxModel(args.model, name=args.name, threads=args.threads, provider=args.provider)
+    except (FileNotFoundError, ValueError, RuntimeError) as err:
+        print(f"tessera worker: {err}")
+        return 2
+    web.run_app(make_worker_app(Worker(model)), host=args.host, port=args.port, print=None, access_log=None)
+    return 0

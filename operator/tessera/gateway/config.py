@@ -1,0 +1,239 @@
+"""Gateway configuration: which models it serves, with which batch scheduler, on which workers.
+
+Times are seconds. A YAML/JSON file holds ``{host, port, models: [ModelConfig...]}``; every field is
+checked and an error names the field. :func:`build_scheduler` turns a model's config into the policy
+object of ``tessera.policy.serving`` that forms its batches — the gateway never batches on its own.
+
+Policy per model (``policy``):
+
+* ``orloj`` — distribution-aware batching for data-dependent models (seed-orloj §2.4); needs ``priors``
+  (solo execution-time samples per application) and the batching ``latency`` model.
+* ``symphony`` — deferred batching for static models (seed-symphony-orion A.2-A.3); needs ``symphony``
+  (the linear profile ℓ(b) = α·b + β); ``symphony.timeout`` turns it into timeout batching.
+* ``timeout`` (Triton's max-queue-delay), ``clockwork``, ``nexus``, ``clipper`` — the baselines of
+  seed-orloj §4.2, planning with the mean solo time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tessera.policy.serving.baselines.batching import (
+    ClipperScheduler,
+    ClockworkScheduler,
+    NexusScheduler,
+    TimeoutScheduler,
+)
+from tessera.policy.serving.common import BatchLatencyModel, BatchScheduler, LinearProfile
+from tessera.policy.serving.orloj import CandidateOrder, OrlojConfig, OrlojScheduler
+from tessera.policy.serving.symphony import SymphonyScheduler
+
+Policy = Literal["orloj", "symphony", "timeout", "clockwork", "nexus", "clipper"]
+POLICIES: tuple[str, ...] = ("orloj", "symphony", "timeout", "clockwork", "nexus", "clipper")
+
+
+class ConfigError(ValueError):
+    """A gateway configuration that cannot be used; the message names the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LatencyConfig(_Strict):
+    """Batch time l_B(k) = a_k + s_k · max solo, a_k = a0 + a1·k, s_k = s0 + s1·k (seed-orloj Eq. 3-4)."""
+
+    a0: float = 0.0
+    a1: float = 0.0
+    s0: float = 0.0
+    s1: float = 1.0
+    table: dict[int, tuple[float, float]] = Field(default_factory=dict)
+
+    def model(self) -> BatchLatencyModel:
+        return BatchLatencyModel(self.a0, self.a1, self.s0, self.s1, dict(self.table))
+
+
+class OrlojOptions(_Strict):
+    b: float = 0.1
+    drop_estimator: str = "mean"
+    candidate_order: Literal["literal_desc", "edf_then_largest"] = "literal_desc"
+    window_s: float = 600.0
+    pickup_interval_s: float = 10.0
+    min_samples: int = 200
+    bin_width_s: float | None = None
+
+
+class TimeoutOptions(_Strict):
+    max_queue_delay_s: float = Field(0.005, ge=0)
+    drop_expired: bool = True
+
+
+class NexusOptions(_Strict):
+    rate: float = Field(gt=0, description="expected request rate (requests/s) the batch size is planned for")
+
+
+class SymphonyOptions(_Strict):
+    alpha: float = Field(ge=0, description="seconds per request in a batch (ℓ(b) = α·b + β)")
+    beta: float = Field(ge=0, description="fixed seconds per batch")
+    timeout: float | None = Field(None, ge=0, description="None: deferred (Symphony); k: timeout batching")
+
+
+class ProfilerOptions(_Strict):
+    """Solo re-execution of sampled finished requests (seed-orloj §3 [GAP] defaults)."""
+
+    sample_rate: float = Field(0.02, ge=0, le=1)
+    max_share: float = Field(0.05, ge=0, le=1, description="cap on profiling time / batch time")
+    max_pending: int = Field(64, ge=1, description="sampled requests kept waiting for an idle worker")
+
+
+class ModelConfig(_Strict):
+    name: str = Field(min_length=1)
+    namespace: str = "default"
+    policy: Policy
+    slo_s: float = Field(gt=0, description="default latency budget when a request brings no deadline header")
+    workers: list[str] = Field(min_length=1, description="worker base URLs, e.g. http://127.0.0.1:9001")
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    max_batch: int = Field(8, ge=1)
+    latency: LatencyConfig = Field(default_factory=LatencyConfig)
+    priors: dict[str, list[float]] = Field(default_factory=dict)
+    mean_solo_s: float | None = Field(None, gt=0)
+    orloj: OrlojOptions = Field(default_factory=OrlojOptions)
+    timeout: TimeoutOptions = Field(default_factory=TimeoutOptions)
+    nexus: NexusOptions | None = None
+    symphony: SymphonyOptions | None = None
+    profiler: ProfilerOptions | None = None
+    max_retries: int = Field(
+        1, ge=0, description="re-queue a batch's requests this often if its worker fails"
+    )
+    worker_timeout_s: float = Field(30.0, gt=0)
+    late_grace_s: float | None = Field(None, ge=0, description="answer 504 this long after a deadline")
+
+    @field_validator("workers")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"worker URL {url!r} must start with http:// or https://")
+        return [u.rstrip("/") for u in v]
+
+    @model_validator(mode="after")
+    def _policy_needs(self) -> ModelConfig:
+        if self.policy == "orloj" and not self.priors:
+            raise ValueError("policy orloj needs 'priors': solo execution-time samples (s) per application")
+        if self.policy == "symphony" and self.symphony is None:
+            raise ValueError("policy symphony needs 'symphony': {alpha, beta} of its latency profile")
+        if self.policy == "nexus" and self.nexus is None:
+            raise ValueError("policy nexus needs 'nexus': {rate}")
+        if (
+            self.policy in ("timeout", "clockwork", "nexus", "clipper")
+            and self.mean_solo_s is None
+            and not self.priors
+        ):
+            raise ValueError(f"policy {self.policy} needs 'mean_solo_s' or 'priors' to estimate batch times")
+        return self
+
+    @property
+    def grace(self) -> float:
+        return self.late_grace_s if self.late_grace_s is not None else max(0.5, self.slo_s)
+
+    @property
+    def profiler_options(self) -> ProfilerOptions:
+        """Orloj learns from solo times, so it profiles by default; the baselines do not learn."""
+        if self.profiler is not None:
+            return self.profiler
+        return ProfilerOptions() if self.policy == "orloj" else ProfilerOptions(sample_rate=0.0)
+
+    def mean_solo(self) -> float:
+        if self.mean_solo_s is not None:
+            return self.mean_solo_s
+        samples = [x for xs in self.priors.values() for x in xs]
+        if not samples:
+            raise ConfigError(f"model {self.name}: priors hold no samples")
+        return sum(samples) / len(samples)
+
+
+class GatewayConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    health_interval_s: float = Field(0.5, gt=0)
+    models: list[ModelConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> GatewayConfig:
+        names = [m.name for m in self.models]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"model names must be unique, repeated: {dup}")
+        return self
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> GatewayConfig:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise ConfigError(f"invalid gateway configuration:\n{err}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> GatewayConfig:
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as err:
+            raise ConfigError(f"cannot read gateway configuration {p}: {err}") from None
+        try:
+            data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as err:
+            raise ConfigError(
+                f"{p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {err}"
+            ) from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: the configuration must be a mapping with a 'models' list")
+        return cls.parse(data)
+
+
+def build_scheduler(cfg: ModelConfig) -> BatchScheduler | SymphonyScheduler:
+    """The ``tessera.policy.serving`` object that forms this model's batches."""
+    latency = cfg.latency.model()
+    if cfg.policy == "orloj":
+        o = cfg.orloj
+        return OrlojScheduler(
+            OrlojConfig(
+                batch_sizes=cfg.batch_sizes,
+                latency=latency,
+                b=o.b,
+                bin_width=o.bin_width_s,
+                candidate_order=CandidateOrder(o.candidate_order),
+                drop_estimator=o.drop_estimator,
+                window=o.window_s,
+                pickup_interval=o.pickup_interval_s,
+                min_samples=o.min_samples,
+            ),
+            cfg.priors,
+        )
+    if cfg.policy == "symphony":
+        s = cfg.symphony
+        assert s is not None  # checked by the model validator
+        profile = LinearProfile(s.alpha, s.beta, max_batch=cfg.max_batch)
+        return SymphonyScheduler({cfg.name: profile}, len(cfg.workers), timeout=s.timeout)
+    ms = cfg.mean_solo()
+    if cfg.policy == "timeout":
+        t = cfg.timeout
+        return TimeoutScheduler(
+            latency,
+            ms,
+            max_batch=cfg.max_batch,
+            max_queue_delay=t.max_queue_delay_s,
+            drop_expired=t.drop_expired,
+        )
+    if cfg.policy == "clockwork":
+        return ClockworkScheduler(latency, ms, batch_sizes=cfg.batch_sizes)
+    if cfg.policy == "nexus":
+        assert cfg.nexus is not None
+        return NexusScheduler(latency, ms, slo=cfg.slo_s, rate=cfg.nexus.rate, max_batch=cfg.max_batch)
+    return ClipperScheduler(latency, ms, max_batch=cfg.max_batch)

@@ -1,0 +1,431 @@
+"""One served model at the gateway: its request queue, the policy object that forms batches, the workers
+that run them, and the bookkeeping that gives every request exactly one answer.
+
+The batch scheduler is the ``tessera.policy.serving`` object built from the model's config; this module
+only drives it (``enqueue`` / ``next_batch`` / ``on_complete`` / ``take_drops`` / ``next_wakeup``, or
+``enqueue`` / ``advance`` / ``next_timer`` for Symphony) with the event loop's monotonic clock, exactly as
+the simulator (``tessera.sim.serving.worker_sim``) does with simulated time.
+
+Every request ends in one :class:`Outcome`:
+
+* 200 with the outputs (on time or late — a late answer still counts as an SLO miss);
+* 503/504 with a JSON ``reason`` when the scheduler drops it (its :class:`DropReason`; ``expired`` is 504);
+* 503 ``worker-failed`` when its worker failed and no retry could save it (a failed batch's requests are
+  re-queued up to ``max_retries`` times while their deadline is ahead);
+* 504 ``expired`` from the sweeper when it is still queued ``late_grace_s`` after its deadline, so no
+  request waits forever even if a policy holds on to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from tessera.gateway.config import ModelConfig, build_scheduler
+from tessera.gateway.metrics import OUTCOME_DROPPED, OUTCOME_MET, OUTCOME_MISSED, ModelMetrics
+from tessera.gateway.profiler import OnlineProfiler, Sample
+from tessera.policy.serving.common import Batch, BatchTimings, Drop, DropReason, Request
+from tessera.policy.serving.symphony import SymphonyScheduler
+
+log = logging.getLogger(__name__)
+
+REASON_WORKER_FAILED = "worker-failed"
+REASON_NO_WORKER = "no-healthy-worker"
+REASON_SHUTDOWN = "shutting-down"
+REASON_INTERNAL = "internal-error"
+
+_DROP_TEXT = {
+    DropReason.CANNOT_MEET_DEADLINE: "no batch the scheduler can form would finish it by its deadline",
+    DropReason.EXPIRED: "its deadline passed while it was queued",
+    DropReason.EARLY_DROP: "dropped early so the planned batch could meet its deadline",
+    DropReason.ACTION_REJECTED: "its planned batch could not start within its window",
+    DropReason.EXCESS: "beyond the batch its worker was assigned",
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The answer to one request: HTTP status and JSON body."""
+
+    status: int
+    body: dict[str, Any]
+
+
+@dataclass
+class Pending:
+    request: Request
+    inputs: list[dict[str, Any]]
+    future: asyncio.Future[Outcome]
+    client_id: str | None = None
+    retries: int = 0
+    running: bool = False
+
+
+@dataclass
+class WorkerSlot:
+    index: int
+    url: str
+    healthy: bool = False
+    busy: bool = False
+    fifo: deque[Batch] = field(default_factory=deque)  # Symphony assigns batches ahead of time
+    metadata: dict[str, Any] | None = None
+
+
+class WorkerFailure(RuntimeError):
+    pass
+
+
+class ModelService:
+    """Queue, scheduler and workers of one model (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        session: aiohttp.ClientSession,
+        *,
+        metrics: ModelMetrics | None = None,
+        rng: random.Random | None = None,
+        rid_source: Callable[[], int] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.session = session
+        self.metrics = metrics
+        self.scheduler = build_scheduler(cfg)
+        self.symphony = isinstance(self.scheduler, SymphonyScheduler)
+        self.slots = [WorkerSlot(i, url) for i, url in enumerate(cfg.workers)]
+        p = cfg.profiler_options
+        self.profiler = OnlineProfiler(p.sample_rate, p.max_share, p.max_pending, rng or random.Random(0))
+        self.pending: dict[int, Pending] = {}
+        self._next_rid = rid_source or itertools.count().__next__
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._bg: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+        self.batches = 0
+        self.retried = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self, health_interval: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        await asyncio.gather(*(self._check(s) for s in self.slots))
+        self._bg = [
+            asyncio.create_task(self._health_loop(health_interval)),
+            asyncio.create_task(self._sweep_loop()),
+        ]
+
+    async def close(self) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for t in [*self._bg, *self._tasks]:
+            t.cancel()
+        for t in [*self._bg, *self._tasks]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for p in list(self.pending.values()):
+            self._fail(p, 503, REASON_SHUTDOWN, "the gateway is shutting down")
+
+    @property
+    def ready(self) -> bool:
+        return any(s.healthy for s in self.slots)
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for p in self.pending.values() if not p.running)
+
+    def metadata(self) -> dict[str, Any]:
+        meta = next((s.metadata for s in self.slots if s.metadata is not None), None)
+        out: dict[str, Any] = {"name": self.cfg.name, "versions": ["1"], "platform": "tessera-gateway"}
+        if meta is not None:
+            out["inputs"], out["outputs"] = meta.get("inputs", []), meta.get("outputs", [])
+        return out
+
+    def _now(self) -> float:
+        assert self._loop is not None, "ModelService.start() was not called"
+        return self._loop.time()
+
+    # -- requests --------------------------------------------------------------------------------
+    async def infer(
+        self, inputs: list[dict[str, Any]], *, app: str, budget: float | None, client_id: str | None = None
+    ) -> Outcome:
+        if self.closed:
+            return Outcome(503, _err("the gateway is shutting down", REASON_SHUTDOWN))
+        now = self._now()
+        slo = self.cfg.slo_s if budget is None else budget
+        req = Request(self._next_rid(), self.cfg.name, now, now + slo, app)
+        fut: asyncio.Future[Outcome] = self._loop.create_future()  # type: ignore[union-attr]
+        self.pending[req.rid] = Pending(req, inputs, fut, client_id)
+        self.scheduler.enqueue(req, now)
+        self._pump()
+        return await fut
+
+    def _resolve(self, p: Pending, out: Outcome, outcome: str, latency: float | None) -> None:
+        if p.future.done():
+            return
+        p.future.set_result(out)
+        self.pending.pop(p.request.rid, None)
+        if self.metrics is not None:
+            self.metrics.finished(outcome, latency)
+            self.metrics.queue_length(self.queued)
+
+    def _fail(self, p: Pending, status: int, reason: str, message: str) -> None:
+        self._resolve(p, Outcome(status, _err(message, reason)), OUTCOME_DROPPED, None)
+
+    def _handle_drops(self, drops: list[Drop]) -> None:
+        for d in drops:
+            p = self.pending.get(d.request.rid)
+            if p is None:
+                continue
+            status = 504 if d.reason is DropReason.EXPIRED else 503
+            text = _DROP_TEXT.get(d.reason, d.reason.value)
+            self._fail(
+                p, status, d.reason.value, f"request dropped by the {self.cfg.policy} scheduler: {text}"
+            )
+
+    # -- batch formation ---------------------------------------------------------------------------
+    def _pump(self) -> None:
+        """Let the scheduler fill idle workers now; arm a timer for its next wake-up."""
+        if self.closed:
+            return
+        now = self._now()
+        if isinstance(self.scheduler, SymphonyScheduler):
+            for b in self.scheduler.advance(now):
+                self._assign(b)
+            self._handle_drops(self.scheduler.take_drops())
+            for s in self.slots:
+                if not s.busy and s.fifo:
+                    self._start(s, s.fifo.popleft())
+            wake = self.scheduler.next_timer()
+        else:
+            sched = self.scheduler
+            advance = getattr(sched, "advance", None)
+            if advance is not None:  # planners that act while workers are busy (Clockwork)
+                advance(now)
+            for s in self.slots:
+                if not s.healthy or s.busy:
+                    continue
+                batch = sched.next_batch(now, s.index)
+                self._handle_drops(sched.take_drops())
+                if batch is None:
+                    break
+                self._start(s, batch)
+            self._handle_drops(sched.take_drops())
+            wake = sched.next_wakeup(now)
+        self._arm(wake, now)
+        if self.metrics is not None:
+            self.metrics.queue_length(self.queued)
+
+    def _arm(self, wake: float | None, now: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if wake is None:
+            return
+        if wake <= now:  # due already: only useful if a worker is free to take what it releases
+            if not any(s.healthy and not s.busy for s in self.slots):
+                return
+            wake = now + 0.001
+        assert self._loop is not None
+        self._timer = self._loop.call_at(wake, self._pump)
+
+    def _assign(self, b: Batch) -> None:
+        """Symphony names the GPU; if that worker is down, the least-loaded healthy one runs it."""
+        slot = self.slots[b.worker] if 0 <= b.worker < len(self.slots) else None
+        if slot is None or not slot.healthy:
+            healthy = [s for s in self.slots if s.healthy]
+            if not healthy:
+                for r in b.requests:
+                    if (p := self.pending.get(r.rid)) is not None:
+                        self._fail(p, 503, REASON_NO_WORKER, f"no healthy worker for model {self.cfg.name}")
+                return
+            slot = min(healthy, key=lambda s: (s.busy + len(s.fifo), s.index))
+        slot.fifo.append(b)
+
+    def _start(self, slot: WorkerSlot, batch: Batch) -> None:
+        live = [
+            p for r in batch.requests if (p := self.pending.get(r.rid)) is not None and not p.future.done()
+        ]
+        if not live:
+            return
+        slot.busy = True
+        for p in live:
+            p.running = True
+        self.batches += 1
+        if self.metrics is not None:
+            self.metrics.batch(len(live))
+        self._spawn(self._run(slot, batch, live))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _post(self, slot: WorkerSlot, members: list[Pending], solo: bool) -> dict[str, Any]:
+        url = f"{slot.url}/v2/models/{self.cfg.name}/batch"
+        body = {"requests": [{"inputs": p.inputs} for p in members], "solo": solo}
+        timeout = aiohttp.ClientTimeout(total=self.cfg.worker_timeout_s)
+        async with self.session.post(url, json=body, timeout=timeout) as resp:
+            if resp.status != 200:
+                raise WorkerFailure(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+            data: dict[str, Any] = await resp.json()
+        results = data.get("results")
+        if not isinstance(results, list) or len(results) != len(members):
+            raise WorkerFailure(f"worker answered {type(results).__name__} instead of {len(members)} results")
+        return data
+
+    async def _run(self, slot: WorkerSlot, batch: Batch, live: list[Pending]) -> None:
+        try:
+            data = await self._post(slot, live, solo=False)
+        except (aiohttp.ClientError, TimeoutError, WorkerFailure, ValueError) as err:
+            self._worker_failed(slot, live, err)
+            return
+        except Exception as err:  # a bug here must still answer every member
+            log.exception("batch on %s failed unexpectedly", slot.url)
+            for p in live:
+                self._fail(p, 500, REASON_INTERNAL, f"gateway error while running the batch: {err}")
+            slot.busy = False
+            self._pump()
+            return
+        now = self._now()
+        compute = float(data.get("compute_seconds", 0.0))
+        for p, res in zip(live, data["results"], strict=True):
+            self._answer(p, res, now, len(live))
+        if not isinstance(self.scheduler, SymphonyScheduler):
+            self.scheduler.on_complete(batch, BatchTimings(now - compute, now, {}), now)
+        self.profiler.offer([Sample(p.request, p.inputs) for p in live], compute)
+        slot.busy = False
+        self._pump()
+        if not slot.busy and slot.healthy:
+            self._maybe_profile(slot)
+
+    def _answer(self, p: Pending, res: Any, now: float, batch_size: int) -> None:
+        r = p.request
+        if not isinstance(res, dict) or "outputs" not in res:
+            msg = res.get("error") if isinstance(res, dict) else None
+            self._fail(p, 400, "bad-request", str(msg or "the worker could not run this request"))
+            return
+        latency = now - r.arrival
+        on_time = now <= r.deadline
+        body: dict[str, Any] = {
+            "model_name": self.cfg.name,
+            "model_version": "1",
+            "outputs": res["outputs"],
+            "parameters": {
+                "tessera_latency_seconds": latency,
+                "tessera_slo_met": on_time,
+                "tessera_batch_size": batch_size,
+                "tessera_retries": p.retries,
+            },
+        }
+        if p.client_id is not None:
+            body["id"] = p.client_id
+        self._resolve(p, Outcome(200, body), OUTCOME_MET if on_time else OUTCOME_MISSED, latency)
+
+    def _worker_failed(self, slot: WorkerSlot, live: list[Pending], err: BaseException) -> None:
+        log.warning("worker %s failed a batch of %d: %s", slot.url, len(live), err or type(err).__name__)
+        slot.healthy, slot.busy = False, False
+        now = self._now()
+        for p in live:
+            if p.future.done():
+                continue
+            if p.retries < self.cfg.max_retries and now < p.request.deadline:
+                p.retries += 1
+                p.running = False
+                self.retried += 1
+                self.scheduler.enqueue(p.request, now)
+            else:
+                self._fail(
+                    p,
+                    503,
+                    REASON_WORKER_FAILED,
+                    f"worker {slot.url} failed while running this request "
+                    f"({type(err).__name__}: {err}); retries used: {p.retries}",
+                )
+        orphans = list(slot.fifo)
+        slot.fifo.clear()
+        for b in orphans:
+            self._assign(b)
+        self._pump()
+
+    def _maybe_profile(self, slot: WorkerSlot) -> None:
+        samples = self.profiler.take(4)
+        if not samples:
+            return
+        slot.busy = True
+        self._spawn(self._profile(slot, samples))
+
+    async def _profile(self, slot: WorkerSlot, samples: list[Sample]) -> None:
+        """Re-run sampled requests alone and feed their solo times to the scheduler."""
+        members = [Pending(s.request, s.inputs, self._loop.create_future()) for s in samples]  # type: ignore[union-attr]
+        start = self._now()
+        try:
+            data = await self._post(slot, members, solo=True)
+        except (aiohttp.ClientError, TimeoutError, WorkerFailure, ValueError) as err:
+            log.info("profiling on %s failed: %s", slot.url, err)
+            slot.healthy = False
+            data = None
+        finally:
+            slot.busy = False
+        if data is not None:
+            solo = data.get("solo_seconds") or []
+            times = {s.request.rid: float(t) for s, t in zip(samples, solo, strict=False) if t is not None}
+            now = self._now()
+            self.profiler.record(sum(times.values()), len(times))
+            if times and not isinstance(self.scheduler, SymphonyScheduler):
+                reqs = [s.request for s in samples if s.request.rid in times]
+                self.scheduler.on_complete(
+                    Batch(reqs, slot.index, start, 0.0, self.cfg.name), BatchTimings(start, now, times), now
+                )
+        self._pump()
+
+    # -- background --------------------------------------------------------------------------------
+    async def _check(self, slot: WorkerSlot) -> None:
+        try:
+            timeout = aiohttp.ClientTimeout(total=1.0)
+            async with self.session.get(f"{slot.url}/v2/models/{self.cfg.name}", timeout=timeout) as resp:
+                ok = resp.status == 200
+                if ok:
+                    slot.metadata = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            ok = False
+        if ok and not slot.healthy:
+            log.info("worker %s for %s is ready", slot.url, self.cfg.name)
+            slot.healthy = True
+            if self._loop is not None and self._bg:
+                self._pump()
+        elif not ok and slot.healthy and not slot.busy:
+            slot.healthy = False
+
+    async def _health_loop(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await asyncio.gather(*(self._check(s) for s in self.slots if not s.healthy))
+
+    async def _sweep_loop(self) -> None:
+        grace = self.cfg.grace
+        period = min(0.05, max(grace / 4, 0.005))
+        while True:
+            await asyncio.sleep(period)
+            now = self._now()
+            for p in list(self.pending.values()):
+                if not p.running and now > p.request.deadline + grace:
+                    self._fail(
+                        p,
+                        504,
+                        DropReason.EXPIRED.value,
+                        f"still queued {grace:.3f}s after its deadline; no worker could take it in time",
+                    )
+
+
+def _err(message: str, reason: str) -> dict[str, Any]:
+    return {"error": message, "reason": reason}

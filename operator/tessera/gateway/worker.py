@@ -1,0 +1,310 @@
+"""Worker runtime: one ONNX model behind the Open Inference Protocol, running the batches a gateway forms.
+
+A worker runs one batch at a time, non-preemptively (seed-orloj §1.3 "Workers"), on ONNX Runtime — the
+CUDA execution provider when the installed build has it, the CPU one otherwise. It serves:
+
+* the standard v2 endpoints for its model (``/v2/health/*``, ``/v2/models/{name}[/ready]``,
+  ``POST /v2/models/{name}/infer``), so a client can call it directly;
+* ``POST /v2/models/{name}/batch`` (Tessera extension): ``{"requests": [<v2 request>...], "solo": bool}``.
+  Members are concatenated along their first dimension (grouped by their other dimensions), run as one
+  batch, and split back. The answer carries one result per member (outputs, or an error for that member
+  alone) and the timings the gateway needs: ``compute_seconds`` for the batch, ``queue_seconds`` spent
+  waiting for the previous batch, and with ``solo: true`` each member run alone with its
+  ``solo_seconds`` — the profiler's solo re-execution of seed-orloj §3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from tessera.gateway.protocol import (
+    DATATYPES,
+    ProtocolError,
+    decode_tensor,
+    encode_tensor,
+    error_body,
+    validate_request,
+)
+
+log = logging.getLogger(__name__)
+
+# onnxruntime tensor type -> v2 datatype
+_ORT_TYPES = {f"tensor({k})": v for k, v in {
+    "bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
+    "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64",
+    "float16": "FP16", "float": "FP32", "double": "FP64",
+}.items()}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # -1 for a dynamic dimension
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass
+class MemberResult:
+    outputs: list[dict[str, Any]] | None = None
+    error: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"error": self.error, "status": 400}
+        return {"outputs": self.outputs}
+
+
+@dataclass
+class BatchResult:
+    results: list[MemberResult]
+    compute_seconds: float
+    solo_seconds: list[float | None] | None = None
+
+
+def _spec(meta: Any) -> TensorSpec:
+    dt = _ORT_TYPES.get(meta.type)
+    if dt is None:
+        raise ValueError(f"model tensor {meta.name!r} has type {meta.type}, which the worker cannot serve")
+    shape = tuple(d if isinstance(d, int) else -1 for d in meta.shape)
+    return TensorSpec(meta.name, dt, shape)
+
+
+class OnnxModel:
+    """An ONNX Runtime session with batch execution over v2 tensors. Thread-compatible, not thread-safe:
+    the worker calls it from one executor thread."""
+
+    def __init__(
+        self, path: str | Path, *, name: str | None = None, threads: int = 1, provider: str = "auto"
+    ):
+        import onnxruntime as ort  # imported here so the gateway itself does not need onnxruntime
+
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"model file {p} does not exist")
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        available = ort.get_available_providers()
+        if provider == "auto":
+            providers = [x for x in ("CUDAExecutionProvider", "CPUExecutionProvider") if x in available]
+        elif provider in available:
+            providers = [provider]
+        else:
+            raise ValueError(f"execution provider {provider!r} is not available; this build has {available}")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(p), opts, providers=providers)
+        self.name = name or p.stem
+        self.providers = list(self.session.get_providers())
+        self.inputs = [_spec(m) for m in self.session.get_inputs()]
+        self.outputs = [_spec(m) for m in self.session.get_outputs()]
+        self._input_names = {s.name: s for s in self.inputs}
+        log.info("loaded %s from %s on %s", self.name, p, self.providers)
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "versions": ["1"],
+            "platform": "onnxruntime_onnx",
+            "inputs": [s.as_json() for s in self.inputs],
+            "outputs": [s.as_json() for s in self.outputs],
+        }
+
+    def decode(self, inputs: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+        """One request's inputs as arrays, checked against the model's inputs."""
+        given = {str(t["name"]): t for t in inputs}
+        missing = sorted(set(self._input_names) - set(given))
+        extra = sorted(set(given) - set(self._input_names))
+        if missing or extra:
+            raise ProtocolError(
+                f"model {self.name!r} takes inputs {sorted(self._input_names)}; missing {missing}, unknown {extra}"
+            )
+        out: dict[str, np.ndarray] = {}
+        for name, spec in self._input_names.items():
+            t = given[name]
+            if t["datatype"] != spec.datatype:
+                raise ProtocolError(f"input {name!r} must be {spec.datatype}, got {t['datatype']}")
+            arr = decode_tensor(t)
+            if arr.ndim != len(spec.shape) or any(
+                want not in (-1, got) for want, got in zip(spec.shape, arr.shape, strict=True)
+            ):
+                raise ProtocolError(
+                    f"input {name!r} has shape {list(arr.shape)}, model expects {list(spec.shape)}"
+                )
+            out[name] = arr
+        return out
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        return [np.asarray(a) for a in self.session.run(None, dict(feeds))]
+
+    def run_batch(self, members: Sequence[Sequence[Mapping[str, Any]]], *, solo: bool = False) -> BatchResult:
+        """Run every member's inputs; members with the same non-batch dimensions share one run."""
+        results = [MemberResult() for _ in members]
+        decoded: dict[int, dict[str, np.ndarray]] = {}
+        for i, inputs in enumerate(members):
+            try:
+                decoded[i] = self.decode(validate_request({"inputs": list(inputs)}))
+                if len({a.shape[0] for a in decoded[i].values()}) != 1:
+                    raise ProtocolError("all inputs of a request must share their first (batch) dimension")
+            except ProtocolError as err:
+                results[i].error = str(err)
+                decoded.pop(i, None)
+        t0 = time.perf_counter()
+        solo_times: list[float | None] | None = None
+        if solo:
+            solo_times = [None] * len(members)
+            for i, feeds in decoded.items():
+                s = time.perf_counter()
+                outs = self.run(feeds)
+                solo_times[i] = time.perf_counter() - s
+                results[i].outputs = [
+                    encode_tensor(o.name, a) for o, a in zip(self.outputs, outs, strict=True)
+                ]
+        else:
+            groups: dict[tuple[tuple[str, tuple[int, ...]], ...], list[int]] = {}
+            for i, feeds in decoded.items():
+                key = tuple(sorted((n, a.shape[1:]) for n, a in feeds.items()))
+                groups.setdefault(key, []).append(i)
+            for idx in groups.values():
+                feeds = {n: np.concatenate([decoded[i][n] for i in idx]) for n in decoded[idx[0]]}
+                outs = self.run(feeds)
+                start = 0
+                for i in idx:
+                    k = next(iter(decoded[i].values())).shape[0]
+                    results[i].outputs = [
+                        encode_tensor(o.name, a[start : start + k])
+                        for o, a in zip(self.outputs, outs, strict=True)
+                    ]
+                    start += k
+        return BatchResult(results, time.perf_counter() - t0, solo_times)
+
+
+class Worker:
+    """Serves one :class:`OnnxModel`; batches run one at a time on a single executor thread."""
+
+    def __init__(self, model: OnnxModel) -> None:
+        self.model = model
+        self._lock = asyncio.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tessera-worker")
+        self.batches = 0
+
+    async def execute(
+        self, members: Sequence[Sequence[Mapping[str, Any]]], solo: bool
+    ) -> tuple[BatchResult, float]:
+        arrived = time.perf_counter()
+        async with self._lock:
+            queued = time.perf_counter() - arrived
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(self._pool, lambda: self.model.run_batch(members, solo=solo))
+            self.batches += 1
+        return result, queued
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def make_worker_app(worker: Worker) -> web.Application:
+    model = worker.model
+
+    def check_name(request: web.Request) -> None:
+        name = request.match_info["name"]
+        if name != model.name:
+            raise web.HTTPNotFound(
+                text=f'{{"error": "model {name!r} is not served here; this worker serves {model.name!r}"}}',
+                content_type="application/json",
+            )
+
+    async def live(_: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def server_meta(_: web.Request) -> web.Response:
+        return web.json_response({"name": "tessera-worker", "version": "1", "extensions": ["tessera_batch"]})
+
+    async def model_meta(request: web.Request) -> web.Response:
+        check_name(request)
+        return web.json_response(model.metadata())
+
+    async def model_ready(request: web.Request) -> web.Response:
+        check_name(request)
+        return web.json_response({"name": model.name, "ready": True})
+
+    async def read_json(request: web.Request) -> Any:
+        try:
+            return await request.json()
+        except ValueError:
+            raise web.HTTPBadRequest(
+                text='{"error": "request body is not valid JSON"}', content_type="application/json"
+            ) from None
+
+    async def infer(request: web.Request) -> web.Response:
+        check_name(request)
+        body = await read_json(request)
+        try:
+            inputs = validate_request(body)
+        except ProtocolError as err:
+            return web.json_response(error_body(str(err)), status=400)
+        result, queued = await worker.execute([inputs], solo=False)
+        member = result.results[0]
+        if member.error is not None:
+            return web.json_response(error_body(member.error), status=400)
+        out: dict[str, Any] = {"model_name": model.name, "model_version": "1", "outputs": member.outputs}
+        if isinstance(body.get("id"), str):
+            out["id"] = body["id"]
+        out["parameters"] = {
+            "tessera_compute_seconds": result.compute_seconds,
+            "tessera_queue_seconds": queued,
+        }
+        return web.json_response(out)
+
+    async def batch(request: web.Request) -> web.Response:
+        check_name(request)
+        body = await read_json(request)
+        reqs = body.get("requests") if isinstance(body, dict) else None
+        if not isinstance(reqs, list) or not reqs:
+            return web.json_response(error_body("batch body needs a non-empty 'requests' list"), status=400)
+        members = [r.get("inputs", []) if isinstance(r, dict) else [] for r in reqs]
+        result, queued = await worker.execute(members, solo=bool(body.get("solo", False)))
+        return web.json_response(
+            {
+                "model_name": model.name,
+                "results": [m.as_json() for m in result.results],
+                "compute_seconds": result.compute_seconds,
+                "queue_seconds": queued,
+                "solo_seconds": result.solo_seconds,
+            }
+        )
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.add_routes(
+        [
+            web.get("/v2", server_meta),
+            web.get("/v2/health/live", live),
+            web.get("/v2/health/ready", live),
+            web.get("/v2/models/{name}", model_meta),
+            web.get("/v2/models/{name}/ready", model_ready),
+            web.post("/v2/models/{name}/infer", infer),
+            web.post("/v2/models/{name}/batch", batch),
+        ]
+    )
+
+    async def on_cleanup(_: web.Application) -> None:
+        worker.close()
+
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+__all__ = ["DATATYPES", "BatchResult", "MemberResult", "OnnxModel", "TensorSpec", "Worker", "make_worker_app"]

@@ -1,0 +1,145 @@
+"""Processes and payloads for the gateway's loopback tests and benchmark: the early-exit demo model,
+request bodies per application, and `tessera worker` / `tessera gateway` subprocesses on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+WIDTH = 512
+MODEL = "early-exit"
+# Layers per application: short and long requests (seed-orloj §4.3's bimodal mixtures), about 8 ms and
+# 30 ms alone on one CPU thread at width 512.
+APP_LAYERS = {"short": (600, 50), "long": (2400, 100)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def payloads(app: str, n: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` v2 request bodies for ``app``: random x, layer count drawn from the app's normal."""
+    mean, sd = APP_LAYERS[app]
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        x = rng.standard_normal(WIDTH).astype(np.float32)
+        layers = max(1, round(float(rng.normal(mean, sd))))
+        out.append(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [1, WIDTH],
+                        "datatype": "FP32",
+                        "data": [round(float(v), 4) for v in x],
+                    },
+                    {"name": "n", "shape": [1, 1], "datatype": "INT64", "data": [layers]},
+                ]
+            }
+        )
+    return out
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"{proc.args} exited with {proc.returncode}: {proc.stderr.read().decode() if proc.stderr else ''}"
+            )
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} was not ready within {timeout}s")
+
+
+def _tessera(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tessera.cli", *args]
+
+
+@contextmanager
+def worker_process(
+    model_path: Path, port: int | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    port = port or free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        _tessera("worker", "--model", str(model_path), "--name", MODEL, "--port", str(port)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        yield url, proc
+    finally:
+        stop(proc)
+
+
+@contextmanager
+def gateway_process(config: dict[str, Any], tmp: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    port = free_port()
+    path = tmp / f"gateway-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        _tessera("gateway", "--config", str(path), "--port", str(port)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        yield url, proc
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def model_config(
+    policy: str, workers: list[str], calib: dict[str, Any], slo_s: float, **extra: Any
+) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "name": MODEL,
+        "policy": policy,
+        "slo_s": slo_s,
+        "workers": workers,
+        "batch_sizes": [1, 2, 4, 8],
+        "max_batch": 8,
+        **calib,
+        **extra,
+    }
+    return {"models": [cfg], "health_interval_s": 0.2}
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=1)
