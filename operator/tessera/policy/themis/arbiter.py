@@ -33,7 +33,7 @@ class ThemisConfig:
     rho_cap: float = 1e6  # ρ of an app holding nothing (∞ in the paper; spec §2.3)
     tid_mode: TidMode = "paper"
     solver: SolverName = "auto"
-    exact_limit: int = 20_000  # largest (bidders+1)^|R| solved by enumeration under "auto"
+    exact_limit: int = 64  # largest (bidders+1)^|R| solved by enumeration under "auto"
     min_keep: int = 1  # GPUs a PF winner always keeps after its hidden payment (0 = literal floor)
 
     def __post_init__(self) -> None:

@@ -84,6 +84,12 @@ class JobSetRuntime:
         self.placement_scores: list[float] = []
         self._version = 0
         self._agg: tuple[int, float, int, dict[int, float], float] | None = None
+        self._live_jobs: list[Job] = list(self.jobs)
+        self._running: list[Job] = []
+        self._waiting_work = sum(j.left * j.iter_time for j in self.jobs)
+        self._demand = min(len(cluster), sum(j.demand for j in self.jobs))
+        self._peak = self._demand
+        self._total = sum(j.iterations * j.iter_time for j in self.jobs)
 
     # --- GPU assignment ---------------------------------------------------------------------------
 
@@ -93,7 +99,7 @@ class JobSetRuntime:
         self._assign(now)
 
     def _live(self) -> list[Job]:
-        return [j for j in self.jobs if j.left > _EPS]
+        return self._live_jobs
 
     def _targets(self, live: list[Job], n: int) -> list[int]:
         need = [j.demand for j in live]
@@ -116,7 +122,8 @@ class JobSetRuntime:
 
     def _assign(self, now: float) -> None:
         self._version += 1
-        live = self._live()
+        live = self._live_jobs = [j for j in self.jobs if j.left > _EPS]
+        self._demand = min(len(self.cluster), sum(j.demand for j in live))
         for j in self.jobs:
             if j.left <= _EPS and j.gpus:
                 j.gpus, j.rate = (), 0.0
@@ -140,6 +147,8 @@ class JobSetRuntime:
                     self.placement_scores.append(1.0 / s)
                 else:
                     j.rate = 0.0
+        self._running = [j for j in live if j.gpus]
+        self._waiting_work = sum(j.left * j.iter_time for j in live if not j.gpus)
 
     # --- time ------------------------------------------------------------------------------------
 
@@ -151,8 +160,8 @@ class JobSetRuntime:
         if now < self.last - 1e-9:
             raise ValueError(f"runtime asked to go back in time: {now} < {self.last}")
         finished = False
-        for j in self.jobs:
-            if j.gpus and j.left > _EPS:
+        for j in self._running:
+            if j.left > _EPS:
                 j.done_iters = min(j.iterations, j.done_iters + self._progress(j, now))
                 if j.left <= _EPS * max(1.0, j.iterations):
                     j.done_iters = j.iterations
@@ -168,25 +177,25 @@ class JobSetRuntime:
 
     def next_event(self) -> float:
         t = math.inf
-        for j in self.jobs:
-            if j.gpus and j.rate > 0 and j.left > _EPS:
+        for j in self._running:
+            if j.rate > 0 and j.left > _EPS:
                 t = min(t, max(self.last, j.paused_until) + j.left / j.rate)
         return t
 
     # --- what the policy sees ----------------------------------------------------------------------
 
     def demand(self) -> int:
-        return min(len(self.cluster), sum(j.demand for j in self._live()))
+        return self._demand
 
     def peak_demand(self) -> int:
-        return min(len(self.cluster), sum(j.demand for j in self.jobs))
+        return self._peak
 
     def total_work(self) -> float:
-        return sum(j.iterations * j.iter_time for j in self.jobs)
+        return self._total
 
     def remaining_work(self, now: float) -> float:
-        return sum(
-            max(0.0, j.left - self._progress(j, now)) * j.iter_time for j in self.jobs if j.left > _EPS
+        return self._waiting_work + sum(
+            max(0.0, j.left - self._progress(j, now)) * j.iter_time for j in self._running
         )
 
     def remaining_time(self, gpus: int, slowdown: float) -> float:
@@ -196,7 +205,7 @@ class JobSetRuntime:
             return math.inf
         if self._agg is None or self._agg[0] != self._version:
             total, dsum, per_demand, ratio = 0.0, 0, {}, 0.0
-            for j in self.jobs:
+            for j in self._live_jobs:
                 if j.left > _EPS:
                     w = j.left * j.iter_time
                     total += w
@@ -211,10 +220,10 @@ class JobSetRuntime:
         return slowdown * max(total / min(gpus, dsum), longest)
 
     def used_gpus(self) -> frozenset[str]:
-        return frozenset(g for j in self.jobs if j.left > _EPS for g in j.gpus)
+        return frozenset(g for j in self._running if j.left > _EPS for g in j.gpus)
 
     def done(self) -> bool:
-        return all(j.left <= _EPS for j in self.jobs)
+        return not self._live_jobs
 
 
 class GangJobsRuntime(JobSetRuntime):
@@ -250,10 +259,17 @@ class SuccessiveHalvingRuntime(JobSetRuntime):
         for c in self.all_configs:
             c.iterations, c.demand = plan.iters_per_phase[0], plan.job_demand_max
         super().__init__(cluster, self.all_configs, restart_s)
+        self._memo_key: tuple[int, float] = (-1, -1.0)
+        self._memo: dict[tuple[int, float], float] = {}
+        self._peak = min(len(cluster), plan.demand_max)
         med = statistics.median(c.iter_time for c in configs)
         self._budget = sum(
             plan.jobs_in_phase(p) * plan.iters_per_phase[p] * med for p in range(plan.num_phases)
         )
+        self._future_work = [
+            sum(plan.jobs_in_phase(q) * plan.iters_per_phase[q] * med for q in range(p + 1, plan.num_phases))
+            for p in range(plan.num_phases)
+        ]
 
     def _on_jobs_finished(self, now: float) -> None:
         if all(j.left <= _EPS for j in self.jobs) and self.state.phase + 1 < self.plan.num_phases:
@@ -266,18 +282,30 @@ class SuccessiveHalvingRuntime(JobSetRuntime):
         self._assign(now)
 
     def peak_demand(self) -> int:
-        return min(len(self.cluster), self.plan.demand_max)
+        return self._peak
 
     def total_work(self) -> float:
         return self._budget
 
     def remaining_work(self, now: float) -> float:
-        return self._estimate(1, 1.0, now)
+        """This phase's jobs at their own speed plus the future phases with the median job."""
+        here = sum(max(0.0, j.left - self._progress(j, now)) * j.iter_time for j in self._live_jobs)
+        return here + self._future_work[self.state.phase]
 
     def remaining_time(self, gpus: int, slowdown: float) -> float:
         return self._estimate(gpus, slowdown, self.last)
 
     def _estimate(self, gpus: int, slowdown: float, now: float) -> float:
+        key = (self._version, now, gpus, slowdown)
+        if key[:2] != self._memo_key:
+            self._memo_key = key[:2]
+            self._memo.clear()
+        hit = self._memo.get((gpus, slowdown))
+        if hit is None:
+            hit = self._memo[(gpus, slowdown)] = self._estimate_uncached(gpus, slowdown, now)
+        return hit
+
+    def _estimate_uncached(self, gpus: int, slowdown: float, now: float) -> float:
         lefts = [max(0.0, j.left - self._progress(j, now)) for j in self.jobs]
         return halving_remaining(
             self.plan,

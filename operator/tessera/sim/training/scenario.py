@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ from tessera.policy.training import TrainingPolicy
 from tessera.progress import Progress
 from tessera.sim.scenario import ScenarioError
 from tessera.sim.training.report import TrainingResult
-from tessera.sim.training.simulator import SimConfig, simulate
+from tessera.sim.training.simulator import SimConfig, SimRun, simulate
 from tessera.sim.training.trace import GeneratorConfig, Trace, TraceError, generate, read_trace
 
 PRESETS: dict[str, list[tuple[int, int]]] = {
@@ -219,25 +221,31 @@ def load(data: dict[str, Any], source: str) -> TrainingScenario:
     )
 
 
-def _run_one(
-    scenario: TrainingScenario, spec: PolicySpec, trace: Trace, progress: Progress | None, base: float
-) -> Any:
-    def tick(frac: float) -> None:
-        if progress is not None:
-            progress.update(base + frac, spec.label)
-
-    return simulate(
-        spec.build(), scenario.cluster, trace, random.Random(scenario.seed), scenario.sim, on_progress=tick
-    )
+def _run_one(scenario: TrainingScenario, spec: PolicySpec, trace: Trace) -> SimRun:
+    return simulate(spec.build(), scenario.cluster, trace, random.Random(scenario.seed), scenario.sim)
 
 
-def run(scenario: TrainingScenario, *, progress: bool = False) -> TrainingResult:
-    """Run every policy of the scenario on the same trace and seed."""
+def run(scenario: TrainingScenario, *, progress: bool = False, workers: int | None = None) -> TrainingResult:
+    """Run every policy of the scenario on the same trace and seed; policies run in parallel processes
+    (`workers`, default: up to 2 or the CPU count) since each run is independent."""
     trace = scenario.resolved_trace()
-    bar = Progress(len(scenario.policies), f"simulate {scenario.name}", enabled=None if progress else False)
-    runs = []
-    for i, spec in enumerate(scenario.policies):
-        runs.append(_run_one(scenario, spec, trace, bar, float(i)))
+    n = len(scenario.policies)
+    bar = Progress(n, f"simulate {scenario.name}", enabled=None if progress else False)
+    workers = workers if workers is not None else min(2, os.cpu_count() or 1, n)
+    runs: dict[int, SimRun] = {}
+    if workers <= 1:
+        for i, spec in enumerate(scenario.policies):
+            runs[i] = _run_one(scenario, spec, trace)
+            bar.update(len(runs), spec.label)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {
+                pool.submit(_run_one, scenario, spec, trace): i for i, spec in enumerate(scenario.policies)
+            }
+            for fut in as_completed(futures):
+                i = futures[fut]
+                runs[i] = fut.result()
+                bar.update(len(runs), scenario.policies[i].label)
     bar.close()
     meta = {"gpus": len(scenario.cluster), "apps": len(trace.apps), "seed": scenario.seed}
-    return TrainingResult(scenario.name, runs, meta)
+    return TrainingResult(scenario.name, [runs[i] for i in range(n)], meta)

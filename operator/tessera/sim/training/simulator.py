@@ -25,7 +25,7 @@ from tessera.sim.training.trace import AppSpec, Trace
 
 log = logging.getLogger(__name__)
 
-_ARRIVE, _RUNTIME, _LEASE = 0, 1, 2
+_ARRIVE, _RUNTIME, _LEASE, _TICK = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +36,13 @@ class SimConfig:
     admission_threshold: float | None = None  # footnote 2; None = admit everything
     halving_rule: str = "median"  # Eq. 2's current-phase estimate ("median" reproduces Table 3)
     max_time: float = 1e9  # safety stop (simulated seconds)
+    round_gap_s: float = 60.0  # rounds at most this often; events in between wait for the next round
 
     def __post_init__(self) -> None:
         if self.restart_s < 0:
             raise ValueError(f"restart_s must be >= 0, got {self.restart_s}")
+        if self.round_gap_s < 0:
+            raise ValueError(f"round_gap_s must be >= 0, got {self.round_gap_s}")
         if self.halving_rule not in ("median", "actual"):
             raise ValueError(f"halving_rule must be 'median' or 'actual', got {self.halving_rule!r}")
 
@@ -196,6 +199,8 @@ def simulate(
             on_progress(len(outcomes) / max(1, n_total))
 
     pending: dict[str, set[str]] = {}  # apps whose GPU set changed this instant → new set
+    last_round = -math.inf
+    tick_pending = False
 
     while heap:
         now = heap[0][0]
@@ -206,7 +211,9 @@ def simulate(
         while heap and heap[0][0] <= now + 1e-9:
             _, _, kind, app_id, ver = heapq.heappop(heap)
             events += 1
-            if kind == _ARRIVE:
+            if kind == _TICK:
+                tick_pending = False
+            elif kind == _ARRIVE:
                 spec = specs[app_id]
                 rt = make_runtime(spec, cluster, cfg)
                 if not admit(rt.peak_demand(), outstanding, len(cluster), cfg.admission_threshold):
@@ -236,7 +243,7 @@ def simulate(
                     continue
                 app.runtime.advance(now)
                 reschedule(app)
-            else:
+            elif kind == _LEASE:
                 app = live.get(app_id)
                 if app is None:
                     continue
@@ -258,9 +265,9 @@ def simulate(
                 pending.pop(app_id, None)
                 finish(app, now)
                 continue
-            used = app.runtime.used_gpus()
             spare = len(app.held) - app.runtime.demand()
             if spare > 0:
+                used = app.runtime.used_gpus()
                 drop = sorted(g for g in app.held if g not in used)[:spare]
                 if drop:
                     for g in drop:
@@ -271,8 +278,13 @@ def simulate(
                     pending[app_id] = new
                     set_held(app, now, new)
         hungry = [a for a in live.values() if a.runtime.demand() > len(a.held)]
-        if free and hungry:
+        if free and hungry and now < last_round + cfg.round_gap_s - 1e-9:
+            if not tick_pending:
+                tick_pending = True
+                push(last_round + cfg.round_gap_s, _TICK, "")
+        elif free and hungry:
             rounds += 1
+            last_round = now
             states = []
             for a in live.values():
                 a.runtime.advance(now)

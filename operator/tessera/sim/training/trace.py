@@ -395,8 +395,9 @@ class GeneratorConfig:
     mean_interarrival_s: float = 600.0  # Poisson arrivals
     single_job_share: float = 0.10  # ≈10 % single-job apps (Fig. 2)
     jobs_per_app: tuple[int, int] = (4, 32)  # exploration apps: range; W2 rounds to a power of two
-    app_gpu_hours_median: float = 6.0  # lognormal app size (median; the paper's 11.5 GPU-days scaled down)
-    app_gpu_hours_sigma: float = 1.0
+    task_gpu_hours_median: float = 0.5  # lognormal task size (paper: median task 3.75 GPU-hours, scaled down)
+    task_gpu_hours_sigma: float = 1.0
+    min_trial_s: float = 300.0  # shortest phase-1 trial / job on its own GPUs (keeps restarts a small cost)
     network_intensive_share: float | None = None  # None: from the model mix; else the share (Fig. 15)
 
     def __post_init__(self) -> None:
@@ -409,8 +410,10 @@ class GeneratorConfig:
             raise ValueError(f"jobs_per_app must be [lo, hi] with 1 <= lo <= hi, got {self.jobs_per_app}")
         if self.network_intensive_share is not None and not 0 <= self.network_intensive_share <= 1:
             raise ValueError(f"network_intensive_share must be in [0, 1], got {self.network_intensive_share}")
-        if self.mean_interarrival_s <= 0 or self.app_gpu_hours_median <= 0:
-            raise ValueError("mean_interarrival_s and app_gpu_hours_median must be positive")
+        if self.mean_interarrival_s <= 0 or self.task_gpu_hours_median <= 0 or self.min_trial_s < 0:
+            raise ValueError(
+                "mean_interarrival_s and task_gpu_hours_median must be positive, min_trial_s >= 0"
+            )
 
 
 def _pick_model(rng: random.Random) -> str:
@@ -431,7 +434,11 @@ def generate(config: GeneratorConfig, rng: random.Random, cluster_gpus: int = 64
         if config.network_intensive_share is not None:
             ni = rng.random() < config.network_intensive_share
         sens = NETWORK_INTENSIVE if ni else COMPUTE_INTENSIVE
-        work = 3600.0 * rng.lognormvariate(math.log(config.app_gpu_hours_median), config.app_gpu_hours_sigma)
+        # One task's GPU-seconds (the surviving configuration's whole training, or one exploration job);
+        # an app's size follows from its number of tasks, as in Figs. 2–4.
+        task = 3600.0 * rng.lognormvariate(
+            math.log(config.task_gpu_hours_median), config.task_gpu_hours_sigma
+        )
         it = base_it * rng.uniform(0.8, 1.25)
         app_id = f"app-{i:04d}"
         single = rng.random() < config.single_job_share
@@ -440,13 +447,14 @@ def generate(config: GeneratorConfig, rng: random.Random, cluster_gpus: int = 64
             jobs = []
             for _ in range(n):
                 g = rng.choice((1, 2))
-                share = work / n * rng.uniform(0.5, 1.5)
                 jt = it * rng.uniform(0.9, 1.1)
+                share = max(task * rng.uniform(0.5, 1.5), config.min_trial_s) * g
                 jobs.append(JobSpec(max(1.0, round(share / jt)), jt, g))
             apps.append(AppSpec(app_id, round(t, 3), tuple(jobs), sens, ni, model))
             continue
         g = min(max_gpus, rng.choice((1, 2, 4, 8)))
         if single:
+            work = max(task, config.min_trial_s) * g
             apps.append(
                 AppSpec(app_id, round(t, 3), (JobSpec(max(1.0, round(work / it)), it, g),), sens, ni, model)
             )
@@ -457,9 +465,9 @@ def generate(config: GeneratorConfig, rng: random.Random, cluster_gpus: int = 64
         ]
         n = rng.choice(powers)
         phases = int(math.log2(n)) + 1
-        # Equal budget per phase (Hyperband): phase p runs n/2^p configs for I_p = I_1·2^p iterations.
-        per_phase = work / phases
-        i1 = max(1.0, round(per_phase / (n * it)))
+        # Equal budget per phase (Hyperband): phase p runs n/2^p configs for I_p = I_1·2^p iterations;
+        # the survivor trains I_1·(2^P − 1) iterations in all, one task.
+        i1 = max(1.0, round(task * g / ((2**phases - 1) * it)), math.ceil(config.min_trial_s * g / it))
         ipp = tuple(float(i1 * 2**p) for p in range(phases))
         configs = tuple(JobSpec(i1, it * rng.uniform(0.8, 1.25), g, rng.random()) for _ in range(n))
         apps.append(AppSpec(app_id, round(t, 3), configs, sens, ni, model, HalvingSpec(ipp, g, 2)))
