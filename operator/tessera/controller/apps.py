@@ -1,0 +1,322 @@
+"""An App as the ARBITER sees it: leases, per-job progress, and the pods its leases call for.
+
+State lives in the App's status (leases with node, GPU indices, job and expiry; per-job iterations left;
+start time; GPU-seconds held), so a restarted operator rebuilds every `AppRecord` from the objects and
+neither loses a lease nor creates a second set of pods. Spec seed-themis §5.2 (AGENT state), §5.4 (leases).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from tessera.api import contract
+from tessera.api.app import AppSpec, AppStatus, JobSpec, JobStatus, Lease
+from tessera.api.resources import parse_app
+from tessera.cluster import Cluster, Sensitivity
+from tessera.controller.estimator import JobWork, estimator_for
+from tessera.controller.pods import PodPlan
+from tessera.controller.view import PodInfo, gpu_id, group_by_node, split_gpu_id
+from tessera.policy.themis.estimate import NAvg
+from tessera.policy.training import AppState
+
+
+def to_time(ts: datetime | str | None) -> float | None:
+    if ts is None:
+        return None
+    if isinstance(ts, str):
+        ts = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    return ts.timestamp()
+
+
+def to_stamp(t: float) -> datetime:
+    return datetime.fromtimestamp(t, tz=UTC)
+
+
+@dataclass(slots=True)
+class LeaseRec:
+    """GPUs of one job on one node, held until `expires` (epoch seconds)."""
+
+    gpus: tuple[str, ...]
+    job: str
+    expires: float
+    source: str
+
+    def to_api(self) -> Lease:
+        node, _ = split_gpu_id(self.gpus[0])
+        return Lease(
+            node=node,
+            gpu_indices=[split_gpu_id(g)[1] for g in self.gpus],
+            job=self.job,
+            expires_at=to_stamp(self.expires),
+            source="leftover" if self.source == "leftover" else "auction",
+        )
+
+
+@dataclass(slots=True)
+class AppRecord:
+    namespace: str
+    name: str
+    uid: str
+    spec: AppSpec
+    body: Mapping[str, Any]
+    start: float
+    leases: list[LeaseRec] = field(default_factory=list)
+    done_iters: dict[str, int] = field(default_factory=dict)
+    active_gpu_seconds: float = 0.0
+    accounted_until: float = 0.0
+    navg: NAvg | None = None
+    rho: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    # --- jobs -------------------------------------------------------------------------------------
+
+    def target_iters(self, job: JobSpec) -> int:
+        """Where a job stops: its iterTotal, or the tuner's forecast under performance-curve stopping."""
+        if self.spec.tuning.mode == "performanceCurve" and job.predicted_stop_iteration is not None:
+            return job.predicted_stop_iteration
+        return job.iter_total
+
+    def iters_left(self, job: JobSpec) -> int:
+        return max(0, self.target_iters(job) - self.done_iters.get(job.name, 0))
+
+    def live_jobs(self) -> list[JobSpec]:
+        return [j for j in self.spec.jobs if self.iters_left(j) > 0]
+
+    @property
+    def done(self) -> bool:
+        return not self.live_jobs()
+
+    def demand(self) -> int:
+        d = sum(j.max_gpus for j in self.live_jobs())
+        return min(d, self.spec.max_gpus) if self.spec.max_gpus is not None else d
+
+    def held(self) -> set[str]:
+        return {g for lease in self.leases for g in lease.gpus}
+
+    def job_gpus(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for lease in self.leases:
+            out.setdefault(lease.job, []).extend(lease.gpus)
+        return out
+
+    def sensitivity(self) -> Sensitivity:
+        """The App's placement sensitivity: the most sensitive job's (one gang spans the App's GPUs)."""
+        worst = max(
+            self.spec.jobs,
+            key=lambda j: (j.placement_sensitivity.cross_rack, j.placement_sensitivity.cross_machine),
+        ).placement_sensitivity
+        return Sensitivity(worst.slot, worst.machine, worst.cross_machine, worst.cross_rack)
+
+    def work(self) -> tuple[float, float]:
+        total = sum(self.target_iters(j) * j.iter_time_serial_seconds for j in self.spec.jobs)
+        left = sum(self.iters_left(j) * j.iter_time_serial_seconds for j in self.spec.jobs)
+        return total, left
+
+    def state(self, now: float) -> AppState:
+        """The AppState a TrainingPolicy expects (tessera.policy.training), from spec + progress."""
+        total, left = self.work()
+        jobs = [
+            JobWork(j.name, self.iters_left(j), j.iter_time_serial_seconds, j.max_gpus)
+            for j in self.spec.jobs
+        ]
+        n_avg = self.navg.value(now) if self.navg is not None else 1.0
+        return AppState(
+            app_id=f"{self.namespace}/{self.name}",
+            arrival=self.start,
+            demand_max=self.demand(),
+            held=frozenset(self.held()),
+            sensitivity=self.sensitivity(),
+            total_work=total,
+            remaining_work=left,
+            attained_service=self.active_gpu_seconds,
+            n_avg=max(1.0, n_avg),
+            estimator=estimator_for(jobs),
+        )
+
+    # --- progress ---------------------------------------------------------------------------------
+
+    def account(self, now: float) -> None:
+        """∫ GPUs held dt since the last call (status activeGpuSeconds)."""
+        if now > self.accounted_until:
+            self.active_gpu_seconds += len(self.held()) * (now - self.accounted_until)
+            self.accounted_until = now
+
+    def observe(self, pods: Sequence[PodInfo]) -> list[str]:
+        """Fold the pods' reports into per-job progress; return jobs that completed just now.
+
+        A job is done when a pod reports iterations at its target, or when all its pods exited
+        successfully (the workload decides when it has converged)."""
+        by_job: dict[str, list[PodInfo]] = {}
+        for p in pods:
+            job = p.labels.get(contract.LABEL_JOB)
+            if job:
+                by_job.setdefault(job, []).append(p)
+        finished: list[str] = []
+        for j in self.spec.jobs:
+            before = self.iters_left(j)
+            if before == 0:
+                continue
+            mine = by_job.get(j.name, [])
+            reported = [p.progress_iterations for p in mine if p.progress_iterations is not None]
+            if reported:
+                self.done_iters[j.name] = max(
+                    self.done_iters.get(j.name, 0), min(max(reported), j.iter_total)
+                )
+            live = [p for p in mine if not p.deleting]
+            if live and all(p.phase == "Succeeded" for p in live):
+                self.done_iters[j.name] = self.target_iters(j)
+            if self.iters_left(j) == 0:
+                finished.append(j.name)
+        return finished
+
+    def release_finished(self) -> list[LeaseRec]:
+        """Give back the leases of jobs that are done: Themis apps return GPUs they cannot use."""
+        live = {j.name for j in self.live_jobs()}
+        gone = [lease for lease in self.leases if lease.job not in live]
+        self.leases = [lease for lease in self.leases if lease.job in live]
+        return gone
+
+    def expire(self, now: float) -> list[LeaseRec]:
+        gone = [lease for lease in self.leases if lease.expires <= now]
+        self.leases = [lease for lease in self.leases if lease.expires > now]
+        return gone
+
+    def grant(self, gpus: Sequence[str], expires: float, source: str, cluster: Cluster) -> list[LeaseRec]:
+        """Hand new GPUs to the App's jobs (the App's own scheduler, Themis' two-level split §1.7):
+        jobs that already run first, then in spec order, each up to its maxGPUs; one lease per job and node.
+        GPUs no job can use are not leased (the policy never grants beyond demand, so that is rare)."""
+        have = self.job_gpus()
+        live = self.live_jobs()
+        order = sorted(range(len(live)), key=lambda i: (not have.get(live[i].name), i))
+        pool = cluster.sorted(gpus)
+        new: dict[str, list[str]] = {}
+        for i in order:
+            j = live[i]
+            want = j.max_gpus - len(have.get(j.name, []))
+            if want > 0 and pool:
+                # Prefer GPUs on the nodes the job already uses (locality, Eq. 1's slowdown S).
+                nodes = {split_gpu_id(g)[0] for g in have.get(j.name, [])}
+                pool.sort(key=lambda g: (split_gpu_id(g)[0] not in nodes, cluster.order(g)))
+                new[j.name], pool = pool[:want], pool[want:]
+        out: list[LeaseRec] = []
+        for job, gs in new.items():
+            for node, idx in group_by_node(gs).items():
+                out.append(LeaseRec(tuple(gpu_id(node, i) for i in idx), job, expires, source))
+        self.leases.extend(out)
+        return out
+
+    # --- pods and status --------------------------------------------------------------------------
+
+    def pod_plans(self) -> list[PodPlan]:
+        """One pod per job and node of its leases; ranks in node order; the job's pods form its gang."""
+        plans: list[PodPlan] = []
+        for job, gs in sorted(self.job_gpus().items()):
+            nodes = group_by_node(gs)
+            for rank, (node, idx) in enumerate(nodes.items()):
+                plans.append(
+                    PodPlan(
+                        node=node,
+                        gpu_indices=tuple(idx),
+                        labels={
+                            contract.LABEL_APP: self.name,
+                            contract.LABEL_JOB: job,
+                            contract.LABEL_ROLE: "worker",
+                        },
+                        env={
+                            contract.ENV_JOB: job,
+                            contract.ENV_RANK: str(rank),
+                            contract.ENV_WORLD_SIZE: str(len(nodes)),
+                        },
+                        workload=contract.WORKLOAD_TRAINING,
+                        base=f"{self.name}-{job}-{rank}",
+                    )
+                )
+        return plans
+
+    def status(self, now: float, phase: str | None = None) -> AppStatus:
+        have = self.job_gpus()
+        jobs = []
+        for j in self.spec.jobs:
+            left = self.iters_left(j)
+            state = "completed" if left == 0 else ("active" if have.get(j.name) else "pending")
+            jobs.append(
+                JobStatus(
+                    name=j.name,
+                    state=state,
+                    iters_remaining=left,
+                    avg_time_per_iter_seconds=j.iter_time_serial_seconds,
+                    gpus=len(have.get(j.name, [])),
+                )
+            )
+        if phase is None:
+            phase = "Succeeded" if self.done else ("Running" if self.leases else "Pending")
+        rho = self.rho if self.rho is None or math.isfinite(self.rho) else None
+        return AppStatus(
+            phase=phase,  # type: ignore[arg-type]
+            gpus=len(self.held()),
+            rho=rho,
+            start_time=to_stamp(self.start),
+            finish_time=to_stamp(self.finished_at) if self.finished_at else None,
+            active_gpu_seconds=self.active_gpu_seconds,
+            elapsed_seconds=max(0.0, now - self.start),
+            jobs=jobs,
+            leases=[lease.to_api() for lease in self.leases],
+        )
+
+
+def manifest_of(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a stored object that a manifest has (status and server fields dropped)."""
+    meta = body.get("metadata") or {}
+    out = {k: body[k] for k in ("apiVersion", "kind", "spec") if k in body}
+    out["metadata"] = {"name": meta.get("name"), "namespace": meta.get("namespace")}
+    return out
+
+
+def record_from_body(body: Mapping[str, Any], now: float) -> AppRecord:
+    """Parse an App (raises ManifestError) and recover leases and progress from its status."""
+    app = parse_app(manifest_of(body))
+    meta = body["metadata"]
+    status: Mapping[str, Any] = body.get("status") or {}
+    start = to_time(status.get("startTime")) or now
+    rec = AppRecord(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta["name"]),
+        uid=str(meta.get("uid", "")),
+        spec=app.spec,
+        body=body,
+        start=start,
+        accounted_until=now,
+        active_gpu_seconds=float(status.get("activeGpuSeconds") or 0.0),
+    )
+    for js in status.get("jobs") or []:
+        job = next((j for j in app.spec.jobs if j.name == js.get("name")), None)
+        if job is not None and js.get("itersRemaining") is not None:
+            rec.done_iters[job.name] = max(0, rec.target_iters(job) - int(js["itersRemaining"]))
+    live = {j.name for j in app.spec.jobs}
+    for lease in status.get("leases") or []:
+        expires = to_time(lease.get("expiresAt"))
+        job = lease.get("job")
+        if expires is None or job not in live or not lease.get("gpuIndices"):
+            continue
+        gpus = tuple(gpu_id(str(lease["node"]), int(i)) for i in lease["gpuIndices"])
+        rec.leases.append(LeaseRec(gpus, str(job), expires, str(lease.get("source", "auction"))))
+    return rec
+
+
+def template_of(rec: AppRecord, job: str) -> Mapping[str, Any]:
+    """The job's own template if it has one, else the App's (raw dicts, as written by the user)."""
+    spec = rec.body.get("spec") or {}
+    for j in spec.get("jobs") or []:
+        if j.get("name") == job and j.get("template"):
+            return dict(j["template"])
+    return dict(spec.get("template") or {})

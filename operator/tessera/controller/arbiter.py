@@ -1,0 +1,236 @@
+"""The Themis ARBITER loop on Kubernetes: one round per lease period (or when an App arrives/finishes).
+
+A round (spec seed-themis §2.5-2.6, §5.4): fold progress from pods into each App, release leases of
+finished jobs and expired leases, compute the free GPUs from the cluster view, call
+`tessera.policy.themis.Themis.allocate`, turn grants into leases, then for each App whose leases changed:
+delete pods whose GPUs went away (preemption with a grace period for checkpointing), create pods where the
+new leases say, write status and post events. Only the elected peer runs rounds: they are driven by kopf
+timers and handlers, which kopf pauses on a lower-priority peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.api import contract
+from tessera.controller.apps import AppRecord, template_of
+from tessera.controller.config import OperatorConfig
+from tessera.controller.kube import Kind, KubeApi, KubeError
+from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.sync import sync_pods
+from tessera.controller.view import ClusterView, healthy_gpus
+from tessera.metrics import ComponentMetrics
+from tessera.policy.themis import Themis, ThemisConfig
+from tessera.policy.themis.estimate import NAvg
+from tessera.policy.training import check_decision
+
+log = logging.getLogger(__name__)
+
+APPS = Kind(contract.GROUP, contract.VERSION, contract.PLURAL_APP)
+
+PostEvent = Callable[[dict[str, Any], str, str, str], None]  # (body, type, reason, message)
+
+
+@dataclass
+class RoundReport:
+    now: float
+    free: int = 0
+    granted: dict[str, int] = field(default_factory=dict)
+    expired: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class Arbiter:
+    def __init__(
+        self,
+        config: OperatorConfig,
+        view: ClusterView,
+        api: KubeApi,
+        metrics: ComponentMetrics,
+        post_event: PostEvent,
+    ) -> None:
+        self.config = config
+        self.view = view
+        self.api = api
+        self.metrics = metrics
+        self.post_event = post_event
+        self.themis = Themis(ThemisConfig(fairness_knob=config.fairness_knob, lease_s=config.lease_s))
+        self.rng = random.Random(config.seed)
+        self.records: dict[tuple[str, str], AppRecord] = {}
+        self.last_round = -math.inf
+        self.dirty = False
+        self.lock = asyncio.Lock()
+        self._written: dict[tuple[str, str], dict[str, Any]] = {}
+        self.rounds = 0
+
+    # --- membership -------------------------------------------------------------------------------
+
+    def upsert(self, rec: AppRecord) -> bool:
+        """Track an App. A record already held keeps its in-memory leases (fresher than status); its spec
+        is refreshed. Returns True for an App not seen before."""
+        old = self.records.get(rec.key)
+        if old is not None and old.uid == rec.uid:
+            old.spec, old.body = rec.spec, rec.body
+            return False
+        rec.navg = NAvg(rec.start, len(self.records) + 1)
+        self.records[rec.key] = rec
+        self.dirty = True
+        return True
+
+    def outstanding(self) -> int:
+        return sum(r.demand() for r in self.records.values() if not r.done)
+
+    async def remove(self, key: tuple[str, str]) -> None:
+        async with self.lock:
+            self.records.pop(key, None)
+            self._written.pop(key, None)
+            self.dirty = True
+
+    # --- rounds -----------------------------------------------------------------------------------
+
+    async def maybe_run(self, now: float | None = None) -> RoundReport | None:
+        """Run a round if one is due (lease period passed) or something changed since the last one."""
+        now = time.time() if now is None else now
+        if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
+            return None
+        async with self.lock:
+            if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
+                return None
+            return await self.run_round(now)
+
+    def _lease_expired(self, now: float) -> bool:
+        return any(lease.expires <= now for r in self.records.values() for lease in r.leases)
+
+    async def run_round(self, now: float) -> RoundReport:
+        t0 = time.perf_counter()
+        self.dirty = False
+        self.last_round = now
+        report = RoundReport(now)
+        cluster = self.view.cluster()
+        known = set(cluster.gpu_ids)
+        changed: set[tuple[str, str]] = set()
+        n_active = sum(1 for r in self.records.values() if not r.done)
+        for rec in self.records.values():
+            rec.account(now)
+            pods = self.view.pods_with(contract.LABEL_APP, rec.name, rec.namespace)
+            for job in rec.observe(pods):
+                self._event(rec, "Normal", "JobCompleted", f"job {job} reached its target iterations")
+                changed.add(rec.key)
+            gone = rec.release_finished() + rec.expire(now)
+            lost = [lease for lease in rec.leases if not set(lease.gpus) <= known]
+            rec.leases = [lease for lease in rec.leases if set(lease.gpus) <= known]
+            if gone or lost:
+                changed.add(rec.key)
+                n = sum(len(lease.gpus) for lease in gone + lost)
+                report.expired[f"{rec.namespace}/{rec.name}"] = n
+                self._count_lease(rec, "expired", n)
+            if rec.navg is not None:
+                rec.navg.update(now, n_active)
+            if rec.done and rec.finished_at is None:
+                rec.finished_at = now
+                self._event(rec, "Normal", "Succeeded", "all jobs completed; GPUs returned")
+                changed.add(rec.key)
+        active = [r for r in self.records.values() if not r.done]
+        held = {g for r in active for g in r.held()}
+        others = self.view.used_by_pods(exclude_label=contract.LABEL_APP)
+        free = [g for g in healthy_gpus(cluster) if g not in held and g not in others]
+        report.free = len(free)
+        if free and active:
+            states = [r.state(now) for r in active]
+            decision = self.themis.allocate(now, states, cluster, free, self.rng)
+            check_decision(decision, states, free)
+            by_id = {f"{r.namespace}/{r.name}": r for r in active}
+            for grant in decision.grants:
+                rec = by_id[grant.app_id]
+                leases = rec.grant(grant.gpus, grant.expiry, grant.source, cluster)
+                if leases:
+                    changed.add(rec.key)
+                    n = sum(len(lease.gpus) for lease in leases)
+                    report.granted[grant.app_id] = report.granted.get(grant.app_id, 0) + n
+                    self._count_lease(rec, "granted", n)
+                    where = ", ".join(f"{lease.job}@{','.join(lease.gpus)}" for lease in leases)
+                    self._event(
+                        rec, "Normal", "LeaseGranted", f"{grant.source}: {where} until {grant.expiry:.0f}"
+                    )
+            self.metrics.counter("tessera_auction_rounds_total").inc()
+        for rec in self.records.values():
+            state = rec.state(now)
+            rec.rho = self.themis.current_rho(state, now, cluster) if not rec.done else rec.rho
+            labels = {"namespace": rec.namespace, "app": rec.name}
+            if rec.rho is not None and math.isfinite(rec.rho):
+                self.metrics.gauge("tessera_app_rho").labels(**labels).set(rec.rho)
+            self.metrics.gauge("tessera_app_gpus").labels(**labels).set(len(rec.held()))
+        for key in sorted(self.records):
+            await self.apply(self.records[key], now, force=key in changed)
+        report.seconds = time.perf_counter() - t0
+        self.metrics.histogram("tessera_auction_duration_seconds").observe(report.seconds)
+        self.rounds += 1
+        log.debug("arbiter round: %s", report)
+        return report
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    async def apply(self, rec: AppRecord, now: float, *, force: bool = False) -> None:
+        """Pods to match the leases, then status (only when it differs from what was last written)."""
+        owner = Owner(contract.KIND_APP, rec.name, rec.namespace, rec.uid)
+        existing = self.view.pods_with(contract.LABEL_APP, rec.name, rec.namespace)
+        plans = [] if rec.done else rec.pod_plans()
+
+        def gang(p: PodPlan) -> str:
+            return p.labels[contract.LABEL_JOB]
+
+        result = await sync_pods(
+            self.api,
+            owner,
+            plans,
+            existing,
+            gang_of=gang,
+            template_of=lambda p: template_of(rec, gang(p)),
+            workload_class=contract.CLASS_BEST_EFFORT,
+            grace_seconds=self.config.preemption_grace_s,
+        )
+        # Pods just written are not on the watch stream yet: record them so the next pass sees them.
+        if result.deleted:
+            self._event(
+                rec,
+                "Normal",
+                "Preempted",
+                f"deleted {len(result.deleted)} pod(s) with {self.config.preemption_grace_s}s grace: "
+                + ", ".join(result.deleted),
+            )
+        if result.created:
+            self._event(rec, "Normal", "PodsCreated", ", ".join(result.created))
+        for gang_name, why in result.failed_gangs.items():
+            self._event(rec, "Warning", "GangFailed", f"job {gang_name}: no pods created: {why}")
+        status = rec.status(now).to_wire()
+        status.pop("conditions", None)  # conditions belong to the App handler's patches
+        comparable = {k: v for k, v in status.items() if k not in ("elapsedSeconds", "activeGpuSeconds")}
+        if not force and self._written.get(rec.key) == comparable:
+            return
+        try:
+            await self.api.patch(APPS, rec.namespace, rec.name, {"status": status}, sub="status")
+            self._written[rec.key] = comparable
+        except KubeError as err:
+            if err.status == 404:
+                return  # deleted meanwhile; the delete handler cleans up
+            log.warning("status of App %s/%s not written: %s", rec.namespace, rec.name, err)
+
+    def _count_lease(self, rec: AppRecord, change: str, n: int) -> None:
+        self.metrics.counter("tessera_lease_changes_total").labels(
+            namespace=rec.namespace, app=rec.name, change=change
+        ).inc(n)
+
+    def _event(self, rec: AppRecord, type_: str, reason: str, message: str) -> None:
+        body = {
+            "apiVersion": contract.API_VERSION,
+            "kind": contract.KIND_APP,
+            "metadata": {"name": rec.name, "namespace": rec.namespace, "uid": rec.uid},
+        }
+        self.post_event(body, type_, reason, message)

@@ -1,0 +1,36 @@
+"""Operator settings (flags of `tessera operator`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    lease_s: float = 600.0  # Themis lease period: the arbiter runs a round at least this often (§5.3)
+    tick_s: float | None = None  # how often App timers check whether a round is due; None = lease_s / 10
+    fairness_knob: float = 0.8  # Themis f
+    preemption_grace_s: int = 30  # SIGTERM → SIGKILL window for checkpointing on lease loss
+    admission_threshold: float | None = None  # Themis footnote 2; None admits everything
+    seed: int = 0
+    clusterwide: bool = True
+    namespaces: tuple[str, ...] = ()
+    standalone: bool = False
+    peering_name: str = "default"
+    priority: int = 0
+    post_events: bool = True
+    gateway_image: str = "tessera:latest"
+
+    def __post_init__(self) -> None:
+        if not self.lease_s > 0:
+            raise ValueError(f"lease period must be positive, got {self.lease_s}")
+        if self.tick_s is not None and not self.tick_s > 0:
+            raise ValueError(f"tick must be positive, got {self.tick_s}")
+        if self.preemption_grace_s < 0:
+            raise ValueError(f"preemption grace must be >= 0 seconds, got {self.preemption_grace_s}")
+        if not self.clusterwide and not self.namespaces:
+            raise ValueError("give --namespace at least once, or --all-namespaces")
+
+    @property
+    def tick(self) -> float:
+        return self.tick_s if self.tick_s is not None else max(0.05, self.lease_s / 10)

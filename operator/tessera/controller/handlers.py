@@ -1,0 +1,163 @@
+"""kopf handlers: thin adapters from Kubernetes events to the controller's reconcilers.
+
+`make_registry` builds a fresh kopf registry bound to one `Controller` (its cluster view, arbiter and API
+client), so tests can run two operators in one process and `tessera operator` runs one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from tessera.api import contract
+from tessera.api.resources import ManifestError
+from tessera.controller.apps import record_from_body, template_of
+from tessera.controller.arbiter import Arbiter
+from tessera.controller.conditions import condition, invalid_status
+from tessera.controller.config import OperatorConfig
+from tessera.controller.kube import PODS, KubeApi
+from tessera.controller.metrics import operator_metrics
+from tessera.controller.pods import template_errors
+from tessera.controller.view import ClusterView
+from tessera.metrics import ComponentMetrics
+from tessera.policy.themis import admit
+
+log = logging.getLogger(__name__)
+
+G, V = contract.GROUP, contract.VERSION
+
+
+@dataclass
+class Controller:
+    config: OperatorConfig
+    metrics: ComponentMetrics = field(default_factory=operator_metrics)
+    view: ClusterView = field(default_factory=ClusterView)
+    api: KubeApi | None = None
+    arbiter: Arbiter | None = None
+    connection: kopf.ConnectionInfo | None = None
+
+    def post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        if self.config.post_events:
+            kopf.event(body, type=type_, reason=reason, message=message[:1000])
+
+    def start(self, conn: kopf.ConnectionInfo) -> None:
+        self.api = KubeApi(conn)
+        self.arbiter = Arbiter(self.config, self.view, self.api, self.metrics, self.post_event)
+
+    def need_arbiter(self) -> Arbiter:
+        if self.arbiter is None:
+            raise kopf.TemporaryError("operator not logged in yet", delay=1)
+        return self.arbiter
+
+
+def _login(controller: Controller, **kwargs: Any) -> kopf.ConnectionInfo:
+    conn = controller.connection
+    if conn is None:
+        conn = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    if conn is None:
+        raise kopf.LoginError("no credentials: not in a cluster and no kubeconfig")
+    controller.start(conn)
+    return conn
+
+
+def make_registry(
+    config: OperatorConfig, connection: kopf.ConnectionInfo | None = None
+) -> tuple[kopf.OperatorRegistry, Controller]:
+    registry = kopf.OperatorRegistry()
+    ctl = Controller(config, connection=connection)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo:
+        return _login(ctl, **kwargs)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.peering.standalone = config.standalone
+        settings.peering.name = config.peering_name
+        settings.peering.priority = config.priority
+        settings.peering.clusterwide = config.clusterwide
+        settings.posting.enabled = config.post_events
+        settings.posting.level = logging.WARNING  # decisions are posted explicitly, not every log line
+        settings.persistence.finalizer = contract.FINALIZER
+        settings.watching.server_timeout = 60
+
+    @kopf.on.cleanup(registry=registry)
+    async def close(**_: Any) -> None:
+        if ctl.api is not None:
+            await ctl.api.close()
+
+    # --- the cluster view -------------------------------------------------------------------------
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        ctl.view.on_node(dict(body), deleted=type == "DELETED")
+        if ctl.arbiter is not None:
+            ctl.arbiter.dirty = True
+
+    @kopf.on.event("", "v1", "pods", registry=registry)
+    def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        ctl.view.on_pod(dict(body), deleted=type == "DELETED")
+
+    # --- App --------------------------------------------------------------------------------------
+
+    @kopf.on.resume(G, V, contract.PLURAL_APP, registry=registry)
+    @kopf.on.create(G, V, contract.PLURAL_APP, registry=registry)
+    @kopf.on.update(G, V, contract.PLURAL_APP, field="spec", registry=registry)
+    async def app_reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        arbiter = ctl.need_arbiter()
+        now = time.time()
+        raw = dict(body)
+        try:
+            rec = record_from_body(raw, now)
+        except ManifestError as err:
+            status, msg = invalid_status(err)
+            patch.status.update(status)
+            ctl.post_event(raw, "Warning", "InvalidSpec", msg)
+            return
+        bad = template_errors(raw["spec"].get("template"), "spec.template")
+        for j in rec.spec.jobs:
+            if not template_of(rec, j.name):
+                bad.append((f"spec.jobs[{j.name}].template", "a pod template is required"))
+        if bad:
+            status, msg = invalid_status(bad)
+            patch.status.update(status)
+            ctl.post_event(raw, "Warning", "InvalidSpec", msg)
+            return
+        if rec.key not in arbiter.records:
+            total = len(ctl.view.cluster())
+            if total and not admit(rec.demand(), arbiter.outstanding(), total, config.admission_threshold):
+                msg = f"{rec.demand()} GPUs would take outstanding demand past the admission threshold"
+                patch.status["conditions"] = [condition("Admitted", False, "OverThreshold", msg)]
+                ctl.post_event(raw, "Warning", "NotAdmitted", msg)
+                raise kopf.TemporaryError(msg, delay=max(1.0, config.lease_s))
+        async with arbiter.lock:
+            new = arbiter.upsert(rec)
+        if new:
+            patch.status["conditions"] = [condition("Admitted", True, "Admitted", "bidding in Themis rounds")]
+            ctl.post_event(
+                raw, "Normal", "Admitted", f"demand {rec.demand()} GPUs; leases of {config.lease_s:g}s"
+            )
+        await arbiter.maybe_run(now)
+
+    @kopf.timer(G, V, contract.PLURAL_APP, interval=config.tick, registry=registry)
+    async def app_tick(**_: Any) -> None:
+        # Every App's timer drives the one shared arbiter; a round runs only when due, so N timers make
+        # one round per lease period. kopf stops timers on a paused (lower-priority) peer.
+        if ctl.arbiter is not None:
+            await ctl.arbiter.maybe_run()
+
+    @kopf.on.delete(G, V, contract.PLURAL_APP, registry=registry)
+    async def app_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+        arbiter = ctl.need_arbiter()
+        await arbiter.remove((namespace, name))
+        assert ctl.api is not None
+        pods = ctl.view.pods_with(contract.LABEL_APP, name, namespace)
+        for pod in pods:
+            await ctl.api.delete(PODS, namespace, pod.name, grace_seconds=config.preemption_grace_s)
+        ctl.post_event(dict(body), "Normal", "Cleanup", f"deleted {len(pods)} pod(s); leases returned")
+
+    return registry, ctl

@@ -1,0 +1,140 @@
+"""Worker pod manifests from a workload's PodTemplateSpec.
+
+Every pod the operator writes: schedulerName tessera-scheduler (the extender honours the placement),
+`tessera.io/placement` (node + GPU indices decided by an auction or a plan), `tessera.io/workload`, the
+managed-by/owner labels, TESSERA_* env, `tessera.io/gpu` (+ memory/compute for a lane) and an owner
+reference so Kubernetes' garbage collector removes it with its owner.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.api import contract
+from tessera.api.placement import Placement
+
+JsonObj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The custom resource a pod belongs to (for ownerReferences and labels)."""
+
+    kind: str
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> Owner:
+        meta = body.get("metadata") or {}
+        return cls(str(body.get("kind")), str(meta["name"]), str(meta.get("namespace", "")), str(meta["uid"]))
+
+    def reference(self) -> JsonObj:
+        return {
+            "apiVersion": contract.API_VERSION,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlan:
+    """One pod to run: where, with how much GPU, and its identity inside the workload."""
+
+    node: str
+    gpu_indices: tuple[int, ...]
+    labels: Mapping[str, str]
+    env: Mapping[str, str]
+    workload: str
+    memory_mib: int | None = None  # lane size per GPU; None = whole GPUs
+    compute_percent: int | None = None
+    base: str = ""  # name stem; the pod name adds a digest of everything above
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(node=self.node, gpu_indices=list(self.gpu_indices))
+
+    @property
+    def name(self) -> str:
+        """Deterministic: the same plan always names the same pod, so a repeated reconcile creates
+        nothing new (the API answers 409), and a changed plan gets a new pod next to the old one."""
+        key = json.dumps(
+            [self.node, self.gpu_indices, sorted(self.env.items()), self.memory_mib, self.compute_percent],
+            separators=(",", ":"),
+        )
+        digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+        stem = self.base[: 63 - 9].rstrip("-")
+        return f"{stem}-{digest}"
+
+
+def _env_list(existing: Sequence[Mapping[str, Any]], extra: Mapping[str, str]) -> list[JsonObj]:
+    kept = [dict(e) for e in existing if e.get("name") not in extra]
+    return kept + [{"name": k, "value": v} for k, v in extra.items()]
+
+
+def build_pod(template: Mapping[str, Any], plan: PodPlan, owner: Owner, workload_class: str) -> JsonObj:
+    """The Pod manifest for `plan`, from a PodTemplateSpec (dict as in the custom resource)."""
+    tmpl = copy.deepcopy(dict(template))
+    meta: JsonObj = dict(tmpl.get("metadata") or {})
+    spec: JsonObj = dict(tmpl.get("spec") or {})
+    labels = {
+        **(meta.get("labels") or {}),
+        **plan.labels,
+        contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE,
+    }
+    annotations = {
+        **(meta.get("annotations") or {}),
+        **plan.annotations,
+        contract.ANN_PLACEMENT: plan.placement.to_annotation(),
+        contract.ANN_WORKLOAD: f"{plan.workload}:{workload_class}",
+    }
+    limits = {contract.RESOURCE_GPU: str(len(plan.gpu_indices))}
+    if plan.memory_mib is not None:
+        limits[contract.RESOURCE_GPU_MEMORY] = str(plan.memory_mib)
+    if plan.compute_percent is not None:
+        limits[contract.RESOURCE_GPU_COMPUTE] = str(plan.compute_percent)
+    containers = []
+    for i, c in enumerate(spec.get("containers") or []):
+        c = dict(c)
+        c["env"] = _env_list(c.get("env") or [], plan.env)
+        if i == 0:  # the GPU belongs to the main container; sidecars get none
+            res = dict(c.get("resources") or {})
+            res["limits"] = {**(res.get("limits") or {}), **limits}
+            res["requests"] = {**(res.get("requests") or {}), **limits}
+            c["resources"] = res
+        containers.append(c)
+    spec["containers"] = containers
+    spec["schedulerName"] = contract.SCHEDULER_NAME
+    spec.setdefault("restartPolicy", "Never")
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": plan.name,
+            "namespace": owner.namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": spec,
+    }
+
+
+def template_errors(template: Mapping[str, Any] | None, where: str) -> list[tuple[str, str]]:
+    """What a template lacks before pods can be built from it (the API server would reject the pods)."""
+    if not template:
+        return [(where, "a pod template is required")]
+    containers = (template.get("spec") or {}).get("containers") or []
+    if not containers:
+        return [(f"{where}.spec.containers", "must have at least 1 container")]
+    return []

@@ -1,0 +1,199 @@
+"""The operator's view of the cluster: nodes' GPU inventories and the pods that hold GPUs.
+
+Fed by watch events (Node and Pod bodies); turned into a `tessera.cluster.Cluster` for the policies and
+into the set of GPUs that pods not owned by an App occupy. Pure data: no API calls here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.api import contract
+from tessera.api.assignment import Assignment, AssignmentError
+from tessera.api.gpu_inventory import GpuInfo, GpuInventoryError, parse_node_gpus
+from tessera.api.placement import Placement, PlacementError
+from tessera.cluster import GPU, Cluster, Machine
+
+log = logging.getLogger(__name__)
+
+RACK_LABEL = "topology.kubernetes.io/zone"
+"""Node label read as the rack (Themis' cross-rack slowdown); nodes without it share one rack."""
+
+_DONE_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """What the controller needs of a pod: who owns it, where it runs, and how far it got."""
+
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+    node: str | None
+    gpu_indices: tuple[int, ...]
+    phase: str
+    deleting: bool
+    progress_iterations: int | None = None
+
+    @property
+    def holds_gpus(self) -> bool:
+        return bool(self.node and self.gpu_indices) and self.phase not in _DONE_PHASES
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in _DONE_PHASES
+
+
+def parse_progress(raw: str | None) -> int | None:
+    """Iterations done from `tessera.io/progress` (JSON {"iterations": n, ...}, tessera_agent.progress)."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        log.warning("ignoring tessera.io/progress that is not JSON: %r", raw[:80])
+        return None
+    value = data.get("iterations") if isinstance(data, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        log.warning("ignoring tessera.io/progress without a whole iterations count: %r", raw[:80])
+        return None
+    return value
+
+
+def pod_info(body: Mapping[str, Any]) -> PodInfo:
+    """Read a Pod body. Assignment (written at bind) wins over placement (what the operator asked)."""
+    meta = body.get("metadata") or {}
+    ann: Mapping[str, str] = meta.get("annotations") or {}
+    where = f"pod {meta.get('namespace')}/{meta.get('name')}"
+    node: str | None = None
+    indices: tuple[int, ...] = ()
+    if contract.ANN_ASSIGNMENT in ann:
+        try:
+            a = Assignment.parse(ann[contract.ANN_ASSIGNMENT], where=where)
+            node, indices = a.node, tuple(a.gpu_indices)
+        except AssignmentError as err:
+            log.warning("%s", err)
+    if not indices and contract.ANN_PLACEMENT in ann:
+        try:
+            p = Placement.parse(ann[contract.ANN_PLACEMENT], where=where)
+            node, indices = p.node, tuple(p.gpu_indices)
+        except PlacementError as err:
+            log.warning("%s", err)
+    return PodInfo(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        labels=dict(meta.get("labels") or {}),
+        node=node,
+        gpu_indices=indices,
+        phase=str((body.get("status") or {}).get("phase") or "Pending"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        progress_iterations=parse_progress(ann.get(contract.ANN_PROGRESS)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    rack: str
+    gpus: tuple[GpuInfo, ...]
+
+
+def node_info(body: Mapping[str, Any]) -> NodeInfo | None:
+    """A Node with a valid `tessera.io/gpus` annotation, or None (not a Tessera GPU node / bad inventory)."""
+    meta = body.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    raw = (meta.get("annotations") or {}).get(contract.ANN_NODE_GPUS)
+    if not raw:
+        return None
+    try:
+        gpus = parse_node_gpus(raw, node=name)
+    except GpuInventoryError as err:
+        log.warning("ignoring node: %s", err)
+        return None
+    rack = str((meta.get("labels") or {}).get(RACK_LABEL, "rack-0"))
+    return NodeInfo(name, rack, tuple(gpus))
+
+
+def gpu_id(node: str, index: int) -> str:
+    """The policies' GPU id. Node + index (not UUID) so placements map back without a lookup."""
+    return f"{node}/{index}"
+
+
+def split_gpu_id(gid: str) -> tuple[str, int]:
+    node, _, index = gid.rpartition("/")
+    return node, int(index)
+
+
+@dataclass
+class ClusterView:
+    """Nodes and GPU-holding pods as last seen on the watch streams."""
+
+    nodes: dict[str, NodeInfo] = field(default_factory=dict)
+    pods: dict[tuple[str, str], PodInfo] = field(default_factory=dict)
+    version: int = 0
+
+    def on_node(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        name = str((body.get("metadata") or {}).get("name", ""))
+        info = None if deleted else node_info(body)
+        if info is None:
+            self.nodes.pop(name, None)
+        else:
+            self.nodes[name] = info
+        self.version += 1
+
+    def on_pod(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        info = pod_info(body)
+        key = (info.namespace, info.name)
+        if deleted:
+            self.pods.pop(key, None)
+        else:
+            self.pods[key] = info
+        self.version += 1
+
+    def cluster(self) -> Cluster:
+        """Every node's GPUs (unhealthy ones included: they are kept out of the free set instead)."""
+        machines = []
+        for n in sorted(self.nodes.values(), key=lambda n: (n.rack, n.name)):
+            gpus = tuple(
+                GPU(
+                    id=gpu_id(n.name, g.index),
+                    node=n.name,
+                    index=g.index,
+                    rack=n.rack,
+                    model=g.model or "generic",
+                    memory_mib=g.memory_mib,
+                    healthy=g.healthy,
+                )
+                for g in n.gpus
+            )
+            machines.append(Machine(name=n.name, rack=n.rack, gpus=gpus))
+        return Cluster(tuple(machines))
+
+    def pods_with(self, label: str, value: str, namespace: str) -> list[PodInfo]:
+        return [p for (ns, _), p in self.pods.items() if ns == namespace and p.labels.get(label) == value]
+
+    def used_by_pods(self, exclude_label: str | None = None) -> set[str]:
+        """GPU ids that live pods hold, skipping pods that carry `exclude_label` (accounted elsewhere)."""
+        out: set[str] = set()
+        for p in self.pods.values():
+            if not p.holds_gpus or (exclude_label and exclude_label in p.labels):
+                continue
+            assert p.node is not None
+            out.update(gpu_id(p.node, i) for i in p.gpu_indices)
+        return out
+
+
+def healthy_gpus(cluster: Cluster) -> list[str]:
+    return [g.id for g in cluster.gpus if g.healthy]
+
+
+def group_by_node(gpu_ids: Iterable[str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for gid in gpu_ids:
+        node, index = split_gpu_id(gid)
+        out.setdefault(node, []).append(index)
+    return {n: sorted(ix) for n, ix in sorted(out.items())}

@@ -1,0 +1,136 @@
+"""Run the real kopf operator in-process against kmock's KubernetesEmulator (k8s-interfaces §5.2)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import kmock
+import kopf
+import pytest
+from tessera.api import contract
+from tessera.controller.config import OperatorConfig
+from tessera.controller.handlers import Controller, make_registry
+
+NS = "ml"
+APPS = f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_APP}"
+TGS = f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_TRIALGROUP}"
+MDS = f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_MODELDEPLOYMENT}"
+PODS = "v1/pods"
+NODES = "v1/nodes"
+EVENTS = "v1/events"
+PEERINGS = "kopf.dev/v1/kopfpeerings"
+ALL = {"list", "watch", "get", "patch", "create", "delete"}
+
+
+def setup_api(k: kmock.KubernetesEmulator) -> None:
+    k.resources["v1/namespaces"] = kmock.ResourceInfo(
+        kind="Namespace", namespaced=False, verbs={"list", "watch", "get"}
+    )
+    k.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
+        kind="CustomResourceDefinition", namespaced=False, verbs={"list", "watch", "get"}
+    )
+    for res, kind in ((APPS, "App"), (TGS, "TrialGroup"), (MDS, "ModelDeployment")):
+        k.resources[res] = kmock.ResourceInfo(kind=kind, namespaced=True, verbs=ALL, subresources={"status"})
+    k.resources[PODS] = kmock.ResourceInfo(kind="Pod", namespaced=True, verbs=ALL)
+    k.resources[NODES] = kmock.ResourceInfo(
+        kind="Node", namespaced=False, verbs={"list", "watch", "get", "patch"}
+    )
+    k.resources[EVENTS] = kmock.ResourceInfo(kind="Event", namespaced=True, verbs={"create", "list", "get"})
+    k.resources["v1/services"] = kmock.ResourceInfo(kind="Service", namespaced=True, verbs=ALL)
+    k.resources["v1/configmaps"] = kmock.ResourceInfo(kind="ConfigMap", namespaced=True, verbs=ALL)
+    k.resources["apps/v1/deployments"] = kmock.ResourceInfo(kind="Deployment", namespaced=True, verbs=ALL)
+    k.resources[PEERINGS] = kmock.ResourceInfo(kind="KopfPeering", namespaced=True, verbs=ALL)
+
+
+def add_node(k: kmock.KubernetesEmulator, name: str, gpus: int, memory_mib: int = 16384) -> None:
+    inv = [
+        {"uuid": f"GPU-{name}-{i}", "index": i, "model": "V100", "memoryMiB": memory_mib, "healthy": True}
+        for i in range(gpus)
+    ]
+    k.objects[NODES, None, name] = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "annotations": {contract.ANN_NODE_GPUS: json.dumps(inv)},
+        },
+    }
+
+
+TEMPLATE = {"spec": {"containers": [{"name": "train", "image": "trainer:1", "command": ["python", "t.py"]}]}}
+
+
+def app_body(name: str, jobs: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": "App",
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": {"template": TEMPLATE, "jobs": jobs, **spec},
+    }
+
+
+def job(name: str, iters: int = 1000, t: float = 1.0, gpus: int = 1) -> dict[str, Any]:
+    return {"name": name, "iterTotal": iters, "iterTimeSerialSeconds": t, "maxGPUs": gpus}
+
+
+def pods(k: kmock.KubernetesEmulator, **labels: str) -> dict[str, dict[str, Any]]:
+    out = {}
+    for (_res, _ns, name), obj in list(k.objects.items()):
+        body = dict(obj)
+        if body.get("kind") != "Pod":
+            continue
+        if body.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        got = body.get("metadata", {}).get("labels", {})
+        if all(got.get(key) == v for key, v in labels.items()):
+            out[name] = body
+    return out
+
+
+async def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll `check` until it returns something truthy (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def running_operator(k: kmock.KubernetesEmulator, **overrides: Any) -> AsyncIterator[Controller]:
+    settings: dict[str, Any] = {"lease_s": 1.0, "tick_s": 0.1, "standalone": True, "preemption_grace_s": 5}
+    settings.update(overrides)
+    config = OperatorConfig(**settings)
+    registry, ctl = make_registry(config, kopf.ConnectionInfo(server=str(k.url), insecure=True))
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        kopf.operator(
+            registry=registry,
+            clusterwide=True,
+            stop_flag=stop,
+            standalone=config.standalone,
+            priority=config.priority,
+            peering_name=config.peering_name if not config.standalone else None,
+        )
+    )
+    try:
+        yield ctl
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=15)
+
+
+@pytest.fixture
+def api(kmock: kmock.KubernetesEmulator) -> kmock.KubernetesEmulator:
+    setup_api(kmock)
+    return kmock
