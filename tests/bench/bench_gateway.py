@@ -1,0 +1,107 @@
+"""Gateway overhead on loopback: latency added per request (p50/p99) and peak throughput, next to calling
+a worker directly (the baseline), as the offered load grows.
+
+    .venv/bin/python tests/bench/bench_gateway.py [--rates 20,40,80] [--duration 3] [--layers 1]
+
+One `tessera worker` (early-exit demo model; ``--layers`` per request keeps compute small so the
+transport dominates) and one `tessera gateway` with timeout batching at zero queue delay (max batch 16):
+at low load every request is a batch of one, so the gap to the direct call is the gateway's own cost —
+parsing, queueing, the scheduler call, forwarding and the answer; under load, requests that queue while
+the worker is busy go out together. Peak throughput is the answered-request rate at the highest load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "gateway"))
+
+from gateway_harness import MODEL, WIDTH, gateway_process, model_config, worker_process
+from tessera.gateway.demo_models import early_exit_model
+from tessera.gateway.loadgen import AppLoad, Result, run_load
+from tessera.progress import Progress
+
+
+def payload(layers: int) -> dict[str, object]:
+    x = np.random.default_rng(0).standard_normal(WIDTH).astype(np.float32)
+    return {
+        "inputs": [
+            {"name": "x", "shape": [1, WIDTH], "datatype": "FP32", "data": [round(float(v), 4) for v in x]},
+            {"name": "n", "shape": [1, 1], "datatype": "INT64", "data": [layers]},
+        ]
+    }
+
+
+def measure(url: str, rate: float, duration: float, layers: int) -> tuple[list[Result], float]:
+    app = AppLoad("bench", [payload(layers)], 1.0, 60_000.0)
+    t0 = time.perf_counter()
+    rs = asyncio.run(run_load(url, MODEL, [app], rate=rate, duration=duration, seed=1, progress=False))
+    return rs, time.perf_counter() - t0
+
+
+def stats(rs: list[Result], elapsed: float) -> tuple[float, float, float]:
+    lat = np.array([r.latency for r in rs if r.status == 200]) * 1000.0
+    ok = float(lat.size)
+    if not ok:
+        return float("nan"), float("nan"), 0.0
+    return float(np.percentile(lat, 50)), float(np.percentile(lat, 99)), ok / elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rates", default="20,50,100,200", help="offered loads, requests/s")
+    ap.add_argument("--duration", type=float, default=3.0, help="seconds per load level")
+    ap.add_argument(
+        "--layers", type=int, default=1, help="early-exit layers per request (compute per request)"
+    )
+    args = ap.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    model = early_exit_model(tmp / "early_exit.onnx", width=WIDTH)
+    rows = []
+    with worker_process(model) as (worker, _):
+        cfg = model_config(
+            "timeout",
+            [worker],
+            {"mean_solo_s": 0.001},
+            slo_s=60.0,
+            max_batch=16,
+            batch_sizes=[1, 2, 4, 8, 16],
+            timeout={"max_queue_delay_s": 0.0},
+        )
+        with gateway_process(cfg, tmp) as (gateway, _), Progress(2 * len(rates), "bench_gateway") as bar:
+            measure(worker, 20, 0.5, args.layers)  # warm both paths
+            measure(gateway, 20, 0.5, args.layers)
+            for i, rate in enumerate(rates):
+                direct = stats(*measure(worker, rate, args.duration, args.layers))
+                bar.update(2 * i + 1)
+                via = stats(*measure(gateway, rate, args.duration, args.layers))
+                bar.update(2 * i + 2)
+                rows.append((rate, direct, via))
+    print(
+        f"\nGateway vs direct worker call on loopback ({args.layers} layer(s)/request, {args.duration:g} s per level)"
+    )
+    head = (
+        f"{'offered/s':>10} | {'direct p50':>10} {'p99':>7} {'tput/s':>7} | {'gateway p50':>11} {'p99':>7} {'tput/s':>7}"
+        f" | {'added p50':>9} {'added p99':>9} {'tput ratio':>10}"
+    )
+    print(head)
+    print("-" * len(head))
+    for rate, d, g in rows:
+        ratio = g[2] / d[2] if d[2] else float("nan")
+        print(
+            f"{rate:>10.0f} | {d[0]:>10.2f} {d[1]:>7.2f} {d[2]:>7.1f} | {g[0]:>11.2f} {g[1]:>7.2f} {g[2]:>7.1f}"
+            f" | {g[0] - d[0]:>9.2f} {g[1] - d[1]:>9.2f} {ratio:>10.2f}"
+        )
+    print("latencies in ms; peak throughput = answered/s at the highest offered load.")
+
+
+if __name__ == "__main__":
+    main()
