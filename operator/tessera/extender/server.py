@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,10 +20,9 @@ from aiohttp import web
 
 from tessera.api import contract
 from tessera.api.assignment import Assignment
-from tessera.api.placement import Placement, PlacementError
 from tessera.extender.kube import KubeClient, KubeError
-from tessera.extender.view import ClusterView, Holding, PodRequestError, pod_key, pod_request
-from tessera.policy.lanes.placement import Choice, PlacementConfig, choose_gpus, to_priority
+from tessera.extender.view import ClusterView, Holding, PodRequestError, PodSpec, pod_request, pod_spec
+from tessera.policy.lanes.placement import Choice, PlacementConfig, Request, choose_gpus, to_priority
 
 log = logging.getLogger(__name__)
 JsonObj = dict[str, Any]
@@ -33,6 +33,15 @@ class BadRequest(ValueError):
 
 
 class Extender:
+    """The three verbs over a ClusterView.
+
+    One scheduling cycle is filter then prioritize for the same pod: the pod's request is parsed once and
+    cached by UID (and resourceVersion/annotations, so an edited pod is parsed again), and prioritize skips
+    the nodes filter rejected while the view is unchanged.
+    """
+
+    SPEC_CACHE = 4096
+
     def __init__(
         self, kube: KubeClient | None, view: ClusterView | None = None, config: PlacementConfig | None = None
     ) -> None:
@@ -40,41 +49,103 @@ class Extender:
         self.view = view or ClusterView()
         self.config = config or PlacementConfig()
         self._locks: dict[str, asyncio.Lock] = {}
+        self._specs: OrderedDict[str, tuple[tuple[Any, ...], PodSpec | None]] = OrderedDict()
+        self._filtered: OrderedDict[str, tuple[int, frozenset[str]]] = OrderedDict()
 
     # -- decisions ----------------------------------------------------------------------------------
+    def spec(self, pod: JsonObj) -> PodSpec | None:
+        """The pod's parsed request, from the cache when this pod (same UID and version) was seen."""
+        meta = pod.get("metadata", {})
+        uid = meta.get("uid")
+        ann = meta.get("annotations") or {}
+        stamp = (
+            meta.get("resourceVersion"),
+            ann.get(contract.ANN_PLACEMENT),
+            ann.get(contract.ANN_WORKLOAD),
+            ann.get(contract.ANN_PROFILE),
+        )
+        if uid:
+            hit = self._specs.get(uid)
+            if hit is not None and hit[0] == stamp:
+                self._specs.move_to_end(uid)
+                return hit[1]
+        parsed = pod_spec(pod)
+        if uid:
+            self._specs[uid] = (stamp, parsed)
+            if len(self._specs) > self.SPEC_CACHE:
+                self._specs.popitem(last=False)
+        return parsed
+
+    def _check(
+        self, spec: PodSpec | None, node: str, resolved: dict[int | None, Request | str]
+    ) -> str | None:
+        """None when the pod fits on `node`, else why not; cheap (the node's summary) for fitting nodes."""
+        summary = self.view.summary(node, self.config)
+        if summary is None:
+            return self.view.node_errors.get(node, f"node has no {contract.ANN_NODE_GPUS} annotation")
+        if spec is None:
+            return "pod asks for no tessera.io GPU resource"
+        if spec.problem is not None:
+            return spec.problem
+        if spec.placement_problem is not None:
+            return spec.placement_problem
+        req = self._resolve(spec, node, resolved)
+        if isinstance(req, str):
+            return req
+        if spec.placement is not None or not summary.fits(req):
+            out = self._choose(spec, node, req)
+            return out if isinstance(out, str) else None
+        return None
+
+    def _resolve(self, spec: PodSpec, node: str, resolved: dict[int | None, Request | str]) -> Request | str:
+        size = self.view.min_memory(node)
+        req = resolved.get(size)
+        if req is None:
+            try:
+                req = spec.resolve(size)
+            except PodRequestError as err:
+                req = str(err)
+            resolved[size] = req
+        return req
+
+    def _choose(self, spec: PodSpec, node: str, req: Request) -> Choice | str:
+        only = None
+        if spec.placement is not None:
+            if spec.placement.node != node:
+                return f"pod is placed on node {spec.placement.node} by {contract.ANN_PLACEMENT}"
+            only = spec.placement.gpu_indices
+        return choose_gpus(
+            self.view.nodes[node], req, self.config, only=only, summary=self.view.summary(node, self.config)
+        )
+
     def evaluate(self, pod: JsonObj, node: str) -> Choice | str:
         """Where the pod would go on `node`, or why it cannot."""
-        gpus = self.view.nodes.get(node)
-        if gpus is None:
-            return self.view.node_errors.get(node, f"node has no {contract.ANN_NODE_GPUS} annotation")
-        ann = pod.get("metadata", {}).get("annotations", {}) or {}
-        only = None
-        if contract.ANN_PLACEMENT in ann:
-            try:
-                placement = Placement.parse(ann[contract.ANN_PLACEMENT], where=pod_key(pod))
-            except PlacementError as err:
-                return str(err)
-            if placement.node != node:
-                return f"pod is placed on node {placement.node} by {contract.ANN_PLACEMENT}"
-            only = placement.gpu_indices
-        try:
-            req = pod_request(pod, min((g.memory_mib for g in gpus), default=None))
-        except PodRequestError as err:
-            return str(err)
-        if req is None:
-            return "pod asks for no tessera.io GPU resource"
-        return choose_gpus(gpus, req, self.config, only=only)
+        spec = self.spec(pod)
+        reason = self._check(spec, node, {})
+        if reason is not None:
+            return reason
+        assert spec is not None
+        req = self._resolve(spec, node, {})
+        assert isinstance(req, Request)
+        return self._choose(spec, node, req)
 
     # -- verbs --------------------------------------------------------------------------------------
     def filter(self, args: JsonObj) -> JsonObj:
         pod, names, cache_capable = _pod_and_nodes(args)
+        spec = self.spec(pod)
+        resolved: dict[int | None, Request | str] = {}
         ok, failed = [], {}
         for name in names:
-            out = self.evaluate(pod, name)
-            if isinstance(out, Choice):
+            reason = self._check(spec, name, resolved)
+            if reason is None:
                 ok.append(name)
             else:
-                failed[name] = out
+                failed[name] = reason
+        uid = pod["metadata"].get("uid")
+        if uid:
+            self._filtered[uid] = (self.view.generation, frozenset(failed))
+            if len(self._filtered) > self.SPEC_CACHE:
+                self._filtered.popitem(last=False)
         result: JsonObj = {
             "Nodes": None,
             "NodeNames": None,
@@ -96,12 +167,26 @@ class Extender:
 
     def prioritize(self, args: JsonObj) -> list[JsonObj]:
         pod, names, _ = _pod_and_nodes(args)
+        spec = self.spec(pod)
+        memo = self._filtered.get(pod["metadata"].get("uid") or "")
+        memo_ok = (
+            memo is not None and memo[0] == self.view.generation and spec is not None and spec.problem is None
+        )
+        rejected = memo[1] if memo is not None and memo_ok else frozenset()
+        resolved: dict[int | None, Request | str] = {}
         out = []
         for name in names:
-            choice = self.evaluate(pod, name)
-            out.append(
-                {"Host": name, "Score": to_priority(choice.score) if isinstance(choice, Choice) else 0}
-            )
+            score = 0
+            if name in rejected:
+                pass
+            elif (memo_ok and name in self.view.nodes) or self._check(spec, name, resolved) is None:
+                assert spec is not None
+                req = self._resolve(spec, name, resolved)
+                assert isinstance(req, Request)
+                choice = self._choose(spec, name, req)
+                if isinstance(choice, Choice):
+                    score = to_priority(choice.score)
+            out.append({"Host": name, "Score": score})
         return out
 
     async def bind(self, args: JsonObj) -> JsonObj:
@@ -126,7 +211,7 @@ class Extender:
             choice = self.evaluate(pod, node)
             if not isinstance(choice, Choice):
                 return {"Error": f"cannot bind {ns}/{name} to {node}: {choice}"}
-            req = pod_request(pod, min(g.memory_mib for g in self.view.nodes[node]))
+            req = pod_request(pod, self.view.min_memory(node))
             assert req is not None
             gpus = {g.index: g for g in self.view.nodes[node]}
             assignment = Assignment(

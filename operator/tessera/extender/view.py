@@ -15,7 +15,17 @@ from typing import Any
 from tessera.api import contract
 from tessera.api.assignment import Assignment, AssignmentError
 from tessera.api.gpu_inventory import GpuInventoryError, parse_node_gpus
-from tessera.policy.lanes.placement import GpuState, Request, Tenant, WorkloadClass
+from tessera.api.placement import Placement
+from tessera.api.placement import PlacementError as PlacementParseError
+from tessera.policy.lanes.placement import (
+    GpuState,
+    NodeSummary,
+    PlacementConfig,
+    PlacementError,
+    Request,
+    Tenant,
+    WorkloadClass,
+)
 
 log = logging.getLogger(__name__)
 JsonObj = dict[str, Any]
@@ -41,43 +51,98 @@ def _quantity(value: Any, what: str, key: str) -> int:
     return int(number)
 
 
-def pod_request(pod: JsonObj, gpu_memory_mib: int | None = None) -> Request | None:
-    """The pod's GPU request, or None when it asks for no Tessera GPU resource.
+@dataclass(frozen=True, slots=True)
+class PodSpec:
+    """A pod's GPU request as written, parsed once per scheduling cycle (cached by UID in the extender).
 
-    Memory defaults to the whole GPU (`gpu_memory_mib`, needed then), compute to the pod's memory fraction
-    of the GPU rounded up (a whole GPU when memory is whole).
+    `memory_mib` / `compute_percent` are 0 when not given: they default per node, from its GPU size, in
+    `resolve`. `problem` is why the pod cannot be placed anywhere (bad quantities, bad placement).
     """
+
+    key: str
+    gpus: int
+    memory_mib: int
+    compute_percent: int
+    compute_fraction: float
+    workload_class: WorkloadClass
+    placement: Placement | None = None
+    problem: str | None = None  # the request itself is bad
+    placement_problem: str | None = None  # the tessera.io/placement annotation is bad
+
+    def resolve(self, gpu_memory_mib: int | None) -> Request:
+        """The request on a node whose smallest GPU has `gpu_memory_mib` (needed when memory is not given).
+
+        Memory defaults to the whole GPU, compute to the pod's memory fraction of the GPU rounded up (a
+        whole GPU when memory is whole).
+        """
+        memory, compute = self.memory_mib, self.compute_percent
+        if memory == 0:
+            if gpu_memory_mib is None:
+                raise PodRequestError(
+                    f"{self.key}: no {contract.RESOURCE_GPU_MEMORY} given and no GPU size to default to"
+                )
+            memory = gpu_memory_mib
+        if compute == 0:
+            compute = (
+                100 if gpu_memory_mib is None else min(100, max(1, math.ceil(100 * memory / gpu_memory_mib)))
+            )
+        try:
+            return Request(self.gpus, memory, compute, self.compute_fraction, self.workload_class)
+        except PlacementError as err:
+            raise PodRequestError(f"{self.key}: {err}") from None
+
+
+def pod_spec(pod: JsonObj) -> PodSpec | None:
+    """Parse the pod's GPU request, class, profile and placement; None when it asks for no Tessera GPU."""
     key = pod_key(pod)
     totals = {contract.RESOURCE_GPU: 0, contract.RESOURCE_GPU_MEMORY: 0, contract.RESOURCE_GPU_COMPUTE: 0}
     seen = False
-    for c in pod.get("spec", {}).get("containers", []) or []:
-        res = c.get("resources", {}) or {}
-        merged = {**(res.get("requests") or {}), **(res.get("limits") or {})}
-        for name in totals:
-            if name in merged:
-                seen = True
-                totals[name] += _quantity(merged[name], name, key)
-    if not seen:
-        return None
-    gpus = totals[contract.RESOURCE_GPU] or 1
-    memory = totals[contract.RESOURCE_GPU_MEMORY]
-    compute = totals[contract.RESOURCE_GPU_COMPUTE]
-    if memory == 0:
-        if gpu_memory_mib is None:
-            raise PodRequestError(
-                f"{key}: no {contract.RESOURCE_GPU_MEMORY} given and no GPU size to default to"
-            )
-        memory = gpu_memory_mib
-    if compute == 0:
-        compute = (
-            100 if gpu_memory_mib is None else min(100, max(1, math.ceil(100 * memory / gpu_memory_mib)))
-        )
-    if compute > 100:
-        raise PodRequestError(
-            f"{key}: {contract.RESOURCE_GPU_COMPUTE} is a percent of one GPU, got {compute}"
-        )
     ann = pod.get("metadata", {}).get("annotations", {}) or {}
-    return Request(gpus, memory, compute, _profile(ann, key), _class(ann, key))
+    try:
+        for c in pod.get("spec", {}).get("containers", []) or []:
+            res = c.get("resources", {}) or {}
+            merged = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+            for name in totals:
+                if name in merged:
+                    seen = True
+                    totals[name] += _quantity(merged[name], name, key)
+        if not seen:
+            return None
+        compute = totals[contract.RESOURCE_GPU_COMPUTE]
+        if compute > 100:
+            raise PodRequestError(
+                f"{key}: {contract.RESOURCE_GPU_COMPUTE} is a percent of one GPU, got {compute}"
+            )
+        profile, klass = _profile(ann, key), _class(ann, key)
+    except PodRequestError as err:
+        return PodSpec(key, 1, 0, 0, 0.5, "best-effort", problem=str(err))
+    spec = PodSpec(
+        key,
+        totals[contract.RESOURCE_GPU] or 1,
+        totals[contract.RESOURCE_GPU_MEMORY],
+        compute,
+        profile,
+        klass,
+    )
+    if contract.ANN_PLACEMENT in ann:
+        try:
+            placement = Placement.parse(ann[contract.ANN_PLACEMENT], where=key)
+        except PlacementParseError as err:
+            return PodSpec(
+                key, spec.gpus, spec.memory_mib, compute, profile, klass, placement_problem=str(err)
+            )
+        return PodSpec(key, spec.gpus, spec.memory_mib, compute, profile, klass, placement)
+    return spec
+
+
+def pod_request(pod: JsonObj, gpu_memory_mib: int | None = None) -> Request | None:
+    """The pod's GPU request on GPUs of `gpu_memory_mib`, or None when it asks for no Tessera GPU resource."""
+    spec = pod_spec(pod)
+    if spec is None:
+        return None
+    if spec.problem is not None:
+        raise PodRequestError(spec.problem)
+    return spec.resolve(gpu_memory_mib)
 
 
 def _profile(ann: dict[str, str], key: str) -> float:
@@ -117,38 +182,73 @@ class Holding:
 
 
 class ClusterView:
-    """Nodes' GPUs and the pods holding them; mutated by watch events and by the extender's own binds."""
+    """Nodes' GPUs and the pods holding them; mutated by watch events and by the extender's own binds.
+
+    Keeps a NodeSummary per node, dropped whenever that node or a pod on it changes and rebuilt on first use,
+    so filtering a node costs a few comparisons. `generation` counts changes (filter results stay valid for
+    prioritize while it is unchanged).
+    """
 
     def __init__(self) -> None:
         self.nodes: dict[str, list[GpuState]] = {}
         self.node_errors: dict[str, str] = {}
         self.holdings: dict[str, Holding] = {}  # pod uid → what it holds
         self.pods: dict[str, JsonObj] = {}  # "ns/name" → pod object (latest seen)
+        self.generation = 0
+        self._summaries: dict[str, tuple[PlacementConfig, NodeSummary]] = {}
+        self._min_memory: dict[str, int | None] = {}
+        self._on_node: dict[str, set[str]] = {}  # node → uids holding GPUs there
+
+    def _changed(self, node: str) -> None:
+        self.generation += 1
+        self._summaries.pop(node, None)
+
+    def summary(self, node: str, cfg: PlacementConfig) -> NodeSummary | None:
+        """The node's summary under `cfg`, or None for a node without a usable GPU inventory."""
+        cached = self._summaries.get(node)
+        if cached is not None and cached[0] is cfg:
+            return cached[1]
+        gpus = self.nodes.get(node)
+        if gpus is None:
+            return None
+        summary = NodeSummary.of(gpus, cfg)
+        self._summaries[node] = (cfg, summary)
+        return summary
+
+    def min_memory(self, node: str) -> int | None:
+        """The node's smallest GPU memory (what a pod without a memory request defaults to)."""
+        return self._min_memory.get(node)
 
     # -- nodes ------------------------------------------------------------------------------------
     def apply_node(self, node: JsonObj) -> None:
         name = node["metadata"]["name"]
+        self._changed(name)
         raw = (node["metadata"].get("annotations") or {}).get(contract.ANN_NODE_GPUS)
         if raw is None:
-            self.nodes.pop(name, None)
+            self._drop_node(name)
             self.node_errors[name] = f"node has no {contract.ANN_NODE_GPUS} annotation (no Tessera agent?)"
             return
         try:
             inventory = parse_node_gpus(raw, node=name)
         except GpuInventoryError as err:
-            self.nodes.pop(name, None)
+            self._drop_node(name)
             self.node_errors[name] = str(err)
             log.warning("%s", err)
             return
         self.node_errors.pop(name, None)
         self.nodes[name] = [GpuState(g.index, g.uuid, g.memory_mib, g.healthy) for g in inventory]
-        for holding in self.holdings.values():
-            if holding.node == name:
-                self._attach(holding)
+        self._min_memory[name] = min((g.memory_mib for g in inventory), default=None)
+        for uid in self._on_node.get(name, ()):
+            self._attach(self.holdings[uid])
 
     def delete_node(self, name: str) -> None:
-        self.nodes.pop(name, None)
+        self._changed(name)
+        self._drop_node(name)
         self.node_errors.pop(name, None)
+
+    def _drop_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self._min_memory.pop(name, None)
 
     # -- pods -------------------------------------------------------------------------------------
     def apply_pod(self, pod: JsonObj) -> None:
@@ -179,20 +279,26 @@ class ClusterView:
     def hold(self, uid: str, holding: Holding) -> None:
         self.release(uid)
         self.holdings[uid] = holding
+        self._on_node.setdefault(holding.node, set()).add(uid)
+        self._changed(holding.node)
         self._attach(holding)
 
     def release(self, uid: str) -> None:
         holding = self.holdings.pop(uid, None)
-        if holding is None or holding.node not in self.nodes:
+        if holding is None:
             return
-        for gpu in self.nodes[holding.node]:
+        self._on_node.get(holding.node, set()).discard(uid)
+        self._changed(holding.node)
+        for gpu in self.nodes.get(holding.node, []):
             if gpu.index in holding.gpu_indices:
-                gpu.tenants = [t for t in gpu.tenants if t is not holding.tenant]
+                gpu.remove(holding.tenant)
 
     def lane_id(self, node: str, gpu_index: int) -> str:
         """A lane id not used on this GPU: g<index>-l<n> with the smallest free n."""
         taken = {
-            h.lane_id for h in self.holdings.values() if h.node == node and h.gpu_indices[:1] == (gpu_index,)
+            self.holdings[uid].lane_id
+            for uid in self._on_node.get(node, ())
+            if self.holdings[uid].gpu_indices[:1] == (gpu_index,)
         }
         n = 1
         while f"g{gpu_index}-l{n}" in taken:
@@ -202,4 +308,4 @@ class ClusterView:
     def _attach(self, holding: Holding) -> None:
         for gpu in self.nodes.get(holding.node, []):
             if gpu.index in holding.gpu_indices and not any(t is holding.tenant for t in gpu.tenants):
-                gpu.tenants.append(holding.tenant)
+                gpu.add(holding.tenant)
