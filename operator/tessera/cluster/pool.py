@@ -170,8 +170,15 @@ class FreePool:
         if d > self.size:
             raise ValueError(f"asked for {d} GPUs but only {self.size} are free")
         if anchor.count == 0:
-            keys = self._best_fit_region(max(d, grow_to)) or self._best_fit_region(d)
-            picked = self._take_from(keys, d, prefer=anchor)
+            want = max(d, grow_to)
+            keys = self._best_fit_region(want)
+            if keys is not None and len({k[1] for k in keys}) == 1:
+                picked = self._take_from(keys, d, prefer=anchor)
+            else:
+                # It will span machines anyway: use up the smallest leftovers, keep big machines whole.
+                picked = self._take_from(
+                    keys or self._best_fit_region(d), d, prefer=anchor, smallest_first=True
+                )
         else:
             lvl, _ = self._finest(anchor)
             level = lvl
@@ -214,7 +221,9 @@ class FreePool:
             return [k for n in self._rack_nodes[rack] for k in self._node_slots[n]]
         return None if want > self.size else list(self._slot)
 
-    def _take_from(self, keys: list[SlotKey] | None, d: int, prefer: Anchor) -> list[str]:
+    def _take_from(
+        self, keys: list[SlotKey] | None, d: int, prefer: Anchor, smallest_first: bool = False
+    ) -> list[str]:
         """d GPUs from these slots: the anchor's own slots/machines/racks first, then the fullest."""
         if keys is None:
             keys = list(self._slot)
@@ -225,7 +234,8 @@ class FreePool:
                 k[1] not in prefer.nodes,
                 k[0] not in prefer.racks,
                 -self._rack_free[k[0]] if len(keys) > 1 else 0,
-                -self._node_free[k[1]] * 1000 - len(self._slot[k]),
+                (self._node_free[k[1]] if smallest_first else -self._node_free[k[1]]) * 1000
+                - len(self._slot[k]),
             )
 
         out: list[str] = []

@@ -19,7 +19,7 @@ import heapq
 import itertools
 from collections.abc import Mapping, Sequence
 
-from tessera.cluster import Cluster
+from tessera.cluster import Cluster, Locality
 from tessera.cluster.pool import Anchor, FreePool
 from tessera.policy.themis.bids import Bid
 
@@ -69,6 +69,7 @@ def greedy_nsw(
     cluster: Cluster,
     pool: FreePool,
     start: Mapping[str, Sequence[str]] | None = None,
+    polish_limit: int = 16,
 ) -> Solution:
     """Greedy marginal-gain NSW. Takes GPUs out of `pool`; `start` is a warm start (GPUs not in pool)."""
     alloc: Solution = {b.app_id: list((start or {}).get(b.app_id, ())) for b in bids}
@@ -95,6 +96,16 @@ def greedy_nsw(
                 best_g, best_d = g, d
         return best_g, best_d
 
+    # Entrants (holding nothing, ρ_old = ρ_cap) all win a first GPU before anyone grows, because that
+    # step's gain dwarfs every other. Seat them first, the most placement-sensitive first, so the app
+    # that would lose most on a spread placement picks its region before the others (Figure 5, inst. 2).
+    entrants = [b for b in bids if b.held.count == 0 and not alloc[b.app_id] and b.cap > 0]
+    if 0 < len(entrants) <= pool.size:
+        for b in sorted(entrants, key=lambda b: -_regret(b)):
+            got = pool.take(anchors[b.app_id], 1, grow_to=b.cap)
+            alloc[b.app_id].extend(got)
+            anchors[b.app_id].add(cluster, got)
+        maxima = pool.max_free()
     heap: list[tuple[float, int, str, int, int]] = []
     for order, b in enumerate(bids):
         g, d = evaluate(b)
@@ -119,4 +130,77 @@ def greedy_nsw(
         g, d = evaluate(b)
         if d:
             heapq.heappush(heap, (-g, order_of[app_id], app_id, d, version))
+    if polish_limit and pool.size + sum(len(v) for v in alloc.values()) <= polish_limit:
+        polish(bids, cluster, alloc, pool, start)
     return alloc
+
+
+def _regret(b: Bid) -> float:
+    """How much worse the app's full bundle gets when spread across racks instead of kept on one GPU slot."""
+    k = max(1, b.cap)
+    return b.log_rho(k, Locality.CROSS_RACK) - b.log_rho(k, Locality.SLOT if k > 1 else Locality.GPU)
+
+
+def polish(
+    bids: Sequence[Bid],
+    cluster: Cluster,
+    alloc: Solution,
+    pool: FreePool,
+    fixed: Mapping[str, Sequence[str]] | None = None,
+) -> None:
+    """Local search on a small greedy solution: move one GPU (to another bidder or back to the pool) or
+    swap two GPUs, while Σ log ρ falls. Repairs the greedy's placement mistakes on small offers."""
+    keep = {g for v in (fixed or {}).values() for g in v}
+
+    def term(b: Bid, gs: Sequence[str]) -> float:
+        a = b.held.copy()
+        a.add(cluster, gs)
+        return b.log_rho(len(gs), a.locality())
+
+    owner = {g: b.app_id for b in bids for g in alloc[b.app_id] if g not in keep}
+    by_id = {b.app_id: b for b in bids}
+    free = pool.ids()
+    improved, passes = True, 0
+    while improved and passes < 20:
+        improved, passes = False, passes + 1
+        for g in list(owner):
+            i = owner[g]
+            bi = by_id[i]
+            base_i = term(bi, alloc[i])
+            without_g = [x for x in alloc[i] if x != g]
+            # Move g to another bidder, or swap g with one of that bidder's GPUs or a free GPU.
+            for bj in bids:
+                j = bj.app_id
+                if j == i:
+                    continue
+                base = base_i + term(bj, alloc[j])
+                if len(alloc[j]) < bj.cap and term(bi, without_g) + term(bj, [*alloc[j], g]) < base - 1e-12:
+                    alloc[i], alloc[j] = without_g, [*alloc[j], g]
+                    owner[g] = j
+                    improved = True
+                    break
+                done = False
+                for h in alloc[j]:
+                    if h in keep:
+                        continue
+                    ni = [*without_g, h]
+                    nj = [x if x != h else g for x in alloc[j]]
+                    if term(bi, ni) + term(bj, nj) < base - 1e-12:
+                        alloc[i], alloc[j] = ni, nj
+                        owner[g], owner[h] = j, i
+                        improved = done = True
+                        break
+                if done:
+                    break
+            else:
+                for h in free:
+                    ni = [*without_g, h]
+                    if term(bi, ni) < base_i - 1e-12:
+                        alloc[i] = ni
+                        del owner[g]
+                        owner[h] = i
+                        free = [x if x != h else g for x in free]
+                        pool.remove([h])
+                        pool.put([g])
+                        improved = True
+                        break
