@@ -89,7 +89,7 @@ class OnnxModel:
     def __init__(
         self, path: str | Path, *, name: str | None = None, threads: int = 1, provider: str = "auto"
     ):
-        import onnxruntime as ort  # imported here so the gateway itself does not need onnxruntime
+        import onnxruntime as ort  # type: ignore[import-untyped]  # only workers need onnxruntime
 
         p = Path(path)
         if not p.is_file():

@@ -30,13 +30,13 @@ ANSWER_STATUSES = {200, 503, 504}
 
 
 def regime(calibration: dict[str, Any]) -> tuple[float, float]:
-    """(SLO seconds, request rate): 2 × P99 of solo times, and half of the two workers' batch-1 capacity as
+    """(SLO seconds, request rate): 2 × P99 of solo times, and three quarters of the two workers' batch-1 capacity as
     calibrated on an otherwise idle worker — with the gateway, the load generator and both workers sharing
     two cores, that is already past what they sustain (each process gets well under a core)."""
     solo = np.array([x for xs in calibration["priors"].values() for x in xs])
     a1, s1 = calibration["latency"]["table"][1]
     batch1 = a1 + s1 * float(solo.mean())
-    return 2.0 * float(np.quantile(solo, 0.99)), 1.0 / batch1
+    return 2.0 * float(np.quantile(solo, 0.99)), 1.5 / batch1
 
 
 def load(
