@@ -114,7 +114,6 @@ class Arbiter:
         self.last_round = now
         report = RoundReport(now)
         cluster = self.view.cluster()
-        known = set(cluster.gpu_ids)
         changed: set[tuple[str, str]] = set()
         n_active = sum(1 for r in self.records.values() if not r.done)
         for rec in self.records.values():
@@ -123,12 +122,12 @@ class Arbiter:
             for job in rec.observe(pods):
                 self._event(rec, "Normal", "JobCompleted", f"job {job} reached its target iterations")
                 changed.add(rec.key)
+            # Leases on GPUs the view does not know (yet: right after a restart) are kept until they
+            # expire, so a half-loaded view never drops a lease.
             gone = rec.release_finished() + rec.expire(now)
-            lost = [lease for lease in rec.leases if not set(lease.gpus) <= known]
-            rec.leases = [lease for lease in rec.leases if set(lease.gpus) <= known]
-            if gone or lost:
+            if gone:
                 changed.add(rec.key)
-                n = sum(len(lease.gpus) for lease in gone + lost)
+                n = sum(len(lease.gpus) for lease in gone)
                 report.expired[f"{rec.namespace}/{rec.name}"] = n
                 self._count_lease(rec, "expired", n)
             if rec.navg is not None:
@@ -161,8 +160,8 @@ class Arbiter:
                     )
             self.metrics.counter("tessera_auction_rounds_total").inc()
         for rec in self.records.values():
-            state = rec.state(now)
-            rec.rho = self.themis.current_rho(state, now, cluster) if not rec.done else rec.rho
+            if len(cluster) and not rec.done and set(rec.held()) <= set(cluster.gpu_ids):
+                rec.rho = self.themis.current_rho(rec.state(now), now, cluster)
             labels = {"namespace": rec.namespace, "app": rec.name}
             if rec.rho is not None and math.isfinite(rec.rho):
                 self.metrics.gauge("tessera_app_rho").labels(**labels).set(rec.rho)

@@ -6,6 +6,7 @@ client), so tests can run two operators in one process and `tessera operator` ru
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -39,10 +40,12 @@ class Controller:
     api: KubeApi | None = None
     arbiter: Arbiter | None = None
     connection: kopf.ConnectionInfo | None = None
+    _tasks: set[asyncio.Future[None]] = field(default_factory=set)
 
     def post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        if self.config.post_events:
-            kopf.event(body, type=type_, reason=reason, message=message[:1000])
+        if self.config.post_events and self.api is not None:
+            self._tasks.add(task := asyncio.ensure_future(self.api.post_event(body, type_, reason, message)))
+            task.add_done_callback(self._tasks.discard)
 
     def start(self, conn: kopf.ConnectionInfo) -> None:
         self.api = KubeApi(conn)
@@ -80,8 +83,7 @@ def make_registry(
         settings.peering.name = config.peering_name
         settings.peering.priority = config.priority
         settings.peering.clusterwide = config.clusterwide
-        settings.posting.enabled = config.post_events
-        settings.posting.level = logging.WARNING  # decisions are posted explicitly, not every log line
+        settings.posting.enabled = False  # decisions are posted as events explicitly (Controller.post_event)
         settings.persistence.finalizer = contract.FINALIZER
         settings.watching.server_timeout = 60
 
@@ -100,7 +102,12 @@ def make_registry(
 
     @kopf.on.event("", "v1", "pods", registry=registry)
     def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        before = ctl.view.pods.get((body.metadata.namespace or "", body.metadata.name or ""))
         ctl.view.on_pod(dict(body), deleted=type == "DELETED")
+        after = ctl.view.pods.get((body.metadata.namespace or "", body.metadata.name or ""))
+        freed = before is not None and before.holds_gpus and (after is None or not after.holds_gpus)
+        if freed and ctl.arbiter is not None:
+            ctl.arbiter.dirty = True  # GPUs became available: a Themis resource-available event
 
     # --- App --------------------------------------------------------------------------------------
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -52,6 +55,7 @@ PODS = Kind("", "v1", "pods")
 SERVICES = Kind("", "v1", "services")
 CONFIGMAPS = Kind("", "v1", "configmaps")
 DEPLOYMENTS = Kind("apps", "v1", "deployments")
+EVENTS = Kind("", "v1", "events")
 
 
 def _ssl_context(conn: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
@@ -153,3 +157,33 @@ class KubeApi:
             content_type="application/merge-patch+json",
             sub=sub,
         )
+
+    async def post_event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about `obj`, named `<obj>.<random hex>` as kubectl's clients do (explicit
+        names rather than generateName, which kmock's emulator does not implement)."""
+        meta = obj.get("metadata") or {}
+        ns = str(meta.get("namespace") or "default")
+        now = datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta.get('name')}.{secrets.token_hex(8)}", "namespace": ns},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion"),
+                "kind": obj.get("kind"),
+                "name": meta.get("name"),
+                "namespace": ns,
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "tessera-operator"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._call("create", EVENTS, "POST", EVENTS.path(ns), body=event)
+        except KubeError as err:  # an event is best effort: never fail a reconcile over it
+            log.warning("event %s on %s/%s not posted: %s", reason, ns, meta.get("name"), err)

@@ -134,3 +134,20 @@ async def running_operator(k: kmock.KubernetesEmulator, **overrides: Any) -> Asy
 def api(kmock: kmock.KubernetesEmulator) -> kmock.KubernetesEmulator:
     setup_api(kmock)
     return kmock
+
+
+def plain_gpu_pod(name: str, node: str, index: int) -> dict[str, Any]:
+    """A pod Tessera did not create that holds a GPU (placed by the extender)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "annotations": {contract.ANN_PLACEMENT: json.dumps({"node": node, "gpuIndices": [index]})},
+        },
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": "Running"},
+    }
