@@ -60,12 +60,16 @@ def test_binpack_and_spread_disagree() -> None:
     assert isinstance(spread, Choice) and spread.gpu_indices == (1,)
 
 
-def test_fragmentation_penalises_slivers_and_stranded_capacity() -> None:
+def test_fragmentation_penalises_slivers_when_enabled_and_breaking_whole_gpus() -> None:
+    cfg = PlacementConfig(sliver_fraction=0.1)
     gpu = _gpu(0, Tenant(8000, 50))
-    sliver = gpu_scores(gpu, Request(1, 7500, 45), CFG)["fragmentation"]  # leaves 500 MiB / 5%
-    exact = gpu_scores(gpu, Request(1, 8000, 50), CFG)["fragmentation"]  # fills both exactly
-    stranded = gpu_scores(gpu, Request(1, 8000, 5), CFG)["fragmentation"]  # memory gone, compute left
-    assert exact == 1.0 and sliver < exact and stranded < exact
+    sliver = gpu_scores(gpu, Request(1, 7500, 45), cfg)["fragmentation"]  # leaves 500 MiB / 5%
+    exact = gpu_scores(gpu, Request(1, 8000, 50), cfg)["fragmentation"]  # fills both exactly
+    assert exact == 1.0 and sliver < exact
+    assert gpu_scores(gpu, Request(1, 7500, 45), CFG)["fragmentation"] == 1.0  # off by default
+    broken = gpu_scores(_gpu(1), Request(1, 4000, 25), CFG)["fragmentation"]
+    whole = gpu_scores(_gpu(1), Request(1, 16000, 100), CFG)["fragmentation"]
+    assert broken < whole == 1.0
 
 
 def test_reasons_and_placement_pins() -> None:

@@ -17,10 +17,11 @@ Scores (each in [0, 1], higher is better), combined by weights (issue 6, "Node a
   the node policy HAMi and gpushare default to, specs/anchors.md §3, §6). spread is 1 − binpack.
 - interference: the mean complementarity with the pods already on the chosen GPUs (0.5, neutral, when
   alone, so a complementary partner is preferred to an empty GPU and an empty GPU to a same-kind one).
-- fragmentation: 1 minus the mean of three penalties: a sliver of memory or compute left below
-  `sliver_fraction` of the GPU (smaller than the smallest common request, usable by nobody); stranded
-  capacity (free memory without free compute or the reverse); and breaking a whole GPU with a fractional pod,
-  which multi-GPU pods need whole (anchors.md: "placement must be fragmentation-aware").
+- fragmentation: 1 minus the mean of two penalties: a sliver of memory or compute left below
+  `sliver_fraction` of the GPU (off by default, see PlacementConfig), and breaking a whole GPU with a
+  fractional pod, which multi-GPU pods need whole (anchors.md: "placement must be fragmentation-aware");
+  at node level, a pod taking whole GPUs loses by how many whole GPUs the node keeps, so whole GPUs are taken
+  where fewest remain and nodes with many stay free for multi-GPU pods.
 
 Multi-GPU pods take GPUs by slot locality (tessera.cluster.Locality): one slot first (GPUs
 `gpus_per_slot` apart by index, e.g. an NVLink pair), otherwise as few slots as possible.
@@ -130,12 +131,13 @@ class Request:
 class PlacementConfig:
     weights: tuple[tuple[Strategy, float], ...] = (
         ("binpack", 1.0),
-        ("fragmentation", 1.0),
-        ("interference", 0.25),
-    )
+        ("fragmentation", 0.25),
+    )  # interference is opt-in (--score interference=W): at every weight tried it cost packing
     max_latency_critical_per_gpu: int = 1
     best_effort_overcommit: float = 1.0  # ≥ 1: how far BE-only GPUs' compute shares may add up past 100%
-    sliver_fraction: float = 0.1  # the smallest common request (0.1 GPU); less than this left over is waste
+    # Slivers below this GPU fraction are penalised; 0 (off) by default: at 0.1 (the smallest common request)
+    # the penalty steers pods away from the tightest fits and cost 0.5-1% packing (bench_packing.py).
+    sliver_fraction: float = 0.0
     gpus_per_slot: int = 2  # GPUs sharing a slot (NVLink pair / PCIe switch), consecutive by index
     max_candidates: int = 3  # tightest-fitting GPUs scored per single-GPU request
 
@@ -217,14 +219,13 @@ def gpu_scores(gpu: GpuState, req: Request, cfg: PlacementConfig) -> dict[Strate
         inter = 0.5  # neutral: a complementary partner beats an empty GPU, a same-kind one does not
     free_mem, free_comp = 1.0 - mem_after, 1.0 - comp_after
     sliver = ((1e-9 < free_mem < cfg.sliver_fraction) + (1e-9 < free_comp < cfg.sliver_fraction)) / 2.0
-    stranded = abs(free_mem - free_comp)
     fractional = req.memory_mib < gpu.memory_mib or req.compute_percent < 100
     broken = 1.0 if fractional and n == 0 else 0.0
     return {
         "binpack": fill,
         "spread": 1.0 - fill,
         "interference": inter,
-        "fragmentation": max(0.0, 1.0 - (sliver + min(1.0, stranded) + broken) / 3.0),
+        "fragmentation": 1.0 - (sliver + broken) / 2.0,
     }
 
 
@@ -254,11 +255,9 @@ def gpu_score(gpu: GpuState, req: Request, cfg: PlacementConfig) -> float:
         free_mem, free_comp = 1.0 - mem_after, 1.0 - comp_after
         cut = cfg.sliver_fraction
         penalty = ((1e-9 < free_mem < cut) + (1e-9 < free_comp < cut)) / 2.0
-        stranded = free_mem - free_comp if free_mem > free_comp else free_comp - free_mem
-        penalty += stranded if stranded < 1.0 else 1.0
         if not tenants and (req.memory_mib < gpu.memory_mib or req.compute_percent < 100):
             penalty += 1.0  # a fractional pod breaks a whole GPU
-        score += w_frag * (1.0 - penalty / 3.0)
+        score += w_frag * (1.0 - penalty / 2.0)
     return score
 
 
@@ -437,17 +436,22 @@ def _with_node_fill(
     score: float, best: Sequence[GpuState], req: Request, summary: NodeSummary, cfg: PlacementConfig
 ) -> float:
     """Blend in how full the node is after placement: binpack (and spread) judge the node too."""
-    w_pack, w_spread = cfg.normalised[0], cfg.normalised[1]
-    if not (w_pack or w_spread) or not summary.healthy:
+    w_pack, w_spread, _, w_frag = cfg.normalised
+    if not summary.healthy:
         return score
     gpu_part = added = 0.0
+    took_empty = 0
     for g in best:
         after = _fill_after(g, req)
         gpu_part += after
         added += after - _fill(g)
+        took_empty += not g.tenants
     node_fill = (summary.fill_sum + added) / summary.healthy
     # binpack (spread) is half the chosen GPUs' fill, already in `score`, and half the node's fill
     score += 0.5 * (w_pack - w_spread) * ((node_fill if node_fill < 1.0 else 1.0) - gpu_part / len(best))
+    if took_empty and w_frag:
+        # taking whole GPUs: do it where the fewest stay whole, keeping nodes with many for multi-GPU pods
+        score -= 0.5 * w_frag * (summary.empty - took_empty) / summary.healthy
     return 0.0 if score < 0.0 else 1.0 if score > 1.0 else score
 
 
