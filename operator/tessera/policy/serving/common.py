@@ -157,3 +157,21 @@ class LinearProfile:
         if b in self.table:
             return self.table[b]
         return self.alpha * b + self.beta
+
+
+class ClusterScheduler(Protocol):
+    """A scheduler that matches many models' requests to many GPUs (Symphony and its baselines).
+
+    ``advance(now)`` fires every internal timer due by ``now`` and returns the batches dispatched
+    (``Batch.worker`` is the GPU, ``Batch.start`` its start); ``next_timer()`` says when to call it next.
+    Batches a scheduler later cancels (Shepherd's preemption) are handed out by ``take_cancelled()``
+    as ``(batch, time)``; their requests are requeued or dropped by the scheduler itself.
+    """
+
+    def enqueue(self, request: Request, now: float) -> None: ...
+
+    def advance(self, now: float, *, strictly_before: bool = False) -> list[Batch]: ...
+
+    def next_timer(self) -> float | None: ...
+
+    def take_drops(self) -> list[Drop]: ...

@@ -8,7 +8,9 @@ variant replaces the frontrun with ``a_head + k``; ``k = 0`` is eager dispatch (
 GETBATCH is head-greedy and drops requests that cannot finish even alone (A.5 default); a candidate
 whose ``latest`` passes is recomputed (A.3 decision 4, optional).
 
-Timers are a heap with versioned entries, so cancelling is O(1) and each event is O(log M + log G).
+Timers are a heap with versioned entries, so cancelling is O(1). Free GPUs are found through two heaps
+(busy GPUs by free time, idle GPUs by id), so a model timer costs O(log G) amortised rather than a scan;
+a GPU timer scans the shard's candidates, O(M) — fine for the "dozens of models" a shard holds (A.7).
 """
 
 from __future__ import annotations
@@ -62,14 +64,21 @@ class SymphonyScheduler:
         self._seq = itertools.count()
         self._ver = itertools.count()
         self._gpu_ver = [0] * n_gpus
+        self._busy: list[tuple[float, int]] = []  # (free time, gpu), lazily validated
+        self._idle: list[int] = list(range(n_gpus))  # gpu ids free as of the last model timer
+        self._in_idle = [True] * n_gpus
         self._drops: list[Drop] = []
         self._out: list[Batch] = []
 
     # -- Algorithm 1 ---------------------------------------------------------------------------
     def _get_batch(self, m: str, now: float) -> int:
         prof, q = self.profiles[m], self._queues[m]
-        while q and q[0][0] - prof(1) < now:  # same arithmetic as `latest`, so latest ≥ now
-            self._drops.append(Drop(q.pop(0)[2], now, DropReason.CANNOT_MEET_DEADLINE))
+        k = 0
+        while k < len(q) and q[k][0] - prof(1) < now:  # same arithmetic as `latest`, so latest ≥ now
+            self._drops.append(Drop(q[k][2], now, DropReason.CANNOT_MEET_DEADLINE))
+            k += 1
+        if k:
+            del q[:k]
         if not q:
             return 0
         d = q[0][0]
@@ -109,6 +118,7 @@ class SymphonyScheduler:
         dur = self.profiles[m](c.size)
         self.gpu_free[g] = c.exec + dur
         self._gpu_ver[g] += 1
+        heapq.heappush(self._busy, (self.gpu_free[g], g))
         heapq.heappush(self._timers, (self.gpu_free[g], next(self._seq), "gpu", g, self._gpu_ver[g]))
         self._out.append(Batch(reqs, g, c.exec, dur, m))
         self._update_candidate(m, now)
@@ -126,9 +136,26 @@ class SymphonyScheduler:
         c = self._cand[m]
         if c is None:
             return
-        free = [g for g, f in enumerate(self.gpu_free) if f <= c.exec]
-        if free:
-            self._dispatch(m, min(free), now)
+        g = self._lowest_free(c.exec)
+        if g is not None:
+            self._dispatch(m, g, now)
+
+    def _lowest_free(self, t: float) -> int | None:
+        """argmin id over GPUs with ``free ≤ t`` (line 19). Model timers fire in time order, so a GPU
+        moved to the idle heap stays free until it is dispatched again (which re-enters it as busy)."""
+        busy, idle, gf = self._busy, self._idle, self.gpu_free
+        while busy and busy[0][0] <= t:
+            f, g = heapq.heappop(busy)
+            if gf[g] == f and not self._in_idle[g]:
+                self._in_idle[g] = True
+                heapq.heappush(idle, g)
+        while idle:
+            g = idle[0]
+            if gf[g] <= t:
+                return g
+            heapq.heappop(idle)  # dispatched by its GPU timer meanwhile; its busy entry re-adds it
+            self._in_idle[g] = False
+        return None
 
     def _on_gpu_timer(self, g: int, now: float) -> None:
         f = self.gpu_free[g]
@@ -172,6 +199,10 @@ class SymphonyScheduler:
     def take_drops(self) -> list[Drop]:
         out, self._drops = self._drops, []
         return out
+
+    def take_cancelled(self) -> list[tuple[Batch, float]]:
+        """Symphony never cancels a dispatched batch (interface parity with the baselines)."""
+        return []
 
 
 def autoscale_advice(

@@ -1,0 +1,327 @@
+"""Multi-GPU serving simulation for Symphony and its baselines (seed-symphony-orion A.11-A.12, E.5).
+
+Static models with latency profiles ℓ(b) = αb + β and per-model SLOs; requests arrive per model (Poisson
+or Gamma with a CV, equal popularity as in [S:L182]); a :class:`~tessera.policy.serving.common.
+ClusterScheduler` matches them to GPUs. Execution is deterministic at ℓ(b), as Symphony emulated GPUs by
+sleeping ℓ(b) [S:L294]. Every request ends in exactly one outcome: on time, late, or dropped.
+
+Also here: the goodput search (highest offered rate whose bad rate stays within a bound, the paper's
+binary search [S:L182]), the minimum-GPU search for a fixed load, and an autoscaling loop driven by
+:func:`~tessera.policy.serving.symphony.autoscale_advice` (A.8).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tessera.policy.serving.baselines.cluster import ClockworkClusterScheduler, ShepherdScheduler
+from tessera.policy.serving.common import Batch, ClusterScheduler, LinearProfile, Request
+from tessera.policy.serving.symphony import SymphonyScheduler, autoscale_advice
+from tessera.sim.serving.arrivals import gamma_arrivals
+
+CLUSTER_POLICIES = ("symphony", "eager", "shepherd", "clockwork")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A static model: latency profile (seconds) and its SLO (seconds)."""
+
+    name: str
+    profile: LinearProfile
+    slo: float
+
+    def __post_init__(self) -> None:
+        if not self.slo > self.profile(1):
+            raise ValueError(
+                f"model {self.name}: SLO {self.slo} s must exceed the batch-1 latency {self.profile(1)} s"
+            )
+
+
+def identical_models(
+    n: int, *, alpha: float, beta: float, slo: float, max_batch: int = 512
+) -> list[ServedModel]:
+    """``n`` copies of one profile (the Fig. 6a case study uses 10 of α = 1 ms and β = 1-15 ms)."""
+    prof = LinearProfile(alpha, beta, max_batch)
+    return [ServedModel(f"m{i}", prof, slo) for i in range(n)]
+
+
+def make_scheduler(
+    policy: str, models: Sequence[ServedModel], n_gpus: int, *, timeout: float | None = None
+) -> ClusterScheduler:
+    """``symphony`` (deferred, Alg. 1), ``eager`` (Alg. 1 with k = 0), ``timeout`` (k = ``timeout``),
+    ``shepherd`` or ``clockwork`` (A.11)."""
+    profiles = {m.name: m.profile for m in models}
+    if policy == "symphony":
+        return SymphonyScheduler(profiles, n_gpus)
+    if policy == "eager":
+        return SymphonyScheduler(profiles, n_gpus, timeout=0.0)
+    if policy == "timeout":
+        if timeout is None or timeout < 0:
+            raise ValueError("policy 'timeout' needs a timeout k >= 0 (seconds)")
+        return SymphonyScheduler(profiles, n_gpus, timeout=timeout)
+    if policy == "shepherd":
+        return ShepherdScheduler(profiles, n_gpus)
+    if policy == "clockwork":
+        return ClockworkClusterScheduler(profiles, n_gpus)
+    raise ValueError(f"unknown cluster policy {policy!r}; choose from {[*CLUSTER_POLICIES, 'timeout']}")
+
+
+def make_cluster_requests(
+    models: Sequence[ServedModel],
+    total_rate: float,
+    duration: float,
+    rng: np.random.Generator,
+    *,
+    cv: float = 1.0,
+) -> list[Request]:
+    """Equal-popularity arrivals: each model gets ``total_rate / len(models)`` (Gamma with ``cv``)."""
+    if not models:
+        raise ValueError("need at least one model")
+    per = total_rate / len(models)
+    rows: list[tuple[float, int]] = []
+    for k in range(len(models)):
+        rows += [(t, k) for t in gamma_arrivals(per, cv, duration, rng).tolist()]
+    rows.sort()
+    return [
+        Request(i, models[k].name, t, t + models[k].slo, models[k].name, models[k].profile(1))
+        for i, (t, k) in enumerate(rows)
+    ]
+
+
+@dataclass
+class ClusterStats:
+    policy: str
+    n_gpus: int
+    duration: float
+    n: int = 0
+    on_time: int = 0
+    late: int = 0
+    dropped: int = 0
+    preempted_batches: int = 0
+    busy: list[float] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+
+    @property
+    def goodput(self) -> float:
+        return self.on_time / self.duration
+
+    @property
+    def bad_rate(self) -> float:
+        return 1.0 - self.on_time / self.n if self.n else 0.0
+
+    @property
+    def busy_fraction(self) -> float:
+        return sum(self.busy) / (self.n_gpus * self.duration)
+
+    @property
+    def gpus_used(self) -> int:
+        """GPUs busy more than 5 % of the time (the [ref-sim] reading of "GPUs in use", A.7)."""
+        return sum(b > 0.05 * self.duration for b in self.busy)
+
+    @property
+    def median_batch(self) -> float:
+        return float(np.median(self.batch_sizes)) if self.batch_sizes else 0.0
+
+    def latency_percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q)) if self.latencies else math.nan
+
+
+def simulate_cluster(
+    policy: str,
+    scheduler: ClusterScheduler,
+    requests: Sequence[Request],
+    models: Sequence[ServedModel],
+    n_gpus: int,
+    *,
+    duration: float,
+) -> ClusterStats:
+    """Drive ``scheduler`` with ``requests`` (sorted by arrival) until every timer has fired."""
+    prof = {m.name: m.profile for m in models}
+    reqs = sorted(requests, key=lambda r: (r.arrival, r.rid))
+    batches: list[Batch] = []
+    cancelled: dict[int, float] = {}
+    take_cancelled: Callable[[], list[tuple[Batch, float]]] | None = getattr(
+        scheduler, "take_cancelled", None
+    )
+    i = 0
+    while True:
+        ta = reqs[i].arrival if i < len(reqs) else math.inf
+        nt = scheduler.next_timer()
+        tt = math.inf if nt is None else nt
+        if ta == math.inf and tt == math.inf:
+            break
+        if tt < ta:
+            batches += scheduler.advance(tt)
+        else:
+            batches += scheduler.advance(ta, strictly_before=True)
+            scheduler.enqueue(reqs[i], ta)
+            i += 1
+            batches += scheduler.advance(ta)
+        scheduler.take_drops()  # drops are counted below as requests never served
+        if take_cancelled is not None:
+            for b, t in take_cancelled():
+                cancelled[id(b)] = t
+    st = ClusterStats(policy, n_gpus, duration, n=len(reqs), busy=[0.0] * n_gpus)
+    served: set[int] = set()
+    for b in batches:
+        dur = prof[b.model](b.size)
+        if id(b) in cancelled:  # preempted: the time it ran is wasted, its requests were requeued
+            st.busy[b.worker] += _within(b.start, cancelled[id(b)], duration)
+            st.preempted_batches += 1
+            continue
+        st.busy[b.worker] += _within(b.start, b.start + dur, duration)
+        st.batch_sizes.append(b.size)
+        finish = b.start + dur
+        for r in b.requests:
+            if r.rid in served:
+                raise RuntimeError(f"request {r.rid} was served twice by {policy}")
+            served.add(r.rid)
+            st.latencies.append(finish - r.arrival)
+            if finish <= r.deadline + 1e-9:
+                st.on_time += 1
+            else:
+                st.late += 1
+    st.dropped = st.n - len(served)
+    return st
+
+
+def _within(start: float, end: float, horizon: float) -> float:
+    """Length of [start, end) inside the measured interval [0, horizon)."""
+    return max(0.0, min(end, horizon) - min(start, horizon))
+
+
+def run_policy(
+    policy: str,
+    models: Sequence[ServedModel],
+    n_gpus: int,
+    total_rate: float,
+    *,
+    duration: float,
+    seed: int,
+    cv: float = 1.0,
+    timeout: float | None = None,
+) -> ClusterStats:
+    reqs = make_cluster_requests(models, total_rate, duration, np.random.default_rng(seed), cv=cv)
+    sched = make_scheduler(policy, models, n_gpus, timeout=timeout)
+    return simulate_cluster(policy, sched, reqs, models, n_gpus, duration=duration)
+
+
+def staggered_capacity(models: Sequence[ServedModel], n_gpus: int) -> float:
+    """Upper bound on total rate: N·b/ℓ(b) at the largest b with (1 + 1/N)·ℓ(b) ≤ SLO (A.6 Eq. 1-2),
+    for the slowest model, times the model count."""
+    caps = []
+    for m in models:
+        b = 1
+        while b < m.profile.max_batch and (1 + 1 / n_gpus) * m.profile(b + 1) <= m.slo:
+            b += 1
+        caps.append(n_gpus * b / m.profile(b))
+    return min(caps)
+
+
+def max_goodput(
+    policy: str,
+    models: Sequence[ServedModel],
+    n_gpus: int,
+    *,
+    duration: float,
+    seed: int,
+    bad_rate: float = 0.01,
+    cv: float = 1.0,
+    iters: int = 9,
+    timeout: float | None = None,
+) -> float:
+    """The highest total rate (req/s) with bad rate ≤ ``bad_rate``, by bisection [S:L182]."""
+    lo, hi = 0.0, 1.2 * staggered_capacity(models, n_gpus)
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        st = run_policy(policy, models, n_gpus, mid, duration=duration, seed=seed, cv=cv, timeout=timeout)
+        if st.bad_rate <= bad_rate:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def min_gpus(
+    policy: str,
+    models: Sequence[ServedModel],
+    total_rate: float,
+    *,
+    duration: float,
+    seed: int,
+    bad_rate: float = 0.01,
+    cv: float = 1.0,
+    max_gpus: int = 256,
+) -> int | None:
+    """The fewest GPUs serving ``total_rate`` with bad rate ≤ ``bad_rate`` (None if ``max_gpus`` fail).
+
+    Bisection assumes more GPUs never hurt, which holds for these schedulers up to simulation noise."""
+
+    def ok(n: int) -> bool:
+        st = run_policy(policy, models, n, total_rate, duration=duration, seed=seed, cv=cv)
+        return st.bad_rate <= bad_rate
+
+    if not ok(max_gpus):
+        return None
+    lo, hi = 0, max_gpus  # ok(hi) holds; ok(lo) does not (0 GPUs serve nothing)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@dataclass(frozen=True)
+class AutoscaleStep:
+    n_gpus: int
+    bad_rate: float
+    idle_fraction: float
+    advice: int
+
+
+def autoscale(
+    policy: str,
+    models: Sequence[ServedModel],
+    total_rate: float,
+    n_start: int,
+    *,
+    epochs: int,
+    duration: float,
+    seed: int,
+    bad_threshold: float = 0.01,
+    min_gpus_: int = 1,
+    cv: float = 1.0,
+    release_damping: float = 1.0,
+) -> list[AutoscaleStep]:
+    """Run ``epochs`` epochs at a fixed load, applying the A.8 advice after each: add N·r/(1−r) when
+    the bad rate r exceeds the threshold, else release N·f for idle fraction f [S:L221-L223].
+
+    ``release_damping`` < 1 releases only that share of N·f ([OURS]): the paper's rule assumes a flat top
+    (bad rate ≈ (o−p)/o above peak), and where goodput collapses past peak instead, releasing all idle
+    GPUs at once overshoots and the loop oscillates."""
+    if not 0 < release_damping <= 1:
+        raise ValueError(f"release_damping must be in (0, 1], got {release_damping!r}")
+    n, out = n_start, []
+    for e in range(epochs):
+        st = run_policy(policy, models, n, total_rate, duration=duration, seed=seed + e, cv=cv)
+        idle = 1.0 - st.busy_fraction
+        adv = autoscale_advice(
+            n, min(st.bad_rate, 0.999), max(0.0, min(1.0, idle)), bad_threshold=bad_threshold
+        )
+        if adv < 0:
+            adv = -math.floor(-adv * release_damping)
+        out.append(AutoscaleStep(n, st.bad_rate, idle, adv))
+        n = max(min_gpus_, n + adv)
+    return out
+
+
+def loads_by_gpu(stats: ClusterStats) -> Mapping[int, float]:
+    """Busy fraction per GPU id (consolidation onto low ids, A.7)."""
+    return {g: b / stats.duration for g, b in enumerate(stats.busy)}

@@ -1,0 +1,391 @@
+"""Scenario kind ``serving`` for ``tessera simulate``: batching policies for one model and Symphony's
+multi-GPU dispatch.
+
+Two optional sections (at least one is required):
+
+* ``batching`` — one dynamic model (normal modes, one per application, seed-orloj §4.3/§6.6) on one GPU:
+  finish rate of Orloj, Clockwork, Nexus, Clipper and timeout batching at several SLO multiples of the
+  solo-time P99 (:mod:`tessera.sim.serving.batching_experiment`).
+* ``cluster`` — identical static models ℓ(b) = αb + β on several GPUs: bad rate, GPU busy fraction, GPUs
+  used and median batch of Symphony, eager dispatch, Shepherd and Clockwork at loads given as fractions of
+  the staggered capacity (A.6), and optionally each policy's goodput at a 1 % bad rate and the fewest GPUs
+  that serve a given rate (:mod:`tessera.sim.serving.cluster_sim`).
+
+Example: ``tessera/sim/data/serving-default.yaml``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tessera.policy.serving.common import BatchLatencyModel
+from tessera.progress import Progress
+from tessera.sim.scenario import ScenarioError
+from tessera.sim.serving.batching_experiment import POLICIES as BATCHING_POLICIES
+from tessera.sim.serving.batching_experiment import run_batching
+from tessera.sim.serving.cluster_sim import (
+    CLUSTER_POLICIES,
+    ClusterStats,
+    identical_models,
+    max_goodput,
+    min_gpus,
+    run_policy,
+    staggered_capacity,
+)
+from tessera.sim.serving.dynamic_workload import DynamicModel
+from tessera.sim.serving.worker_sim import RunStats
+
+
+@dataclass(frozen=True)
+class BatchingSection:
+    modes: int
+    sigma: float
+    low: float
+    high: float
+    load: float
+    requests: int
+    cv: float
+    slo_multiples: list[float]
+    policies: list[str]
+    s0: float
+    s1: float
+
+
+@dataclass(frozen=True)
+class ClusterSection:
+    models: int
+    alpha: float
+    beta: float
+    slo: float
+    gpus: int
+    loads: list[float]
+    duration: float
+    cv: float
+    policies: list[str]
+    goodput: bool
+    min_gpus_rate: float | None
+
+
+@dataclass(frozen=True)
+class ServingScenario:
+    source: str
+    name: str
+    seed: int
+    batching: BatchingSection | None
+    cluster: ClusterSection | None
+
+
+def _num(
+    d: dict[str, Any],
+    key: str,
+    where: str,
+    source: str,
+    default: float | None = None,
+    *,
+    integer: bool = False,
+) -> float:
+    v = d.get(key, default)
+    if v is None:
+        raise ScenarioError(source, f"{where}.{key}", "is required")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        raise ScenarioError(source, f"{where}.{key}", f"must be a positive number, got {v!r}")
+    if integer and int(v) != v:
+        raise ScenarioError(source, f"{where}.{key}", f"must be a whole number, got {v!r}")
+    return float(v)
+
+
+def _nums(d: dict[str, Any], key: str, where: str, source: str, default: list[float]) -> list[float]:
+    v = d.get(key, default)
+    if not isinstance(v, list) or not v:
+        raise ScenarioError(
+            source, f"{where}.{key}", f"must be a non-empty list of positive numbers, got {v!r}"
+        )
+    for x in v:
+        if isinstance(x, bool) or not isinstance(x, int | float) or not x > 0:
+            raise ScenarioError(source, f"{where}.{key}", f"must hold positive numbers, got {x!r}")
+    return [float(x) for x in v]
+
+
+def _policies(d: dict[str, Any], where: str, source: str, allowed: tuple[str, ...]) -> list[str]:
+    v = d.get("policies", list(allowed))
+    if not isinstance(v, list) or not v:
+        raise ScenarioError(source, f"{where}.policies", f"must be a non-empty list from {list(allowed)}")
+    bad = [p for p in v if p not in allowed]
+    if bad:
+        raise ScenarioError(source, f"{where}.policies", f"unknown {bad}; choose from {list(allowed)}")
+    return [str(p) for p in v]
+
+
+def _section(data: dict[str, Any], key: str, source: str) -> dict[str, Any] | None:
+    v = data.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise ScenarioError(source, key, f"must be a mapping, got {type(v).__name__}")
+    return v
+
+
+def load(data: dict[str, Any], source: str) -> ServingScenario:
+    """Validate a ``kind: serving`` scenario; errors name the file and the field."""
+    if not isinstance(data, dict):
+        raise ScenarioError(source, "(top level)", "must be a mapping")
+    b = _section(data, "batching", source)
+    c = _section(data, "cluster", source)
+    if b is None and c is None:
+        raise ScenarioError(
+            source, "batching/cluster", "a serving scenario needs at least one of the two sections"
+        )
+    batching = cluster = None
+    if b is not None:
+        low = _num(b, "low_ms", "batching", source, 50) / 1000
+        high = _num(b, "high_ms", "batching", source, 100) / 1000
+        if high < low:
+            raise ScenarioError(source, "batching.high_ms", f"must be >= low_ms ({low * 1000:g})")
+        lat = b.get("latency") or {}
+        batching = BatchingSection(
+            modes=int(_num(b, "modes", "batching", source, 2, integer=True)),
+            sigma=_num(b, "sigma_ms", "batching", source, 5) / 1000,
+            low=low,
+            high=high,
+            load=_num(b, "load", "batching", source, 0.6),
+            requests=int(_num(b, "requests", "batching", source, 1500, integer=True)),
+            cv=_num(b, "cv", "batching", source, 1.0),
+            slo_multiples=_nums(b, "slo_multiples", "batching", source, [1.5, 2, 3, 5]),
+            policies=_policies(b, "batching", source, BATCHING_POLICIES),
+            s0=float(lat.get("s0", 0.8)),
+            s1=_num(lat, "s1", "batching.latency", source, 0.2),
+        )
+    if c is not None:
+        mg = c.get("min_gpus_rate")
+        cluster = ClusterSection(
+            models=int(_num(c, "models", "cluster", source, 4, integer=True)),
+            alpha=_num(c, "alpha_ms", "cluster", source) / 1000,
+            beta=_num(c, "beta_ms", "cluster", source) / 1000,
+            slo=_num(c, "slo_ms", "cluster", source) / 1000,
+            gpus=int(_num(c, "gpus", "cluster", source, integer=True)),
+            loads=_nums(c, "loads", "cluster", source, [0.2, 0.5, 0.8]),
+            duration=_num(c, "duration_s", "cluster", source, 2.0),
+            cv=_num(c, "cv", "cluster", source, 1.0),
+            policies=_policies(c, "cluster", source, CLUSTER_POLICIES),
+            goodput=bool(c.get("goodput", True)),
+            min_gpus_rate=None if mg is None else _num(c, "min_gpus_rate", "cluster", source),
+        )
+        if cluster.slo <= cluster.alpha + cluster.beta:
+            raise ScenarioError(
+                source, "cluster.slo_ms", "must exceed the batch-1 latency alpha_ms + beta_ms"
+            )
+    return ServingScenario(
+        source=source,
+        name=str(data.get("name", Path(source).stem)),
+        seed=int(data.get("seed", 0)),
+        batching=batching,
+        cluster=cluster,
+    )
+
+
+@dataclass
+class ServingResult:
+    scenario: ServingScenario
+    batching: dict[float, dict[str, RunStats]] = field(default_factory=dict)
+    cluster: dict[float, dict[str, ClusterStats]] = field(default_factory=dict)
+    capacity: float = 0.0
+    goodput: dict[str, float] = field(default_factory=dict)
+    min_gpus: dict[str, int | None] = field(default_factory=dict)
+
+    def table(self) -> str:
+        sc = self.scenario
+        lines: list[str] = []
+        if sc.batching is not None:
+            bs = sc.batching
+            lines.append(
+                f"{sc.name} batching: {bs.modes}-mode dynamic model on 1 GPU, load {bs.load:g}, "
+                f"{bs.requests} requests; finish rate"
+            )
+            lines.append(f"{'SLO (xP99)':>10} " + " ".join(f"{p:>10}" for p in bs.policies))
+            for mult, row in self.batching.items():
+                lines.append(f"{mult:>10g} " + " ".join(f"{row[p].finish_rate:>10.3f}" for p in bs.policies))
+        if sc.cluster is not None:
+            cs = sc.cluster
+            if lines:
+                lines.append("")
+            lines.append(
+                f"{sc.name} cluster: {cs.models} models (alpha {cs.alpha * 1e3:g} ms, beta {cs.beta * 1e3:g} ms, "
+                f"SLO {cs.slo * 1e3:g} ms) on {cs.gpus} GPUs; staggered capacity {self.capacity:.0f} req/s"
+            )
+            lines.append(
+                f"{'load':>6} {'policy':<10} {'rate':>8} {'bad rate':>9} {'busy':>6} {'GPUs used':>9} "
+                f"{'med batch':>9} {'p99 ms':>7}"
+            )
+            for frac, row in self.cluster.items():
+                for p in cs.policies:
+                    s = row[p]
+                    lines.append(
+                        f"{frac:>6g} {p:<10} {frac * self.capacity:>8.0f} {s.bad_rate:>9.4f} "
+                        f"{s.busy_fraction:>6.3f} {s.gpus_used:>9d} {s.median_batch:>9g} "
+                        f"{s.latency_percentile(99) * 1e3:>7.1f}"
+                    )
+            if self.goodput:
+                ref = self.goodput.get("symphony")
+                lines.append("goodput at <= 1% bad rate (req/s): " + ", ".join(
+                    f"{p} {g:.0f}" + (f" ({g / ref:.2f}x symphony)" if ref and p != "symphony" else "")
+                    for p, g in self.goodput.items()
+                ))  # fmt: skip
+            if self.min_gpus:
+                lines.append(
+                    f"fewest GPUs for {cs.min_gpus_rate:g} req/s at <= 1% bad rate: "
+                    + ", ".join(
+                        f"{p} {n if n is not None else '>' + str(4 * cs.gpus)}"
+                        for p, n in self.min_gpus.items()
+                    )
+                )
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": "serving", "name": self.scenario.name}
+        if self.batching:
+            out["batching"] = [
+                {
+                    "slo_multiple": mult,
+                    "policies": {
+                        p: {
+                            "finish_rate": s.finish_rate,
+                            "goodput_rps": s.goodput,
+                            "drops": s.drops,
+                            "late": s.late,
+                            "mean_batch": s.mean_batch,
+                            "p50_s": s.latency_percentile(50),
+                            "p99_s": s.latency_percentile(99),
+                        }
+                        for p, s in row.items()
+                    },
+                }
+                for mult, row in self.batching.items()
+            ]
+        if self.cluster:
+            out["cluster"] = {
+                "capacity_rps": self.capacity,
+                "points": [
+                    {
+                        "load": frac,
+                        "rate_rps": frac * self.capacity,
+                        "policies": {
+                            p: {
+                                "bad_rate": s.bad_rate,
+                                "goodput_rps": s.goodput,
+                                "busy_fraction": s.busy_fraction,
+                                "gpus_used": s.gpus_used,
+                                "median_batch": s.median_batch,
+                                "p99_s": s.latency_percentile(99),
+                                "preempted_batches": s.preempted_batches,
+                            }
+                            for p, s in row.items()
+                        },
+                    }
+                    for frac, row in self.cluster.items()
+                ],
+                "goodput_rps": self.goodput,
+                "min_gpus": self.min_gpus,
+            }
+        return out
+
+    def plots(self, directory: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        directory.mkdir(parents=True, exist_ok=True)
+        paths: list[Path] = []
+        sc = self.scenario
+        if sc.batching is not None and self.batching:
+            fig, ax = plt.subplots(figsize=(5, 3.5))
+            xs = list(self.batching)
+            for p in sc.batching.policies:
+                ax.plot(xs, [self.batching[x][p].finish_rate for x in xs], marker="o", label=p)
+            ax.set_xlabel("SLO (x P99 of solo time)")
+            ax.set_ylabel("finish rate")
+            ax.set_ylim(0, 1.02)
+            ax.set_title(f"{sc.name}: {sc.batching.modes}-mode dynamic model")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+            paths.append(directory / f"{sc.name}-batching.png")
+            fig.tight_layout()
+            fig.savefig(paths[-1], dpi=120)
+            plt.close(fig)
+        if sc.cluster is not None and self.cluster:
+            fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
+            xs = list(self.cluster)
+            for p in sc.cluster.policies:
+                a1.plot(xs, [self.cluster[x][p].busy_fraction for x in xs], marker="o", label=p)
+                a2.plot(xs, [self.cluster[x][p].median_batch for x in xs], marker="o", label=p)
+            a1.plot(xs, xs, ls="--", color="grey", label="load-proportional")
+            a1.set_xlabel("offered load (fraction of staggered capacity)")
+            a1.set_ylabel("GPU busy fraction")
+            a2.set_xlabel("offered load (fraction of staggered capacity)")
+            a2.set_ylabel("median batch size")
+            for a in (a1, a2):
+                a.grid(alpha=0.3)
+            a1.legend(fontsize=8)
+            fig.suptitle(f"{sc.name}: {sc.cluster.models} models on {sc.cluster.gpus} GPUs")
+            paths.append(directory / f"{sc.name}-cluster.png")
+            fig.tight_layout()
+            fig.savefig(paths[-1], dpi=120)
+            plt.close(fig)
+        return paths
+
+
+def run(scenario: ServingScenario, *, progress: bool = False) -> ServingResult:
+    res = ServingResult(scenario)
+    b, c = scenario.batching, scenario.cluster
+    steps = (len(b.slo_multiples) * len(b.policies) if b else 0) + (
+        (len(c.loads) + int(c.goodput) + int(c.min_gpus_rate is not None)) * len(c.policies) if c else 0
+    )
+    with Progress(steps, f"serving {scenario.name}", enabled=progress or None) as bar:
+        done = 0
+
+        def step() -> None:
+            nonlocal done
+            done += 1
+            bar.update(done)
+
+        if b is not None:
+            model = DynamicModel.evenly_spaced(
+                b.modes, low=b.low, high=b.high, sigma=b.sigma, latency=BatchLatencyModel(s0=b.s0, s1=b.s1)
+            )
+            res.batching = run_batching(
+                model, slo_multiples=b.slo_multiples, n_requests=b.requests, load=b.load,
+                seed=scenario.seed, policies=b.policies, cv=b.cv, on_step=step,
+            )  # fmt: skip
+        if c is not None:
+            models = identical_models(c.models, alpha=c.alpha, beta=c.beta, slo=c.slo)
+            res.capacity = staggered_capacity(models, c.gpus)
+            for frac in c.loads:
+                res.cluster[frac] = {}
+                for p in c.policies:
+                    res.cluster[frac][p] = run_policy(
+                        p,
+                        models,
+                        c.gpus,
+                        frac * res.capacity,
+                        duration=c.duration,
+                        seed=scenario.seed,
+                        cv=c.cv,
+                    )
+                    step()
+            if c.goodput:
+                for p in c.policies:
+                    res.goodput[p] = max_goodput(
+                        p, models, c.gpus, duration=c.duration, seed=scenario.seed, cv=c.cv, iters=7
+                    )
+                    step()
+            if c.min_gpus_rate is not None:
+                for p in c.policies:
+                    res.min_gpus[p] = min_gpus(
+                        p, models, c.min_gpus_rate, duration=c.duration, seed=scenario.seed, cv=c.cv,
+                        max_gpus=4 * c.gpus,
+                    )  # fmt: skip
+                    step()
+    return res
