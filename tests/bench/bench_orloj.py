@@ -39,6 +39,7 @@ def main() -> None:
                     s.enqueue(Request(q.rid + 10_000_000 * (r + 1), "m", 0.0, q.deadline, q.app, 0.05), 0.0)
             ours = (time.perf_counter() - t0) / reps
             t0 = time.perf_counter()
+            s._flush()
             for _ in range(reps):
                 order = np.argsort(-scores_by_slack(s.tables[16], s._dl))[:16]
                 del order
