@@ -69,7 +69,7 @@ def greedy_nsw(
     cluster: Cluster,
     pool: FreePool,
     start: Mapping[str, Sequence[str]] | None = None,
-    polish_limit: int = 16,
+    polish_limit: int = 8,
 ) -> Solution:
     """Greedy marginal-gain NSW. Takes GPUs out of `pool`; `start` is a warm start (GPUs not in pool)."""
     alloc: Solution = {b.app_id: list((start or {}).get(b.app_id, ())) for b in bids}
@@ -130,8 +130,8 @@ def greedy_nsw(
         g, d = evaluate(b)
         if d:
             heapq.heappush(heap, (-g, order_of[app_id], app_id, d, version))
-    if polish_limit and pool.size + sum(len(v) for v in alloc.values()) <= polish_limit:
-        polish(bids, cluster, alloc, pool, start)
+    if start is None and len(bids) > 1 and pool.size + sum(len(v) for v in alloc.values()) <= polish_limit:
+        polish(bids, cluster, alloc, pool)
     return alloc
 
 
