@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tessera.gateway.worker import OnnxModel, Worker, make_worker_app
+from tessera.gateway.worker import ModelledCost, OnnxModel, Worker, make_worker_app
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,15 @@ def register(subparsers: Any) -> None:
         default="auto",
         help="execution provider, e.g. CPUExecutionProvider (default: CUDA if present)",
     )
+    pace = parser.add_argument_group(
+        "modelled cost",
+        "pad each run to a modelled time, fixed + unit·max(INPUT)·(1 + growth·(rows − 1)), so the cost the "
+        "schedulers see is controlled and input-dependent (tests, benchmarks); outputs are still computed",
+    )
+    pace.add_argument("--pace-input", metavar="INPUT", help="integer model input with each row's work")
+    pace.add_argument("--pace-unit-ms", type=float, default=1.0, help="milliseconds per unit of work")
+    pace.add_argument("--pace-growth", type=float, default=0.0, help="batch stretch per extra row")
+    pace.add_argument("--pace-fixed-ms", type=float, default=0.0, help="milliseconds per run")
     parser.add_argument(
         "--write-demo-model",
         metavar="PATH",
@@ -47,7 +56,12 @@ def run(args: argparse.Namespace) -> int:
         print("tessera worker: --model is required (or --write-demo-model PATH)")
         return 2
     try:
-        model = OnnxModel(args.model, name=args.name, threads=args.threads, provider=args.provider)
+        cost = None
+        if args.pace_input:
+            cost = ModelledCost(
+                args.pace_input, args.pace_unit_ms / 1000.0, args.pace_growth, args.pace_fixed_ms / 1000.0
+            )
+        model = OnnxModel(args.model, name=args.name, threads=args.threads, provider=args.provider, cost=cost)
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"tessera worker: {err}")
         return 2

@@ -19,7 +19,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from tessera.gateway.batch_wire import WorkerAnswer, WorkerFailure, post_batch
 from tessera.gateway.config import LatencyConfig
+from tessera.gateway.protocol import dumps
 
 
 @dataclass(frozen=True)
@@ -39,16 +41,18 @@ class Calibration:
 
 async def _batch(
     session: aiohttp.ClientSession, url: str, model: str, payloads: Sequence[Mapping[str, Any]], solo: bool
-) -> dict[str, Any]:
-    body = {"requests": [{"inputs": p["inputs"]} for p in payloads], "solo": solo}
-    async with session.post(f"{url.rstrip('/')}/v2/models/{model}/batch", json=body) as resp:
-        data: dict[str, Any] = await resp.json()
-        if resp.status != 200:
-            raise RuntimeError(f"worker {url} refused the calibration batch: HTTP {resp.status} {data}")
-    for i, r in enumerate(data["results"]):
-        if "error" in r:
-            raise ValueError(f"calibration payload {i} was refused by the worker: {r['error']}")
-    return data
+) -> WorkerAnswer:
+    """One batch over the same wire as the gateway's (:mod:`tessera.gateway.batch_wire`)."""
+    try:
+        answer = await post_batch(
+            session, url.rstrip("/"), model, [dumps(p) for p in payloads], solo=solo, timeout_s=60.0
+        )
+    except WorkerFailure as err:
+        raise RuntimeError(f"worker {url} refused the calibration batch: {err}") from None
+    for i, (status, fragment) in enumerate(answer.members):
+        if status != 200:
+            raise ValueError(f"calibration payload {i} was refused by the worker: {fragment.decode()}")
+    return answer
 
 
 async def solo_times(
@@ -62,7 +66,11 @@ async def solo_times(
     best = [float("inf")] * len(payloads)
     for _ in range(repeats):
         data = await _batch(session, url, model, payloads, solo=True)
-        best = [min(b, float(t)) for b, t in zip(best, data["solo_seconds"], strict=True)]
+        if data.solo_seconds is None:
+            raise RuntimeError(f"worker {url} sent no solo timings for a solo batch")
+        best = [
+            min(b, float(t if t is not None else "inf")) for b, t in zip(best, data.solo_seconds, strict=True)
+        ]
     return best
 
 

@@ -12,7 +12,6 @@ import random
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tessera.policy.serving.common import Request
 
@@ -20,7 +19,7 @@ from tessera.policy.serving.common import Request
 @dataclass(frozen=True)
 class Sample:
     request: Request
-    inputs: list[dict[str, Any]]
+    body: bytes  # the request as the client sent it, to re-run alone
 
 
 class OnlineProfiler:

@@ -5,6 +5,9 @@ The REST form of the protocol (kserve/open-inference-protocol, ``required_api.md
 ``data`` holds the tensor in row-major order, flat or nested. A response is ``{"model_name", "id"?,
 "outputs": [...], "parameters"?}``; an error is ``{"error": "<message>"}``. BYTES tensors are not
 supported by the worker runtime (numeric models only) and are refused with a clear message.
+
+JSON is parsed and written with orjson: numpy arrays are serialised straight from their buffer
+(``OPT_SERIALIZE_NUMPY``), which is what keeps the gateway's and the worker's per-request cost small.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 
 # v2 datatype name -> numpy dtype (required_api.md "Tensor Data Types").
 DATATYPES: dict[str, np.dtype[Any]] = {
@@ -31,6 +35,28 @@ DATATYPES: dict[str, np.dtype[Any]] = {
     "FP64": np.dtype(np.float64),
 }
 _BY_DTYPE = {v: k for k, v in DATATYPES.items()}
+
+
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+def loads(raw: bytes | str) -> Any:
+    """Parse JSON; raises ``ValueError`` (``orjson.JSONDecodeError``) on malformed input."""
+    return orjson.loads(raw)
+
+
+def dumps(obj: Any) -> bytes:
+    """JSON bytes; numpy arrays inside ``obj`` are written from their buffers."""
+    try:
+        return orjson.dumps(obj, option=_NUMPY)
+    except TypeError:  # e.g. a non-contiguous or exotic-dtype array: the slow, general path
+        return orjson.dumps(obj, option=_NUMPY, default=_to_list)
+
+
+def _to_list(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray | np.generic):
+        return obj.tolist()
+    raise TypeError(f"cannot write {type(obj).__name__} as JSON")
 
 
 class ProtocolError(ValueError):
@@ -101,6 +127,14 @@ def encode_tensor(name: str, arr: np.ndarray) -> dict[str, Any]:
     if dt is None:
         raise ProtocolError(f"output {name!r} has dtype {arr.dtype}, which the v2 protocol cannot carry")
     return {"name": name, "shape": list(arr.shape), "datatype": dt, "data": arr.ravel().tolist()}
+
+
+def output_tensor(name: str, arr: np.ndarray) -> dict[str, Any]:
+    """Like :func:`encode_tensor`, but ``data`` stays a flat numpy array for :func:`dumps` to write."""
+    dt = _BY_DTYPE.get(arr.dtype)
+    if dt is None:
+        raise ProtocolError(f"output {name!r} has dtype {arr.dtype}, which the v2 protocol cannot carry")
+    return {"name": name, "shape": list(arr.shape), "datatype": dt, "data": np.ascontiguousarray(arr).ravel()}
 
 
 def error_body(message: str, reason: str | None = None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from tessera.api.contract import HEADER_APP, HEADER_DEADLINE_MS
 from tessera.gateway.config import ConfigError, GatewayConfig
 from tessera.gateway.metrics import ModelMetrics
-from tessera.gateway.protocol import ProtocolError, error_body, validate_request
+from tessera.gateway.protocol import ProtocolError, error_body, loads, validate_request
 from tessera.gateway.service import ModelService
 from tessera.metrics import ComponentMetrics
 
@@ -116,22 +116,25 @@ def make_gateway_app(gateway: Gateway) -> web.Application:
 
     async def infer(request: web.Request) -> web.Response:
         svc = service(request)
+        raw = await request.read()
         try:
-            body: Any = await request.json()
+            body: Any = loads(raw)
         except ValueError:
             return _json_error(400, "request body is not valid JSON", "bad-request")
         try:
-            inputs = validate_request(body)
+            validate_request(body)  # structure only: the worker decodes the tensors, once
             budget = _budget(request)
         except ProtocolError as err:
             return _json_error(400, str(err), "bad-request")
         app = request.headers.get(HEADER_APP) or DEFAULT_APP
         cid = body.get("id") if isinstance(body.get("id"), str) else None
-        out = await svc.infer(inputs, app=app, budget=budget, client_id=cid)
+        out = await svc.infer(raw, app=app, budget=budget, client_id=cid)
         headers = {}
-        if out.status == 200:
-            headers["x-tessera-slo"] = "met" if out.body["parameters"]["tessera_slo_met"] else "missed"
-        return web.json_response(out.body, status=out.status, headers=headers)
+        if out.slo_met is not None:
+            headers["x-tessera-slo"] = "met" if out.slo_met else "missed"
+        return web.Response(
+            body=out.body, status=out.status, headers=headers, content_type="application/json"
+        )
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(

@@ -14,6 +14,10 @@ Every request ends in one :class:`Outcome`:
   re-queued up to ``max_retries`` times while their deadline is ahead);
 * 504 ``expired`` from the sweeper when it is still queued ``late_grace_s`` after its deadline, so no
   request waits forever even if a policy holds on to it.
+
+Request bodies are kept as the bytes the client sent and spliced into the worker's batch request; the
+worker's framed answer is sliced back into per-member outputs (:mod:`tessera.gateway.batch_wire`), so no
+tensor is decoded or re-encoded here.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from typing import Any
 
 import aiohttp
 
+from tessera.gateway.batch_wire import WorkerAnswer, WorkerFailure, post_batch
 from tessera.gateway.config import ModelConfig, build_scheduler
 from tessera.gateway.metrics import OUTCOME_DROPPED, OUTCOME_MET, OUTCOME_MISSED, ModelMetrics
 from tessera.gateway.profiler import OnlineProfiler, Sample
+from tessera.gateway.protocol import dumps, loads
 from tessera.policy.serving.common import Batch, BatchTimings, Drop, DropReason, Request
 from tessera.policy.serving.symphony import SymphonyScheduler
 
@@ -54,16 +60,17 @@ _DROP_TEXT = {
 
 @dataclass(frozen=True)
 class Outcome:
-    """The answer to one request: HTTP status and JSON body."""
+    """The answer to one request: HTTP status, JSON body, and for a 200 whether it met its SLO."""
 
     status: int
-    body: dict[str, Any]
+    body: bytes
+    slo_met: bool | None = None
 
 
 @dataclass
 class Pending:
     request: Request
-    inputs: list[dict[str, Any]]
+    body: bytes  # the client's v2 request, validated, as received
     future: asyncio.Future[Outcome]
     client_id: str | None = None
     retries: int = 0
@@ -78,10 +85,6 @@ class WorkerSlot:
     busy: bool = False
     fifo: deque[Batch] = field(default_factory=deque)  # Symphony assigns batches ahead of time
     metadata: dict[str, Any] | None = None
-
-
-class WorkerFailure(RuntimeError):
-    pass
 
 
 class ModelService:
@@ -156,15 +159,16 @@ class ModelService:
 
     # -- requests --------------------------------------------------------------------------------
     async def infer(
-        self, inputs: list[dict[str, Any]], *, app: str, budget: float | None, client_id: str | None = None
+        self, body: bytes, *, app: str, budget: float | None, client_id: str | None = None
     ) -> Outcome:
+        """Queue one validated v2 request (its raw JSON ``body``) and wait for its single answer."""
         if self.closed:
             return Outcome(503, _err("the gateway is shutting down", REASON_SHUTDOWN))
         now = self._now()
         slo = self.cfg.slo_s if budget is None else budget
         req = Request(self._next_rid(), self.cfg.name, now, now + slo, app)
         fut: asyncio.Future[Outcome] = self._loop.create_future()  # type: ignore[union-attr]
-        self.pending[req.rid] = Pending(req, inputs, fut, client_id)
+        self.pending[req.rid] = Pending(req, body, fut, client_id)
         self.scheduler.enqueue(req, now)
         self._pump()
         return await fut
@@ -270,22 +274,14 @@ class ModelService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _post(self, slot: WorkerSlot, members: list[Pending], solo: bool) -> dict[str, Any]:
-        url = f"{slot.url}/v2/models/{self.cfg.name}/batch"
-        body = {"requests": [{"inputs": p.inputs} for p in members], "solo": solo}
-        timeout = aiohttp.ClientTimeout(total=self.cfg.worker_timeout_s)
-        async with self.session.post(url, json=body, timeout=timeout) as resp:
-            if resp.status != 200:
-                raise WorkerFailure(f"HTTP {resp.status}: {(await resp.text())[:200]}")
-            data: dict[str, Any] = await resp.json()
-        results = data.get("results")
-        if not isinstance(results, list) or len(results) != len(members):
-            raise WorkerFailure(f"worker answered {type(results).__name__} instead of {len(members)} results")
-        return data
+    async def _post(self, slot: WorkerSlot, bodies: list[bytes], solo: bool) -> WorkerAnswer:
+        return await post_batch(
+            self.session, slot.url, self.cfg.name, bodies, solo=solo, timeout_s=self.cfg.worker_timeout_s
+        )
 
     async def _run(self, slot: WorkerSlot, batch: Batch, live: list[Pending]) -> None:
         try:
-            data = await self._post(slot, live, solo=False)
+            data = await self._post(slot, [p.body for p in live], solo=False)
         except (aiohttp.ClientError, TimeoutError, WorkerFailure, ValueError) as err:
             self._worker_failed(slot, live, err)
             return
@@ -297,39 +293,43 @@ class ModelService:
             self._pump()
             return
         now = self._now()
-        compute = float(data.get("compute_seconds", 0.0))
-        for p, res in zip(live, data["results"], strict=True):
-            self._answer(p, res, now, len(live))
+        compute = data.compute_seconds
+        for p, (status, fragment) in zip(live, data.members, strict=True):
+            self._answer(p, status, fragment, now, len(live), slot.index)
         if not isinstance(self.scheduler, SymphonyScheduler):
             self.scheduler.on_complete(batch, BatchTimings(now - compute, now, {}), now)
-        self.profiler.offer([Sample(p.request, p.inputs) for p in live], compute)
+        self.profiler.offer([Sample(p.request, p.body) for p in live], compute)
         slot.busy = False
         self._pump()
         if not slot.busy and slot.healthy:
             self._maybe_profile(slot)
 
-    def _answer(self, p: Pending, res: Any, now: float, batch_size: int) -> None:
+    def _answer(
+        self, p: Pending, status: int, fragment: bytes, now: float, batch_size: int, worker: int
+    ) -> None:
+        """Wrap the worker's outputs fragment (JSON list, passed through unparsed) into a v2 answer."""
         r = p.request
-        if not isinstance(res, dict) or "outputs" not in res:
-            msg = res.get("error") if isinstance(res, dict) else None
+        if status != 200:
+            try:
+                msg = loads(fragment).get("error")
+            except (ValueError, AttributeError):
+                msg = None
             self._fail(p, 400, "bad-request", str(msg or "the worker could not run this request"))
             return
         latency = now - r.arrival
         on_time = now <= r.deadline
-        body: dict[str, Any] = {
-            "model_name": self.cfg.name,
-            "model_version": "1",
-            "outputs": res["outputs"],
-            "parameters": {
-                "tessera_latency_seconds": latency,
-                "tessera_slo_met": on_time,
-                "tessera_batch_size": batch_size,
-                "tessera_retries": p.retries,
-            },
-        }
+        head: dict[str, Any] = {"model_name": self.cfg.name, "model_version": "1"}
         if p.client_id is not None:
-            body["id"] = p.client_id
-        self._resolve(p, Outcome(200, body), OUTCOME_MET if on_time else OUTCOME_MISSED, latency)
+            head["id"] = p.client_id
+        params = {
+            "tessera_latency_seconds": latency,
+            "tessera_slo_met": on_time,
+            "tessera_batch_size": batch_size,
+            "tessera_retries": p.retries,
+            "tessera_worker": worker,
+        }
+        body = dumps(head)[:-1] + b',"outputs":' + fragment + b',"parameters":' + dumps(params) + b"}"
+        self._resolve(p, Outcome(200, body, on_time), OUTCOME_MET if on_time else OUTCOME_MISSED, latency)
 
     def _worker_failed(self, slot: WorkerSlot, live: list[Pending], err: BaseException) -> None:
         log.warning("worker %s failed a batch of %d: %s", slot.url, len(live), err or type(err).__name__)
@@ -366,10 +366,10 @@ class ModelService:
 
     async def _profile(self, slot: WorkerSlot, samples: list[Sample]) -> None:
         """Re-run sampled requests alone and feed their solo times to the scheduler."""
-        members = [Pending(s.request, s.inputs, self._loop.create_future()) for s in samples]  # type: ignore[union-attr]
         start = self._now()
+        data: WorkerAnswer | None
         try:
-            data = await self._post(slot, members, solo=True)
+            data = await self._post(slot, [s.body for s in samples], solo=True)
         except (aiohttp.ClientError, TimeoutError, WorkerFailure, ValueError) as err:
             log.info("profiling on %s failed: %s", slot.url, err)
             slot.healthy = False
@@ -377,7 +377,7 @@ class ModelService:
         finally:
             slot.busy = False
         if data is not None:
-            solo = data.get("solo_seconds") or []
+            solo = data.solo_seconds or []
             times = {s.request.rid: float(t) for s, t in zip(samples, solo, strict=False) if t is not None}
             now = self._now()
             self.profiler.record(sum(times.values()), len(times))
@@ -427,5 +427,5 @@ class ModelService:
                     )
 
 
-def _err(message: str, reason: str) -> dict[str, Any]:
-    return {"error": message, "reason": reason}
+def _err(message: str, reason: str) -> bytes:
+    return dumps({"error": message, "reason": reason})

@@ -10,7 +10,13 @@ CUDA execution provider when the installed build has it, the CPU one otherwise. 
   batch, and split back. The answer carries one result per member (outputs, or an error for that member
   alone) and the timings the gateway needs: ``compute_seconds`` for the batch, ``queue_seconds`` spent
   waiting for the previous batch, and with ``solo: true`` each member run alone with its
-  ``solo_seconds`` — the profiler's solo re-execution of seed-orloj §3.
+  ``solo_seconds`` — the profiler's solo re-execution of seed-orloj §3. With ``x-tessera-framing:
+  members`` the answer is framed as :mod:`tessera.gateway.batch_wire` describes, so the gateway can pass
+  each member's outputs through unparsed.
+
+A :class:`ModelledCost` (``tessera worker --pace-*``) makes a run last at least a modelled time that
+depends on the input, padding the real run with a sleep: the ONNX model still computes every output, but
+the time the schedulers plan around is the model's, not the noise of a shared CPU.
 """
 
 from __future__ import annotations
@@ -27,12 +33,23 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from tessera.gateway.batch_wire import (
+    COMPUTE_HEADER,
+    FRAMING_HEADER,
+    FRAMING_MEMBERS,
+    MEMBERS_HEADER,
+    QUEUE_HEADER,
+    SOLO_HEADER,
+    frame_members,
+)
 from tessera.gateway.protocol import (
     DATATYPES,
     ProtocolError,
     decode_tensor,
-    encode_tensor,
+    dumps,
     error_body,
+    loads,
+    output_tensor,
     validate_request,
 )
 
@@ -56,6 +73,36 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
+@dataclass(frozen=True)
+class ModelledCost:
+    """A run lasts at least ``fixed_s + unit_s · max(input) · (1 + growth · (rows − 1))`` seconds.
+
+    ``input`` names an integer model input holding each row's amount of work (the early-exit model's
+    ``n``): the batch pays for its longest row, padded (seed-orloj Eq. 4 [P:L294]), and each extra row
+    stretches it by ``growth`` (s_k = 1 + growth·(k − 1), the batching model of the spec's reference
+    simulation, seed-orloj §4 [SIM]).
+    """
+
+    input: str
+    unit_s: float
+    growth: float = 0.0
+    fixed_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.unit_s >= 0 or not self.growth >= 0 or not self.fixed_s >= 0:
+            raise ValueError(
+                f"modelled cost needs unit, growth and fixed >= 0, got {self.unit_s}, {self.growth}, {self.fixed_s}"
+            )
+
+    def seconds(self, feeds: Mapping[str, np.ndarray]) -> float:
+        work = feeds[self.input]
+        rows = int(work.shape[0]) if work.ndim else 1
+        if rows == 0:
+            return 0.0
+        longest = max(0.0, float(np.max(work)))
+        return self.fixed_s + self.unit_s * longest * (1.0 + self.growth * (rows - 1))
+
+
 @dataclass
 class MemberResult:
     outputs: list[dict[str, Any]] | None = None
@@ -65,6 +112,12 @@ class MemberResult:
         if self.error is not None:
             return {"error": self.error, "status": 400}
         return {"outputs": self.outputs}
+
+    def fragment(self) -> tuple[int, bytes]:
+        """(status, JSON) of this member for a framed answer: its outputs list, or its error object."""
+        if self.error is not None:
+            return 400, dumps({"error": self.error, "status": 400})
+        return 200, dumps(self.outputs)
 
 
 @dataclass
@@ -87,7 +140,13 @@ class OnnxModel:
     the worker calls it from one executor thread."""
 
     def __init__(
-        self, path: str | Path, *, name: str | None = None, threads: int = 1, provider: str = "auto"
+        self,
+        path: str | Path,
+        *,
+        name: str | None = None,
+        threads: int = 1,
+        provider: str = "auto",
+        cost: ModelledCost | None = None,
     ):
         import onnxruntime as ort  # type: ignore[import-untyped]  # only workers need onnxruntime
 
@@ -112,6 +171,14 @@ class OnnxModel:
         self.inputs = [_spec(m) for m in self.session.get_inputs()]
         self.outputs = [_spec(m) for m in self.session.get_outputs()]
         self._input_names = {s.name: s for s in self.inputs}
+        if cost is not None:
+            spec = self._input_names.get(cost.input)
+            if spec is None or not spec.datatype.startswith(("INT", "UINT")):
+                ints = sorted(s.name for s in self.inputs if s.datatype.startswith(("INT", "UINT")))
+                raise ValueError(
+                    f"modelled cost input {cost.input!r} must be an integer input of the model; it has {ints}"
+                )
+        self.cost = cost
         log.info("loaded %s from %s on %s", self.name, p, self.providers)
 
     def metadata(self) -> dict[str, Any]:
@@ -148,7 +215,13 @@ class OnnxModel:
         return out
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        return [np.asarray(a) for a in self.session.run(None, dict(feeds))]
+        start = time.perf_counter()
+        outs = [np.asarray(a) for a in self.session.run(None, dict(feeds))]
+        if self.cost is not None:
+            rest = start + self.cost.seconds(feeds) - time.perf_counter()
+            if rest > 0:
+                time.sleep(rest)
+        return outs
 
     def run_batch(self, members: Sequence[Sequence[Mapping[str, Any]]], *, solo: bool = False) -> BatchResult:
         """Run every member's inputs; members with the same non-batch dimensions share one run."""
@@ -171,7 +244,7 @@ class OnnxModel:
                 outs = self.run(feeds)
                 solo_times[i] = time.perf_counter() - s
                 results[i].outputs = [
-                    encode_tensor(o.name, a) for o, a in zip(self.outputs, outs, strict=True)
+                    output_tensor(o.name, a) for o, a in zip(self.outputs, outs, strict=True)
                 ]
         else:
             groups: dict[tuple[tuple[str, tuple[int, ...]], ...], list[int]] = {}
@@ -185,7 +258,7 @@ class OnnxModel:
                 for i in idx:
                     k = next(iter(decoded[i].values())).shape[0]
                     results[i].outputs = [
-                        encode_tensor(o.name, a[start : start + k])
+                        output_tensor(o.name, a[start : start + k])
                         for o, a in zip(self.outputs, outs, strict=True)
                     ]
                     start += k
@@ -227,6 +300,9 @@ def make_worker_app(worker: Worker) -> web.Application:
                 content_type="application/json",
             )
 
+    def json(obj: Any, status: int = 200) -> web.Response:
+        return web.Response(body=dumps(obj), status=status, content_type="application/json")
+
     async def live(_: web.Request) -> web.Response:
         return web.json_response({"live": True})
 
@@ -243,7 +319,7 @@ def make_worker_app(worker: Worker) -> web.Application:
 
     async def read_json(request: web.Request) -> Any:
         try:
-            return await request.json()
+            return loads(await request.read())
         except ValueError:
             raise web.HTTPBadRequest(
                 text='{"error": "request body is not valid JSON"}', content_type="application/json"
@@ -259,7 +335,7 @@ def make_worker_app(worker: Worker) -> web.Application:
         result, queued = await worker.execute([inputs], solo=False)
         member = result.results[0]
         if member.error is not None:
-            return web.json_response(error_body(member.error), status=400)
+            return json(error_body(member.error), status=400)
         out: dict[str, Any] = {"model_name": model.name, "model_version": "1", "outputs": member.outputs}
         if isinstance(body.get("id"), str):
             out["id"] = body["id"]
@@ -267,7 +343,7 @@ def make_worker_app(worker: Worker) -> web.Application:
             "tessera_compute_seconds": result.compute_seconds,
             "tessera_queue_seconds": queued,
         }
-        return web.json_response(out)
+        return json(out)
 
     async def batch(request: web.Request) -> web.Response:
         check_name(request)
@@ -277,7 +353,17 @@ def make_worker_app(worker: Worker) -> web.Application:
             return web.json_response(error_body("batch body needs a non-empty 'requests' list"), status=400)
         members = [r.get("inputs", []) if isinstance(r, dict) else [] for r in reqs]
         result, queued = await worker.execute(members, solo=bool(body.get("solo", False)))
-        return web.json_response(
+        if request.headers.get(FRAMING_HEADER) == FRAMING_MEMBERS:
+            payload, spec = frame_members([m.fragment() for m in result.results])
+            headers = {
+                MEMBERS_HEADER: spec,
+                COMPUTE_HEADER: repr(result.compute_seconds),
+                QUEUE_HEADER: repr(queued),
+            }
+            if result.solo_seconds is not None:
+                headers[SOLO_HEADER] = ",".join("-" if t is None else repr(t) for t in result.solo_seconds)
+            return web.Response(body=payload, headers=headers, content_type="application/octet-stream")
+        return json(
             {
                 "model_name": model.name,
                 "results": [m.as_json() for m in result.results],
@@ -307,4 +393,13 @@ def make_worker_app(worker: Worker) -> web.Application:
     return app
 
 
-__all__ = ["DATATYPES", "BatchResult", "MemberResult", "OnnxModel", "TensorSpec", "Worker", "make_worker_app"]
+__all__ = [
+    "DATATYPES",
+    "BatchResult",
+    "MemberResult",
+    "ModelledCost",
+    "OnnxModel",
+    "TensorSpec",
+    "Worker",
+    "make_worker_app",
+]

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from gateway_harness import MODEL, payloads, worker_process
+from gateway_harness import MODEL, PACE, payloads, worker_process
 from tessera.gateway.calibrate import calibrate
 from tessera.gateway.demo_models import early_exit_model
 
@@ -30,12 +30,12 @@ def app_payloads() -> dict[str, list[dict[str, Any]]]:
 @pytest.fixture(scope="session")
 def calibration(demo_model: Path, app_payloads: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Priors and the batching model measured on a worker, as the operator would before serving."""
-    with worker_process(demo_model) as (url, _):
+    with worker_process(demo_model, pace=PACE) as (url, _):
         cal = asyncio.run(calibrate(url, MODEL, app_payloads, batch_sizes=(1, 2, 4, 8), batches_per_size=6))
     return cal.as_config()
 
 
 @pytest.fixture(scope="session")
 def two_workers(demo_model: Path) -> Iterator[list[str]]:
-    with worker_process(demo_model) as (a, _), worker_process(demo_model) as (b, _):
+    with worker_process(demo_model, pace=PACE) as (a, _), worker_process(demo_model, pace=PACE) as (b, _):
         yield [a, b]

@@ -21,9 +21,13 @@ import yaml
 
 WIDTH = 512
 MODEL = "early-exit"
-# Layers per application: short and long requests (seed-orloj §4.3's bimodal mixtures), about 8 ms and
-# 30 ms alone on one CPU thread at width 512.
-APP_LAYERS = {"short": (600, 50), "long": (2400, 100)}
+# Layers per application, (mean, sd): short and long requests, a bimodal mixture as in seed-orloj §4.3.
+APP_LAYERS = {"short": (20, 2), "long": (80, 4)}
+# The workers' modelled cost (`tessera worker --pace-*`): 1 ms per layer of the longest row, each extra row
+# stretching the batch by 20% (s_k = 1 + 0.2(k − 1), the spec's reference simulation, seed-orloj §4
+# [SIM]). Short requests take ~20 ms and long ones ~80 ms whatever else runs on the machine; the real
+# ONNX run (~1 ms at 80 layers) still computes every output.
+PACE = {"input": "n", "unit_ms": 1.0, "growth": 0.2}
 
 
 def free_port() -> int:
@@ -79,12 +83,17 @@ def _tessera(*args: str) -> list[str]:
 
 @contextmanager
 def worker_process(
-    model_path: Path, port: int | None = None
+    model_path: Path, port: int | None = None, pace: dict[str, Any] | None = None
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A `tessera worker` on loopback; ``pace`` ({input, unit_ms, growth}) sets its modelled cost."""
     port = port or free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = ["worker", "--model", str(model_path), "--name", MODEL, "--port", str(port)]
+    if pace is not None:
+        args += ["--pace-input", pace["input"], "--pace-unit-ms", str(pace["unit_ms"])]
+        args += ["--pace-growth", str(pace.get("growth", 0.0))]
     proc = subprocess.Popen(
-        _tessera("worker", "--model", str(model_path), "--name", MODEL, "--port", str(port)),
+        _tessera(*args),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,

@@ -1,10 +1,15 @@
 """End to end on loopback: `tessera gateway`, two `tessera worker` processes running the early-exit ONNX
 model, and the load generator (issue 9 "done when").
 
-Timings on a shared 2-core machine are noisy, so the load is derived from the calibration measured in the
-same session and the assertions are orderings with margins. The regime is the one Orloj targets: a
-bimodal data-dependent model, SLO = 2 × P99 of solo time, load around the batch-1 capacity of the two
-workers' measured capacity (seed-orloj §6.6 / Fig. 4.7 at a tight SLO multiple).
+The workers pad every run to a modelled, input-dependent time (`--pace-*`, gateway_harness.PACE): short
+requests ~20 ms, long ones ~80 ms, batches padded to their longest row and stretched 20% per extra row.
+That makes the data-dependent cost the schedulers plan around dominate the few milliseconds of Python,
+HTTP and CPU contention on a shared 2-core machine, so the comparison measures the policies, not the
+machine. The regime is the one Orloj targets (seed-orloj §4.3, Fig. 4.7 / the spec's reference simulation,
+two-modal at 2× SLO): SLO = 2 × P99 of the calibrated solo times, Poisson load at 0.8 × the two workers'
+calibrated batch-1 capacity — there the spec's simulation gives Orloj ~0.98 against timeout batching's
+~0.40 (tessera.sim with the same batching model). The policies alternate in short rounds and totals
+are compared.
 """
 
 from __future__ import annotations
@@ -17,26 +22,31 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
-from gateway_harness import MODEL, gateway_process, model_config, worker_process
+from gateway_harness import MODEL, PACE, WIDTH, gateway_process, model_config, payloads, worker_process
+from tessera.api.contract import HEADER_APP
+from tessera.gateway.demo_models import early_exit_reference
 from tessera.gateway.loadgen import AppLoad, Result, format_summary, run_load, summarize
 
 pytestmark = pytest.mark.slow
 
-DURATION = 3.0
-ROUNDS = 3
+LOAD = 1.2  # offered load / calibrated batch-1 capacity of the two workers
+ROUND_S = 1.0
+ROUNDS = 4
+# Orloj's finish rate minus timeout batching's, over all rounds. The simulated gap in this regime is
+# ~0.5; over repeated runs here (some beside a CPU-bound process) it stayed above 0.4 (docs/serving-gateway.md).
+MARGIN = 0.15
 ANSWER_STATUSES = {200, 503, 504}
 
 
 def regime(calibration: dict[str, Any]) -> tuple[float, float]:
-    """(SLO seconds, request rate): 2 × P99 of solo times, and three quarters of the two workers' batch-1 capacity as
-    calibrated on an otherwise idle worker — with the gateway, the load generator and both workers sharing
-    two cores, that is already past what they sustain (each process gets well under a core)."""
+    """(SLO seconds, request rate): 2 × P99 of solo times, and LOAD × the two workers' batch-1 capacity."""
     solo = np.array([x for xs in calibration["priors"].values() for x in xs])
     a1, s1 = calibration["latency"]["table"][1]
     batch1 = a1 + s1 * float(solo.mean())
-    return 2.0 * float(np.quantile(solo, 0.99)), 1.5 / batch1
+    return 2.0 * float(np.quantile(solo, 0.99)), LOAD * 2.0 / batch1
 
 
 def load(
@@ -45,11 +55,11 @@ def load(
     slo: float,
     rate: float,
     *,
-    duration: float = DURATION,
+    duration: float = ROUND_S * ROUNDS,
     seed: int = 7,
 ) -> list[Result]:
     apps = [AppLoad(name, p, 1.0, slo * 1000.0) for name, p in payloads.items()]
-    return asyncio.run(run_load(url, MODEL, apps, rate=rate, duration=duration, seed=seed))
+    return asyncio.run(run_load(url, MODEL, apps, rate=rate, duration=duration, seed=seed, progress=False))
 
 
 def metric_total(url: str, outcome: str) -> float:
@@ -58,6 +68,14 @@ def metric_total(url: str, outcome: str) -> float:
     m = re.search(rf'tessera_serving_requests_total\{{[^}}]*outcome="{outcome}"[^}}]*\}} ([0-9.e+]+)', text)
     assert m is not None, f"no {outcome} series in /metrics"
     return float(m.group(1))
+
+
+def assert_all_answered(url: str, rs: list[Result]) -> None:
+    """Every request got an answer: served, or refused with a reason; none lost in transport."""
+    assert rs and all(r.status in ANSWER_STATUSES for r in rs), summarize(rs)
+    assert all(r.reason for r in rs if r.status != 200), summarize(rs)
+    counted = sum(metric_total(url, o) for o in ("slo_met", "slo_missed", "dropped"))
+    assert counted == len(rs), (counted, len(rs))
 
 
 def test_orloj_finishes_more_than_timeout_batching_at_a_tight_slo(
@@ -74,30 +92,30 @@ def test_orloj_finishes_more_than_timeout_batching_at_a_tight_slo(
         ),
     }
     results: dict[str, list[Result]] = {"orloj": [], "timeout": []}
+    per_round: list[dict[str, float]] = []
     with (
         gateway_process(configs["orloj"], tmp_path) as (orloj, _),
-        gateway_process(configs["timeout"], tmp_path) as (
-            timeout,
-            _,
-        ),
+        gateway_process(configs["timeout"], tmp_path) as (timeout, _),
     ):
         urls = {"orloj": orloj, "timeout": timeout}
-        # Alternate short bursts so both policies see the same (shared, noisy) machine.
-        for burst in range(ROUNDS):
-            for policy, url in urls.items():
-                results[policy] += load(url, app_payloads, slo, rate, duration=DURATION / ROUNDS, seed=burst)
+        # Short alternating rounds (order flipped each round, same arrivals for both) so both policies
+        # see the same shared, noisy machine.
+        for rnd in range(ROUNDS):
+            order = list(urls) if rnd % 2 == 0 else list(reversed(urls))
+            rates: dict[str, float] = {}
+            for policy in order:
+                rs = load(urls[policy], app_payloads, slo, rate, duration=ROUND_S, seed=rnd)
+                rates[policy] = summarize(rs)["all"]["finish_rate"]
+                results[policy] += rs
+            per_round.append(rates)
         time.sleep(0.3)  # let the gateways' counters settle after the last answer
         for policy, url in urls.items():
-            rs = results[policy]
-            # Every request got an answer: served, or refused with a reason; none lost in transport.
-            assert rs and all(r.status in ANSWER_STATUSES for r in rs), summarize(rs)
-            assert all(r.reason for r in rs if r.status != 200)
-            counted = sum(metric_total(url, o) for o in ("slo_met", "slo_missed", "dropped"))
-            assert counted == len(rs)
+            assert_all_answered(url, results[policy])
     rates = {p: summarize(rs)["all"]["finish_rate"] for p, rs in results.items()}
     detail = {p: format_summary(summarize(rs)) for p, rs in results.items()}
-    assert rates["orloj"] >= rates["timeout"] + 0.05, (rates, slo, rate, detail)
-    assert rates["orloj"] > 0.1, (rates, detail)
+    print(f"\nslo {slo * 1000:.0f} ms, rate {rate:.1f}/s, finish rates {rates}, rounds {per_round}")
+    assert rates["orloj"] >= rates["timeout"] + MARGIN, (rates, per_round, slo, rate, detail)
+    assert rates["orloj"] > 0.6, (rates, detail)
 
 
 def test_killing_a_worker_mid_run_retries_or_fails_its_requests_and_service_continues(
@@ -107,7 +125,10 @@ def test_killing_a_worker_mid_run_retries_or_fails_its_requests_and_service_cont
     tmp_path: Path,
 ) -> None:
     slo, rate = regime(calibration)
-    with worker_process(demo_model) as (a, _), worker_process(demo_model) as (b, victim):
+    with (
+        worker_process(demo_model, pace=PACE) as (a, _),
+        worker_process(demo_model, pace=PACE) as (b, victim),
+    ):
         cfg = model_config("orloj", [a, b], calibration, slo)
         with gateway_process(cfg, tmp_path) as (url, _):
             killed_at: list[float] = []
@@ -119,7 +140,7 @@ def test_killing_a_worker_mid_run_retries_or_fails_its_requests_and_service_cont
             timer = threading.Timer(1.0, kill)
             t0 = time.perf_counter()
             timer.start()
-            results = load(url, app_payloads, slo, rate)
+            results = load(url, app_payloads, slo, rate, duration=3.0)
             timer.join()
             with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as r:
                 assert r.status == 200  # the surviving worker keeps the model ready
@@ -131,3 +152,55 @@ def test_killing_a_worker_mid_run_retries_or_fails_its_requests_and_service_cont
     assert hit, summarize(results)
     after = [r for r in results if r.sent_at > killed_at[0] - t0 + 0.5]
     assert after and sum(r.status == 200 for r in after) >= 0.3 * len(after), summarize(after)
+
+
+async def _infer_all(url: str, bodies: list[dict[str, Any]], gap_s: float) -> list[tuple[int, Any]]:
+    """Send every body ``gap_s`` apart without waiting for answers; (status, JSON answer) of each."""
+    async with aiohttp.ClientSession() as session:
+
+        async def one(i: int, body: dict[str, Any]) -> tuple[int, Any]:
+            await asyncio.sleep(i * gap_s)
+            async with session.post(
+                f"{url}/v2/models/{MODEL}/infer", json=body, headers={HEADER_APP: "static"}
+            ) as resp:
+                return resp.status, await resp.json(content_type=None)
+
+        return list(await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies))))
+
+
+def test_symphony_batches_across_both_workers_and_answers_every_request_correctly(
+    two_workers: list[str], tmp_path: Path
+) -> None:
+    """Symphony (seed-symphony-orion A.2-A.3) on a static model: every request of a fixed-cost mix is
+    answered, the outputs are the model's, and batches go to both workers."""
+    layers = 20
+    bodies = payloads("short", 120, seed=5)
+    for b in bodies:  # one cost for all: a static model in Symphony's sense
+        b["inputs"][1]["data"] = [layers]
+    solo = PACE["unit_ms"] / 1000.0 * layers
+    # ℓ(b) = α·b + β from the modelled cost solo·(1 + growth·(b − 1)), plus a few ms for the round trip.
+    alpha = solo * PACE["growth"]
+    beta = solo - alpha + 0.005
+    cfg = model_config(
+        "symphony", two_workers, {}, 0.15, symphony={"alpha": alpha, "beta": beta}, max_batch=8
+    )
+    with gateway_process(cfg, tmp_path) as (url, _):
+        # 200 requests/s: twice what two workers sustain one request at a time, so only batching keeps up.
+        answers = asyncio.run(_infer_all(url, bodies, 0.005))
+        time.sleep(0.3)
+        counted = sum(metric_total(url, o) for o in ("slo_met", "slo_missed", "dropped"))
+    assert counted == len(bodies)
+    assert all(status in ANSWER_STATUSES for status, _ in answers), answers
+    assert all(a.get("reason") for status, a in answers if status != 200)
+    served = [(b, a) for b, (status, a) in zip(bodies, answers, strict=True) if status == 200]
+    assert len(served) >= 0.9 * len(bodies), [a for s, a in answers if s != 200][:5]
+    for body, answer in served:
+        x = np.asarray(body["inputs"][0]["data"], dtype=np.float32).reshape(1, WIDTH)
+        (out,) = answer["outputs"]
+        assert out["name"] == "y" and out["shape"] == [1, WIDTH] and out["datatype"] == "FP32"
+        want = early_exit_reference(x, np.array([[layers]]), width=WIDTH)
+        np.testing.assert_allclose(np.asarray(out["data"]).reshape(1, WIDTH), want, rtol=1e-4, atol=1e-4)
+    params = [a["parameters"] for _, a in served]
+    assert {p["tessera_worker"] for p in params} == {0, 1}
+    assert max(p["tessera_batch_size"] for p in params) > 1
+    assert sum(p["tessera_slo_met"] for p in params) >= 0.8 * len(bodies)
