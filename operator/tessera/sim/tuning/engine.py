@@ -72,6 +72,16 @@ class _Trial:
         return (end - self.it) * self.t1
 
 
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A trial (re)started on GPUs: a packed lane on one GPU, or a gang of whole GPUs."""
+
+    time: float
+    trial_id: str
+    gpus: tuple[str, ...]
+    packed: bool
+
+
 @dataclass
 class TuningResult:
     algorithm: str
@@ -109,6 +119,9 @@ class TuningSim:
     _groups: int = field(default=0, init=False)
     _trials: int = field(default=0, init=False)
     _end: float = field(default=0.0, init=False)
+    placements: list[Placed] = field(default_factory=list, init=False)
+    _work_done: float = field(default=0.0, init=False)
+    _started: set[int] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         if self.executor not in ("fifo", "fluid"):
@@ -149,6 +162,24 @@ class TuningSim:
         """GPUs the job could use now (for a Themis bid): whole GPUs asked by running and waiting trials."""
         return sum(max(1, int(t.width)) for t in [*self._running.values(), *self._pending])
 
+    def live_heights(self) -> list[tuple[float, RuntimeModel]]:
+        """(remaining single-GPU seconds to the trial's budget, its runtime model) of every running or
+        waiting trial: what a bid or a remaining-work estimate is made of."""
+        return [((t.spec.budget - t.it) * t.t1, t.model) for t in [*self._running.values(), *self._pending]]
+
+    def used_gpus(self) -> set[str]:
+        """GPUs that running trials occupy (lanes or gangs)."""
+        return {g for t in self._running.values() for g in t.gpus}
+
+    def work_done(self) -> float:
+        """Serial GPU-seconds of trial iterations completed so far (single-GPU speed)."""
+        return self._work_done
+
+    def next_event_time(self) -> float:
+        """Absolute time of the next trial milestone or resume (math.inf when nothing runs)."""
+        dt = self._next_event()
+        return math.inf if dt is None else self.now + dt
+
     def set_pool(self, gpus: list[str]) -> None:
         """The lease changed. Trials lose revoked GPUs (a gang shrinks, a trial with none waits, keeping
         its progress); new GPUs are free for the next plan (DynamicFluid's cluster-change trigger)."""
@@ -161,12 +192,21 @@ class TuningSim:
                 continue
             self._release(t)
             if keep and not t.packed:
-                t.gpus, t.width = keep, Fraction(len(keep))
-                self._running[t.spec.trial_id] = t
+                t.width = Fraction(len(keep))
+                self._start(t, keep, packed=False)
+                t.pause_until = self.now + self.fluid.epsilon  # a gang change is a reconfiguration
             else:
                 t.gpus, t.packed = (), False
                 self._pending.insert(0, t)
         self.pool = self.cluster.sorted(new)
+        if self.executor == "fluid":
+            # Trials that never started were planned for the old GPU set: plan them again on the idle
+            # GPUs of the new one (the cluster-change trigger, spec §2.5 [L1659-1661]).
+            fresh = [t for t in self._pending if t.it == t.spec.start and t.seq not in self._started]
+            if fresh:
+                rest = [t for t in self._pending if t not in fresh]
+                self._set_static_widths(fresh)
+                self._pending = rest + fresh
         self._plan()
 
     def advance(self, until: float) -> None:
@@ -179,7 +219,7 @@ class TuningSim:
                         f"{self.algorithm.name} is waiting for nothing: no trial runs or waits"
                     )
                 dt = math.inf  # waiting for GPUs
-            if self.now + dt > until:
+            if self.now + dt > until + _TOL * max(1.0, abs(until)):  # due within rounding: handle it now
                 if math.isfinite(until):
                     self._progress(until - self.now)
                     self.now = until
@@ -217,7 +257,9 @@ class TuningSim:
             if t.pause_until > self.now:
                 active = max(0.0, dt - (t.pause_until - self.now))
             it_time = self._iter_time(t)
+            before = t.it
             t.it = min(t.stops[0], t.it + active / it_time)
+            self._work_done += (t.it - before) * t.t1
             share = self.trials_model.gpu_util * t.t1 / (it_time * len(t.gpus)) * (active / dt)
             for g in t.gpus:
                 util[g] = util.get(g, 0.0) + share
@@ -265,20 +307,22 @@ class TuningSim:
                 )
                 new.append(t)
             if self.executor == "fluid" and new:
-                # Alg. 3.1 plans a new group on the *idle* GPUs. With none idle (only open lanes left),
-                # every ⌊h/Σh·n⌋ is 0 and Eq. B.1 maps it to 1/c: the group packs into the open lanes
-                # instead of queueing for a whole GPU that is not there.
-                idle = len(self._free())
-                widths = (
-                    static_widths([t.h1(self.horizon) for t in new], idle, self.fluid)
-                    if idle
-                    else [Fraction(1, self.fluid.c)] * len(new)
-                )
-                for t, w in zip(new, widths, strict=True):
-                    t.width = w
-                new.sort(key=lambda t: (-t.width, -t.h1(self.horizon)))
+                self._set_static_widths(new)
             self._pending.extend(new)
         self._plan()
+
+    def _set_static_widths(self, trials: list[_Trial]) -> None:
+        """StaticFluid (Alg. 3.1) widths for trials that have not started, on the idle GPUs.
+
+        With none idle (only open lanes left), every ⌊h/Σh·n⌋ is 0 and Eq. B.1 maps it to 1/c: the
+        group packs into the open lanes instead of queueing for a whole GPU that is not there.
+        """
+        idle = len(self._free())
+        hs = [t.h1(self.horizon) for t in trials]
+        widths = static_widths(hs, idle, self.fluid) if idle else [Fraction(1, self.fluid.c)] * len(trials)
+        for t, w in zip(trials, widths, strict=True):
+            t.width = w
+        trials.sort(key=lambda t: (-t.width, -t.h1(self.horizon)))
 
     def _free(self) -> list[str]:
         used = {g for t in self._running.values() for g in t.gpus}
@@ -295,6 +339,8 @@ class TuningSim:
 
     def _start(self, t: _Trial, gpus: tuple[str, ...], packed: bool) -> None:
         t.gpus, t.packed = gpus, packed
+        self._started.add(t.seq)
+        self.placements.append(Placed(self.now, t.spec.trial_id, gpus, packed))
         if packed:
             self._lanes.setdefault(gpus[0], []).append(t.spec.trial_id)
         self._running[t.spec.trial_id] = t
