@@ -91,3 +91,11 @@ def test_cli_runs_a_tuning_file(tmp_path: Path) -> None:
         [sys.executable, "-m", "tessera.cli", "simulate", str(bad)], capture_output=True, text=True
     )
     assert err.returncode == 2 and f"{bad}: gpus:" in err.stderr
+
+
+def test_figures_command_writes_the_documented_plots(tmp_path: Path) -> None:
+    from tessera.sim.tuning import figures
+
+    assert figures.main([str(tmp_path)]) == 0
+    for name in ("fluid-macro.png", "fluid-asha-scaling.png", "fluid-overhead.png"):
+        assert (tmp_path / name).stat().st_size > 1000
