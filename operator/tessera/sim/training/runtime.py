@@ -134,7 +134,7 @@ class JobSetRuntime:
             mine = tuple(g for g in j.gpus if g in self.gpus)[:t]
             keep.append(mine)
             taken.update(mine)
-        pool = FreePool(self.cluster, [g for g in self.gpus if g not in taken])
+        pool = FreePool(self.cluster, self.cluster.sorted(g for g in self.gpus if g not in taken))
         for j, t, mine in zip(live, targets, keep, strict=True):
             extra = pool.take(Anchor.of(self.cluster, mine), t - len(mine)) if t > len(mine) else []
             new = tuple(mine) + tuple(extra)
