@@ -34,6 +34,7 @@ ANN_WORKLOAD: Final = f"{GROUP}/workload"  # training | trial | serving [+ class
 ANN_NODE_GPUS: Final = f"{GROUP}/gpus"  # agent → everyone: per-GPU inventory on the Node
 ANN_PROGRESS: Final = f"{GROUP}/progress"  # workload → operator: iterations done (pod annotation)
 ANN_ALLOCATED: Final = f"{GROUP}/allocated"  # agent: device IDs Allocate gave this pod (marks it served)
+ANN_GPU_POOL: Final = f"{GROUP}/gpu-pool"  # operator: GPUs a TrialGroup owns (JSON ["node/index", ...])
 
 # Labels.
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
@@ -66,6 +67,9 @@ ENV_PROGRESS_ENDPOINT: Final = "TESSERA_PROGRESS_ENDPOINT"
 ENV_COORDINATOR_SOCKET: Final = "TESSERA_COORDINATOR_SOCKET"
 ENV_JOB: Final = "TESSERA_JOB"
 ENV_TRIAL: Final = "TESSERA_TRIAL"
+ENV_TRIAL_CONFIG: Final = "TESSERA_TRIAL_CONFIG"  # a trial's hyper-parameters (JSON object)
+ENV_MODEL: Final = "TESSERA_MODEL"  # the model a serving worker loads
+ENV_REPLICA: Final = "TESSERA_REPLICA"  # a serving worker's replica index
 
 # Device plugin.
 DEVICE_PLUGIN_DIR: Final = "/var/lib/kubelet/device-plugins/"

@@ -20,7 +20,7 @@ from tessera.cluster import Cluster, Sensitivity
 from tessera.controller.estimator import JobWork, estimator_for
 from tessera.controller.pods import PodPlan
 from tessera.controller.view import PodInfo, gpu_id, group_by_node, split_gpu_id
-from tessera.policy.themis.estimate import NAvg
+from tessera.policy.themis.estimate import HalvingPlan, NAvg
 from tessera.policy.training import AppState
 
 
@@ -117,6 +117,19 @@ class AppRecord:
         ).placement_sensitivity
         return Sensitivity(worst.slot, worst.machine, worst.cross_machine, worst.cross_rack)
 
+    def halving_plan(self) -> HalvingPlan | None:
+        """The Eq. 2 plan when the spec carries successive-halving settings with per-phase iterations;
+        without itersPerPhase the jobs are estimated as independent (the last job sets the time)."""
+        sh = self.spec.tuning.successive_halving
+        if self.spec.tuning.mode != "successiveHalving" or sh is None or not sh.iters_per_phase:
+            return None
+        return HalvingPlan(
+            num_configs=sh.num_configs,
+            iters_per_phase=tuple(float(i) for i in sh.iters_per_phase),
+            job_demand_max=max(j.max_gpus for j in self.spec.jobs),
+            eta=sh.eta,
+        )
+
     def work(self) -> tuple[float, float]:
         total = sum(self.target_iters(j) * j.iter_time_serial_seconds for j in self.spec.jobs)
         left = sum(self.iters_left(j) * j.iter_time_serial_seconds for j in self.spec.jobs)
@@ -126,7 +139,13 @@ class AppRecord:
         """The AppState a TrainingPolicy expects (tessera.policy.training), from spec + progress."""
         total, left = self.work()
         jobs = [
-            JobWork(j.name, self.iters_left(j), j.iter_time_serial_seconds, j.max_gpus)
+            JobWork(
+                j.name,
+                self.iters_left(j),
+                j.iter_time_serial_seconds,
+                j.max_gpus,
+                float(self.done_iters.get(j.name, 0)),
+            )
             for j in self.spec.jobs
         ]
         n_avg = self.navg.value(now) if self.navg is not None else 1.0
@@ -140,7 +159,7 @@ class AppRecord:
             remaining_work=left,
             attained_service=self.active_gpu_seconds,
             n_avg=max(1.0, n_avg),
-            estimator=estimator_for(jobs),
+            estimator=estimator_for(jobs, self.halving_plan()),
         )
 
     # --- progress ---------------------------------------------------------------------------------

@@ -69,6 +69,8 @@ class Arbiter:
         self.lock = asyncio.Lock()
         self._written: dict[tuple[str, str], dict[str, Any]] = {}
         self.rounds = 0
+        # GPUs that TrialGroup pools and serving workers reserve: never offered in an auction.
+        self.reserved: Callable[[], set[str]] = set
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -139,7 +141,8 @@ class Arbiter:
         active = [r for r in self.records.values() if not r.done]
         held = {g for r in active for g in r.held()}
         others = self.view.used_by_pods(exclude_label=contract.LABEL_APP)
-        free = [g for g in healthy_gpus(cluster) if g not in held and g not in others]
+        reserved = self.reserved()
+        free = [g for g in healthy_gpus(cluster) if g not in held and g not in others and g not in reserved]
         report.free = len(free)
         if free and active:
             states = [r.state(now) for r in active]

@@ -3,9 +3,8 @@
 Built from the App's spec (iterTotal, iterTimeSerialSeconds, maxGPUs per job) and the progress the
 workloads reported. One job is Eq. 1 (spec seed-themis §1.4, paper L880-L946), evaluated with
 `tessera.policy.themis.estimate.single_job_remaining`. Several independent jobs use the bound "T_sh is set
-by the job that finishes last" (L1039-L1057) in its list-scheduling form
-max(Σw / min(k, Σd), max_j w_j / min(k, d_j)) — the same rule the training simulator's JobSetRuntime uses
-(that copy lives in tessera.sim, which the controller must not import).
+by the job that finishes last" (L1039-L1057), `tessera.policy.themis.apps.last_job_finish_time`. A successive-halving App (spec
+tuning.successiveHalving) answers with Eq. 2, `tessera.policy.themis.estimate.halving_remaining`.
 """
 
 from __future__ import annotations
@@ -14,7 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tessera.policy.themis.estimate import single_job_remaining
+from tessera.policy.themis.apps import JobLoad, last_job_finish_time
+from tessera.policy.themis.estimate import HalvingPlan, halving_remaining, single_job_remaining
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,7 @@ class JobWork:
     iters_left: float
     iter_time_serial: float
     max_gpus: int
+    iters_done: float = 0.0
 
     @property
     def work(self) -> float:
@@ -47,11 +48,41 @@ class JobSetEstimator:
         if len(live) == 1:
             j = live[0]
             return single_job_remaining(j.iters_left, j.iter_time_serial, slowdown, gpus, j.max_gpus)
-        total = sum(j.work for j in live)
-        dsum = sum(j.max_gpus for j in live)
-        longest = max(j.work / min(gpus, j.max_gpus) for j in live)
-        return slowdown * max(total / min(gpus, dsum), longest)
+        return last_job_finish_time([JobLoad(j.work, j.max_gpus) for j in live], gpus, slowdown)
 
 
-def estimator_for(jobs: Sequence[JobWork]) -> JobSetEstimator:
+@dataclass(frozen=True, slots=True)
+class HalvingEstimator:
+    """A successive-halving App (spec seed-themis §1.5a): Eq. 2 over the rest of the current phase and
+    every future phase. The phase is read from how many jobs are still live: phase p runs n / η^p jobs
+    (the tuner marks the dropped configs done by letting their pods exit)."""
+
+    plan: HalvingPlan
+    jobs: tuple[JobWork, ...]
+
+    @property
+    def phase(self) -> int:
+        live = sum(1 for j in self.jobs if j.iters_left > 0)
+        phase = 0
+        for p in range(self.plan.num_phases):
+            if self.plan.jobs_in_phase(p) >= live:
+                phase = p
+        return phase
+
+    def remaining_time(self, gpus: int, slowdown: float) -> float:
+        live = [j for j in self.jobs if j.iters_left > 0]
+        if not live:
+            return 0.0
+        phase = self.phase
+        through = sum(self.plan.iters_per_phase[: phase + 1])
+        lefts = [min(j.iters_left, max(0.0, through - j.iters_done)) for j in live]
+        times = [j.iter_time_serial for j in live]
+        return halving_remaining(self.plan, phase, lefts, times, None, gpus, slowdown)
+
+
+def estimator_for(
+    jobs: Sequence[JobWork], halving: HalvingPlan | None = None
+) -> JobSetEstimator | HalvingEstimator:
+    if halving is not None:
+        return HalvingEstimator(halving, tuple(jobs))
     return JobSetEstimator(tuple(jobs))

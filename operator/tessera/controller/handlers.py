@@ -23,6 +23,7 @@ from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
+from tessera.controller.tuning import TrialGroups
 from tessera.controller.view import ClusterView
 from tessera.metrics import ComponentMetrics
 from tessera.policy.themis import admit
@@ -39,6 +40,7 @@ class Controller:
     view: ClusterView = field(default_factory=ClusterView)
     api: KubeApi | None = None
     arbiter: Arbiter | None = None
+    trialgroups: TrialGroups | None = None
     connection: kopf.ConnectionInfo | None = None
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
 
@@ -50,6 +52,25 @@ class Controller:
     def start(self, conn: kopf.ConnectionInfo) -> None:
         self.api = KubeApi(conn)
         self.arbiter = Arbiter(self.config, self.view, self.api, self.metrics, self.post_event)
+        self.trialgroups = TrialGroups(
+            self.config, self.view, self.api, self.metrics, self.post_event, self.app_gpus
+        )
+        self.arbiter.reserved = self.reserved_by_others
+
+    def app_gpus(self) -> set[str]:
+        """GPUs that App leases hold (TrialGroup pools and serving are drawn from the rest)."""
+        if self.arbiter is None:
+            return set()
+        return {g for r in self.arbiter.records.values() if not r.done for g in r.held()}
+
+    def reserved_by_others(self) -> set[str]:
+        """GPUs Themis must not auction: TrialGroup pools."""
+        return self.trialgroups.reserved() if self.trialgroups is not None else set()
+
+    def need_trialgroups(self) -> TrialGroups:
+        if self.trialgroups is None:
+            raise kopf.TemporaryError("operator not logged in yet", delay=1)
+        return self.trialgroups
 
     def need_arbiter(self) -> Arbiter:
         if self.arbiter is None:
@@ -166,5 +187,25 @@ def make_registry(
         for pod in pods:
             await ctl.api.delete(PODS, namespace, pod.name, grace_seconds=config.preemption_grace_s)
         ctl.post_event(dict(body), "Normal", "Cleanup", f"deleted {len(pods)} pod(s); leases returned")
+
+    # --- TrialGroup -------------------------------------------------------------------------------
+
+    @kopf.on.resume(G, V, contract.PLURAL_TRIALGROUP, registry=registry)
+    @kopf.on.create(G, V, contract.PLURAL_TRIALGROUP, registry=registry)
+    @kopf.on.update(G, V, contract.PLURAL_TRIALGROUP, field="spec", registry=registry)
+    async def trialgroup_reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        await ctl.need_trialgroups().reconcile(dict(body), patch)
+
+    @kopf.timer(G, V, contract.PLURAL_TRIALGROUP, interval=config.tick, registry=registry)
+    async def trialgroup_tick(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        # Trials end on pod events; the timer folds them in and re-plans (kopf pauses it on a passive peer).
+        if ctl.trialgroups is not None and not body.metadata.get("deletionTimestamp"):
+            await ctl.trialgroups.reconcile(dict(body), patch)
+
+    @kopf.on.delete(G, V, contract.PLURAL_TRIALGROUP, registry=registry)
+    async def trialgroup_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+        await ctl.need_trialgroups().delete(namespace, name, dict(body))
+        if ctl.arbiter is not None:
+            ctl.arbiter.dirty = True  # the pool's GPUs are free for Apps again
 
     return registry, ctl

@@ -151,3 +151,35 @@ def plain_gpu_pod(name: str, node: str, index: int) -> dict[str, Any]:
         "spec": {"containers": [{"name": "c", "image": "x"}]},
         "status": {"phase": "Running"},
     }
+
+
+def tg_body(name: str, trials: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": "TrialGroup",
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": {"template": TEMPLATE, "trials": trials, **spec},
+    }
+
+
+def trial(name: str, iters: int, t: float = 1.0, **config: Any) -> dict[str, Any]:
+    return {"name": name, "budgetIterations": iters, "iterTimeSeconds": t, "config": config}
+
+
+def events(k: kmock.KubernetesEmulator, reason: str) -> list[dict[str, Any]]:
+    return [dict(o) for _, o in list(k.objects.items()) if dict(o).get("reason") == reason]
+
+
+def status_of(k: kmock.KubernetesEmulator, resource: str, name: str) -> dict[str, Any]:
+    try:
+        return dict(k.objects[resource, NS, name]).get("status") or {}
+    except KeyError:
+        return {}
+
+
+async def set_pod_phase(k: kmock.KubernetesEmulator, name: str, phase: str, **annotations: str) -> None:
+    """Move a pod the way the kubelet would (through the API, so the operator's watch sees it)."""
+    body: dict[str, Any] = {"status": {"phase": phase}}
+    if annotations:
+        body["metadata"] = {"annotations": annotations}
+    await k.patch(f"/api/v1/namespaces/{NS}/pods/{name}", json=body)

@@ -1,0 +1,236 @@
+"""Reconcile TrialGroups: pool, Fluid plan, trial pods, status, events and metrics.
+
+Runs inside kopf handlers of the TrialGroup (create/resume/update and a short timer), so every write to
+the group itself goes through kopf's `patch` and only the active peer acts. One pass: parse, make sure
+the group owns its GPU pool, fold trial pods' progress in, re-plan with Fluid when a trial ended (or the
+pool changed), make the pods match the plan (gang per trial), then write status only when it changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from tessera.api import contract
+from tessera.api.resources import ManifestError
+from tessera.cluster import Cluster
+from tessera.controller.arbiter import PostEvent
+from tessera.controller.conditions import condition, invalid_status
+from tessera.controller.config import OperatorConfig
+from tessera.controller.kube import PODS, KubeApi
+from tessera.controller.pods import Owner, PodPlan, template_errors
+from tessera.controller.sync import sync_pods
+from tessera.controller.trialgroups import (
+    ENDED,
+    TrialGroupRecord,
+    choose_pool,
+    pool_annotation,
+    pool_size_wanted,
+    record_from_body,
+    recover_placement,
+)
+from tessera.controller.view import ClusterView, healthy_gpus
+from tessera.metrics import ComponentMetrics
+
+log = logging.getLogger(__name__)
+
+Reserved = Callable[[], set[str]]
+
+
+def _stamp() -> str:
+    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class TrialGroups:
+    """Every TrialGroup's record, and the GPUs their pools reserve (kept out of Themis' free set)."""
+
+    def __init__(
+        self,
+        config: OperatorConfig,
+        view: ClusterView,
+        api: KubeApi,
+        metrics: ComponentMetrics,
+        post_event: PostEvent,
+        held_elsewhere: Reserved,
+    ) -> None:
+        self.config = config
+        self.view = view
+        self.api = api
+        self.metrics = metrics
+        self.post_event = post_event
+        self.held_elsewhere = held_elsewhere  # App leases and serving workers
+        self.records: dict[tuple[str, str], TrialGroupRecord] = {}
+        self.lock = asyncio.Lock()
+        self.replans = 0
+
+    def reserved(self) -> set[str]:
+        return {g for r in self.records.values() if not r.done for g in r.pool}
+
+    def free_gpus(self, cluster: Cluster) -> list[str]:
+        taken = self.reserved() | self.held_elsewhere() | self.view.used_by_pods()
+        return [g for g in healthy_gpus(cluster) if g not in taken]
+
+    async def forget(self, key: tuple[str, str]) -> None:
+        async with self.lock:
+            self.records.pop(key, None)
+
+    async def reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
+        async with self.lock:
+            await self._reconcile(body, patch)
+
+    async def _reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        try:
+            fresh = record_from_body(body)
+        except ManifestError as err:
+            self._invalid(body, patch, invalid_status(err))
+            return
+        bad = template_errors((body.get("spec") or {}).get("template"), "spec.template")
+        if bad:
+            self._invalid(body, patch, invalid_status(bad))
+            return
+        rec = self.records.get(key)
+        replan = False
+        if rec is None or rec.uid != fresh.uid:
+            rec = self.records[key] = fresh
+        elif rec.spec != fresh.spec:
+            fresh.pool, fresh.placement = rec.pool, rec.placement
+            for name, st in rec.trials.items():
+                if name in fresh.trials:
+                    fresh.trials[name] = st
+            rec = self.records[key] = fresh
+            replan = True
+        rec.body = body
+        cluster = self.view.cluster()
+        if not len(cluster):
+            return  # the node watch has not listed yet
+        if not rec.pool and not await self._acquire(rec, cluster, patch):
+            return
+        healthy = set(healthy_gpus(cluster))
+        if not set(rec.pool) <= healthy:
+            lost = sorted(set(rec.pool) - healthy)
+            rec.pool = [g for g in rec.pool if g in healthy]
+            patch.metadata.setdefault("annotations", {})[contract.ANN_GPU_POOL] = pool_annotation(rec.pool)
+            self._event(rec, "Warning", "PoolShrunk", f"GPUs gone or unhealthy: {', '.join(lost)}")
+            replan = True
+        if rec.placement is None:
+            recover_placement(rec, cluster)
+        pods = self.view.pods_with(contract.LABEL_TRIALGROUP, rec.name, rec.namespace)
+        for trial, phase in rec.observe(pods):
+            reason = "TrialCompleted" if phase == "Completed" else "TrialStopped"
+            self._event(rec, "Normal", reason, f"trial {trial}: {phase.lower()}; re-planning")
+            replan = True
+        if (replan or rec.placement is None) and not rec.done and rec.pool:
+            try:
+                placement = rec.plan(cluster)
+            except ValueError as err:
+                self._event(rec, "Warning", "PlanFailed", str(err))
+                patch.status["conditions"] = [condition("Planned", False, "PlanFailed", str(err))]
+                return
+            self.replans += 1
+            widths = ", ".join(
+                f"{t}={float(w):g}" for t, w in sorted(placement.widths.items()) if t not in placement.queued
+            )
+            queued = f"; queued: {', '.join(placement.queued)}" if placement.queued else ""
+            self._event(rec, "Normal", "Planned", f"Fluid {rec.last_rule}: widths {widths}{queued}")
+            rec.last_time = _stamp()
+        await self._sync(rec)
+        status = rec.status(rec.last_time or _stamp())
+        status["conditions"] = [condition("Valid", True, "Planned", "Fluid plans this group")]
+        old = {k: v for k, v in (body.get("status") or {}).items() if k != "conditions"}
+        if {k: v for k, v in status.items() if k != "conditions"} != old:
+            patch.status.update(status)
+        self._metrics(rec)
+
+    async def _acquire(self, rec: TrialGroupRecord, cluster: Cluster, patch: kopf.Patch) -> bool:
+        free = self.free_gpus(cluster)
+        n = pool_size_wanted(rec.spec, len(free))
+        if n < 1 or len(free) < n:
+            msg = f"waiting for {max(n, 1)} free GPUs ({len(free)} free)"
+            conds = (rec.body.get("status") or {}).get("conditions") or []
+            if not any(c.get("reason") == "WaitingForGPUs" for c in conds):
+                patch.status["phase"] = "Pending"
+                patch.status["conditions"] = [condition("GPUsAvailable", False, "WaitingForGPUs", msg)]
+                self._event(rec, "Normal", "WaitingForGPUs", msg)
+            return False
+        rec.pool = choose_pool(cluster, free, n)
+        patch.metadata.setdefault("annotations", {})[contract.ANN_GPU_POOL] = pool_annotation(rec.pool)
+        self._event(rec, "Normal", "PoolAcquired", f"{n} GPUs: {', '.join(rec.pool)}")
+        return True
+
+    async def _sync(self, rec: TrialGroupRecord) -> None:
+        owner = Owner(contract.KIND_TRIALGROUP, rec.name, rec.namespace, rec.uid)
+        ended = {name for name, st in rec.trials.items() if st.phase in ENDED}
+        # Exited pods of ended trials stay (logs, results); everything else must match the plan.
+        existing = [
+            p
+            for p in self.view.pods_with(contract.LABEL_TRIALGROUP, rec.name, rec.namespace)
+            if not (p.finished and p.labels.get(contract.LABEL_TRIAL) in ended)
+        ]
+        template = dict((rec.body.get("spec") or {}).get("template") or {})
+
+        def gang(p: PodPlan) -> str:
+            return p.labels[contract.LABEL_TRIAL]
+
+        result = await sync_pods(
+            self.api,
+            owner,
+            rec.pod_plans(),
+            existing,
+            gang_of=gang,
+            template_of=lambda _p: template,
+            workload_class=contract.CLASS_BEST_EFFORT,
+            grace_seconds=self.config.preemption_grace_s,
+        )
+        if result.deleted:
+            self._event(rec, "Normal", "TrialPodsDeleted", ", ".join(result.deleted))
+        if result.created:
+            self._event(rec, "Normal", "TrialPodsCreated", ", ".join(result.created))
+        for trial, why in result.failed_gangs.items():
+            self._event(rec, "Warning", "GangFailed", f"trial {trial}: no pods created: {why}")
+
+    async def delete(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        await self.forget((namespace, name))
+        pods = self.view.pods_with(contract.LABEL_TRIALGROUP, name, namespace)
+        for pod in pods:
+            await self.api.delete(PODS, namespace, pod.name, grace_seconds=self.config.preemption_grace_s)
+        self.post_event(body, "Normal", "Cleanup", f"deleted {len(pods)} pod(s); GPU pool returned")
+
+    def _metrics(self, rec: TrialGroupRecord) -> None:
+        base = {"namespace": rec.namespace, "trialgroup": rec.name}
+        counts = {s: 0 for s in ("pending", "running", "completed", "stopped", "failed")}
+        for t in rec.spec.trials:
+            st = rec.trials[t.name]
+            state = {"Completed": "completed", "Stopped": "stopped", "Running": "running"}.get(
+                st.phase, "pending"
+            )
+            counts[state] += 1
+            labels = {**base, "trial": t.name}
+            width = float(st.width) if st.width is not None and st.phase not in ENDED else 0.0
+            self.metrics.gauge("tessera_trial_width").labels(**labels).set(width)
+            self.metrics.gauge("tessera_trial_progress_ratio").labels(**labels).set(
+                min(1.0, st.iterations_done / t.budget_iterations)
+            )
+        for state, n in counts.items():
+            self.metrics.gauge("tessera_trialgroup_trials").labels(**base, state=state).set(n)
+
+    def _invalid(self, body: dict[str, Any], patch: kopf.Patch, report: tuple[dict[str, Any], str]) -> None:
+        status, msg = report
+        if (body.get("status") or {}).get("phase") == "Failed":
+            return  # reported already; a repeat would only add events
+        patch.status.update(status)
+        self.post_event(body, "Warning", "InvalidSpec", msg)
+
+    def _event(self, rec: TrialGroupRecord, type_: str, reason: str, message: str) -> None:
+        body = {
+            "apiVersion": contract.API_VERSION,
+            "kind": contract.KIND_TRIALGROUP,
+            "metadata": {"name": rec.name, "namespace": rec.namespace, "uid": rec.uid},
+        }
+        self.post_event(body, type_, reason, message)
