@@ -132,6 +132,7 @@ async def run_load(
                 data = loads(await resp.read())
                 if status != 200:
                     reason = str(data.get("reason") or data.get("error")) if isinstance(data, dict) else None
+                    retries = int(data.get("retries", 0)) if isinstance(data, dict) else 0
                 elif isinstance(data, dict):
                     retries = int((data.get("parameters") or {}).get("tessera_retries", 0))
         except (aiohttp.ClientError, TimeoutError, ValueError) as err:

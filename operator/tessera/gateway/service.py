@@ -183,7 +183,7 @@ class ModelService:
             self.metrics.queue_length(self.queued)
 
     def _fail(self, p: Pending, status: int, reason: str, message: str) -> None:
-        self._resolve(p, Outcome(status, _err(message, reason)), OUTCOME_DROPPED, None)
+        self._resolve(p, Outcome(status, _err(message, reason, p.retries)), OUTCOME_DROPPED, None)
 
     def _handle_drops(self, drops: list[Drop]) -> None:
         for d in drops:
@@ -427,5 +427,6 @@ class ModelService:
                     )
 
 
-def _err(message: str, reason: str) -> bytes:
-    return dumps({"error": message, "reason": reason})
+def _err(message: str, reason: str, retries: int = 0) -> bytes:
+    """An error answer; ``retries`` says how often a worker failure re-queued the request first."""
+    return dumps({"error": message, "reason": reason, "retries": retries})
