@@ -44,9 +44,6 @@ def _run(name: str, ni: float | None = None, f: float = 0.8, lease: float = 600.
     return PolicySummary.of(simulate(policy, CLUSTER, _trace(ni), random.Random(SEED), SimConfig()))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="gap: Optimus edges Themis on max ρ at this size (see docs/results-themis.md)"
-)
 def test_themis_has_the_lowest_max_rho() -> None:
     themis = _run("themis")
     for name in BASELINES:
