@@ -20,6 +20,7 @@ from tessera.controller.apps import record_from_body, template_of
 from tessera.controller.arbiter import Arbiter
 from tessera.controller.conditions import condition, invalid_status
 from tessera.controller.config import OperatorConfig
+from tessera.controller.deployments import ModelDeployments
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
@@ -41,6 +42,7 @@ class Controller:
     api: KubeApi | None = None
     arbiter: Arbiter | None = None
     trialgroups: TrialGroups | None = None
+    deployments: ModelDeployments | None = None
     connection: kopf.ConnectionInfo | None = None
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
 
@@ -53,7 +55,10 @@ class Controller:
         self.api = KubeApi(conn)
         self.arbiter = Arbiter(self.config, self.view, self.api, self.metrics, self.post_event)
         self.trialgroups = TrialGroups(
-            self.config, self.view, self.api, self.metrics, self.post_event, self.app_gpus
+            self.config, self.view, self.api, self.metrics, self.post_event, self.serving_and_app_gpus
+        )
+        self.deployments = ModelDeployments(
+            self.config, self.view, self.api, self.metrics, self.post_event, self.app_and_pool_gpus
         )
         self.arbiter.reserved = self.reserved_by_others
 
@@ -64,8 +69,20 @@ class Controller:
         return {g for r in self.arbiter.records.values() if not r.done for g in r.held()}
 
     def reserved_by_others(self) -> set[str]:
-        """GPUs Themis must not auction: TrialGroup pools."""
-        return self.trialgroups.reserved() if self.trialgroups is not None else set()
+        """GPUs Themis must not auction: TrialGroup pools and serving replicas."""
+        out = self.trialgroups.reserved() if self.trialgroups is not None else set()
+        return out | (self.deployments.reserved() if self.deployments is not None else set())
+
+    def serving_and_app_gpus(self) -> set[str]:
+        return self.app_gpus() | (self.deployments.reserved() if self.deployments is not None else set())
+
+    def app_and_pool_gpus(self) -> set[str]:
+        return self.app_gpus() | (self.trialgroups.reserved() if self.trialgroups is not None else set())
+
+    def need_deployments(self) -> ModelDeployments:
+        if self.deployments is None:
+            raise kopf.TemporaryError("operator not logged in yet", delay=1)
+        return self.deployments
 
     def need_trialgroups(self) -> TrialGroups:
         if self.trialgroups is None:
@@ -207,5 +224,24 @@ def make_registry(
         await ctl.need_trialgroups().delete(namespace, name, dict(body))
         if ctl.arbiter is not None:
             ctl.arbiter.dirty = True  # the pool's GPUs are free for Apps again
+
+    # --- ModelDeployment --------------------------------------------------------------------------
+
+    @kopf.on.resume(G, V, contract.PLURAL_MODELDEPLOYMENT, registry=registry)
+    @kopf.on.create(G, V, contract.PLURAL_MODELDEPLOYMENT, registry=registry)
+    @kopf.on.update(G, V, contract.PLURAL_MODELDEPLOYMENT, registry=registry)
+    async def deployment_reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        await ctl.need_deployments().reconcile(dict(body), patch)
+
+    @kopf.timer(G, V, contract.PLURAL_MODELDEPLOYMENT, interval=config.tick, registry=registry)
+    async def deployment_tick(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        if ctl.deployments is not None and not body.metadata.get("deletionTimestamp"):
+            await ctl.deployments.reconcile(dict(body), patch)
+
+    @kopf.on.delete(G, V, contract.PLURAL_MODELDEPLOYMENT, registry=registry)
+    async def deployment_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+        await ctl.need_deployments().delete(namespace, name, dict(body))
+        if ctl.arbiter is not None:
+            ctl.arbiter.dirty = True
 
     return registry, ctl

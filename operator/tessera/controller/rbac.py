@@ -34,6 +34,8 @@ RULES: tuple[Rule, ...] = (
     Rule((contract.GROUP,), tuple(f"{p}/status" for p in _CRS), ("get", "patch")),
     Rule(("",), ("pods",), ("get", "list", "watch", "create", "delete")),
     Rule(("",), ("nodes",), ("get", "list", "watch")),
+    Rule(("",), ("services", "configmaps"), ("get", "create", "patch", "delete")),
+    Rule(("apps",), ("deployments",), ("get", "create", "patch", "delete")),
     Rule(("",), ("events",), ("create",)),
     Rule(("",), ("namespaces",), ("list", "watch")),
     Rule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch")),

@@ -183,3 +183,24 @@ async def set_pod_phase(k: kmock.KubernetesEmulator, name: str, phase: str, **an
     if annotations:
         body["metadata"] = {"annotations": annotations}
     await k.patch(f"/api/v1/namespaces/{NS}/pods/{name}", json=body)
+
+
+def md_body(name: str, rps: float, **spec: Any) -> dict[str, Any]:
+    """A static model with a measured ℓ(b) (ms at batch 1, 2, 4, 8) and a 100 ms SLO."""
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": "ModelDeployment",
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": {
+            "template": {"spec": {"containers": [{"name": "worker", "image": "worker:1"}]}},
+            "model": {"name": "resnet", "dynamic": False},
+            "slo": {"latencyMs": 100},
+            "traffic": {"expectedRps": rps},
+            "batching": {
+                "supportedBatchSizes": [1, 2, 4, 8],
+                "latencyModel": {"type": "perBatchSize", "perBatchSizeMs": [10, 15, 25, 45]},
+            },
+            "gpu": {"lane": {"memoryMiB": 4096, "computePercent": 50}},
+            **spec,
+        },
+    }

@@ -1,0 +1,222 @@
+"""Reconcile ModelDeployments: replica count, worker pods on lanes, the gateway, status and events.
+
+Runs in kopf handlers of the ModelDeployment (create/resume/update and a timer, paused on a passive
+peer). A pass: parse; decide replicas (tessera.controller.serving.desired_replicas, Symphony's rule);
+keep the GPUs of replicas that stay, take free GPUs for new ones, release the last ones on scale-down;
+make worker pods match (one gang per replica), apply the gateway objects; write status when it changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+
+from tessera.api import contract
+from tessera.api.resources import ManifestError
+from tessera.controller.arbiter import PostEvent
+from tessera.controller.conditions import condition, invalid_status
+from tessera.controller.config import OperatorConfig
+from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind, KubeApi
+from tessera.controller.pods import Owner, PodPlan, template_errors
+from tessera.controller.serving import ServingRecord, desired_replicas, record_from_body
+from tessera.controller.sync import sync_pods
+from tessera.controller.view import ClusterView, healthy_gpus
+from tessera.metrics import ComponentMetrics
+
+log = logging.getLogger(__name__)
+
+KINDS: dict[str, Kind] = {"configmaps": CONFIGMAPS, "deployments": DEPLOYMENTS, "services": SERVICES}
+
+
+class ModelDeployments:
+    def __init__(
+        self,
+        config: OperatorConfig,
+        view: ClusterView,
+        api: KubeApi,
+        metrics: ComponentMetrics,
+        post_event: PostEvent,
+        held_elsewhere: Callable[[], set[str]],
+    ) -> None:
+        self.config = config
+        self.view = view
+        self.api = api
+        self.metrics = metrics
+        self.post_event = post_event
+        self.held_elsewhere = held_elsewhere  # App leases and TrialGroup pools
+        self.records: dict[tuple[str, str], ServingRecord] = {}
+        self.lock = asyncio.Lock()
+        self._applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
+
+    def reserved(self) -> set[str]:
+        return {g for r in self.records.values() for g in r.held()}
+
+    async def reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
+        async with self.lock:
+            await self._reconcile(body, patch)
+
+    async def _reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        try:
+            fresh = record_from_body(body)
+        except ManifestError as err:
+            self._invalid(body, patch, invalid_status(err))
+            return
+        bad = template_errors((body.get("spec") or {}).get("template"), "spec.template")
+        if bad:
+            self._invalid(body, patch, invalid_status(bad))
+            return
+        rec = self.records.get(key)
+        if rec is None or rec.uid != fresh.uid:
+            rec = self.records[key] = fresh
+        else:
+            rec.spec, rec.body = fresh.spec, body
+        cluster = self.view.cluster()
+        if not len(cluster):
+            return
+        status_in = body.get("status") or {}
+        decision = desired_replicas(rec.spec, status_in, len(rec.gpus))
+        before = len(rec.gpus)
+        if decision.replicas < before:
+            rec.gpus = rec.gpus[: decision.replicas]
+        elif decision.replicas > before:
+            taken = self.reserved() | self.held_elsewhere() | self.view.used_by_pods()
+            free = [g for g in healthy_gpus(cluster) if g not in taken]
+            per = rec.spec.gpus_per_replica
+            by_node: dict[str, list[str]] = {}
+            for g in free:
+                by_node.setdefault(g.rpartition("/")[0], []).append(g)
+            # Spread replicas over nodes (one failure domain per replica where possible).
+            while len(rec.gpus) < decision.replicas:
+                nodes = sorted(
+                    (n for n, gs in by_node.items() if len(gs) >= per),
+                    key=lambda n: (sum(1 for r in rec.gpus if r[0].startswith(n + "/")), n),
+                )
+                if not nodes:
+                    break
+                rec.gpus.append(by_node[nodes[0]][:per])
+                by_node[nodes[0]] = by_node[nodes[0]][per:]
+        if len(rec.gpus) != before:
+            short = (
+                "" if len(rec.gpus) == decision.replicas else f" (only {len(rec.gpus)} placed: no free GPUs)"
+            )
+            self._event(
+                rec, "Normal", "Scaled", f"{before} → {len(rec.gpus)} replicas: {decision.reason}{short}"
+            )
+        owner = Owner(contract.KIND_MODELDEPLOYMENT, rec.name, rec.namespace, rec.uid)
+        await self._sync_workers(rec, owner)
+        try:
+            objects = rec.gateway_objects(owner, self.config.gateway_image)
+        except ValueError as err:
+            self._invalid(body, patch, invalid_status([("spec", f"gateway config: {err}")]))
+            return
+        if self._applied.get(rec.key) != [o for _, o in objects]:
+            for plural, obj in objects:
+                await self._apply(KINDS[plural], rec.namespace, obj)
+            self._applied[rec.key] = [o for _, o in objects]
+        status = {
+            "phase": "Serving" if rec.gpus else "Placing",
+            "replicas": len(rec.gpus),
+            "gpusAssigned": sum(len(g) for g in rec.gpus),
+            "groups": [",".join(g) for g in rec.gpus],
+        }
+        if rec.spec.slo.latency_ms is not None:
+            status["sloLatencyMs"] = rec.spec.slo.latency_ms
+        if any(status_in.get(k) != v for k, v in status.items()):
+            patch.status.update(status)
+            patch.status["conditions"] = [
+                condition(
+                    "Scaled",
+                    len(rec.gpus) == decision.replicas,
+                    "LoadProportional",
+                    f"{decision.replicas} replicas for {decision.load_rps:g} rps: {decision.reason}",
+                )
+            ]
+        self.metrics.gauge("tessera_serving_replicas").labels(
+            namespace=rec.namespace, modeldeployment=rec.name, state="desired"
+        ).set(decision.replicas)
+        ready = sum(
+            1
+            for p in self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, rec.name, rec.namespace)
+            if p.phase == "Running" and p.labels.get(contract.LABEL_ROLE) == "worker"
+        )
+        self.metrics.gauge("tessera_serving_replicas").labels(
+            namespace=rec.namespace, modeldeployment=rec.name, state="ready"
+        ).set(ready)
+
+    async def _apply(self, kind: Kind, namespace: str, obj: dict[str, Any]) -> None:
+        """Create, or merge-patch what is there (a repeated reconcile is a no-op patch)."""
+        created = await self.api.create(kind, namespace, obj)
+        if created is obj:  # 409: it exists; bring it to the manifest
+            await self.api.patch(
+                kind, namespace, obj["metadata"]["name"], {k: obj[k] for k in obj if k in ("spec", "data")}
+            )
+
+    async def _sync_workers(self, rec: ServingRecord, owner: Owner) -> None:
+        existing = [
+            p
+            for p in self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, rec.name, rec.namespace)
+            if p.labels.get(contract.LABEL_ROLE) == "worker"
+        ]
+        template = dict((rec.body.get("spec") or {}).get("template") or {})
+
+        def with_dns(p: PodPlan) -> dict[str, Any]:
+            t = dict(template)
+            spec = dict(t.get("spec") or {})
+            spec.update({"hostname": p.name, "subdomain": rec.workers_service})
+            t["spec"] = spec
+            return t
+
+        result = await sync_pods(
+            self.api,
+            owner,
+            rec.pod_plans(),
+            existing,
+            gang_of=lambda p: p.env[contract.ENV_REPLICA],
+            template_of=with_dns,
+            workload_class=contract.CLASS_LATENCY_CRITICAL,
+            grace_seconds=self.config.preemption_grace_s,
+        )
+        if result.created:
+            self._event(rec, "Normal", "WorkersCreated", ", ".join(result.created))
+        if result.deleted:
+            self._event(rec, "Normal", "WorkersDeleted", ", ".join(result.deleted))
+        for gang, why in result.failed_gangs.items():
+            self._event(rec, "Warning", "GangFailed", f"replica {gang}: no pod created: {why}")
+
+    async def delete(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        async with self.lock:
+            self.records.pop((namespace, name), None)
+            self._applied.pop((namespace, name), None)
+        pods = self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, name, namespace)
+        for pod in pods:
+            await self.api.delete(PODS, namespace, pod.name, grace_seconds=self.config.preemption_grace_s)
+        gw = f"{name}-gateway"[:63]
+        for kind, obj in (
+            (DEPLOYMENTS, gw),
+            (SERVICES, gw),
+            (CONFIGMAPS, gw),
+            (SERVICES, f"{name}-workers"[:63]),
+        ):
+            await self.api.delete(kind, namespace, obj)
+        self.post_event(body, "Normal", "Cleanup", f"deleted {len(pods)} worker pod(s) and the gateway")
+
+    def _invalid(self, body: dict[str, Any], patch: kopf.Patch, report: tuple[dict[str, Any], str]) -> None:
+        status, msg = report
+        if (body.get("status") or {}).get("phase") == "Failed":
+            return
+        patch.status.update(status)
+        self.post_event(body, "Warning", "InvalidSpec", msg)
+
+    def _event(self, rec: ServingRecord, type_: str, reason: str, message: str) -> None:
+        body = {
+            "apiVersion": contract.API_VERSION,
+            "kind": contract.KIND_MODELDEPLOYMENT,
+            "metadata": {"name": rec.name, "namespace": rec.namespace, "uid": rec.uid},
+        }
+        self.post_event(body, type_, reason, message)
