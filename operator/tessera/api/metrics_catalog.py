@@ -299,6 +299,22 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         frozenset({_EXT}),
     ),
     MetricSpec(
+        "tessera_extender_binds_total",
+        MetricType.COUNTER,
+        "Bind calls by outcome (ok, lost_race: the GPUs filled up between filter and bind, error) and a "
+        "fixed reason code (none, no_fit, placed_elsewhere, pod_not_found, pod_recreated, api_error).",
+        ("outcome", "reason"),
+        frozenset({_EXT}),
+    ),
+    MetricSpec(
+        "tessera_extender_rejected_nodes_total",
+        MetricType.COUNTER,
+        "Nodes filter rejected, by reason code (no_inventory, no_gpu_request, bad_request, bad_placement, "
+        "placed_elsewhere, no_fit).",
+        ("reason",),
+        frozenset({_EXT}),
+    ),
+    MetricSpec(
         "tessera_gpu_memory_allocated_bytes",
         MetricType.GAUGE,
         "GPU memory the extender has assigned to lanes on a GPU (its accounting of tessera.io/gpu-memory).",

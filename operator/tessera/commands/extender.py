@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from tessera.extender.kube import KubeClient, KubeConfig, KubeError
+from tessera.extender.metrics import make_metrics_app
 from tessera.extender.server import Extender, make_app
 from tessera.policy.lanes.placement import STRATEGIES, PlacementConfig, PlacementError
 
@@ -29,6 +30,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--port", type=int, default=8888, help="port to listen on (default 8888)")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9101,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default 9101; 0 disables)",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
     where.add_argument("--in-cluster", action="store_true", help="use the pod's service account (default)")
@@ -74,17 +81,29 @@ def run(args: argparse.Namespace) -> int:
     except (PlacementError, KubeError) as err:
         log.error("%s", err)
         return 2
-    asyncio.run(_serve(kube_config, config, args.host, args.port))
+    if not 0 <= args.metrics_port <= 65535:
+        log.error("--metrics-port %d is outside 0..65535", args.metrics_port)
+        return 2
+    asyncio.run(_serve(kube_config, config, args.host, args.port, args.metrics_port))
     return 0
 
 
-async def _serve(kube_config: KubeConfig, config: PlacementConfig, host: str, port: int) -> None:
+async def _serve(
+    kube_config: KubeConfig, config: PlacementConfig, host: str, port: int, metrics_port: int = 0
+) -> None:
     kube = KubeClient(kube_config)
     extender = Extender(kube, config=config)
     runner = web.AppRunner(make_app(extender))
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     log.info("extender listening on %s:%d", host, port)
+    runners = [runner]
+    if metrics_port:
+        metrics_runner = web.AppRunner(make_metrics_app(extender.metrics, extender.view))
+        await metrics_runner.setup()
+        await web.TCPSite(metrics_runner, host, metrics_port).start()
+        runners.append(metrics_runner)
+        log.info("extender metrics on http://%s:%d/metrics", host, metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -93,5 +112,6 @@ async def _serve(kube_config: KubeConfig, config: PlacementConfig, host: str, po
     try:
         await extender.sync_forever(stop)
     finally:
-        await runner.cleanup()
+        for r in runners:
+            await r.cleanup()
         await kube.close()

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,7 +21,9 @@ from aiohttp import web
 
 from tessera.api import contract
 from tessera.api.assignment import Assignment
+from tessera.extender import metrics as m
 from tessera.extender.kube import KubeClient, KubeError
+from tessera.extender.metrics import ExtenderMetrics
 from tessera.extender.view import ClusterView, Holding, PodRequestError, PodSpec, pod_request, pod_spec
 from tessera.policy.lanes.placement import Choice, PlacementConfig, Request, choose_gpus, to_priority
 
@@ -43,11 +46,16 @@ class Extender:
     SPEC_CACHE = 4096
 
     def __init__(
-        self, kube: KubeClient | None, view: ClusterView | None = None, config: PlacementConfig | None = None
+        self,
+        kube: KubeClient | None,
+        view: ClusterView | None = None,
+        config: PlacementConfig | None = None,
+        metrics: ExtenderMetrics | None = None,
     ) -> None:
         self.kube = kube
         self.view = view or ClusterView()
         self.config = config or PlacementConfig()
+        self.metrics = metrics or ExtenderMetrics()
         self._locks: dict[str, asyncio.Lock] = {}
         self._specs: OrderedDict[str, tuple[tuple[Any, ...], PodSpec | None]] = OrderedDict()
         self._filtered: OrderedDict[str, tuple[int, frozenset[str]]] = OrderedDict()
@@ -78,23 +86,29 @@ class Extender:
 
     def _check(
         self, spec: PodSpec | None, node: str, resolved: dict[int | None, Request | str]
-    ) -> str | None:
-        """None when the pod fits on `node`, else why not; cheap (the node's summary) for fitting nodes."""
+    ) -> tuple[str, str] | None:
+        """None when the pod fits on `node`, else (reason code, why not); cheap for fitting nodes.
+
+        The code is one of the fixed set in tessera.extender.metrics (a low-cardinality metric label).
+        """
         summary = self.view.summary(node, self.config)
         if summary is None:
-            return self.view.node_errors.get(node, f"node has no {contract.ANN_NODE_GPUS} annotation")
+            why = self.view.node_errors.get(node, f"node has no {contract.ANN_NODE_GPUS} annotation")
+            return m.NO_INVENTORY, why
         if spec is None:
-            return "pod asks for no tessera.io GPU resource"
+            return m.NO_GPU_REQUEST, "pod asks for no tessera.io GPU resource"
         if spec.problem is not None:
-            return spec.problem
+            return m.BAD_REQUEST, spec.problem
         if spec.placement_problem is not None:
-            return spec.placement_problem
+            return m.BAD_PLACEMENT, spec.placement_problem
         req = self._resolve(spec, node, resolved)
         if isinstance(req, str):
-            return req
+            return m.BAD_REQUEST, req
         if spec.placement is not None or not summary.fits(req):
+            if spec.placement is not None and spec.placement.node != node:
+                return m.PLACED_ELSEWHERE, self._placed_elsewhere(spec)
             out = self._choose(spec, node, req)
-            return out if isinstance(out, str) else None
+            return (m.NO_FIT, out) if isinstance(out, str) else None
         return None
 
     def _resolve(self, spec: PodSpec, node: str, resolved: dict[int | None, Request | str]) -> Request | str:
@@ -108,11 +122,16 @@ class Extender:
             resolved[size] = req
         return req
 
+    @staticmethod
+    def _placed_elsewhere(spec: PodSpec) -> str:
+        assert spec.placement is not None
+        return f"pod is placed on node {spec.placement.node} by {contract.ANN_PLACEMENT}"
+
     def _choose(self, spec: PodSpec, node: str, req: Request) -> Choice | str:
         only = None
         if spec.placement is not None:
             if spec.placement.node != node:
-                return f"pod is placed on node {spec.placement.node} by {contract.ANN_PLACEMENT}"
+                return self._placed_elsewhere(spec)
             only = spec.placement.gpu_indices
         return choose_gpus(
             self.view.nodes[node], req, self.config, only=only, summary=self.view.summary(node, self.config)
@@ -120,14 +139,19 @@ class Extender:
 
     def evaluate(self, pod: JsonObj, node: str) -> Choice | str:
         """Where the pod would go on `node`, or why it cannot."""
+        out = self._evaluate(pod, node)
+        return out if isinstance(out, Choice) else out[1]
+
+    def _evaluate(self, pod: JsonObj, node: str) -> Choice | tuple[str, str]:
         spec = self.spec(pod)
-        reason = self._check(spec, node, {})
-        if reason is not None:
-            return reason
+        rejected = self._check(spec, node, {})
+        if rejected is not None:
+            return rejected
         assert spec is not None
         req = self._resolve(spec, node, {})
         assert isinstance(req, Request)
-        return self._choose(spec, node, req)
+        choice = self._choose(spec, node, req)
+        return (m.NO_FIT, choice) if isinstance(choice, str) else choice
 
     # -- verbs --------------------------------------------------------------------------------------
     def filter(self, args: JsonObj) -> JsonObj:
@@ -135,12 +159,16 @@ class Extender:
         spec = self.spec(pod)
         resolved: dict[int | None, Request | str] = {}
         ok, failed = [], {}
+        codes: dict[str, int] = {}
         for name in names:
-            reason = self._check(spec, name, resolved)
-            if reason is None:
+            rejected = self._check(spec, name, resolved)
+            if rejected is None:
                 ok.append(name)
             else:
-                failed[name] = reason
+                code, failed[name] = rejected
+                codes[code] = codes.get(code, 0) + 1
+        if codes:
+            self.metrics.rejected(codes)
         uid = pod["metadata"].get("uid")
         if uid:
             self._filtered[uid] = (self.view.generation, frozenset(failed))
@@ -190,6 +218,12 @@ class Extender:
         return out
 
     async def bind(self, args: JsonObj) -> JsonObj:
+        """Bind the pod, counting the outcome (ok, lost_race, error) with a fixed reason code."""
+        result, outcome, reason = await self._bind(args)
+        self.metrics.bind(outcome, reason)
+        return result
+
+    async def _bind(self, args: JsonObj) -> tuple[JsonObj, str, str]:
         for field in ("PodName", "PodNamespace", "PodUID", "Node"):
             if not isinstance(args.get(field), str) or not args[field]:
                 raise BadRequest(f"ExtenderBindingArgs needs a non-empty string {field}")
@@ -200,17 +234,21 @@ class Extender:
                 pod = await self.kube.get_pod(ns, name)
             except KubeError as err:
                 if err.status == 404:
-                    return {"Error": f"pod {ns}/{name} not found"}
-                return {"Error": f"cannot read pod {ns}/{name}: {err}"}
+                    return {"Error": f"pod {ns}/{name} not found"}, m.ERROR, m.POD_NOT_FOUND
+                return {"Error": f"cannot read pod {ns}/{name}: {err}"}, m.ERROR, m.API_ERROR
         if pod is None:
-            return {"Error": f"pod {ns}/{name} not found"}
+            return {"Error": f"pod {ns}/{name} not found"}, m.ERROR, m.POD_NOT_FOUND
         if pod.get("metadata", {}).get("uid") not in (None, uid):
-            return {"Error": f"pod {ns}/{name} has uid {pod['metadata']['uid']}, not {uid} (recreated?)"}
+            why = f"pod {ns}/{name} has uid {pod['metadata']['uid']}, not {uid} (recreated?)"
+            return {"Error": why}, m.ERROR, m.POD_RECREATED
         lock = self._locks.setdefault(node, asyncio.Lock())
         async with lock:
-            choice = self.evaluate(pod, node)
+            choice = self._evaluate(pod, node)
             if not isinstance(choice, Choice):
-                return {"Error": f"cannot bind {ns}/{name} to {node}: {choice}"}
+                code, why = choice
+                # Capacity gone since filter said yes: another bind won the GPUs; anything else is an error.
+                outcome = m.LOST_RACE if code == m.NO_FIT else m.ERROR
+                return {"Error": f"cannot bind {ns}/{name} to {node}: {why}"}, outcome, code
             req = pod_request(pod, self.view.min_memory(node))
             assert req is not None
             gpus = {g.index: g for g in self.view.nodes[node]}
@@ -231,9 +269,9 @@ class Extender:
                     await self.kube.bind_pod(ns, name, uid, node)
             except KubeError as err:
                 self.view.release(uid)
-                return {"Error": f"binding {ns}/{name} to {node} failed: {err}"}
+                return {"Error": f"binding {ns}/{name} to {node} failed: {err}"}, m.ERROR, m.API_ERROR
         log.info("bound %s/%s to %s GPUs %s lane %s", ns, name, node, choice.gpu_indices, assignment.lane_id)
-        return {"Error": ""}
+        return {"Error": ""}, m.OK, m.NONE
 
     # -- keeping the view -----------------------------------------------------------------------------
     async def sync_forever(self, stop: asyncio.Event, retry_seconds: float = 2.0) -> None:
@@ -291,19 +329,28 @@ def _pod_and_nodes(args: JsonObj) -> tuple[JsonObj, list[str], bool]:
 
 
 def make_app(extender: Extender) -> web.Application:
-    def handler(fn: Callable[[JsonObj], Awaitable[Any]]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def handler(
+        verb: str, fn: Callable[[JsonObj], Awaitable[Any]]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
+            started = time.perf_counter()
+            ok = False
             try:
-                body = json.loads(await request.read())
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                return web.Response(status=400, text=f"request body is not JSON: {err}\n")
-            if not isinstance(body, dict):
-                return web.Response(status=400, text="request body must be a JSON object\n")
-            try:
-                result = await fn(body)
-            except BadRequest as err:
-                return web.Response(status=400, text=f"{err}\n")
-            return web.json_response(result)
+                try:
+                    body = json.loads(await request.read())
+                except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                    return web.Response(status=400, text=f"request body is not JSON: {err}\n")
+                if not isinstance(body, dict):
+                    return web.Response(status=400, text="request body must be a JSON object\n")
+                try:
+                    result = await fn(body)
+                except BadRequest as err:
+                    return web.Response(status=400, text=f"{err}\n")
+                # An extender answer carrying Error is a failed call to kube-scheduler too.
+                ok = not (isinstance(result, dict) and result.get("Error"))
+                return web.json_response(result)
+            finally:
+                extender.metrics.request(verb, started, ok)
 
         return handle
 
@@ -317,8 +364,8 @@ def make_app(extender: Extender) -> web.Application:
         return web.Response(text="ok\n")
 
     app = web.Application()
-    app.router.add_post("/filter", handler(do_filter))
-    app.router.add_post("/prioritize", handler(do_prioritize))
-    app.router.add_post("/bind", handler(extender.bind))
+    app.router.add_post("/filter", handler("filter", do_filter))
+    app.router.add_post("/prioritize", handler("prioritize", do_prioritize))
+    app.router.add_post("/bind", handler("bind", extender.bind))
     app.router.add_get("/healthz", healthz)
     return app
