@@ -110,6 +110,12 @@ class PrometheusServer:
         result: list[dict[str, Any]] = data["result"]
         return result
 
+    def label_values(self, label: str) -> list[str]:
+        """Every value Prometheus has stored for `label` (`__name__`: every series name scraped)."""
+        with urllib.request.urlopen(f"{self.url}/api/v1/label/{label}/values", timeout=10) as resp:
+            values: list[str] = json.load(resp)["data"]
+        return values
+
     def wait_for(self, expr: str, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         """Poll `expr` until it returns data."""
         deadline = time.monotonic() + timeout_s

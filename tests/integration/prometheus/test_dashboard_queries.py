@@ -42,6 +42,7 @@ SCENE_LABELS = {
     "state": ["running", "ready", "desired"],
     "verb": ["filter", "prioritize", "bind"],
     "result": ["ok"],
+    "reason": ["none"],
     "outcome": ["slo_met", "slo_missed"],
 }
 
