@@ -25,11 +25,17 @@ NON_DEFAULT: dict[str, Any] = {
         "replicas": 3,
         "allNamespaces": False,
         "peeringName": "gpu-share",
-        "extraArgs": ["--verbose"],
+        "extraArgs": ["--lease-seconds", "300"],
     },
     "scheduler": {
         "schedulerName": "gpu-share",
-        "extender": {"port": 9443, "urlPath": "/scheduler", "weight": 10, "ignorable": True},
+        "extender": {
+            "port": 9443,
+            "urlPath": "/scheduler",
+            "weight": 10,
+            "ignorable": True,
+            "extraArgs": ["--score", "binpack=2"],
+        },
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}],
     },
     "agent": {
@@ -190,7 +196,12 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
         container["securityContext"]["privileged"] is True and container["securityContext"]["runAsUser"] == 0
     )
     host_paths = {v["hostPath"]["path"] for v in pod["volumes"]}
-    assert host_paths == {"/var/lib/kubelet/device-plugins", "/run/tessera/mps", "/run/tessera/mps/shm"}
+    assert host_paths == {
+        "/var/lib/kubelet/device-plugins",
+        "/run/tessera/mps",
+        "/run/tessera/mps/shm",
+        "/run/tessera/progress",
+    }
     env = {e["name"] for e in container["env"]}
     assert "NODE_NAME" in env
     assert {"--mps-root=/run/tessera/mps", "--device-plugin-dir=/var/lib/kubelet/device-plugins"} <= set(
@@ -231,7 +242,6 @@ def test_rbac_is_least_privilege() -> None:
     operator = _rules(objs, "ClusterRole", "-operator")
     assert ("", "pods", "create") in operator and ("", "pods", "delete") in operator
     assert ("tessera.io", "apps/status", "patch") in operator
-    assert ("tessera.io", "trialgroups/finalizers", "update") in operator
     assert ("kopf.dev", "clusterkopfpeerings", "patch") in operator
     # Nothing anywhere may touch secrets or use wildcards.
     for role in (o for o in objs if o["kind"] in ("ClusterRole", "Role")):
@@ -267,7 +277,7 @@ def test_non_default_values_take_effect() -> None:
     )
     assert deploy["metadata"]["labels"]["team"] == "ml-platform"
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"][0]
-    assert "--namespace tessera-system" in args and '"--verbose"' in args
+    assert "--namespace tessera-system" in args and '"--lease-seconds" "300"' in args
     assert find(objs, "KopfPeering")["metadata"]["namespace"] == NAMESPACE
     config = yaml.safe_load(find(objs, "ConfigMap", "-scheduler-config")["data"]["config.yaml"])
     assert config["extenders"][0]["urlPrefix"] == "http://127.0.0.1:9443/scheduler"
