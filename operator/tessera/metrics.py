@@ -91,3 +91,47 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0", *, registry: Collecto
         raise ValueError(f"metrics port {port} is outside 0..65535")
     start_http_server(port, addr=addr, registry=registry)
     log.info("metrics on http://%s:%d/metrics", addr, port)
+
+
+TABLE_BEGIN = "<!-- metrics-table:begin (generated: python -m tessera.metrics docs/operations.md) -->"
+TABLE_END = "<!-- metrics-table:end -->"
+
+
+def markdown_table() -> str:
+    """The metric reference of docs/operations.md, generated from the catalogue."""
+    rows = [
+        "| Metric | Type | Labels | Exported by | Meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for spec in catalog.CATALOG:
+        labels = ", ".join(f"`{label}`" for label in spec.labels) or "—"
+        owners = ", ".join(c.value for c in Component if c in spec.components)
+        meaning = spec.help.replace("|", "\\|")
+        rows.append(f"| `{spec.name}` | {spec.type.value} | {labels} | {owners} | {meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+def with_table(document: str) -> str:
+    """`document` with the text between the table markers replaced by the current table."""
+    start, end = document.find(TABLE_BEGIN), document.find(TABLE_END)
+    if start < 0 or end < start:
+        raise ValueError(f"document lacks the markers {TABLE_BEGIN!r} ... {TABLE_END!r}")
+    return document[: start + len(TABLE_BEGIN)] + "\n" + markdown_table() + document[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite the metric table in the given markdown files."""
+    import sys
+    from pathlib import Path
+
+    paths = sys.argv[1:] if argv is None else argv
+    if not paths:
+        print("usage: python -m tessera.metrics FILE.md ...", file=sys.stderr)
+        return 2
+    for path in map(Path, paths):
+        path.write_text(with_table(path.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
