@@ -54,11 +54,14 @@ def cluster(n: int, rng: random.Random) -> ClusterView:
     return view
 
 
+UNIQUE = False  # --unique: every pod asks for a different memory size, so no per-node memo entry is reused
+
+
 def pod(i: int) -> dict[str, Any]:
     gpus, mem, comp = SHAPES[i % len(SHAPES)]
     limits = {
         contract.RESOURCE_GPU: gpus,
-        contract.RESOURCE_GPU_MEMORY: mem,
+        contract.RESOURCE_GPU_MEMORY: str(int(mem) - i % 1000) if UNIQUE else mem,
         contract.RESOURCE_GPU_COMPUTE: comp,
     }
     return {

@@ -12,12 +12,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from tessera.api import contract
 from tessera.api.assignment import Assignment, AssignmentError
 from tessera.api.gpu_inventory import GpuInventoryError, parse_node_gpus
 from tessera.api.placement import Placement
 from tessera.api.placement import PlacementError as PlacementParseError
 from tessera.policy.lanes.placement import (
+    Choice,
+    FitIndex,
     GpuState,
     NodeSummary,
     PlacementConfig,
@@ -185,9 +190,13 @@ class ClusterView:
     """Nodes' GPUs and the pods holding them; mutated by watch events and by the extender's own binds.
 
     Keeps a NodeSummary per node, dropped whenever that node or a pod on it changes and rebuilt on first use,
-    so filtering a node costs a few comparisons. `generation` counts changes (filter results stay valid for
-    prioritize while it is unchanged).
+    so filtering a node costs a few comparisons; with it a memo of what choose_gpus said for each request on
+    that node (a pod of an already-seen shape costs a dict lookup per node until the node changes). A FitIndex
+    holds every node's free memory and compute room in arrays, its rows rewritten for the nodes changed since
+    the last filter. `generation` counts changes (filter results stay valid for prioritize while unchanged).
     """
+
+    MEMO_PER_NODE = 64  # distinct requests remembered per node before its memo starts over
 
     def __init__(self) -> None:
         self.nodes: dict[str, list[GpuState]] = {}
@@ -195,13 +204,18 @@ class ClusterView:
         self.holdings: dict[str, Holding] = {}  # pod uid → what it holds
         self.pods: dict[str, JsonObj] = {}  # "ns/name" → pod object (latest seen)
         self.generation = 0
-        self._summaries: dict[str, tuple[PlacementConfig, NodeSummary]] = {}
+        self._summaries: dict[str, tuple[PlacementConfig, NodeSummary, dict[int, Choice | str]]] = {}
         self._min_memory: dict[str, int | None] = {}
         self._on_node: dict[str, set[str]] = {}  # node → uids holding GPUs there
+        self._index: FitIndex | None = None
+        self._row: dict[str, int] = {}  # node → its FitIndex row (kept when the node goes, for its return)
+        self._dirty: set[str] = set()  # nodes whose FitIndex row is stale
+        self._names: tuple[list[str], npt.NDArray[np.intp]] | None = None  # last NodeNames and their rows
 
     def _changed(self, node: str) -> None:
         self.generation += 1
         self._summaries.pop(node, None)
+        self._dirty.add(node)
 
     def summary(self, node: str, cfg: PlacementConfig) -> NodeSummary | None:
         """The node's summary under `cfg`, or None for a node without a usable GPU inventory."""
@@ -212,8 +226,51 @@ class ClusterView:
         if gpus is None:
             return None
         summary = NodeSummary.of(gpus, cfg)
-        self._summaries[node] = (cfg, summary)
+        self._summaries[node] = (cfg, summary, {})
         return summary
+
+    def memo(self, node: str, cfg: PlacementConfig) -> dict[int, Choice | str] | None:
+        """What choose_gpus said on `node` under `cfg`, by request key; dropped when the node changes."""
+        cached = self._summaries.get(node)
+        if cached is None or cached[0] is not cfg:
+            if self.summary(node, cfg) is None:
+                return None
+            cached = self._summaries[node]
+        if len(cached[2]) >= self.MEMO_PER_NODE:
+            cached[2].clear()
+        return cached[2]
+
+    def fit_index(self, cfg: PlacementConfig) -> FitIndex:
+        """The FitIndex of every node under `cfg`, its stale rows rewritten first."""
+        index = self._index
+        if index is None or index.cfg is not cfg:
+            index = self._index = FitIndex(cfg, width=max((len(g) for g in self.nodes.values()), default=8))
+            self._row.clear()
+            self._names = None
+            self._dirty = set(self.nodes)
+        for node in self._dirty:
+            row = self._row.get(node)
+            if row is None:
+                if node not in self.nodes:
+                    continue
+                row = self._row[node] = index.add_row()
+                self._names = None  # a name that mapped to the empty row may now have one
+            index.set_row(row, self.nodes.get(node))
+        self._dirty.clear()
+        return index
+
+    def rows(self, names: list[str]) -> npt.NDArray[np.intp]:
+        """FitIndex rows of `names` (0 for unknown nodes); the last list's rows are reused when it repeats.
+
+        Call after fit_index (which assigns rows to new nodes).
+        """
+        last = self._names
+        if last is not None and last[0] == names:
+            return last[1]
+        get = self._row.get
+        rows = np.fromiter((get(n, 0) for n in names), dtype=np.intp, count=len(names))
+        self._names = (list(names), rows)
+        return rows
 
     def min_memory(self, node: str) -> int | None:
         """The node's smallest GPU memory (what a pod without a memory request defaults to)."""

@@ -9,6 +9,8 @@ from collections import defaultdict
 from conftest import Env, node, pod
 from tessera.api import contract
 from tessera.api.assignment import Assignment
+from tessera.extender.view import pod_request
+from tessera.policy.lanes.placement import Choice, GpuState, choose_gpus, to_priority
 
 
 async def _setup(env: Env) -> None:
@@ -152,3 +154,47 @@ async def test_deleted_pods_free_their_gpus(env: Env) -> None:
     assert env.extender.view.nodes["gpu-b"][0].used_memory == 8000
     env.api.delete_pod("default/a")
     await env.settle(lambda: env.extender.view.nodes["gpu-b"][0].used_memory == 0)
+
+
+async def test_fast_paths_answer_as_choose_gpus_does_from_scratch(env: Env) -> None:
+    """FitIndex filter, per-node memo and reused NodeNames rows against choose_gpus on bare GPU states."""
+    for k in range(10):
+        env.api.put_node(node(f"n{k}", gpus=(1, 2, 4, 8)[k % 4], memory_mib=(8000, 16000)[k % 2]))
+    await env.settle(lambda: len(env.extender.view.nodes) == 10)
+    names = [f"n{k}" for k in range(10)] + ["ghost"]
+    lc = {contract.ANN_WORKLOAD: f"serving:{contract.CLASS_LATENCY_CRITICAL}"}
+    shapes = [
+        {"memory": 3000, "compute": 20},
+        {"memory": 6000, "compute": 50, "annotations": {contract.ANN_PROFILE: "compute"}},
+        {"memory": 8000, "compute": 100, "gpus": 2},
+        {"memory": 2000, "compute": 30, "annotations": lc},
+        {"memory": None, "compute": None},  # defaults per node: the per-node path
+    ]
+    bound = 0
+    for i in range(40):
+        p = pod(f"p{i}", **shapes[i % len(shapes)])  # type: ignore[arg-type]
+        env.api.put_pod(p)
+        await env.settle(lambda i=i: f"default/p{i}" in env.extender.view.pods)
+        view, cfg = env.extender.view, env.extender.config
+        expect: dict[str, Choice | str] = {}
+        for n in names[:-1]:
+            fresh = [GpuState(g.index, g.uuid, g.memory_mib, g.healthy, g.tenants) for g in view.nodes[n]]
+            req = pod_request(p, view.min_memory(n))
+            assert req is not None
+            expect[n] = choose_gpus(fresh, req, cfg)
+        _, out = await env.post("filter", {"Pod": p, "NodeNames": names})
+        assert out["NodeNames"] == [n for n in names[:-1] if isinstance(expect[n], Choice)]
+        assert {n: why for n, why in out["FailedNodes"].items() if n != "ghost"} == {
+            n: e for n, e in expect.items() if isinstance(e, str)
+        }
+        assert "ghost" in out["FailedNodes"]
+        _, scores = await env.post("prioritize", {"Pod": p, "NodeNames": out["NodeNames"]})
+        want = {n: to_priority(e.score) for n, e in expect.items() if isinstance(e, Choice)}
+        assert {h["Host"]: h["Score"] for h in scores} == want
+        if want:
+            best = max(want, key=lambda n: (want[n], n))
+            args = {"PodName": f"p{i}", "PodNamespace": "default", "PodUID": f"uid-p{i}", "Node": best}
+            _, res = await env.post("bind", args)
+            assert res == {"Error": ""}
+            bound += 1
+    assert bound > 20  # the cluster filled: later pods were rejected on most nodes

@@ -1,13 +1,16 @@
-"""Fragmentation-aware scoring, the fast scorer against the reference one, node summaries, slot locality."""
+"""Fragmentation-aware scoring, the fast scorer against the reference one, node summaries, the fit index,
+slot locality."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from tessera.cluster.topology import Locality
 from tessera.policy.lanes.placement import (
     Choice,
+    FitIndex,
     GpuState,
     NodeSummary,
     PlacementConfig,
@@ -121,3 +124,45 @@ def test_gpu_state_sums_follow_add_and_remove() -> None:
     assert (g.used_memory, g.used_compute, g.latency_critical) == (6000, 50, 1)
     assert g.remove(a) and not g.remove(a)
     assert (g.used_memory, g.used_compute, g.latency_critical, g.tenants) == (2000, 20, 0, (b,))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fit_index_answers_as_node_summaries_do(seed: int) -> None:
+    rng = random.Random(seed)
+    cfg = PlacementConfig(best_effort_overcommit=1.5, max_latency_critical_per_gpu=1)
+    index = FitIndex(cfg, width=2, capacity=2)  # both grow: more rows and wider nodes than it starts with
+    nodes: list[list[GpuState]] = []
+    for _ in range(40):
+        gpus = [
+            GpuState(
+                i,
+                f"g{i}",
+                rng.choice([8000, 16000]),
+                healthy=rng.random() > 0.1,
+                tenants=tuple(
+                    Tenant(
+                        rng.randint(500, 5000),
+                        rng.randint(1, 50),
+                        rng.random(),
+                        rng.choice(["best-effort", "latency-critical"]),
+                    )
+                    for _ in range(rng.randint(0, 2))
+                ),
+            )
+            for i in range(rng.choice([1, 2, 4, 8]))
+        ]
+        nodes.append(gpus)
+        index.set_row(index.add_row(), gpus)
+    index.set_row(5, None)  # row 5 holds nodes[4]: it lost its inventory
+    rows = np.array([0, *range(1, len(nodes) + 1)], dtype=np.intp)
+    for _ in range(200):
+        req = Request(
+            rng.choice([1, 1, 2, 4]),
+            rng.randint(100, 16000),
+            rng.randint(1, 100),
+            rng.random(),
+            rng.choice(["best-effort", "latency-critical"]),
+        )
+        got = index.fits(req, rows).tolist()
+        want = [False] + [k != 4 and NodeSummary.of(g, cfg).fits(req) for k, g in enumerate(nodes)]
+        assert got == want

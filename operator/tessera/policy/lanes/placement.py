@@ -27,7 +27,8 @@ Multi-GPU pods take GPUs by slot locality (tessera.cluster.Locality): one slot f
 `gpus_per_slot` apart by index, e.g. an NVLink pair), otherwise as few slots as possible.
 
 Hot path: a NodeSummary (per-GPU free memory and compute room, sorted tightest first) lets the extender
-reject a node with a few comparisons and score at most `max_candidates` GPUs per single-GPU request.
+reject a node with a few comparisons and score at most `max_candidates` GPUs per single-GPU request; a FitIndex
+holds the same free memory and room for every node as numpy arrays, so one filter is a few array operations.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from tessera.cluster.topology import Locality
 
@@ -348,6 +352,56 @@ class NodeSummary:
                 if n == req.gpus:
                     return True
         return False
+
+
+class FitIndex:
+    """Free memory and compute room per GPU of many nodes, as arrays: `fits` tests every node at once.
+
+    Row r is one node, column j its j-th healthy GPU; padding (and a node without an inventory) has free
+    memory -1, where no request fits (requests ask for > 0 MiB). Row 0 stays empty: names of unknown nodes map
+    there. The test is NodeSummary.fits, element-wise (same float comparisons, so the same answers); rows are
+    rewritten by `set_row` when a node or its pods change.
+    """
+
+    def __init__(self, cfg: PlacementConfig, width: int = 8, capacity: int = 64) -> None:
+        self.cfg = cfg
+        self.rows = 1  # row 0: no node
+        self._free: npt.NDArray[np.int64] = np.full((capacity, width), -1, dtype=np.int64)
+        self._room_be: npt.NDArray[np.float64] = np.full((capacity, width), -1.0)
+        self._room_lc: npt.NDArray[np.float64] = np.full((capacity, width), -1.0)
+
+    def add_row(self) -> int:
+        """A new empty row (doubling the arrays when full)."""
+        if self.rows == len(self._free):
+            self._resize(len(self._free), 0)
+        self.rows += 1
+        return self.rows - 1
+
+    def set_row(self, row: int, gpus: Sequence[GpuState] | None) -> None:
+        """Row `row` from the node's GPUs now (None: the node has no usable inventory)."""
+        healthy = [g for g in gpus or () if g.healthy]
+        if len(healthy) > self._free.shape[1]:
+            self._resize(0, len(healthy) - self._free.shape[1])
+        self._free[row] = -1
+        self._room_be[row] = -1.0
+        self._room_lc[row] = -1.0
+        for j, g in enumerate(healthy):
+            self._free[row, j] = g.memory_mib - g.used_memory
+            self._room_be[row, j] = _room(g, self.cfg, False)
+            self._room_lc[row, j] = _room(g, self.cfg, True)
+
+    def _resize(self, more_rows: int, more_columns: int) -> None:
+        pad = ((0, more_rows), (0, more_columns))
+        self._free = np.pad(self._free, pad, constant_values=-1)
+        self._room_be = np.pad(self._room_be, pad, constant_values=-1.0)
+        self._room_lc = np.pad(self._room_lc, pad, constant_values=-1.0)
+
+    def fits(self, req: Request, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
+        """For each row in `rows`, whether `req.gpus` of its GPUs have the memory and room `req` needs."""
+        room = self._room_lc if req.workload_class == "latency-critical" else self._room_be
+        ok = (self._free[rows] >= req.memory_mib) & (room[rows] >= req.compute_percent - 1e-9)
+        counts: npt.NDArray[np.bool_] = np.count_nonzero(ok, axis=1) >= req.gpus
+        return counts
 
 
 def _slot_choice(
