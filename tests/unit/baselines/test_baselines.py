@@ -108,3 +108,45 @@ def test_every_baseline_is_work_conserving_and_keeps_the_contract(name: str) -> 
         d = BASELINES[name]().allocate(0.0, apps, c, free, random.Random(0))
         check_decision(d, apps, free)
         assert sum(len(g.gpus) for g in d.grants) == min(len(free), sum(a.unmet for a in apps))
+
+
+# --- GPU-choice rule (spec §4.1: only Gandiva, SRTF and Optimus look at placement) -------------------
+
+SPREAD = Cluster.build([(1, 2), (1, 2), (1, 2)], machines_per_rack=8)
+
+
+def test_paper_default_gpu_choice_per_baseline() -> None:
+    tight = {n for n, cls in BASELINES.items() if cls().placement == "tight"}
+    assert tight == {"gandiva", "srtf", "optimus"}
+    assert all(cls().placement == "any" for n, cls in BASELINES.items() if n not in tight)
+
+
+@pytest.mark.parametrize("name", sorted(BASELINES))
+def test_tight_keeps_a_gang_on_one_machine_and_any_takes_cluster_order(name: str) -> None:
+    # Free: one GPU on each of m0 and m1, both GPUs of m2. A 2-GPU gang fits only on m2.
+    free = [SPREAD.gpu_ids[1], SPREAD.gpu_ids[3], SPREAD.gpu_ids[4], SPREAD.gpu_ids[5]]
+    apps = [_app("a", demand=2, sens=Sensitivity(cross_machine=1.5))]
+    tight = BASELINES[name](placement="tight").allocate(0.0, apps, SPREAD, free, random.Random(0))
+    anyp = BASELINES[name](placement="any").allocate(0.0, apps, SPREAD, free, random.Random(0))
+    assert {SPREAD.gpu(g).node for g in tight.granted()["a"]} == {SPREAD.gpu(free[2]).node}
+    assert anyp.granted()["a"] == free[:2]  # first free GPUs in cluster order: two machines
+
+
+def test_random_gpu_choice_follows_the_seeded_rng() -> None:
+    free = list(SPREAD.gpu_ids)
+    apps = [_app("a", demand=3)]
+    draws = {
+        tuple(Tiresias(placement="random").allocate(0.0, apps, SPREAD, free, random.Random(s)).granted()["a"])
+        for s in range(8)
+    }
+    assert len(draws) > 1
+    again = Tiresias(placement="random").allocate(0.0, apps, SPREAD, free, random.Random(3)).granted()["a"]
+    assert (
+        again
+        == Tiresias(placement="random").allocate(0.0, apps, SPREAD, free, random.Random(3)).granted()["a"]
+    )
+
+
+def test_unknown_gpu_choice_is_rejected() -> None:
+    with pytest.raises(ValueError, match="placement must be one of tight, any, random"):
+        Gandiva(placement="packed")

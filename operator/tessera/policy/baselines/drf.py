@@ -14,10 +14,10 @@ from tessera.policy.training import AppState
 class Drf(GreedyPolicy):
     name = "drf"
     step = "gpu"
-    placement = "order"
+    placement = "any"
 
-    def __init__(self, lease_s: float = math.inf) -> None:
-        super().__init__(lease_s)
+    def __init__(self, lease_s: float = math.inf, placement: str | None = None) -> None:
+        super().__init__(lease_s, placement)
 
     def score(
         self, app: AppState, given: int, anchor: Anchor, pool: FreePool, now: float, cluster: Cluster

@@ -12,7 +12,7 @@ from tessera.policy.training import AppState
 class Gandiva(GreedyPolicy):
     name = "gandiva"
     step = "gang"
-    placement = "pack"
+    placement = "tight"
 
     def score(
         self, app: AppState, given: int, anchor: Anchor, pool: FreePool, now: float, cluster: Cluster

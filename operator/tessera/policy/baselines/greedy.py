@@ -3,8 +3,15 @@
     while free GPUs remain and some app has unmet demand:
         score each app; give the next GPU — or the best-placed gang — to the top-scoring app
 
-Each baseline only defines its score, its step (one GPU or the whole unmet gang) and whether it places
-GPUs next to what an app holds ("pack") or ignores placement and takes GPUs in cluster order ("order").
+Each baseline only defines its score, its step (one GPU or the whole unmet gang) and its GPU-choice rule:
+
+* ``tight`` — the best-placed GPUs next to what the app holds (the shared `FreePool` packing). Spec §4.1:
+  only Gandiva (placement preference), SRTF (remaining time with the offered GPUs: better packing shortens
+  it) and Optimus (throughput) look at placement.
+* ``any`` — placement-unaware: whichever free GPUs come first in cluster order (Tiresias, SLAQ, SRSF, DRF).
+* ``random`` — placement-unaware, free GPUs in a random order (drawn from the round's seeded rng).
+
+Each class sets the paper's rule as its default; ``placement=`` overrides it (scenario key ``placement``).
 Every policy gets the same lease, so only the allocation rule differs (spec §4.1 [OURS], erratum 10).
 """
 
@@ -19,16 +26,23 @@ from tessera.cluster import Cluster
 from tessera.cluster.pool import Anchor, FreePool
 from tessera.policy.training import AppState, Grant, RoundDecision, lease_expiry
 
+Placement = Literal["tight", "any", "random"]
+PLACEMENTS: tuple[Placement, ...] = ("tight", "any", "random")
+
 
 class GreedyPolicy:
     name = "greedy"
     step: Literal["gpu", "gang"] = "gang"
-    placement: Literal["pack", "order"] = "pack"
+    placement: Placement = "tight"
 
-    def __init__(self, lease_s: float = 600.0) -> None:
+    def __init__(self, lease_s: float = 600.0, placement: str | None = None) -> None:
         if not lease_s > 0:
             raise ValueError(f"lease_s must be positive, got {lease_s}")
         self.lease_s = lease_s
+        if placement is not None:
+            if placement not in PLACEMENTS:
+                raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+            self.placement = placement
 
     def score(
         self, app: AppState, given: int, anchor: Anchor, pool: FreePool, now: float, cluster: Cluster
@@ -49,6 +63,8 @@ class GreedyPolicy:
         anchors = {a.app_id: Anchor.of(cluster, a.held) for a in apps if a.unmet > 0}
         live = [a for a in apps if a.unmet > 0]
         in_order = cluster.sorted(free)
+        if self.placement == "random":
+            rng.shuffle(in_order)
         while pool.size and live:
             best = max(
                 live,
@@ -60,7 +76,7 @@ class GreedyPolicy:
             have = given.setdefault(best.app_id, [])
             want = best.unmet - len(have)
             d = min(want if self.step == "gang" else 1, pool.size)
-            if self.placement == "pack":
+            if self.placement == "tight":
                 got = pool.take(anchors[best.app_id], d, grow_to=want)
             else:
                 free_now = set(pool.ids())

@@ -12,7 +12,7 @@ from tessera.policy.training import AppState
 class Optimus(GreedyPolicy):
     name = "optimus"
     step = "gpu"
-    placement = "pack"
+    placement = "tight"
 
     def score(
         self, app: AppState, given: int, anchor: Anchor, pool: FreePool, now: float, cluster: Cluster

@@ -22,7 +22,7 @@ def loss(progress: float) -> float:
 class Slaq(GreedyPolicy):
     name = "slaq"
     step = "gpu"
-    placement = "order"
+    placement = "any"
 
     def score(
         self, app: AppState, given: int, anchor: Anchor, pool: FreePool, now: float, cluster: Cluster

@@ -12,7 +12,7 @@ from tessera.policy.training import AppState
 class Srsf(GreedyPolicy):
     name = "srsf"
     step = "gpu"
-    placement = "order"
+    placement = "any"
 
     def score(
         self, app: AppState, given: int, anchor: Anchor, pool: FreePool, now: float, cluster: Cluster

@@ -12,7 +12,7 @@ from tessera.policy.training import AppState
 class Tiresias(GreedyPolicy):
     name = "tiresias"
     step = "gang"
-    placement = "order"
+    placement = "any"
 
     def score(
         self, app: AppState, given: int, anchor: Anchor, pool: FreePool, now: float, cluster: Cluster

@@ -99,15 +99,30 @@ def _phase_actual(
 
 @dataclass(frozen=True, slots=True)
 class HalvingPlan:
-    """A successive-halving app's shape: jobs per phase follow n / eta^(i−1) (L981–L1001)."""
+    """A successive-halving app's shape: jobs per phase follow n / eta^(i−1) (L981–L1001).
+
+    `demand_growth` is how a survivor's GPU demand grows per phase. The paper's text (L981–L993) doubles it
+    as the jobs halve ("the best n/2 jobs, with maximum demand 2 GPUs … until 1 job with maximum demand n
+    GPUs"), keeping the app's width constant; its worked example (L1061–L1151, spec §6.2) keeps every
+    job at job_demand_max = 8. Default 1 (the worked example); the trace generator uses eta (the text).
+    """
 
     num_configs: int
     iters_per_phase: tuple[float, ...]
     job_demand_max: int
     eta: int = 2
+    demand_growth: int = 1
+
+    def __post_init__(self) -> None:
+        if self.demand_growth < 1:
+            raise ValueError(f"demand_growth must be >= 1, got {self.demand_growth}")
 
     def jobs_in_phase(self, phase: int) -> int:
         return max(1, self.num_configs // int(self.eta**phase))
+
+    def job_demand(self, phase: int) -> int:
+        """GPUs one job of `phase` can use."""
+        return self.job_demand_max * int(self.demand_growth**phase)
 
     @property
     def num_phases(self) -> int:
@@ -115,7 +130,7 @@ class HalvingPlan:
 
     @property
     def demand_max(self) -> int:
-        return max(self.jobs_in_phase(p) * self.job_demand_max for p in range(self.num_phases))
+        return max(self.jobs_in_phase(p) * self.job_demand(p) for p in range(self.num_phases))
 
 
 def halving_remaining(
@@ -144,10 +159,10 @@ def halving_remaining(
     if live:
         if current_rule == "median":
             iters = max(left for left, _ in live)
-            total += phase_time([med] * len(live), iters, gpus, plan.job_demand_max, slowdown)
+            total += phase_time([med] * len(live), iters, gpus, plan.job_demand(phase), slowdown)
         else:
             total += _phase_actual(
-                [left for left, _ in live], [t for _, t in live], gpus, plan.job_demand_max, slowdown
+                [left for left, _ in live], [t for _, t in live], gpus, plan.job_demand(phase), slowdown
             )
     for p in range(phase + 1, plan.num_phases):
         n = plan.jobs_in_phase(p)
@@ -157,7 +172,7 @@ def halving_remaining(
             times = [max(survivor_iter_times)] * n
         else:
             times = [med] * n
-        total += phase_time(times, plan.iters_per_phase[p], gpus, plan.job_demand_max, slowdown)
+        total += phase_time(times, plan.iters_per_phase[p], gpus, plan.job_demand(p), slowdown)
     return total
 
 

@@ -30,6 +30,7 @@ from typing import Literal, Protocol
 
 from tessera.cluster import Cluster, Sensitivity
 from tessera.cluster.pool import Anchor, FreePool
+from tessera.policy.themis.apps import JobLoad, last_job_finish_time
 from tessera.policy.themis.estimate import HalvingPlan, halving_remaining
 
 
@@ -83,7 +84,7 @@ class JobSetRuntime:
         self.last = 0.0
         self.placement_scores: list[float] = []
         self._version = 0
-        self._agg: tuple[int, float, int, dict[int, float], float] | None = None
+        self._agg: tuple[int, list[JobLoad], dict[tuple[int, float], float]] | None = None
         self._live_jobs: list[Job] = list(self.jobs)
         self._running: list[Job] = []
         self._waiting_work = sum(j.left * j.iter_time for j in self.jobs)
@@ -199,25 +200,19 @@ class JobSetRuntime:
         )
 
     def remaining_time(self, gpus: int, slowdown: float) -> float:
-        """Eq. 1 for one job; for several, the list-scheduling bound max(Σw/min(k, Σd), max_j w_j/min(k, d_j))
-        — the performance-curve rule "T_sh is set by the job that finishes last" (L1039–L1057)."""
+        """Eq. 1 for one job; for several, the performance-curve rule "T_sh is set by the job that finishes
+        last" (L1039–L1057) — the one implementation in `tessera.policy.themis.apps`. The job loads are
+        rebuilt only when the jobs' state changes (the arbiter asks many times per round)."""
         if gpus <= 0:
             return math.inf
         if self._agg is None or self._agg[0] != self._version:
-            total, dsum, per_demand, ratio = 0.0, 0, {}, 0.0
-            for j in self._live_jobs:
-                if j.left > _EPS:
-                    w = j.left * j.iter_time
-                    total += w
-                    dsum += j.demand
-                    per_demand[j.demand] = max(per_demand.get(j.demand, 0.0), w)
-                    ratio = max(ratio, w / j.demand)
-            self._agg = (self._version, total, dsum, per_demand, ratio)
-        _, total, dsum, per_demand, ratio = self._agg
-        if dsum == 0:
-            return 0.0
-        longest = max([ratio] + [w / gpus for d, w in per_demand.items() if d > gpus])
-        return slowdown * max(total / min(gpus, dsum), longest)
+            loads = [JobLoad(j.left * j.iter_time, j.demand) for j in self._live_jobs if j.left > _EPS]
+            self._agg = (self._version, loads, {})
+        _, loads, memo = self._agg
+        hit = memo.get((gpus, slowdown))
+        if hit is None:
+            hit = memo[(gpus, slowdown)] = last_job_finish_time(loads, gpus, slowdown)
+        return hit
 
     def used_gpus(self) -> frozenset[str]:
         return frozenset(g for j in self._running if j.left > _EPS for g in j.gpus)
@@ -278,6 +273,7 @@ class SuccessiveHalvingRuntime(JobSetRuntime):
             keep = sorted(self.jobs, key=lambda j: -j.score)[: self.plan.jobs_in_phase(p)]
             for j in keep:
                 j.iterations += self.plan.iters_per_phase[p]
+                j.demand = min(len(self.cluster), self.plan.job_demand(p))
             self.jobs = keep
         self._assign(now)
 

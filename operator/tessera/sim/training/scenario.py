@@ -7,6 +7,7 @@
     trace: {generate: {apps: 200, workload: w2, mean_interarrival_s: 600}}   # or {file: trace.csv}
     policies: [themis, tiresias, gandiva, optimus, slaq, srtf, srsf, drf]
               # an entry may be a mapping: {policy: themis, label: themis-f0, fairness_knob: 0, lease_s: 300}
+              # baselines take lease_s and placement: tight | any | random ({policy: drf, placement: tight})
     themis: {fairness_knob: 0.8, lease_s: 600}   # defaults for every themis entry
     lease_s: 600                                  # baselines' lease (drf never preempts unless given one)
     sim: {restart_s: 30, admission_threshold: null, halving_rule: median}
@@ -152,13 +153,16 @@ def _policies(source: str, data: Mapping[str, Any]) -> tuple[PolicySpec, ...]:
                 f"unknown policy {name!r}; known: {', '.join(ALL_POLICIES)}",
             )
         label = str(entry.pop("label", name))
+        knobs: dict[str, Any]
         if name == "themis":
             knobs = {**themis_defaults, **entry}
             _unknown(source, where, knobs, _THEMIS_KEYS)
         else:
-            _unknown(source, where, entry, {"lease_s"})
+            _unknown(source, where, entry, {"lease_s", "placement"})
             default_lease = math.inf if name == "drf" else float(lease)
             knobs = {"lease_s": float(entry.get("lease_s", default_lease))}
+            if "placement" in entry:  # tight | any | random; default: the paper's rule per baseline
+                knobs["placement"] = entry["placement"]
         try:
             spec = PolicySpec(name, label, knobs)
             spec.build()

@@ -11,7 +11,8 @@ YAML (a list under `apps:`; see docs/simulate.md and examples/scenarios/):
           - {iterations: 2000, iter_time: 0.8, gpus: 4}
       - id: a2
         arrival: 60
-        halving: {iters_per_phase: [8, 16, 36], job_gpus: 8, eta: 2}
+        halving: {iters_per_phase: [8, 16, 36], job_gpus: 8, eta: 2}   # demand_growth: 2 doubles
+                                   # survivors' GPUs per phase (paper text); default 1 (worked example)
         configs: [{iter_time: 80, score: 3}, {iter_time: 100, score: 2}, ...]   # 2^k configs
 
 CSV: one row per job (or per successive-halving config), grouped by `app`:
@@ -76,8 +77,9 @@ class JobSpec:
 @dataclass(frozen=True, slots=True)
 class HalvingSpec:
     iters_per_phase: tuple[float, ...]
-    job_gpus: int
+    job_gpus: int  # a phase-1 job's GPU demand
     eta: int = 2
+    demand_growth: int = 1  # survivors' demand × this per phase (HalvingPlan.demand_growth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,7 @@ class Trace:
                     "iters_per_phase": list(a.halving.iters_per_phase),
                     "job_gpus": a.halving.job_gpus,
                     "eta": a.halving.eta,
+                    "demand_growth": a.halving.demand_growth,
                 }
                 d["configs"] = [{"iter_time": j.iter_time, "score": j.score} for j in a.jobs]
             out.append(d)
@@ -226,6 +229,7 @@ def parse_apps(source: str, records: Sequence[Any], cluster_gpus: int | None = N
                 tuple(_num(source, f"{where}.halving.iters_per_phase[{k}]", v) for k, v in enumerate(ipp)),
                 int(_num(source, f"{where}.halving.job_gpus", h.get("job_gpus", 1), integer=True)),
                 eta,
+                int(_num(source, f"{where}.halving.demand_growth", h.get("demand_growth", 1), integer=True)),
             )
             cfgs = rec.get("configs")
             if not isinstance(cfgs, Sequence) or not cfgs:
@@ -387,17 +391,22 @@ def _csv_records(source: str, p: Path) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True, slots=True)
 class GeneratorConfig:
-    """Knobs of the synthetic workload (spec §4.2–4.4). Sizes are [OURS], chosen so a 64-GPU run takes
-    seconds; the shape (mix, jobs per app, GPUs per job, arrival process) is the paper's."""
+    """Knobs of the synthetic workload. Defaults are the paper's statistics (spec §4.2–4.3): lognormal task
+    size with median 3.75 GPU-hours and a wide spread (Fig. 4: "a significant fraction" 10× shorter, many
+    10× longer), 10 % single-job apps, the rest exploring 10–100 configurations with a median of 75
+    (Fig. 2; W2 rounds to a power of two), so the median app is ≈ 75 × 3.75 GPU-h ≈ 11.7 GPU-days (Fig. 3).
+    A run is kept small by the number of apps and the cluster, never by shortening tasks."""
 
     apps: int = 200
     workload: Literal["w1", "w2"] = "w2"
     mean_interarrival_s: float = 600.0  # Poisson arrivals
     single_job_share: float = 0.10  # ≈10 % single-job apps (Fig. 2)
-    jobs_per_app: tuple[int, int] = (4, 32)  # exploration apps: range; W2 rounds to a power of two
-    task_gpu_hours_median: float = 0.5  # lognormal task size (paper: median task 3.75 GPU-hours, scaled down)
-    task_gpu_hours_sigma: float = 1.0
+    jobs_per_app: tuple[int, int] = (10, 100)  # exploration apps: range (Fig. 2); W2 rounds to a power of two
+    jobs_per_app_median: float = 75.0  # Fig. 2: median 75 jobs per exploration app
+    task_gpu_hours_median: float = 3.75  # Fig. 4: median task 3.75 GPU-hours
+    task_gpu_hours_sigma: float = 1.5  # lognormal σ: ≈ 6 % of tasks are 10× shorter, 6 % 10× longer
     min_trial_s: float = 300.0  # shortest phase-1 trial / job on its own GPUs (keeps restarts a small cost)
+    halving_demand_growth: int = 2  # W2 survivors' GPUs × 2 per phase as jobs halve (L981–L993)
     network_intensive_share: float | None = None  # None: from the model mix; else the share (Fig. 15)
 
     def __post_init__(self) -> None:
@@ -408,17 +417,33 @@ class GeneratorConfig:
         lo, hi = self.jobs_per_app
         if not 1 <= lo <= hi:
             raise ValueError(f"jobs_per_app must be [lo, hi] with 1 <= lo <= hi, got {self.jobs_per_app}")
+        if not lo <= self.jobs_per_app_median <= hi:
+            raise ValueError(
+                f"jobs_per_app_median must lie in jobs_per_app {self.jobs_per_app}, got {self.jobs_per_app_median}"
+            )
         if self.network_intensive_share is not None and not 0 <= self.network_intensive_share <= 1:
             raise ValueError(f"network_intensive_share must be in [0, 1], got {self.network_intensive_share}")
         if self.mean_interarrival_s <= 0 or self.task_gpu_hours_median <= 0 or self.min_trial_s < 0:
             raise ValueError(
                 "mean_interarrival_s and task_gpu_hours_median must be positive, min_trial_s >= 0"
             )
+        if self.halving_demand_growth < 1:
+            raise ValueError(f"halving_demand_growth must be >= 1, got {self.halving_demand_growth}")
+        if self.task_gpu_hours_sigma < 0:
+            raise ValueError(f"task_gpu_hours_sigma must be >= 0, got {self.task_gpu_hours_sigma}")
 
 
 def _pick_model(rng: random.Random) -> str:
     cat = rng.choices(list(CATEGORY_MIX), weights=list(CATEGORY_MIX.values()))[0]
     return rng.choice([m for m, (c, _, _) in MODELS.items() if c == cat])
+
+
+def _jobs_per_app(config: GeneratorConfig, rng: random.Random) -> int:
+    """Half the apps below the median, half above, uniform on each side (Fig. 2 gives range and median)."""
+    lo, hi = config.jobs_per_app
+    med = config.jobs_per_app_median
+    x = rng.uniform(lo, med) if rng.random() < 0.5 else rng.uniform(med, hi)
+    return max(lo, min(hi, round(x)))
 
 
 def generate(config: GeneratorConfig, rng: random.Random, cluster_gpus: int = 64) -> Trace:
@@ -431,11 +456,12 @@ def generate(config: GeneratorConfig, rng: random.Random, cluster_gpus: int = 64
             t += rng.expovariate(1.0 / config.mean_interarrival_s)
         model = _pick_model(rng)
         _, ni, base_it = MODELS[model]
+        coin = rng.random()  # always drawn, so traces that differ only in the share share everything else
         if config.network_intensive_share is not None:
-            ni = rng.random() < config.network_intensive_share
+            ni = coin < config.network_intensive_share
         sens = NETWORK_INTENSIVE if ni else COMPUTE_INTENSIVE
-        # One task's GPU-seconds (the surviving configuration's whole training, or one exploration job);
-        # an app's size follows from its number of tasks, as in Figs. 2–4.
+        # One task's serial GPU-seconds (Fig. 4: a task is one job of the app); an app's size follows from
+        # its number of tasks (Fig. 3 = Fig. 2 × Fig. 4).
         task = 3600.0 * rng.lognormvariate(
             math.log(config.task_gpu_hours_median), config.task_gpu_hours_sigma
         )
@@ -443,32 +469,38 @@ def generate(config: GeneratorConfig, rng: random.Random, cluster_gpus: int = 64
         app_id = f"app-{i:04d}"
         single = rng.random() < config.single_job_share
         if config.workload == "w1":
-            n = 1 if single else rng.randint(*config.jobs_per_app)
+            n = 1 if single else _jobs_per_app(config, rng)
             jobs = []
             for _ in range(n):
                 g = rng.choice((1, 2))
                 jt = it * rng.uniform(0.9, 1.1)
-                share = max(task * rng.uniform(0.5, 1.5), config.min_trial_s) * g
-                jobs.append(JobSpec(max(1.0, round(share / jt)), jt, g))
+                work = max(task * rng.uniform(0.5, 1.5), config.min_trial_s * g)
+                jobs.append(JobSpec(max(1.0, round(work / jt)), jt, g))
             apps.append(AppSpec(app_id, round(t, 3), tuple(jobs), sens, ni, model))
             continue
         g = min(max_gpus, rng.choice((1, 2, 4, 8)))
         if single:
-            work = max(task, config.min_trial_s) * g
+            work = max(task, config.min_trial_s * g)
             apps.append(
                 AppSpec(app_id, round(t, 3), (JobSpec(max(1.0, round(work / it)), it, g),), sens, ni, model)
             )
             continue
-        lo, hi = config.jobs_per_app
-        powers = [2**k for k in range(1, 8) if lo <= 2**k <= hi] or [
-            max(2, 2 ** round(math.log2(max(lo, 2))))
-        ]
-        n = rng.choice(powers)
+        n = max(2, 2 ** round(math.log2(_jobs_per_app(config, rng))))
         phases = int(math.log2(n)) + 1
-        # Equal budget per phase (Hyperband): phase p runs n/2^p configs for I_p = I_1·2^p iterations;
-        # the survivor trains I_1·(2^P − 1) iterations in all, one task.
-        i1 = max(1.0, round(task * g / ((2**phases - 1) * it)), math.ceil(config.min_trial_s * g / it))
+        # Equal budget per phase (Hyperband): phase p runs n/2^p configs for I_p = I_1·2^p iterations, so
+        # the app's n·task GPU-seconds split evenly over its phases: I_1 = task / (phases · iter_time).
+        i1 = max(1.0, round(task / (phases * it)), math.ceil(config.min_trial_s * g / it))
         ipp = tuple(float(i1 * 2**p) for p in range(phases))
         configs = tuple(JobSpec(i1, it * rng.uniform(0.8, 1.25), g, rng.random()) for _ in range(n))
-        apps.append(AppSpec(app_id, round(t, 3), configs, sens, ni, model, HalvingSpec(ipp, g, 2)))
+        apps.append(
+            AppSpec(
+                app_id,
+                round(t, 3),
+                configs,
+                sens,
+                ni,
+                model,
+                HalvingSpec(ipp, g, 2, config.halving_demand_growth),
+            )
+        )
     return Trace(apps)
