@@ -10,14 +10,19 @@ prioritize; the pod is then held on the best-scored node, as bind would, so the 
   kube-scheduler waits for); baseline: the same server answering with a fit-only echo (all nodes pass,
   score 0), i.e. the floor of HTTP + JSON for that many node names.
 
-Run: .venv/bin/python tests/bench/bench_extender.py [--calls N] [--sizes 100,1000,5000]
+Pods come in a few request shapes, as replicas and gangs do, so the per-node memo of choose_gpus answers most
+nodes; `--unique` gives every pod its own memory size, so every node is scored afresh (the worst case).
+The view is frozen out of the garbage collector after it is built, as the server does after its first sync.
+
+Run: .venv/bin/python tests/bench/bench_extender.py [--calls N] [--sizes 100,1000,5000] [--unique]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import gc
+import os
 import random
 import socket
 import statistics
@@ -27,6 +32,7 @@ import time
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 from tessera.api import contract
 from tessera.api.gpu_inventory import GpuInfo, dump_node_gpus
@@ -54,6 +60,7 @@ def cluster(n: int, rng: random.Random) -> ClusterView:
     return view
 
 
+WARM = len(SHAPES)  # warm-up cycles (not measured): the first pod of a shape scores every node afresh
 UNIQUE = False  # --unique: every pod asks for a different memory size, so no per-node memo entry is reused
 
 
@@ -99,9 +106,12 @@ def settle(view: ClusterView, i: int, scores: list[dict[str, Any]], ext: Extende
 
 def in_process(n: int, calls: int, progress: Progress) -> tuple[list[float], list[float]]:
     ext = Extender(None, cluster(n, random.Random(n)))
+    gc.collect()
+    gc.freeze()
     names = list(ext.view.nodes)
-    for i in range(calls, calls + 3):  # warm-up as over HTTP: the first cycle builds every node's summary
+    for i in range(calls, calls + WARM):  # warm-up as over HTTP: one full cycle per request shape
         ext.filter(args_for(i, names))
+        ext.prioritize(args_for(i, names))
     ours, base = [], []
     for i in range(calls):
         args = args_for(i, names)
@@ -132,26 +142,28 @@ def serve(n: int, port: int, echo: bool) -> None:
     if echo:
 
         async def f(request: web.Request) -> web.Response:
-            body = json.loads(await request.read())
-            return web.json_response(
-                {
-                    "Nodes": None,
-                    "NodeNames": body["NodeNames"],
-                    "FailedNodes": {},
-                    "FailedAndUnresolvableNodes": {},
-                    "Error": "",
-                }
-            )
+            body = orjson.loads(await request.read())
+            out = {
+                "Nodes": None,
+                "NodeNames": body["NodeNames"],
+                "FailedNodes": {},
+                "FailedAndUnresolvableNodes": {},
+                "Error": "",
+            }
+            return web.Response(body=orjson.dumps(out), content_type="application/json")
 
         async def p(request: web.Request) -> web.Response:
-            body = json.loads(await request.read())
-            return web.json_response([{"Host": h, "Score": 0} for h in body["NodeNames"]])
+            body = orjson.loads(await request.read())
+            scores = [{"Host": h, "Score": 0} for h in body["NodeNames"]]
+            return web.Response(body=orjson.dumps(scores), content_type="application/json")
 
         app = web.Application()
         app.router.add_post("/filter", f)
         app.router.add_post("/prioritize", p)
     else:
         app = make_app(Extender(None, cluster(n, random.Random(n))))
+        gc.collect()
+        gc.freeze()
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
@@ -165,6 +177,7 @@ async def over_http(n: int, calls: int, echo: bool, progress: Progress) -> list[
     port = free_port()
     child = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(n), str(port), "echo" if echo else "tessera"]
+        + (["--unique"] if UNIQUE else [])
     )
     names = [f"node-{k}" for k in range(n)]
     out: list[float] = []
@@ -177,19 +190,19 @@ async def over_http(n: int, calls: int, echo: bool, progress: Progress) -> list[
                         break
                 except aiohttp.ClientError:
                     await asyncio.sleep(0.1)
-            for i in range(calls + 3):  # 3 warm-up cycles open the connection
-                body = json.dumps(args_for(i, names))
+            for i in range(-WARM, calls):  # warm-up: opens the connection, one full cycle per request shape
+                body = orjson.dumps(args_for(i, names))
                 t0 = time.perf_counter()
                 async with http.post(
                     f"{url}/filter", data=body, headers={"Content-Type": "application/json"}
                 ) as r:
-                    filtered = await r.json()
-                body = json.dumps({"Pod": pod(i), "Nodes": None, "NodeNames": filtered["NodeNames"]})
+                    filtered = orjson.loads(await r.read())
+                body = orjson.dumps({"Pod": pod(i), "Nodes": None, "NodeNames": filtered["NodeNames"]})
                 async with http.post(
                     f"{url}/prioritize", data=body, headers={"Content-Type": "application/json"}
                 ) as r:
-                    await r.json()
-                if i >= 3:
+                    await r.read()
+                if i >= 0:
                     out.append((time.perf_counter() - t0) * 1e3)
                     progress.update(progress.done + 1, f"{n} nodes HTTP {'echo' if echo else 'tessera'}")
     finally:
@@ -206,20 +219,27 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--sizes", default="100,1000,5000")
+    parser.add_argument("--unique", action="store_true", help="a different request per pod (no memo hits)")
     parser.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
     a = parser.parse_args()
+    global UNIQUE
+    UNIQUE = a.unique
     if a.serve:
         serve(int(a.serve[0]), int(a.serve[1]), a.serve[2] == "echo")
         return
     sizes = [int(s) for s in a.sizes.split(",")]
     rows = []
+    load = [os.getloadavg()[0]]
     with Progress(len(sizes) * a.calls * 4, "extender", enabled=True) as progress:
         for n in sizes:
             ours, base = in_process(n, a.calls, progress)
             http_ours = asyncio.run(over_http(n, a.calls, False, progress))
             http_base = asyncio.run(over_http(n, a.calls, True, progress))
             rows.append((n, base, ours, http_base, http_ours))
-    print(f"\nfilter + prioritize per pod, ms ({a.calls} pods per size; p50 / p99)")
+            load.append(os.getloadavg()[0])
+    shapes = "a different request per pod" if a.unique else f"{len(SHAPES)} request shapes"
+    print(f"\nfilter + prioritize per pod, ms ({a.calls} pods per size, {shapes}; p50 / p99)")
+    print(f"load average (1 min) at start and after each size: {', '.join(f'{x:.1f}' for x in load)}")
     print(
         f"{'nodes':>6} | {'fit-only':>15} | {'tessera':>15} {'ratio':>6} | {'HTTP echo':>15} | {'HTTP tessera':>15} {'ratio':>6} | {'µs/node':>7}"
     )
