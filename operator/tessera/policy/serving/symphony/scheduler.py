@@ -8,9 +8,19 @@ variant replaces the frontrun with ``a_head + k``; ``k = 0`` is eager dispatch (
 GETBATCH is head-greedy and drops requests that cannot finish even alone (A.5 default); a candidate
 whose ``latest`` passes is recomputed (A.3 decision 4, optional).
 
-Timers are a heap with versioned entries, so cancelling is O(1). Free GPUs are found through two heaps
-(busy GPUs by free time, idle GPUs by id), so a model timer costs O(log G) amortised rather than a scan;
-a GPU timer scans the shard's candidates, O(M) — fine for the "dozens of models" a shard holds (A.7).
+Cost (target ≥ 100,000 requests/s on one core, A.7 [S:L262]):
+
+* Timers are one heap of ``(time, seq, code)`` entries, deleted lazily: an entry is live while its ``seq``
+  is still the one recorded for its model, stale check or GPU, so cancelling is O(1). ``seq`` is the push
+  order, which also fixes the order of timers due at the same instant.
+* GETBATCH is incremental: ℓ(b) is tabulated once per model with its running maximum over ``2..b``, and
+  the batch size walks from the previous candidate's size instead of growing from 1 (the window only moves
+  at its head and tail). Because ``d − x`` rounds monotonically in ``x``, testing the running maximum gives
+  exactly the head-greedy loop's answer, also for non-monotone measured tables.
+* Free GPUs come from two heaps (busy by free time, idle by id): a model timer costs O(log G) amortised; a
+  GPU timer scans the shard's candidates, O(M), fine for the "dozens of models" a shard holds (A.7).
+* Per-model state lives in flat lists indexed by model (models ordered by name, the GPU timer's tie-break),
+  so an arrival allocates one queue tuple and no candidate object.
 """
 
 from __future__ import annotations
@@ -21,16 +31,25 @@ import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 
 from tessera.policy.serving.common import Batch, Drop, DropReason, LinearProfile, Request
 
+_ARRIVAL = itemgetter(3)
+_CANNOT_MEET = DropReason.CANNOT_MEET_DEADLINE
 
-@dataclass
+# A queue entry: (deadline, rid, arrival order, arrival, request). Ordering on the first three keeps the
+# deadline order with ties to the lower rid, then to the earlier enqueue, and never compares requests.
+_Entry = tuple[float, int, int, float, Request]
+
+
+@dataclass(frozen=True, slots=True)
 class Candidate:
+    """A model's candidate batch c_M = (B, exec, latest) (Algorithm 1 lines 4-7); ``size`` = |B|."""
+
     size: int
     exec: float
     latest: float
-    version: int
 
 
 class SymphonyScheduler:
@@ -39,8 +58,38 @@ class SymphonyScheduler:
     Drive it with ``enqueue(request, now)`` and ``advance(now)``, which fires every timer due by
     ``now`` and returns the batches dispatched (``Batch.worker`` is the GPU, ``Batch.start`` its exec
     time); ``next_timer()`` says when to call ``advance`` next. ``timeout`` None = deferred (Symphony);
-    a number k = timeout batching inside the same framework, 0 = eager.
+    a number k = timeout batching inside the same framework, 0 = eager. ``timeout`` may be changed
+    between calls; it applies from the next candidate update.
     """
+
+    __slots__ = (
+        "_arrivals",
+        "_busy",
+        "_cexec",
+        "_clatest",
+        "_cseq",
+        "_csize",
+        "_drops",
+        "_gseq",
+        "_idle",
+        "_in_idle",
+        "_index",
+        "_lat",
+        "_m",
+        "_maxb",
+        "_names",
+        "_out",
+        "_pmax",
+        "_queues",
+        "_seq",
+        "_solo",
+        "_sseq",
+        "_timers",
+        "gpu_free",
+        "profiles",
+        "refresh_stale",
+        "timeout",
+    )
 
     def __init__(
         self,
@@ -58,147 +107,226 @@ class SymphonyScheduler:
         self.timeout = timeout
         self.refresh_stale = refresh_stale
         self.gpu_free = [-math.inf] * n_gpus
-        self._queues: dict[str, list[tuple[float, int, Request]]] = {m: [] for m in profiles}
-        self._cand: dict[str, Candidate | None] = dict.fromkeys(profiles)
-        self._timers: list[tuple[float, int, str, str | int, int]] = []
+        # Models in name order: the GPU timer breaks equal ``latest`` by name (lowest index first).
+        self._names = sorted(self.profiles)
+        self._index = {m: i for i, m in enumerate(self._names)}
+        m = self._m = len(self._names)
+        self._queues: list[list[_Entry]] = [[] for _ in range(m)]
+        self._lat: list[list[float]] = [[0.0] for _ in range(m)]  # ℓ(b) at index b, grown on demand
+        self._pmax: list[list[float]] = [[-math.inf, -math.inf] for _ in range(m)]  # max ℓ(2..b)
+        self._maxb = [self.profiles[n].max_batch for n in self._names]
+        for i in range(m):
+            self._grow(i, 2)
+        self._solo = [lat[1] for lat in self._lat]
+        # Candidate per model: size 0 = none; _cseq/_sseq = seq of its live model / stale timer (−1 none).
+        self._csize = [0] * m
+        self._cexec = [0.0] * m
+        self._clatest = [0.0] * m
+        self._cseq = [-1] * m
+        self._sseq = [-1] * m
+        self._gseq = [-1] * n_gpus  # seq of each GPU's live timer
+        # Timer codes: i < m model timer, m ≤ code < 2m stale check of model code − m, < 0 GPU ~code.
+        self._timers: list[tuple[float, int, int]] = []
         self._seq = itertools.count()
-        self._ver = itertools.count()
-        self._gpu_ver = [0] * n_gpus
+        self._arrivals = itertools.count()
         self._busy: list[tuple[float, int]] = []  # (free time, gpu), lazily validated
         self._idle: list[int] = list(range(n_gpus))  # gpu ids free as of the last model timer
         self._in_idle = [True] * n_gpus
         self._drops: list[Drop] = []
         self._out: list[Batch] = []
 
+    def _grow(self, i: int, upto: int) -> None:
+        """Tabulate ℓ(b) and its running maximum over 2..b for b ≤ ``upto`` (at least doubling)."""
+        lat, pmax = self._lat[i], self._pmax[i]
+        prof = self.profiles[self._names[i]]
+        for b in range(len(lat), max(upto, 2 * len(lat)) + 1):
+            v = prof(b)
+            lat.append(v)
+            if b >= 2:
+                pmax.append(v if v > pmax[-1] else pmax[-1])
+
     # -- Algorithm 1 ---------------------------------------------------------------------------
-    def _get_batch(self, m: str, now: float) -> int:
-        prof, q = self.profiles[m], self._queues[m]
-        k = 0
-        while k < len(q) and q[k][0] - prof(1) < now:  # same arithmetic as `latest`, so latest ≥ now
-            self._drops.append(Drop(q[k][2], now, DropReason.CANNOT_MEET_DEADLINE))
-            k += 1
-        if k:
+    def _update_candidate(self, i: int, now: float) -> None:
+        """UPDATECANDIDATE (lines 1-8) with the head-greedy GETBATCH and its drops (A.5)."""
+        q = self._queues[i]
+        solo = self._solo[i]
+        if q and q[0][0] - solo < now:  # same arithmetic as `latest`, so latest ≥ now
+            k = 1
+            nq = len(q)
+            while k < nq and q[k][0] - solo < now:
+                k += 1
+            drops = self._drops
+            for e in q[:k]:
+                drops.append(Drop(e[4], now, _CANNOT_MEET))
             del q[:k]
         if not q:
-            return 0
+            self._csize[i] = 0
+            self._cseq[i] = self._sseq[i] = -1
+            return
         d = q[0][0]
-        n = 1
-        cap = min(len(q), prof.max_batch)
-        while n < cap and d - prof(n + 1) >= now:
+        cap = len(q)
+        if cap > self._maxb[i]:
+            cap = self._maxb[i]
+        pmax = self._pmax[i]
+        if cap + 1 >= len(pmax):
+            self._grow(i, cap + 1)
+        # Largest n ≤ cap with d − ℓ(k) ≥ now for all 2 ≤ k ≤ n, walked from the previous size.
+        n = self._csize[i]
+        if n > cap:
+            n = cap
+        elif n < 1:
+            n = 1
+        while n > 1 and d - pmax[n] < now:
+            n -= 1
+        while n < cap and d - pmax[n + 1] >= now:
             n += 1
-        return n
-
-    def _update_candidate(self, m: str, now: float) -> None:
-        n = self._get_batch(m, now)
-        if n == 0:
-            self._cand[m] = None
-            return
-        prof, q = self.profiles[m], self._queues[m]
-        d = q[0][0]
-        if self.timeout is None:
-            ex = max(now, d - prof(n + 1))
+        lat = self._lat[i]
+        timeout = self.timeout
+        if timeout is None:
+            ex = d - lat[n + 1]
         else:
-            ex = max(now, min(e[2].arrival for e in q[:n]) + self.timeout)
-        c = Candidate(n, ex, d - prof(n), next(self._ver))
-        self._cand[m] = c
-        heapq.heappush(self._timers, (ex, next(self._seq), "model", m, c.version))
+            a = q[0][3] if n == 1 else min(q[:n], key=_ARRIVAL)[3]
+            ex = a + timeout
+        if not ex > now:  # max(now, ex), same tie result
+            ex = now
+        latest = d - lat[n]
+        self._csize[i] = n
+        self._cexec[i] = ex
+        self._clatest[i] = latest
+        timers, seq = self._timers, self._seq
+        s = next(seq)
+        self._cseq[i] = s
+        heapq.heappush(timers, (ex, s, i))
         if self.refresh_stale:
-            heapq.heappush(
-                self._timers, (math.nextafter(c.latest, math.inf), next(self._seq), "stale", m, c.version)
-            )
+            s = next(seq)
+            self._sseq[i] = s
+            heapq.heappush(timers, (math.nextafter(latest, math.inf), s, self._m + i))
+        else:
+            self._sseq[i] = -1
 
-    def _dispatch(self, m: str, g: int, now: float) -> None:
-        self._update_candidate(m, now)
-        c = self._cand[m]
-        if c is None:
+    def _dispatch(self, i: int, g: int, now: float) -> None:
+        """DISPATCH (lines 9-14): refresh the candidate at ``now``, run it on GPU ``g``, prepare the next."""
+        self._update_candidate(i, now)
+        n = self._csize[i]
+        if not n:
             return
-        q = self._queues[m]
-        reqs = [e[2] for e in q[: c.size]]
-        del q[: c.size]
-        dur = self.profiles[m](c.size)
-        self.gpu_free[g] = c.exec + dur
-        self._gpu_ver[g] += 1
-        heapq.heappush(self._busy, (self.gpu_free[g], g))
-        heapq.heappush(self._timers, (self.gpu_free[g], next(self._seq), "gpu", g, self._gpu_ver[g]))
-        self._out.append(Batch(reqs, g, c.exec, dur, m))
-        self._update_candidate(m, now)
+        q = self._queues[i]
+        reqs = [e[4] for e in q[:n]]
+        del q[:n]
+        dur = self._lat[i][n]
+        ex = self._cexec[i]
+        free = ex + dur
+        self.gpu_free[g] = free
+        heapq.heappush(self._busy, (free, g))
+        s = next(self._seq)
+        self._gseq[g] = s
+        heapq.heappush(self._timers, (free, s, ~g))
+        self._out.append(Batch(reqs, g, ex, dur, self._names[i]))
+        self._update_candidate(i, now)
 
     def enqueue(self, request: Request, now: float) -> None:
-        q = self._queues.get(request.model)
-        if q is None:
+        """ONNEWREQUEST (lines 15-17)."""
+        i = self._index.get(request.model)
+        if i is None:
             raise ValueError(
                 f"request {request.rid} is for model {request.model!r}, not served by this shard"
             )
-        bisect.insort(q, (request.deadline, request.rid, request), key=lambda e: (e[0], e[1]))
-        self._update_candidate(request.model, now)
-
-    def _on_model_timer(self, m: str, now: float) -> None:
-        c = self._cand[m]
-        if c is None:
-            return
-        g = self._lowest_free(c.exec)
-        if g is not None:
-            self._dispatch(m, g, now)
+        q = self._queues[i]
+        e = (request.deadline, request.rid, next(self._arrivals), request.arrival, request)
+        if not q or q[-1] < e:
+            q.append(e)
+        else:
+            bisect.insort(q, e)
+        self._update_candidate(i, now)
 
     def _lowest_free(self, t: float) -> int | None:
         """argmin id over GPUs with ``free ≤ t`` (line 19). Model timers fire in time order, so a GPU
         moved to the idle heap stays free until it is dispatched again (which re-enters it as busy)."""
-        busy, idle, gf = self._busy, self._idle, self.gpu_free
+        busy, idle, gf, in_idle = self._busy, self._idle, self.gpu_free, self._in_idle
         while busy and busy[0][0] <= t:
             f, g = heapq.heappop(busy)
-            if gf[g] == f and not self._in_idle[g]:
-                self._in_idle[g] = True
+            if gf[g] == f and not in_idle[g]:
+                in_idle[g] = True
                 heapq.heappush(idle, g)
         while idle:
             g = idle[0]
             if gf[g] <= t:
                 return g
             heapq.heappop(idle)  # dispatched by its GPU timer meanwhile; its busy entry re-adds it
-            self._in_idle[g] = False
+            in_idle[g] = False
         return None
 
     def _on_gpu_timer(self, g: int, now: float) -> None:
+        """ONGPUTIMER (lines 21-23): the valid candidate with the closest ``latest``, ties to the name."""
         f = self.gpu_free[g]
-        best: tuple[float, str] | None = None
-        for m, c in self._cand.items():
-            if c is not None and c.exec <= f <= c.latest and (best is None or (c.latest, m) < best):
-                best = (c.latest, m)
-        if best is not None:
-            self._dispatch(best[1], g, now)
+        csize, cexec, clatest = self._csize, self._cexec, self._clatest
+        best = -1
+        best_latest = math.inf
+        for i in range(self._m):
+            if csize[i] and cexec[i] <= f:
+                la = clatest[i]
+                if f <= la and (best < 0 or la < best_latest):
+                    best, best_latest = i, la
+        if best >= 0:
+            self._dispatch(best, g, now)
 
     def next_timer(self) -> float | None:
-        while self._timers and not self._live(self._timers[0]):
-            heapq.heappop(self._timers)
-        return self._timers[0][0] if self._timers else None
+        timers = self._timers
+        while timers and not self._live(timers[0]):
+            heapq.heappop(timers)
+        return timers[0][0] if timers else None
 
-    def _live(self, e: tuple[float, int, str, str | int, int]) -> bool:
-        _, _, kind, key, ver = e
-        if kind == "gpu":
-            return self._gpu_ver[int(key)] == ver
-        c = self._cand[str(key)]
-        return c is not None and c.version == ver
+    def _live(self, e: tuple[float, int, int]) -> bool:
+        code = e[2]
+        if code < 0:
+            return self._gseq[~code] == e[1]
+        if code < self._m:
+            return self._cseq[code] == e[1]
+        return self._sseq[code - self._m] == e[1]
 
     def advance(self, now: float, *, strictly_before: bool = False) -> list[Batch]:
         """Fire the timers due at or before ``now`` (before it, if ``strictly_before``)."""
-        while self._timers and (
-            self._timers[0][0] < now or (not strictly_before and self._timers[0][0] <= now)
-        ):
-            e = heapq.heappop(self._timers)
-            if not self._live(e):
-                continue
-            t, _, kind, key, _ = e
-            if kind == "model":
-                self._on_model_timer(str(key), t)
-            elif kind == "gpu":
-                self._on_gpu_timer(int(key), t)
-            else:
-                self._update_candidate(str(key), t)
-        out, self._out = self._out, []
-        return out
+        timers = self._timers
+        m = self._m
+        cseq, sseq, gseq = self._cseq, self._sseq, self._gseq
+        heappop = heapq.heappop
+        while timers:
+            t, s, code = timers[0]
+            if t > now or (strictly_before and t == now):
+                break
+            heappop(timers)
+            if code < 0:
+                if gseq[~code] == s:
+                    self._on_gpu_timer(~code, t)
+            elif code < m:
+                # ONMODELTIMER (lines 18-20); its candidate is live, so it exists.
+                if cseq[code] == s:
+                    g = self._lowest_free(self._cexec[code])
+                    if g is not None:
+                        self._dispatch(code, g, t)
+            elif sseq[code - m] == s:
+                self._update_candidate(code - m, t)
+        out = self._out
+        if out:
+            self._out = []
+            return out
+        return []
+
+    def candidate(self, model: str) -> Candidate | None:
+        """The model's current candidate batch, or None when its queue holds nothing schedulable."""
+        i = self._index.get(model)
+        if i is None:
+            raise ValueError(f"model {model!r} is not served by this shard")
+        if not self._csize[i]:
+            return None
+        return Candidate(self._csize[i], self._cexec[i], self._clatest[i])
 
     def take_drops(self) -> list[Drop]:
-        out, self._drops = self._drops, []
-        return out
+        out = self._drops
+        if out:
+            self._drops = []
+            return out
+        return []
 
     def take_cancelled(self) -> list[tuple[Batch, float]]:
         """Symphony never cancels a dispatched batch (interface parity with the baselines)."""
