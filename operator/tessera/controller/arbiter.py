@@ -99,7 +99,7 @@ class Arbiter:
 
     async def maybe_run(self, now: float | None = None) -> RoundReport | None:
         """Run a round if one is due (lease period passed) or something changed since the last one."""
-        now = time.time() if now is None else now
+        now = self.config.clock() if now is None else now
         if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
             return None
         async with self.lock:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +22,9 @@ class OperatorConfig:
     priority: int = 0
     post_events: bool = True
     gateway_image: str = "tessera:latest"
+    # Wall clock for leases and rounds. Tests pass a clock they advance, so lease expiry happens when the
+    # test says and not when a loaded machine happens to get there.
+    clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.lease_s > 0:

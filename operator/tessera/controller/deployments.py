@@ -51,6 +51,7 @@ class ModelDeployments:
         self.records: dict[tuple[str, str], ServingRecord] = {}
         self.lock = asyncio.Lock()
         self._applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.reconciles = 0  # completed passes (tests wait on it instead of on time)
 
     def reserved(self) -> set[str]:
         return {g for r in self.records.values() for g in r.held()}
@@ -58,6 +59,7 @@ class ModelDeployments:
     async def reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
         async with self.lock:
             await self._reconcile(body, patch)
+            self.reconciles += 1
 
     async def _reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
         meta = body.get("metadata") or {}

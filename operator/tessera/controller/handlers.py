@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,7 +153,7 @@ def make_registry(
     @kopf.on.update(G, V, contract.PLURAL_APP, field="spec", registry=registry)
     async def app_reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         arbiter = ctl.need_arbiter()
-        now = time.time()
+        now = config.clock()
         raw = dict(body)
         try:
             rec = record_from_body(raw, now)

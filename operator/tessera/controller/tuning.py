@@ -67,6 +67,7 @@ class TrialGroups:
         self.records: dict[tuple[str, str], TrialGroupRecord] = {}
         self.lock = asyncio.Lock()
         self.replans = 0
+        self.reconciles = 0  # completed passes (tests wait on it instead of on time)
 
     def reserved(self) -> set[str]:
         return {g for r in self.records.values() if not r.done for g in r.pool}
@@ -82,6 +83,7 @@ class TrialGroups:
     async def reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
         async with self.lock:
             await self._reconcile(body, patch)
+            self.reconciles += 1
 
     async def _reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
         meta = body.get("metadata") or {}

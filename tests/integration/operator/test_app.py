@@ -6,7 +6,19 @@ from __future__ import annotations
 import json
 
 import kmock
-from conftest import APPS, NS, PODS, add_node, app_body, job, plain_gpu_pod, pods, running_operator, wait_for
+from conftest import (
+    APPS,
+    NS,
+    PODS,
+    ManualClock,
+    add_node,
+    app_body,
+    job,
+    plain_gpu_pod,
+    pods,
+    running_operator,
+    wait_for,
+)
 from tessera.api import contract
 
 
@@ -49,15 +61,20 @@ async def test_app_gets_pods_with_placements_and_status(api: kmock.KubernetesEmu
 
 async def test_lease_expiry_moves_gpus_to_worse_rho(api: kmock.KubernetesEmulator) -> None:
     # n2/0 starts out held by a plain GPU pod, so A leases n1/0 first and n2/0 in a later round (when that
-    # pod goes): A's two leases expire at different times and A never drops to holding nothing.
+    # pod goes): A's two leases expire at different times and A never drops to holding nothing. The test
+    # owns the clock, so the n1 lease expires exactly when it advances time past it, however slow the
+    # machine is.
+    clock = ManualClock()
     add_node(api, "n1", 1)
     add_node(api, "n2", 1)
     api.objects[PODS, NS, "other"] = plain_gpu_pod("other", "n2", 0)
     api.objects[APPS, NS, "a"] = app_body("a", [job("j1", iters=100000, gpus=2)])
-    async with running_operator(api, lease_s=2.0):
+    async with running_operator(api, lease_s=100.0, clock=clock):
         await wait_for(lambda: status(api, "a").get("gpus") == 1, what="A on n1")
+        clock.advance(10)  # A's n2 lease will expire 10 s after its n1 lease
         await api.delete(f"/api/v1/namespaces/{NS}/pods/other")
         await wait_for(lambda: status(api, "a").get("gpus") == 2, what="A on n1 and n2")
+        clock.advance(10)
         await api.post(
             f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/apps",
             json=app_body("b", [job("j1", iters=100000, gpus=1)]),
@@ -65,11 +82,11 @@ async def test_lease_expiry_moves_gpus_to_worse_rho(api: kmock.KubernetesEmulato
         pending = await wait_for(lambda: status(api, "b").get("phase") == "Pending" and status(api, "b"))
         rho_a = status(api, "a")["rho"]
         assert pending["gpus"] == 0 and pending["rho"] > rho_a  # B, holding nothing, has the worse ρ
-        await wait_for(lambda: status(api, "b").get("gpus") == 1, timeout=6, what="B wins at expiry")
-        placement = [
-            json.loads(p["metadata"]["annotations"][contract.ANN_PLACEMENT])
-            for p in pods(api, **{contract.LABEL_APP: "b"}).values()
-        ]
+        assert not pods(api, **{contract.LABEL_APP: "b"})  # nothing is free before the expiry
+        clock.advance(80)  # now = A's n1 lease expiry; n2 still has 10 s to run
+        await wait_for(lambda: status(api, "b").get("gpus") == 1, what="B wins at expiry")
+        got = await wait_for(lambda: pods(api, **{contract.LABEL_APP: "b"}), what="B's pod")
+        placement = [json.loads(p["metadata"]["annotations"][contract.ANN_PLACEMENT]) for p in got.values()]
         assert placement == [{"node": "n1", "gpuIndices": [0]}]
         st = status(api, "a")
         assert st["gpus"] == 1 and [lease["node"] for lease in st["leases"]] == ["n2"]

@@ -51,10 +51,18 @@ async def test_gateway_and_workers_on_lanes_then_scale_when_load_doubles(
             json.loads(p["metadata"]["annotations"][contract.ANN_PLACEMENT])["node"] for p in got.values()
         }
         assert nodes == {"n1", "n2"}  # replicas spread over nodes
-        dep = await wait_for(lambda: get(api, DEPLOYMENTS, "m-gateway"), what="gateway Deployment")
+        # The gateway's objects are written one after another: wait for all of them, not the first.
+        dep = await wait_for(
+            lambda: (
+                get(api, SERVICES, "m-gateway")
+                and get(api, SERVICES, "m-workers")
+                and get(api, CONFIGMAPS, "m-gateway")
+                and get(api, DEPLOYMENTS, "m-gateway")
+            ),
+            what="gateway Deployment, Services and ConfigMap",
+        )
         assert dep["apiVersion"] == "apps/v1" and dep["metadata"]["ownerReferences"][0]["uid"] == "uid-m"
         assert dep["spec"]["template"]["spec"]["containers"][0]["args"][0] == "gateway"
-        assert get(api, SERVICES, "m-gateway") and get(api, SERVICES, "m-workers")
         config = json.loads(get(api, CONFIGMAPS, "m-gateway")["data"]["gateway.json"])
         model = config["models"][0]
         assert model["policy"] == "symphony" and len(model["workers"]) == 2 and model["slo_s"] == 0.1
