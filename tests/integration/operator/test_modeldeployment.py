@@ -35,8 +35,14 @@ async def test_gateway_and_workers_on_lanes_then_scale_when_load_doubles(
 ) -> None:
     add_node(api, "n1", 4)
     add_node(api, "n2", 4)
-    api.objects[MDS, NS, "m"] = md_body("m", 300)
-    async with running_operator(api):
+    async with running_operator(api) as ctl:
+        # Nodes arrive as separate watch events: create the deployment once both are known, or a pass
+        # that ran between them would (rightly) put both replicas on the one node it saw.
+        await wait_for(lambda: len(ctl.view.nodes) == 2, what="both nodes in the view")
+        await api.post(
+            f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/modeldeployments",
+            json=md_body("m", 300),
+        )
         got = await wait_for(lambda: len(workers(api)) == 2 and workers(api), what="2 workers")
         for pod in got.values():
             limits = pod["spec"]["containers"][0]["resources"]["limits"]
