@@ -12,7 +12,8 @@ Cost (target ≥ 100,000 requests/s on one core, A.7 [S:L262]):
 
 * Timers are one heap of ``(time, seq, code)`` entries, deleted lazily: an entry is live while its ``seq``
   is still the one recorded for its model, stale check or GPU, so cancelling is O(1). ``seq`` is the push
-  order, which also fixes the order of timers due at the same instant.
+  order, which also fixes the order of timers due at the same instant. A model timer due at once is not
+  pushed when no GPU is free (it could only find none), so a busy cluster adds one stale check per arrival.
 * GETBATCH is incremental: ℓ(b) is tabulated once per model with its running maximum over ``2..b``, and
   the batch size walks from the previous candidate's size instead of growing from 1 (the window only moves
   at its head and tail). Because ``d − x`` rounds monotonically in ``x``, testing the running maximum gives
@@ -36,6 +37,7 @@ from operator import itemgetter
 from tessera.policy.serving.common import Batch, Drop, DropReason, LinearProfile, Request
 
 _ARRIVAL = itemgetter(3)
+_heappush, _heappop, _nextafter, _INF = heapq.heappush, heapq.heappop, math.nextafter, math.inf
 _CANNOT_MEET = DropReason.CANNOT_MEET_DEADLINE
 
 # A queue entry: (deadline, rid, arrival order, arrival, request). Ordering on the first three keeps the
@@ -196,11 +198,15 @@ class SymphonyScheduler:
         timers, seq = self._timers, self._seq
         s = next(seq)
         self._cseq[i] = s
-        heapq.heappush(timers, (ex, s, i))
+        # A model timer due now that finds no free GPU does nothing, and GPU free times only grow, so
+        # it is not pushed at all (most arrivals at high load); ``now`` never goes back, so asking the
+        # free-GPU heaps at ``now`` is the same question the timer would ask.
+        if ex != now or self._lowest_free(now) is not None:
+            _heappush(timers, (ex, s, i))
         if self.refresh_stale:
             s = next(seq)
             self._sseq[i] = s
-            heapq.heappush(timers, (math.nextafter(latest, math.inf), s, self._m + i))
+            _heappush(timers, (_nextafter(latest, _INF), s, self._m + i))
         else:
             self._sseq[i] = -1
 
@@ -289,7 +295,7 @@ class SymphonyScheduler:
         timers = self._timers
         m = self._m
         cseq, sseq, gseq = self._cseq, self._sseq, self._gseq
-        heappop = heapq.heappop
+        heappop = _heappop
         while timers:
             t, s, code = timers[0]
             if t > now or (strictly_before and t == now):
