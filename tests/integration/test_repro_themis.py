@@ -1,7 +1,9 @@
 """Reproduction of the Themis paper's findings on small seeded traces (spec seed-themis §4.6, §6.7).
 
-Fast sizes: the 64-GPU testbed shape, 40 apps of the W2-style workload. Each test asserts an ordering
-or ratio band the paper reports; docs/results-themis.md puts our figures next to the paper's.
+Fast sizes: the 64-GPU testbed shape, 12 apps of the W2-style workload drawn from the paper's statistics
+(median task 3.75 GPU-h, median 75 configs per app, 42.5 s restart per GPU change). Each test asserts an
+ordering or ratio band the paper reports; findings that do not reproduce are strict xfails carrying the
+measured figure. docs/results-themis.md puts our figures next to the paper's.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from tessera.sim.training.trace import GeneratorConfig, Trace, generate
 pytestmark = pytest.mark.slow
 CLUSTER = Cluster.build(PRESETS["testbed-64"])
 SEED = 3
+APPS = 12
 
 
 @functools.cache
 def _trace(ni: float | None) -> Trace:
     return generate(
-        GeneratorConfig(apps=40, mean_interarrival_s=1200, network_intensive_share=ni),
+        GeneratorConfig(apps=APPS, mean_interarrival_s=14400, network_intensive_share=ni),
         random.Random(SEED),
         64,
     )
@@ -41,9 +44,16 @@ def _run(name: str, ni: float | None = None, f: float = 0.8, lease: float = 600.
         if name != "drf"
         else BASELINES[name]()
     )
-    return PolicySummary.of(simulate(policy, CLUSTER, _trace(ni), random.Random(SEED), SimConfig()))
+    s = PolicySummary.of(simulate(policy, CLUSTER, _trace(ni), random.Random(SEED), SimConfig()))
+    print(f"{name} ni={ni} f={f} lease={lease}: max rho {s.max_rho:.2f} GPU-h {s.gpu_hours:.0f}")
+    return s
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="gap: measured Themis 2.83 vs Tiresias 2.14 (12 apps, seed 3) after the paper-statistics "
+    "workload and spec §4.1 GPU choice; see docs/results-themis.md",
+)
 def test_themis_has_the_lowest_max_rho() -> None:
     themis = _run("themis")
     for name in BASELINES:
@@ -51,7 +61,9 @@ def test_themis_has_the_lowest_max_rho() -> None:
 
 
 @pytest.mark.xfail(
-    strict=True, reason="gap: no 1.2× margin at 100 % network-intensive yet (docs/results-themis.md)"
+    strict=True,
+    reason="gap: measured best baseline 1.71 / Themis 2.83 = 0.60× at 100 % network-intensive "
+    "(paper 1.24–1.77×); see docs/results-themis.md",
 )
 def test_all_network_intensive_themis_beats_the_best_baseline_by_1_2x() -> None:
     themis = _run("themis", 1.0)
@@ -63,14 +75,17 @@ def test_gpu_hours_within_5_percent_of_gandiva() -> None:
     assert _run("themis").gpu_hours <= 1.05 * _run("gandiva").gpu_hours
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="gap: measured max ρ 2.83 at both f = 0.8 and f = 1 (paper: ~1.5× worse at 1); "
+    "one long app sets max ρ under every f (docs/results-themis.md)",
+)
 def test_fairness_knob_sweep() -> None:
     rho = {f: _run("themis", f=f).max_rho for f in (0.0, 0.8, 1.0)}
     assert rho[0.8] <= rho[0.0], "max ρ should improve as f goes 0 → 0.8"
     assert rho[1.0] > rho[0.8], "and worsen at f = 1"
 
 
-@pytest.mark.xfail(
-    strict=True, reason="gap: restart cost outweighs queueing at this size (docs/results-themis.md)"
-)
 def test_shorter_leases_give_better_fairness() -> None:
+    # With hour-long tasks the 42.5 s restart no longer outweighs queueing: 2.70 at 300 s vs 2.92 at 1800 s.
     assert _run("themis", lease=300.0).max_rho <= _run("themis", lease=1800.0).max_rho
