@@ -435,6 +435,11 @@ class ModelDeploymentStatus(WireModel):
     predicted_slo_attainment_percent: float | None = Field(default=None, ge=0, le=100)
     finish_rate_percent: float | None = Field(default=None, ge=0, le=100)
     goodput_rps: float | None = Field(default=None, ge=0)
+    observed_load_rps: float | None = Field(
+        default=None,
+        ge=0,
+        description="Offered load the gateway reported (goodput / SLO attainment); what replicas follow.",
+    )
     timeouts: int = Field(default=0, ge=0)
     late_completions: int = Field(default=0, ge=0)
     mean_batch_size: float | None = Field(default=None, ge=0)

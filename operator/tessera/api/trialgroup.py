@@ -139,6 +139,10 @@ class TrialStatus(WireModel):
     )
     alpha: float | None = Field(default=None, ge=1, description="Packing overhead α_i (Eq. 3.2).")
     beta: float | None = Field(default=None, ge=1, description="Scaling overhead β_i (Eq. 3.2).")
+    result: float | None = Field(
+        default=None,
+        description="Latest metric value the trial reported (the `loss` of tessera.io/progress, tessera.sdk).",
+    )
 
 
 class Reallocation(WireModel):

@@ -129,6 +129,8 @@ class ModelDeployments:
         }
         if rec.spec.slo.latency_ms is not None:
             status["sloLatencyMs"] = rec.spec.slo.latency_ms
+        if decision.observed:
+            status["observedLoadRps"] = round(decision.load_rps, 3)
         if any(status_in.get(k) != v for k, v in status.items()):
             patch.status.update(status)
             patch.status["conditions"] = [

@@ -72,6 +72,7 @@ class Decision:
     replicas: int
     load_rps: float
     reason: str
+    observed: bool = False  # load_rps came from the gateway's report, not spec.traffic.expectedRps
 
 
 def desired_replicas(spec: ModelDeploymentSpec, status: Mapping[str, Any], current: int) -> Decision:
@@ -83,9 +84,9 @@ def desired_replicas(spec: ModelDeploymentSpec, status: Mapping[str, Any], curre
     hi = max(lo, spec.placement.max_gpus // per)
     goodput, attained = status.get("goodputRps"), status.get("sloAttainmentPercent")
     if isinstance(goodput, int | float) and isinstance(attained, int | float) and attained > 0:
-        load = float(goodput) / (float(attained) / 100)
+        load, observed = float(goodput) / (float(attained) / 100), True
     else:
-        load = spec.traffic.expected_rps
+        load, observed = spec.traffic.expected_rps, False
     cap = replica_capacity_rps(spec)
     if cap is None or load <= 0:
         want, reason = spec.replicas, "spec.replicas (no latency profile or load to scale by)"
@@ -102,7 +103,7 @@ def desired_replicas(spec: ModelDeploymentSpec, status: Mapping[str, Any], curre
                 want, reason = adjusted, f"Symphony advice +{advice} GPUs (bad rate {bad:.1%})"
             elif advice < 0 and adjusted >= want and adjusted < current:
                 want, reason = adjusted, f"Symphony advice {advice} GPUs (idle {idle:g}%)"
-    return Decision(min(hi, max(lo, want)), load, reason)
+    return Decision(min(hi, max(lo, want)), load, reason, observed)
 
 
 @dataclass(slots=True)

@@ -75,6 +75,7 @@ class TrialState:
     phase: str = "Pending"
     width: Fraction | None = None
     iterations_done: int = 0
+    result: float | None = None  # latest reported metric (status.trials[].result)
 
 
 @dataclass(slots=True)
@@ -174,6 +175,12 @@ class TrialGroupRecord:
             reported = [p.progress_iterations for p in mine if p.progress_iterations is not None]
             if reported:
                 st.iterations_done = max(st.iterations_done, min(max(reported), t.budget_iterations))
+            # The result is the metric of the furthest-along report (rank 0 and the others report alike).
+            scored = [
+                (p.progress_iterations or 0, p.progress_loss) for p in mine if p.progress_loss is not None
+            ]
+            if scored:
+                st.result = max(scored, key=lambda s: s[0])[1]
             current = set(self._plan_pod_names(t.name))
             gang = [p for p in mine if p.name in current and not p.deleting]
             if not gang or len(gang) < len(current):
@@ -253,6 +260,8 @@ class TrialGroupRecord:
         for t in self.spec.trials:
             st = self.trials[t.name]
             entry: dict[str, Any] = {"name": t.name, "phase": st.phase, "iterationsDone": st.iterations_done}
+            if st.result is not None:
+                entry["result"] = st.result
             if st.phase not in ENDED:
                 entry["h1Seconds"] = self.h1(t)
             gpus = self.placement.gpus_of(t.name) if self.placement and st.phase not in ENDED else ()
@@ -328,6 +337,8 @@ def record_from_body(body: Mapping[str, Any]) -> TrialGroupRecord:
             continue
         st.phase = str(ts.get("phase") or "Pending")
         st.iterations_done = int(ts.get("iterationsDone") or 0)
+        if isinstance(ts.get("result"), int | float):
+            st.result = float(ts["result"])
         if ts.get("width") and ts.get("placement"):
             st.width = Fraction(ts["width"]).limit_denominator(64)
     return rec

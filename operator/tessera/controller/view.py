@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ class PodInfo:
     phase: str
     deleting: bool
     progress_iterations: int | None = None
+    progress_loss: float | None = None  # the metric the workload reported with its progress
 
     @property
     def holds_gpus(self) -> bool:
@@ -62,6 +64,20 @@ def parse_progress(raw: str | None) -> int | None:
         log.warning("ignoring tessera.io/progress without a whole iterations count: %r", raw[:80])
         return None
     return value
+
+
+def parse_progress_loss(raw: str | None) -> float | None:
+    """The `loss` of `tessera.io/progress` (tessera.sdk.report_progress(..., loss=x)); None when absent."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        return None  # parse_progress already warned
+    value = data.get("loss") if isinstance(data, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def pod_info(body: Mapping[str, Any]) -> PodInfo:
@@ -92,6 +108,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         phase=str((body.get("status") or {}).get("phase") or "Pending"),
         deleting=bool(meta.get("deletionTimestamp")),
         progress_iterations=parse_progress(ann.get(contract.ANN_PROGRESS)),
+        progress_loss=parse_progress_loss(ann.get(contract.ANN_PROGRESS)),
     )
 
 

@@ -84,10 +84,16 @@ async def test_packed_and_multi_gpu_trials_then_replan_when_trials_finish(
 
         old_a = a[0]["metadata"]["name"]
         await set_pod_phase(
-            api, got["a"][0]["metadata"]["name"], "Running", **{contract.ANN_PROGRESS: '{"iterations": 300}'}
+            api,
+            got["a"][0]["metadata"]["name"],
+            "Running",
+            **{contract.ANN_PROGRESS: '{"iterations": 300, "loss": 0.42}'},
         )
         for name in ("b", "c", "d"):
-            await set_pod_phase(api, got[name][0]["metadata"]["name"], "Succeeded")
+            report = json.dumps({"iterations": 100, "loss": 0.9})
+            await set_pod_phase(
+                api, got[name][0]["metadata"]["name"], "Succeeded", **{contract.ANN_PROGRESS: report}
+            )
         new = await wait_for(
             lambda: (p := by_trial(api).get("a")) and p[0]["metadata"]["name"] != old_a and p, what="re-plan"
         )
@@ -100,6 +106,8 @@ async def test_packed_and_multi_gpu_trials_then_replan_when_trials_finish(
         assert trials["a"]["width"] == 3.0 and trials["a"]["iterationsDone"] == 300
         assert trials["a"]["h1Seconds"] == 300.0 and st["estimatedMakespanSeconds"] == 100.0
         assert all(trials[n]["phase"] == "Completed" for n in ("b", "c", "d"))
+        # results collected from the progress reports (the metric stays after a's pod is re-created)
+        assert trials["a"]["result"] == 0.42 and all(trials[n]["result"] == 0.9 for n in ("b", "c", "d"))
         assert "scale-up: 1" in st["lastReallocation"]["rule"]
         await wait_for(lambda: old_a not in pods(api), what="old pod of a deleted")
         assert len(events(api, "TrialCompleted")) == 3 and events(api, "Planned")

@@ -139,3 +139,37 @@ def test_trialgroup_record_recovers_pool_and_widths() -> None:
     assert rec.pool == ["n1/0", "n1/1"] and rec.trials["a"].width == Fraction(2)
     assert rec.h1(rec.spec.trials[0]) == 6.0
     assert parse_pool("[1, 2]") == [] and parse_pool(None) == []
+
+
+def test_observed_load_comes_from_the_gateway_report_only() -> None:
+    md = parse_modeldeployment(
+        {
+            "apiVersion": contract.API_VERSION,
+            "kind": "ModelDeployment",
+            "metadata": {"name": "m", "namespace": "ns"},
+            "spec": {
+                "template": TEMPLATE,
+                "model": {"name": "r", "dynamic": False},
+                "slo": {"latencyMs": 100},
+                "traffic": {"expectedRps": 300},
+                "batching": {
+                    "supportedBatchSizes": [1, 2, 4, 8],
+                    "latencyModel": {"type": "perBatchSize", "perBatchSizeMs": [10, 15, 25, 45]},
+                },
+                "gpu": {"lane": {"memoryMiB": 4096, "computePercent": 50}},
+            },
+        }
+    )
+    planned = desired_replicas(md.spec, {}, 0)
+    assert not planned.observed and planned.load_rps == 300 and planned.replicas == 2
+    # goodput 450 rps at 90 % attainment: 500 rps offered → ⌈500 / 177.8⌉ = 3 replicas
+    seen = desired_replicas(md.spec, {"goodputRps": 450.0, "sloAttainmentPercent": 90.0}, 0)
+    assert seen.observed and seen.load_rps == pytest.approx(500.0) and seen.replicas == 3
+
+
+def test_progress_loss_is_the_trial_result() -> None:
+    from tessera.controller.view import parse_progress_loss
+
+    assert parse_progress_loss('{"iterations": 5, "loss": 0.25}') == 0.25
+    assert parse_progress_loss('{"iterations": 5}') is None and parse_progress_loss("nope") is None
+    assert parse_progress_loss('{"iterations": 5, "loss": "x"}') is None
