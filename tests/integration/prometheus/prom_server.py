@@ -34,6 +34,10 @@ def prometheus_binary() -> str | None:
     return shutil.which("prometheus")
 
 
+def promtool_binary() -> str | None:
+    return shutil.which("promtool")
+
+
 class PrometheusError(RuntimeError):
     pass
 
@@ -48,7 +52,11 @@ class PrometheusServer:
         targets: Mapping[str, Sequence[str]],
         *,
         scrape_interval: str = "1s",
+        storage_path: Path | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
+        """`storage_path`: serve an existing TSDB (e.g. one backfilled by promtool) instead of a fresh one;
+        `extra_args`: more flags, such as `--storage.tsdb.retention.time` or `--query.lookback-delta`."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.targets = {job: list(hosts) for job, hosts in targets.items()}
@@ -69,9 +77,10 @@ class PrometheusServer:
             [
                 binary,
                 f"--config.file={self.config_path}",
-                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--storage.tsdb.path={storage_path or workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--log.level=warn",
+                *extra_args,
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -93,9 +102,12 @@ class PrometheusServer:
             time.sleep(0.1)
         raise PrometheusError(f"prometheus not ready after {timeout_s}s: {self.log_path.read_text()}")
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """Instant query; returns the `result` list (vector samples, or one scalar wrapped as a sample)."""
-        params = urllib.parse.urlencode({"query": expr})
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """Instant query (at Unix time `at`, default now); returns the `result` list (vector samples, or one
+        scalar wrapped as a sample)."""
+        params = urllib.parse.urlencode(
+            {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        )
         try:
             with urllib.request.urlopen(f"{self.url}/api/v1/query?{params}", timeout=10) as resp:
                 body = json.load(resp)
