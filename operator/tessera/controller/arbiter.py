@@ -24,6 +24,7 @@ from tessera.controller.apps import AppRecord, template_of
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import Kind, KubeApi, KubeError
 from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.status_writes import Written, status_due, written
 from tessera.controller.sync import sync_pods
 from tessera.controller.view import ClusterView, healthy_gpus
 from tessera.metrics import ComponentMetrics
@@ -67,8 +68,9 @@ class Arbiter:
         self.last_round = -math.inf
         self.dirty = False
         self.lock = asyncio.Lock()
-        self._written: dict[tuple[str, str], dict[str, Any]] = {}
+        self._written: dict[tuple[str, str], Written] = {}
         self.rounds = 0
+        self.status_writes = 0
         # GPUs that TrialGroup pools and serving workers reserve: never offered in an auction.
         self.reserved: Callable[[], set[str]] = set
 
@@ -180,7 +182,7 @@ class Arbiter:
     # --- writing ----------------------------------------------------------------------------------
 
     async def apply(self, rec: AppRecord, now: float, *, force: bool = False) -> None:
-        """Pods to match the leases, then status (only when it differs from what was last written)."""
+        """Pods to match the leases, then status when `status_due` says so (or `force`: leases changed)."""
         owner = Owner(contract.KIND_APP, rec.name, rec.namespace, rec.uid)
         existing = self.view.pods_with(contract.LABEL_APP, rec.name, rec.namespace)
         plans = [] if rec.done else rec.pod_plans()
@@ -213,12 +215,19 @@ class Arbiter:
             self._event(rec, "Warning", "GangFailed", f"job {gang_name}: no pods created: {why}")
         status = rec.status(now).to_wire()
         status.pop("conditions", None)  # conditions belong to the App handler's patches
-        comparable = {k: v for k, v in status.items() if k not in ("elapsedSeconds", "activeGpuSeconds")}
-        if not force and self._written.get(rec.key) == comparable:
+        due = status_due(
+            self._written.get(rec.key),
+            status,
+            now,
+            rho_tolerance=self.config.status_rho_tolerance,
+            max_staleness_s=self.config.status_staleness,
+        )
+        if not (force or due):
             return
         try:
             await self.api.patch(APPS, rec.namespace, rec.name, {"status": status}, sub="status")
-            self._written[rec.key] = comparable
+            self.status_writes += 1
+            self._written[rec.key] = written(status, now)
         except KubeError as err:
             if err.status == 404:
                 return  # deleted meanwhile; the delete handler cleans up

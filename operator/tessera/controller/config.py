@@ -22,6 +22,11 @@ class OperatorConfig:
     priority: int = 0
     post_events: bool = True
     gateway_image: str = "tessera:latest"
+    # App status writes (controller/status_writes.py): ρ alone re-writes status only when it moved by more
+    # than this fraction of the value last written, or when the last write is older than the staleness
+    # (None = one lease period). Leases, phase, GPUs, jobs and conditions are written whenever they change.
+    status_rho_tolerance: float = 0.05
+    status_max_staleness_s: float | None = None
     # Wall clock for leases and rounds. Tests pass a clock they advance, so lease expiry happens when the
     # test says and not when a loaded machine happens to get there.
     clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
@@ -33,8 +38,16 @@ class OperatorConfig:
             raise ValueError(f"tick must be positive, got {self.tick_s}")
         if self.preemption_grace_s < 0:
             raise ValueError(f"preemption grace must be >= 0 seconds, got {self.preemption_grace_s}")
+        if not self.status_rho_tolerance >= 0:
+            raise ValueError(f"status ρ tolerance must be >= 0 (a fraction), got {self.status_rho_tolerance}")
+        if self.status_max_staleness_s is not None and not self.status_max_staleness_s > 0:
+            raise ValueError(f"status staleness must be positive seconds, got {self.status_max_staleness_s}")
         if not self.clusterwide and not self.namespaces:
             raise ValueError("give --namespace at least once, or --all-namespaces")
+
+    @property
+    def status_staleness(self) -> float:
+        return self.status_max_staleness_s if self.status_max_staleness_s is not None else self.lease_s
 
     @property
     def tick(self) -> float:

@@ -1,0 +1,65 @@
+"""When the arbiter re-writes an App's status: only when something a reader acts on changed.
+
+Every App arrival starts a round, and each round refreshes every App's ρ; writing each App whose ρ moved
+at all made N arrivals cost ~N² status patches. An App's status is written when its leases, phase, GPUs,
+jobs or finish time change, when ρ moves by more than a relative tolerance from the value last written,
+or when the last write is older than a maximum staleness (so elapsed time and GPU-seconds stay fresh).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Fields that change every round by construction; they ride along with writes due for other reasons.
+VOLATILE = ("rho", "elapsedSeconds", "activeGpuSeconds")
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What was last written for one App: the non-volatile fields, ρ, and when."""
+
+    fields: dict[str, Any]
+    rho: float | None
+    at: float
+
+
+def stable_fields(status: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in status.items() if k not in VOLATILE}
+
+
+def rho_moved(old: float | None, new: float | None, tolerance: float) -> bool:
+    """True when ρ appeared, disappeared or moved by more than `tolerance` relative to the old value."""
+    if old is None or new is None:
+        return old is not new
+    if old == new:
+        return False
+    scale = max(abs(old), 1e-12)
+    return abs(new - old) / scale > tolerance
+
+
+def status_due(
+    last: Written | None,
+    status: Mapping[str, Any],
+    now: float,
+    *,
+    rho_tolerance: float,
+    max_staleness_s: float,
+) -> bool:
+    """Whether `status` (wire form, conditions removed) should be written at `now`."""
+    if last is None:
+        return True
+    if stable_fields(status) != last.fields:
+        return True
+    rho = status.get("rho")
+    if rho_moved(last.rho, float(rho) if rho is not None else None, rho_tolerance):
+        return True
+    return now - last.at >= max_staleness_s
+
+
+def written(status: Mapping[str, Any], now: float) -> Written:
+    rho = status.get("rho")
+    value = float(rho) if rho is not None and math.isfinite(float(rho)) else None
+    return Written(stable_fields(status), value, now)
