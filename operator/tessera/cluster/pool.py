@@ -15,6 +15,53 @@ from tessera.cluster.topology import Cluster, Locality
 SlotKey = tuple[str, str, int]  # (rack, node, slot)
 
 
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """A cluster's static region structure, built once per cluster (pools are built many times a round)."""
+
+    machines: tuple[object, ...]  # the cluster's machines tuple this was built from (staleness check)
+    slot_keys: tuple[SlotKey, ...]
+    nodes: tuple[str, ...]
+    racks: tuple[str, ...]
+    node_slots: dict[str, list[SlotKey]]
+    rack_nodes: dict[str, list[str]]
+    where: dict[str, SlotKey]  # GPU id → (rack, node, slot)
+
+
+_LAYOUTS: dict[int, tuple[Cluster, _Layout]] = {}
+
+
+def _layout(cluster: Cluster) -> _Layout:
+    hit = _LAYOUTS.get(id(cluster))
+    if hit is not None and hit[0] is cluster and hit[1].machines is cluster.machines:
+        return hit[1]
+    slot_keys: dict[SlotKey, None] = {}
+    nodes: dict[str, None] = {}
+    racks: dict[str, None] = {}
+    node_slots: dict[str, list[SlotKey]] = {}
+    rack_nodes: dict[str, list[str]] = {}
+    where: dict[str, SlotKey] = {}
+    for m in cluster.machines:
+        nodes[m.name] = None
+        racks.setdefault(m.rack, None)
+        rack_nodes.setdefault(m.rack, []).append(m.name)
+        keys: list[SlotKey] = []
+        for g in m.gpus:
+            k = (g.rack, g.node, g.slot)
+            where[g.id] = k
+            if k not in slot_keys:
+                slot_keys[k] = None
+                keys.append(k)
+        node_slots[m.name] = keys
+    out = _Layout(
+        cluster.machines, tuple(slot_keys), tuple(nodes), tuple(racks), node_slots, rack_nodes, where
+    )
+    if len(_LAYOUTS) > 64:  # simulations build few clusters; keep the cache from growing without bound
+        _LAYOUTS.clear()
+    _LAYOUTS[id(cluster)] = (cluster, out)
+    return out
+
+
 @dataclass(slots=True)
 class Anchor:
     """Where an owner's GPUs are: the racks, machines and slots they span, and how many there are."""
@@ -31,12 +78,16 @@ class Anchor:
         return a
 
     def add(self, cluster: Cluster, gpu_ids: Iterable[str]) -> None:
+        where = _layout(cluster).where
         for i in gpu_ids:
-            g = cluster.gpu(i)
+            k = where.get(i)
+            if k is None:
+                cluster.gpu(i)  # raises KeyError naming the unknown GPU
+                raise KeyError(f"GPU {i!r} is not in the cluster's layout")
             self.count += 1
-            self.racks.add(g.rack)
-            self.nodes.add(g.node)
-            self.slots.add((g.rack, g.node, g.slot))
+            self.racks.add(k[0])
+            self.nodes.add(k[1])
+            self.slots.add(k)
 
     def copy(self) -> Anchor:
         return Anchor(self.count, set(self.racks), set(self.nodes), set(self.slots))
@@ -58,48 +109,46 @@ class FreePool:
 
     def __init__(self, cluster: Cluster, gpu_ids: Iterable[str] = ()) -> None:
         self.cluster = cluster
-        self._slot: dict[SlotKey, list[str]] = {}
-        self._node_free: dict[str, int] = {}
-        self._rack_free: dict[str, int] = {}
-        self._node_slots: dict[str, list[SlotKey]] = {}
-        self._rack_nodes: dict[str, list[str]] = {}
-        for m in cluster.machines:
-            self._node_free[m.name] = 0
-            self._rack_free.setdefault(m.rack, 0)
-            self._rack_nodes.setdefault(m.rack, []).append(m.name)
-            keys: list[SlotKey] = []
-            for g in m.gpus:
-                k = (g.rack, g.node, g.slot)
-                if k not in self._slot:
-                    self._slot[k] = []
-                    keys.append(k)
-            self._node_slots[m.name] = keys
+        lay = self._layout = _layout(cluster)
+        self._slot: dict[SlotKey, list[str]] = {k: [] for k in lay.slot_keys}
+        self._node_free: dict[str, int] = dict.fromkeys(lay.nodes, 0)
+        self._rack_free: dict[str, int] = dict.fromkeys(lay.racks, 0)
+        self._node_slots = lay.node_slots  # shared and read-only
+        self._rack_nodes = lay.rack_nodes
         self.size = 0
         self.put(gpu_ids)
 
     # --- membership -----------------------------------------------------------------------------
 
     def put(self, gpu_ids: Iterable[str]) -> None:
+        where = self._layout.where
         for i in gpu_ids:
-            g = self.cluster.gpu(i)
-            lst = self._slot[(g.rack, g.node, g.slot)]
+            k = where.get(i)
+            if k is None:
+                self.cluster.gpu(i)  # raises KeyError naming the unknown GPU
+                raise KeyError(f"GPU {i!r} is not in the cluster's layout")
+            lst = self._slot[k]
             if i in lst:
                 raise ValueError(f"GPU {i} is already in the free pool")
             lst.append(i)
-            self._node_free[g.node] += 1
-            self._rack_free[g.rack] += 1
+            self._node_free[k[1]] += 1
+            self._rack_free[k[0]] += 1
             self.size += 1
 
     def remove(self, gpu_ids: Iterable[str]) -> None:
+        where = self._layout.where
         for i in gpu_ids:
-            g = self.cluster.gpu(i)
-            lst = self._slot[(g.rack, g.node, g.slot)]
+            k = where.get(i)
+            if k is None:
+                self.cluster.gpu(i)  # raises KeyError naming the unknown GPU
+                raise KeyError(f"GPU {i!r} is not in the cluster's layout")
+            lst = self._slot[k]
             try:
                 lst.remove(i)
             except ValueError:
                 raise ValueError(f"GPU {i} is not free") from None
-            self._node_free[g.node] -= 1
-            self._rack_free[g.rack] -= 1
+            self._node_free[k[1]] -= 1
+            self._rack_free[k[0]] -= 1
             self.size -= 1
 
     def ids(self) -> list[str]:

@@ -84,6 +84,27 @@ def phase_time(
     return max(jobs) * iters * slowdown / per_job
 
 
+def equal_phase_time(
+    iter_time_: float, n_jobs: int, iters: float, gpus: int, job_demand_max: int, slowdown: float = 1.0
+) -> float:
+    """`phase_time` for n_jobs jobs of equal iteration time, without building the job list.
+
+    Bit-identical to `phase_time([iter_time_] * n_jobs, …)`: with equal jobs LPT fills the GPUs round
+    robin, so the fullest GPU holds ⌈n/g⌉ jobs, summed in the same order.
+    """
+    if n_jobs <= 0 or iters <= 0:
+        return 0.0
+    if gpus <= 0:
+        return math.inf
+    w = iter_time_ * iters * slowdown
+    if gpus < n_jobs:
+        load = 0.0
+        for _ in range(-(-n_jobs // gpus)):
+            load += w
+        return load
+    return w / min(gpus // n_jobs, job_demand_max)
+
+
 def _phase_actual(
     iters_left: Sequence[float], iter_times: Sequence[float], gpus: int, job_demand_max: int, slowdown: float
 ) -> float:
@@ -159,7 +180,7 @@ def halving_remaining(
     if live:
         if current_rule == "median":
             iters = max(left for left, _ in live)
-            total += phase_time([med] * len(live), iters, gpus, plan.job_demand(phase), slowdown)
+            total += equal_phase_time(med, len(live), iters, gpus, plan.job_demand(phase), slowdown)
         else:
             total += _phase_actual(
                 [left for left, _ in live], [t for _, t in live], gpus, plan.job_demand(phase), slowdown
@@ -171,7 +192,8 @@ def halving_remaining(
         elif survivor_iter_times:
             times = [max(survivor_iter_times)] * n
         else:
-            times = [med] * n
+            total += equal_phase_time(med, n, plan.iters_per_phase[p], gpus, plan.job_demand(p), slowdown)
+            continue
         total += phase_time(times, plan.iters_per_phase[p], gpus, plan.job_demand(p), slowdown)
     return total
 
