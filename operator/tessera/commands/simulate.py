@@ -35,6 +35,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
     p.add_argument("--seed", type=int, help="override the scenario's seed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--metrics-out",
+        metavar="FILE",
+        help="write the run as OpenMetrics (ρ per app per round, GPUs held) for Prometheus backfill "
+        "(training scenarios)",
+    )
     p.set_defaults(func=main)
 
 
@@ -72,6 +78,10 @@ def main(args: argparse.Namespace) -> int:
         else:
             print(f"error: {path}: seed: this scenario kind takes no seed", file=sys.stderr)
             return 2
+    metrics_out = getattr(args, "metrics_out", None)
+    if metrics_out and module.__name__ != KINDS["training"]:
+        print(f"error: {path}: --metrics-out is only available for training scenarios", file=sys.stderr)
+        return 2
     result = module.run(scenario, progress=not args.no_progress and not args.json)
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=1, default=str)
@@ -81,4 +91,13 @@ def main(args: argparse.Namespace) -> int:
     if args.plots:
         for p in result.plots(Path(args.plots)):
             print(f"wrote {p}", file=sys.stderr)
+    if metrics_out:
+        from tessera.sim.metrics_export import write_training_openmetrics
+
+        try:
+            n = write_training_openmetrics(result, metrics_out)
+        except (OSError, ValueError) as e:
+            print(f"error: --metrics-out {metrics_out}: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {n} samples to {metrics_out}", file=sys.stderr)
     return 0

@@ -33,3 +33,12 @@ def test_bad_file_is_reported_with_file_and_field(tmp_path: Path, capsys: pytest
     bad.write_text("kind: fancy\n")
     assert main(["simulate", str(bad)]) == 2
     assert "kind: unknown kind 'fancy'" in capsys.readouterr().err
+
+
+def test_metrics_out_writes_the_rho_timeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run.om"
+    rc = main(["simulate", str(EXAMPLES / "training-csv.yaml"), "--no-progress", "--metrics-out", str(out)])
+    assert rc == 0
+    assert f"samples to {out}" in capsys.readouterr().err
+    text = out.read_text()
+    assert 'tessera_app_gpus{app="' in text and text.rstrip().endswith("# EOF")

@@ -18,6 +18,7 @@ from typing import Any
 
 from tessera.cluster import Cluster
 from tessera.policy.themis.arbiter import admit
+from tessera.policy.themis.bids import make_bid
 from tessera.policy.themis.estimate import NAvg, t_id
 from tessera.policy.training import AppState, TrainingPolicy, check_decision
 from tessera.sim.training.runtime import AppRuntime, GangJobsRuntime, Job, SuccessiveHalvingRuntime
@@ -73,6 +74,9 @@ class SimRun:
     events: int
     wall_s: float = 0.0
     records: list[dict[str, Any]] = field(default_factory=list)
+    # (sim time s, app id, ρ_current, GPUs held) for every active app at the start of every round: what the
+    # arbiter ranks on (Themis' cached-table rule, spec §2.6; ρ_cap = 1e6 for an app holding nothing).
+    rho_timeline: list[tuple[float, str, float, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -146,6 +150,7 @@ def simulate(
     outcomes: list[AppOutcome] = []
     scores: list[float] = []
     records: list[dict[str, Any]] = []
+    timeline: list[tuple[float, str, float, int]] = []
     rounds = events = 0
     outstanding = 0
     n_total = len(trace.apps)
@@ -310,6 +315,9 @@ def simulate(
                 )
             free_list = cluster.sorted(free)
             decision = policy.allocate(now, states, cluster, free_list, rng)
+            # After the policy ran, so Themis' estimates for this instant are memo hits in the runtimes.
+            for st in states:
+                timeline.append((now, st.app_id, make_bid(st, now, cluster, 0).rho_old, len(st.held)))
             check_decision(decision, states, free_list)
             if keep_records and decision.record:
                 records.append(decision.record)
@@ -344,4 +352,5 @@ def simulate(
         events=events,
         wall_s=wall,
         records=records,
+        rho_timeline=timeline,
     )
