@@ -72,6 +72,8 @@ class AppRecord:
     accounted_until: float = 0.0
     navg: NAvg | None = None
     rho: float | None = None
+    t_shared: float | None = None  # ρ's numerator (elapsed + remaining), seconds; inf while holding nothing
+    t_independent: float | None = None  # ρ's denominator T_id, seconds
     finished_at: float | None = None
 
     @property

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.api import contract
+from tessera.cluster import Cluster
 from tessera.controller.apps import AppRecord, template_of
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import Kind, KubeApi, KubeError
@@ -29,6 +30,7 @@ from tessera.controller.sync import sync_pods
 from tessera.controller.view import ClusterView, healthy_gpus
 from tessera.metrics import ComponentMetrics
 from tessera.policy.themis import Themis, ThemisConfig
+from tessera.policy.themis.bids import make_bid
 from tessera.policy.themis.estimate import NAvg
 from tessera.policy.training import check_decision
 
@@ -166,10 +168,16 @@ class Arbiter:
             self.metrics.counter("tessera_auction_rounds_total").inc()
         for rec in self.records.values():
             if len(cluster) and not rec.done and set(rec.held()) <= set(cluster.gpu_ids):
-                rec.rho = self.themis.current_rho(rec.state(now), now, cluster)
+                self._estimate(rec, now, cluster)
             labels = {"namespace": rec.namespace, "app": rec.name}
             if rec.rho is not None and math.isfinite(rec.rho):
                 self.metrics.gauge("tessera_app_rho").labels(**labels).set(rec.rho)
+            if rec.t_shared is not None and math.isfinite(rec.t_shared):
+                self.metrics.gauge("tessera_app_t_shared_seconds").labels(**labels).set(rec.t_shared)
+            if rec.t_independent is not None:
+                self.metrics.gauge("tessera_app_t_independent_seconds").labels(**labels).set(
+                    rec.t_independent
+                )
             self.metrics.gauge("tessera_app_gpus").labels(**labels).set(len(rec.held()))
         for key in sorted(self.records):
             await self.apply(self.records[key], now, force=key in changed)
@@ -178,6 +186,18 @@ class Arbiter:
         self.rounds += 1
         log.debug("arbiter round: %s", report)
         return report
+
+    def _estimate(self, rec: AppRecord, now: float, cluster: Cluster) -> None:
+        """ρ = T_sh / T_id from the bid's empty row (what `Themis.current_rho` evaluates, §2.3 Eq. 1):
+        T_sh = elapsed + remaining time on the GPUs held at their locality, T_id from `t_id`. T_sh is
+        infinite for an App holding nothing; ρ is then capped and T_sh not exported."""
+        c = self.themis.config
+        bid = make_bid(rec.state(now), now, cluster, 0, rho_cap=c.rho_cap, tid_mode=c.tid_mode)
+        rec.rho = bid.rho_old
+        locality = bid.held.locality()
+        remaining = bid.app.estimator.remaining_time(bid.held.count, bid.app.sensitivity.slowdown(locality))
+        rec.t_shared = bid.elapsed + remaining
+        rec.t_independent = bid.tid
 
     # --- writing ----------------------------------------------------------------------------------
 

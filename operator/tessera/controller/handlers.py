@@ -24,6 +24,7 @@ from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
 from tessera.controller.tuning import TrialGroups
+from tessera.controller.usage import UsageMetrics
 from tessera.controller.view import ClusterView
 from tessera.metrics import ComponentMetrics
 from tessera.policy.themis import admit
@@ -44,6 +45,10 @@ class Controller:
     deployments: ModelDeployments | None = None
     connection: kopf.ConnectionInfo | None = None
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
+    usage: UsageMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.usage = UsageMetrics(self.metrics)
 
     def post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         if self.config.post_events and self.api is not None:
@@ -143,6 +148,8 @@ def make_registry(
         ctl.view.on_pod(dict(body), deleted=type == "DELETED")
         after = ctl.view.pods.get((body.metadata.namespace or "", body.metadata.name or ""))
         freed = before is not None and before.holds_gpus and (after is None or not after.holds_gpus)
+        if before != after:
+            ctl.usage.update(ctl.view.pods.values())  # tessera_namespace_gpus, tessera_pending_pods
         if freed and ctl.arbiter is not None:
             ctl.arbiter.dirty = True  # GPUs became available: a Themis resource-available event
 

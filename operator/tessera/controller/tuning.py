@@ -221,6 +221,9 @@ class TrialGroups:
             )
         for state, n in counts.items():
             self.metrics.gauge("tessera_trialgroup_trials").labels(**base, state=state).set(n)
+        best = best_objective(rec)
+        if best is not None:
+            self.metrics.gauge("tessera_trialgroup_best_objective").labels(**base).set(best)
 
     def _invalid(self, body: dict[str, Any], patch: kopf.Patch, report: tuple[dict[str, Any], str]) -> None:
         status, msg = report
@@ -236,3 +239,13 @@ class TrialGroups:
             "metadata": {"name": rec.name, "namespace": rec.namespace, "uid": rec.uid},
         }
         self.post_event(body, type_, reason, message)
+
+
+def best_objective(rec: TrialGroupRecord) -> float | None:
+    """The best trials[].result so far. Trials report `loss` with their progress (tessera.sdk), so lower
+    is better unless spec.target says the metric is to be maximised."""
+    results = [st.result for st in rec.trials.values() if st.result is not None]
+    if not results:
+        return None
+    maximize = rec.spec.target is not None and rec.spec.target.goal == "maximize"
+    return max(results) if maximize else min(results)

@@ -40,6 +40,7 @@ class PodInfo:
     deleting: bool
     progress_iterations: int | None = None
     progress_loss: float | None = None  # the metric the workload reported with its progress
+    bound: bool = False  # spec.nodeName set: the scheduler has placed it
 
     @property
     def holds_gpus(self) -> bool:
@@ -109,6 +110,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         deleting=bool(meta.get("deletionTimestamp")),
         progress_iterations=parse_progress(ann.get(contract.ANN_PROGRESS)),
         progress_loss=parse_progress_loss(ann.get(contract.ANN_PROGRESS)),
+        bound=bool((body.get("spec") or {}).get("nodeName")),
     )
 
 
