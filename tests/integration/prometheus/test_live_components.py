@@ -46,11 +46,6 @@ NODE = "gpu-node-1"
 # Dashboard metrics no running component writes yet, and why. Their panels are checked against
 # catalogue-filled exporters in test_dashboard_queries.py; drop a name here once its code exports it.
 DEFERRED: dict[str, str] = {
-    "tessera_app_t_shared_seconds": "the operator's arbiter does not export T_shared yet",
-    "tessera_app_t_independent_seconds": "the operator's arbiter does not export T_independent yet",
-    "tessera_namespace_gpus": "the operator does not export GPUs per namespace and workload kind yet",
-    "tessera_pending_pods": "the operator does not export pending pods per workload kind yet",
-    "tessera_trialgroup_best_objective": "trials report no objective to the operator yet",
     "tessera_serving_replicas": "the operator's ModelDeployment controller is being finished; a scene "
     "with it would need its workers and gateway Deployments reconciled on kmock",
 }
@@ -88,6 +83,10 @@ async def operator_on_kmock(api: Any) -> AsyncIterator[str]:
             await op.wait_for(
                 lambda: op.status_of(api, op.TGS, "lr-sweep").get("trialsRunning"), 20, "TrialGroup trials"
             )
+            # A trial reports a loss with its progress: tessera_trialgroup_best_objective.
+            trial_pod = next(iter(op.pods(api, **{contract.LABEL_TRIAL: "a"})))
+            progress = json.dumps({"iterations": 20, "loss": 0.5})
+            await op.set_pod_phase(api, trial_pod, "Running", **{contract.ANN_PROGRESS: progress})
             yield f"127.0.0.1:{port}"
         finally:
             server.shutdown()
