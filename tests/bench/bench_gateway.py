@@ -21,12 +21,19 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "gateway"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gateway_harness import MODEL, WIDTH, gateway_process, model_config, worker_process
 from tessera.gateway.demo_models import early_exit_model
 from tessera.gateway.loadgen import AppLoad, Result, run_load
 from tessera.progress import Progress
+
+from tests.integration.gateway.gateway_harness import (
+    MODEL,
+    WIDTH,
+    gateway_process,
+    model_config,
+    worker_process,
+)
 
 
 def payload(layers: int) -> dict[str, object]:

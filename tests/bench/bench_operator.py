@@ -25,8 +25,14 @@ from typing import Any
 import kmock
 import kopf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "operator"))
-from conftest import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tessera.api import contract
+from tessera.controller.config import OperatorConfig
+from tessera.controller.handlers import make_registry
+from tessera.controller.view import healthy_gpus
+from tessera.progress import Progress
+
+from tests.integration.operator.conftest import (
     APPS,
     NS,
     ManualClock,
@@ -35,11 +41,6 @@ from conftest import (
     job,
     setup_api,
 )
-from tessera.api import contract
-from tessera.controller.config import OperatorConfig
-from tessera.controller.handlers import make_registry
-from tessera.controller.view import healthy_gpus
-from tessera.progress import Progress
 
 LEASE_S = 600.0
 

@@ -32,8 +32,8 @@ from tessera.sim.serving.cluster_sim import (
     staggered_capacity,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "serving_symphony"))
-from symphony_reference import ReferenceSymphonyScheduler
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.unit.serving_symphony.symphony_reference import ReferenceSymphonyScheduler
 
 GPUS = (1, 10, 100, 1_000)
 POLICIES = ("symphony", "before", "eager", "clockwork")

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from agent_fake_kubelet import FakeKubelet
+
+from .agent_fake_kubelet import FakeKubelet
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from agent_fake_kubelet import FakeKubelet
+from .agent_fake_kubelet import FakeKubelet
 
 FAKE_MPS = str(Path(__file__).parent / "fake-bin" / "nvidia-cuda-mps-control")
 

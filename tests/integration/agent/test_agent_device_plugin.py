@@ -9,7 +9,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agent_fake_kubelet import FakeKubelet
 from tessera.api import contract
 from tessera_agent.config import AgentConfig
 from tessera_agent.fake_backend import FakeGpuBackend
@@ -17,6 +16,8 @@ from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.plugin import DevicePlugin
 from tessera_agent.pods import StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import api_pb2, api_pb2_grpc
+
+from .agent_fake_kubelet import FakeKubelet
 
 NODE = "node-a"
 

@@ -16,7 +16,6 @@ import aiohttp
 import grpc
 import kmock
 import pytest
-from agent_fake_kubelet import FakeKubelet
 from kubernetes import client
 from tessera.api import contract
 from tessera.extender.kube import KubeClient, KubeConfig
@@ -32,6 +31,8 @@ from tessera_agent.plugin import DevicePlugin
 from tessera_agent.pods import KubernetesPodSource
 from tessera_agent.progress import ProgressServer
 from tessera_agent.proto import api_pb2, api_pb2_grpc
+
+from .agent_fake_kubelet import FakeKubelet
 
 NODE = "node-a"
 PODS = "v1/pods"

@@ -15,11 +15,12 @@ from aiohttp.test_utils import TestServer
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fake_apiserver import FakeApiServer
 from tessera.api import contract
 from tessera.api.gpu_inventory import GpuInfo, dump_node_gpus
 from tessera.extender.kube import KubeClient, KubeConfig
 from tessera.extender.server import Extender, make_app
+
+from .fake_apiserver import FakeApiServer
 
 
 def node(name: str, gpus: int = 2, memory_mib: int = 16000, annotate: bool = True) -> dict[str, Any]:

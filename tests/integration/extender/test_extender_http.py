@@ -6,11 +6,12 @@ import asyncio
 import json
 from collections import defaultdict
 
-from conftest import Env, node, pod
 from tessera.api import contract
 from tessera.api.assignment import Assignment
 from tessera.extender.view import pod_request
 from tessera.policy.lanes.placement import Choice, GpuState, choose_gpus, to_priority
+
+from .conftest import Env, node, pod
 
 
 async def _setup(env: Env) -> None:

@@ -6,10 +6,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp.test_utils import TestServer
-from conftest import Env, node, pod
 from prometheus_client.parser import text_string_to_metric_families
 from tessera.api import metrics_catalog as catalog
 from tessera.extender.metrics import make_metrics_app
+
+from .conftest import Env, node, pod
 
 MIB = 1024 * 1024
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

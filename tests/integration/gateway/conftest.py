@@ -12,9 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from gateway_harness import MODEL, PACE, payloads, worker_process
 from tessera.gateway.calibrate import calibrate
 from tessera.gateway.demo_models import early_exit_model
+
+from .gateway_harness import MODEL, PACE, payloads, worker_process
 
 
 @pytest.fixture(scope="session")

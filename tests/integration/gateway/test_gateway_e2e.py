@@ -25,10 +25,11 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
-from gateway_harness import MODEL, PACE, WIDTH, gateway_process, model_config, payloads, worker_process
 from tessera.api.contract import HEADER_APP
 from tessera.gateway.demo_models import early_exit_reference
 from tessera.gateway.loadgen import AppLoad, Result, format_summary, run_load, summarize
+
+from .gateway_harness import MODEL, PACE, WIDTH, gateway_process, model_config, payloads, worker_process
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import kmock
-from conftest import (
+from tessera.api import contract
+
+from .conftest import (
     APPS,
     NS,
     PODS,
@@ -19,7 +21,6 @@ from conftest import (
     running_operator,
     wait_for,
 )
-from tessera.api import contract
 
 
 def status(k: kmock.KubernetesEmulator, name: str) -> dict:

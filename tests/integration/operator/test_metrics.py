@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 
 import kmock
-from conftest import (
+from prometheus_client import generate_latest
+from tessera.api import contract
+from tessera.controller.handlers import Controller
+
+from .conftest import (
     APPS,
     MDS,
     NS,
@@ -23,9 +27,6 @@ from conftest import (
     trial,
     wait_for,
 )
-from prometheus_client import generate_latest
-from tessera.api import contract
-from tessera.controller.handlers import Controller
 
 
 async def test_metrics_expose_widths_progress_and_replicas(api: kmock.KubernetesEmulator) -> None:

@@ -11,8 +11,9 @@ import json
 from typing import Any
 
 import kmock
-from conftest import MDS, NS, add_node, events, md_body, pods, running_operator, status_of, wait_for
 from tessera.api import contract
+
+from .conftest import MDS, NS, add_node, events, md_body, pods, running_operator, status_of, wait_for
 
 DEPLOYMENTS = "apps/v1/deployments"
 SERVICES = "v1/services"

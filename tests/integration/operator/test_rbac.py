@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import kmock
-from conftest import APPS, NS, add_node, app_body, job, pods, running_operator, wait_for
 from tessera.api import contract
 from tessera.controller.rbac import RULES, allowed
+
+from .conftest import APPS, NS, add_node, app_body, job, pods, running_operator, wait_for
 
 
 def verb_of(method: str, name: str | None, watch: bool) -> str:

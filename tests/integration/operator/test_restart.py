@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import kmock
-from conftest import (
+from tessera.api import contract
+
+from .conftest import (
     MDS,
     NS,
     PODS,
@@ -21,7 +23,6 @@ from conftest import (
     trial,
     wait_for,
 )
-from tessera.api import contract
 
 
 def posted_pods(k: kmock.KubernetesEmulator) -> list[str]:

@@ -13,7 +13,9 @@ import json
 from typing import Any
 
 import kmock
-from conftest import (
+from tessera.api import contract
+
+from .conftest import (
     NS,
     TGS,
     add_node,
@@ -26,7 +28,6 @@ from conftest import (
     trial,
     wait_for,
 )
-from tessera.api import contract
 
 
 def placement(pod: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from prom_server import PrometheusServer, prometheus_binary
+
+from .prom_server import PrometheusServer, prometheus_binary
 
 StartPrometheus = Callable[[Mapping[str, Sequence[str]]], PrometheusServer]
 

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import StartPrometheus
-from prom_server import free_port
 from prometheus_client import CollectorRegistry, start_http_server
 from tessera.api import metrics_catalog as catalog
 from tessera.api.metrics_catalog import Component, MetricType
 from tessera.metrics import ComponentMetrics
 from tessera_agent.metrics_factory import AgentMetrics
+
+from .conftest import StartPrometheus
+from .prom_server import free_port
 
 DASHBOARDS = Path(__file__).resolve().parents[3] / "charts" / "tessera" / "dashboards"
 

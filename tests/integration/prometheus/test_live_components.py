@@ -21,7 +21,6 @@ import contextlib
 import importlib.util
 import json
 import shutil
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -30,15 +29,16 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
-from conftest import StartPrometheus
-from prom_server import free_port
 from prometheus_client import start_http_server
-from promql_scan import dashboard_metrics, dashboard_queries
 from tessera.api import contract
 from tessera.api import metrics_catalog as catalog
 from tessera.extender.kube import KubeClient, KubeConfig
 from tessera.extender.metrics import make_metrics_app
 from tessera.extender.server import Extender, make_app
+
+from .conftest import StartPrometheus
+from .prom_server import free_port
+from .promql_scan import dashboard_metrics, dashboard_queries
 
 ROOT = Path(__file__).resolve().parents[3]
 NODE = "gpu-node-1"
@@ -51,19 +51,14 @@ DEFERRED: dict[str, str] = {
 }
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    """Import a helper module of another test directory under its own name (every directory has a conftest)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def _load(name: str) -> ModuleType:
+    """Another test directory's scene helpers (the test folders are packages)."""
+    return importlib.import_module(name)
 
 
-op = _load("_live_operator_scene", ROOT / "tests/integration/operator/conftest.py")
-fake_api = _load("_live_fake_apiserver", ROOT / "tests/integration/extender/fake_apiserver.py")
-gw = _load("_live_gateway_harness", ROOT / "tests/integration/gateway/gateway_harness.py")
+op = _load("tests.integration.operator.conftest")
+fake_api = _load("tests.integration.extender.fake_apiserver")
+gw = _load("tests.integration.gateway.gateway_harness")
 
 
 # --- the components --------------------------------------------------------------------------------------

@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 import yaml
-from prom_server import PrometheusServer, prometheus_binary, promtool_binary
-from promql_scan import dashboard_metrics, dashboard_queries
 from tessera.sim.metrics_export import TRAINING_NOT_DERIVED, policy_namespace, write_training_openmetrics
 from tessera.sim.training.scenario import load, run
 from tessera.sim.training.simulator import AppOutcome, SimRun, simulate
+
+from .prom_server import PrometheusServer, prometheus_binary, promtool_binary
+from .promql_scan import dashboard_metrics, dashboard_queries
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIO = ROOT / "examples" / "scenarios" / "training-small.yaml"

@@ -10,9 +10,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import ROOT
 from tessera.api import contract
 from tessera.api.crd import all_crds, render_yaml
+
+from .conftest import ROOT
 
 CRDS = all_crds()
 

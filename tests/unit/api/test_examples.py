@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from apiserver import cel_errors, openapi_errors
-from conftest import INVALID, VALID, expected_errors, load
 from tessera.api.crd import openapi_schema
 from tessera.api.resources import KINDS, manifest_errors
+
+from .apiserver import cel_errors, openapi_errors
+from .conftest import INVALID, VALID, expected_errors, load
 
 
 def test_there_is_a_valid_and_an_invalid_example_per_kind() -> None:

@@ -6,14 +6,15 @@ import copy
 from typing import Any
 
 import pytest
-from apiserver import cel_errors, openapi_errors
-from conftest import EXAMPLES, load
 from tessera.api import ManifestError, parse_app, parse_modeldeployment, parse_resource, parse_trialgroup
 from tessera.api.app import AppStatus, Lease
 from tessera.api.crd import openapi_schema
 from tessera.api.modeldeployment import ModelDeploymentSpec
 from tessera.api.resources import KINDS, manifest_errors
 from tessera.api.trialgroup import FluidSettings
+
+from .apiserver import cel_errors, openapi_errors
+from .conftest import EXAMPLES, load
 
 
 def test_parse_helpers_return_typed_resources() -> None:

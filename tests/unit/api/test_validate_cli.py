@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, INVALID, expected_errors
 from tessera.cli import main
+
+from .conftest import EXAMPLES, INVALID, expected_errors
 
 
 def test_accepts_the_valid_examples(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from chart_render import CHART, NAMESPACE, ROOT, chart_crds, find, objects, render
+
+from .chart_render import CHART, NAMESPACE, ROOT, chart_crds, find, objects, render
 
 # A recent Kubernetes that kubernetes-validate ships schemas for, and the oldest the chart supports.
 KUBE_VERSIONS = ("1.33.0", "1.28.0")

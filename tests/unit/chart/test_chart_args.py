@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_render import ROOT, find, objects, render
 from tessera import cli
 from tessera.controller.rbac import RULES
 from tessera_agent import cli as agent_cli
-from test_chart import VALUE_SETS
+
+from .chart_render import ROOT, find, objects, render
+from .test_chart import VALUE_SETS
 
 # The operator's shell wrapper draws a random peering priority; any integer stands in for it.
 SHUF = '"$(shuf -i 1-1000000000 -n 1)"'

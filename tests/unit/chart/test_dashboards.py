@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from promql_names import PromQLSyntaxError, dashboard_exprs, load_dashboards, metric_names
 from tessera.api import metrics_catalog as catalog
+
+from .promql_names import PromQLSyntaxError, dashboard_exprs, load_dashboards, metric_names
 
 DASHBOARDS = Path(__file__).resolve().parents[3] / "charts" / "tessera" / "dashboards"
 ALL = load_dashboards(DASHBOARDS)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from salus_trace import salus_trace
 from tessera.policy.lanes.iteration import POLICIES
 from tessera.policy.lanes.replay import replay
+
+from .salus_trace import salus_trace
 
 SEEDS = range(8)  # the trace's duration tail is heavy, so one seed's ratio is noisy; compare means
 

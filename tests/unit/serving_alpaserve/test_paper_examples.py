@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-from alpaserve_cases import P1, P2, gamma_workload, two_model_profiles
 from tessera.policy.serving.alpaserve import (
     GB,
     GIB,
@@ -23,6 +22,8 @@ from tessera.policy.serving.alpaserve import (
     synthetic_profile,
 )
 from tessera.policy.serving.alpaserve.queueing import alpha_max, beta_max, w_pipeline, w_simple
+
+from .alpaserve_cases import P1, P2, gamma_workload, two_model_profiles
 
 INF = math.inf
 

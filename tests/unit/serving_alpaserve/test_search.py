@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from alpaserve_cases import P1, P2, gamma_workload, two_model_profiles
 from tessera.policy.serving.alpaserve import (
     GB,
     ParallelConfig,
@@ -23,6 +22,8 @@ from tessera.policy.serving.alpaserve import (
     validate,
 )
 from tessera.policy.serving.baselines.selective_replication import selective_replication
+
+from .alpaserve_cases import P1, P2, gamma_workload, two_model_profiles
 
 
 def _configs(plm: Placement) -> list[ParallelConfig]:

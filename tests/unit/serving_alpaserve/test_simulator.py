@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from alpaserve_cases import P1, P2, gamma_workload, two_model_profiles
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tessera.policy.serving.alpaserve import (
@@ -22,6 +21,8 @@ from tessera.policy.serving.alpaserve import (
 from tessera.policy.serving.baselines.clockwork_pp import clockwork_pp_schedule, simulate_schedule
 from tessera.policy.serving.baselines.selective_replication import selective_replication
 from tessera.sim.serving.arrivals import gamma_arrivals
+
+from .alpaserve_cases import P1, P2, gamma_workload, two_model_profiles
 
 CFGS = [ParallelConfig(1), ParallelConfig(2), ParallelConfig(4)]
 PROFILES = {

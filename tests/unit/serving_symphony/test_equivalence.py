@@ -14,9 +14,10 @@ import random
 from typing import Any
 
 import pytest
-from symphony_reference import ReferenceSymphonyScheduler
 from tessera.policy.serving.common import LinearProfile, Request
 from tessera.policy.serving.symphony import SymphonyScheduler
+
+from .symphony_reference import ReferenceSymphonyScheduler
 
 
 def _profiles(rng: random.Random, n_models: int, grid: bool) -> dict[str, LinearProfile]:

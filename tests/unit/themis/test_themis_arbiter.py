@@ -6,7 +6,8 @@ import pytest
 from tessera.cluster import Cluster
 from tessera.policy.themis import Themis, ThemisConfig, admit, filter_apps, participants
 from tessera.policy.training import check_decision
-from themis_helpers import app
+
+from .themis_helpers import app
 
 
 @pytest.mark.parametrize(("f", "k"), [(0.8, 2), (0.0, 10), (1.0, 1), (0.5, 5)])

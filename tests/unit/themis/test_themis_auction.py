@@ -11,7 +11,8 @@ from tessera.cluster.pool import FreePool
 from tessera.policy.themis.auction import run_auction
 from tessera.policy.themis.bids import make_bid
 from tessera.policy.themis.nsw import exact_nsw, greedy_nsw, objective
-from themis_helpers import FLAT, app
+
+from .themis_helpers import FLAT, app
 
 VGG16 = Sensitivity(1.0, 1.0, 1.29, 1.29)
 INCEPTION = Sensitivity(1.0, 1.0, 1.0, 1.0)
