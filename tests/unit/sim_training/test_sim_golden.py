@@ -18,6 +18,8 @@ from tessera.sim.training.scenario import PRESETS
 from tessera.sim.training.simulator import SimConfig, simulate
 from tessera.sim.training.trace import GeneratorConfig, generate
 
+# The arbiter rules of that commit (filter over apps with unmet demand, unclaimed GPUs as random leftover).
+OLD_RULES = ThemisConfig(filter_over="hungry", unclaimed="leftover")
 # policy: (max ρ, GPU-hours, makespan h, avg JCT h, rounds, events), 8 apps, seed 5, testbed-64
 RECORDED = {
     "themis": (1.6106890425113534, 2653.45962687839, 46.58694861656342, 9.307164399288206, 1324, 3835),
@@ -35,7 +37,7 @@ RECORDED = {
 def test_same_seed_same_summary_as_before_the_speedups(name: str) -> None:
     cluster = Cluster.build(PRESETS["testbed-64"])
     trace = generate(GeneratorConfig(apps=8, mean_interarrival_s=14400), random.Random(5), 64)
-    policy = Themis(ThemisConfig()) if name == "themis" else BASELINES[name]()
+    policy = Themis(OLD_RULES) if name == "themis" else BASELINES[name]()
     run = simulate(policy, cluster, trace, random.Random(5), SimConfig())
     s = PolicySummary.of(run)
     max_rho, gpu_h, makespan, jct, rounds, events = RECORDED[name]

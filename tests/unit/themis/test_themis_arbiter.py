@@ -80,3 +80,47 @@ def test_admission_control() -> None:
     assert not admit(8, 60, 64, 1.0)
     with pytest.raises(ValueError, match="positive"):
         admit(1, 0, 64, 0)
+
+
+def test_unclaimed_gpus_are_auctioned_to_the_next_highest_rho_apps() -> None:
+    """Bidders whose demand is met leave GPUs no PF bundle claims; they go to the next top 1−f by ρ
+    (still free: a resource-available event), not at random — pseudocode line 10's L is only payments."""
+    c = Cluster.build([(1, 4), (1, 4)])
+    apps = [app(f"a{i}", 1000, 1, arrival=float(i)) for i in range(10)]  # all hold nothing: ρ = ρ_cap
+    d = Themis(ThemisConfig(fairness_knob=0.8)).allocate(0.0, apps, c, c.gpu_ids[:6], random.Random(0))
+    check_decision(d, apps, c.gpu_ids[:6])
+    assert {g.app_id for g in d.grants} == {f"a{i}" for i in range(6)}  # earliest arrivals, in ρ order
+    assert all(g.source == "auction" for g in d.grants)
+    assert d.record["passes"] == 3  # k = ⌈0.2·N⌉ = 2, 2, 2 as N shrinks 10 → 8 → 6
+    old = Themis(ThemisConfig(fairness_knob=0.8, unclaimed="leftover"))
+    d_old = old.allocate(0.0, apps, c, c.gpu_ids[:6], random.Random(0))
+    assert sorted(g.source for g in d_old.grants) == ["auction"] * 2 + ["leftover"] * 4
+
+
+def test_filter_over_active_apps_counts_satisfied_apps() -> None:
+    """N of ⌈(1−f)·N⌉ is every active app (spec §3.1); a satisfied app in the top k bids for nothing."""
+    c = Cluster.build([(1, 4)] * 3)
+    ids = c.gpu_ids
+    # Five satisfied apps far behind (high ρ), five hungry apps that hold one of two GPUs.
+    done = [app(f"s{i}", 1000, 1, held=(ids[i],), arrival=-1e5, remaining=1e6) for i in range(5)]
+    hungry = [app(f"h{i}", 100, 2, held=(ids[5 + i],), arrival=-10.0 - i) for i in range(5)]
+    apps = done + hungry
+    free = ids[10:]
+    active = Themis(ThemisConfig(fairness_knob=0.8, filter_over="active"))
+    d = active.allocate(0.0, apps, c, free, random.Random(0))
+    assert d.record["participants"] == [] and d.record["passes"] == 3  # nobody, then k = 1, 1
+    assert d.record["active"] == 10
+    by_rho = Themis(ThemisConfig(fairness_knob=0.8, filter_over="hungry")).allocate(
+        0.0, apps, c, free, random.Random(0)
+    )
+    assert by_rho.record["active"] == 5 and len(by_rho.record["participants"]) == 1
+    for dec in (d, by_rho):
+        check_decision(dec, apps, free)
+        assert sum(len(g.gpus) for g in dec.grants) == 2  # work-conserving either way
+
+
+def test_new_knobs_are_validated() -> None:
+    with pytest.raises(ValueError, match="filter_over"):
+        ThemisConfig(filter_over="all")
+    with pytest.raises(ValueError, match="unclaimed"):
+        ThemisConfig(unclaimed="drop")

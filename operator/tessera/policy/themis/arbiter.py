@@ -35,6 +35,14 @@ class ThemisConfig:
     solver: SolverName = "auto"
     exact_limit: int = 64  # largest (bidders+1)^|R| solved by enumeration under "auto"
     min_keep: int = 1  # GPUs a PF winner always keeps after its hidden payment (0 = literal floor)
+    # N of the filter: "active" ranks every active app (spec §3.1: k = ⌈(1−f)·N⌉ of all active apps; a
+    # satisfied app in the top k bids for nothing); "hungry" ranks only apps with unmet demand.
+    filter_over: str = "active"
+    # GPUs no PF bundle claimed (the bidders' demand is met): "reauction" offers them at once to the next
+    # top 1−f of the apps not yet auctioned this round (they are still free — a resource-available event,
+    # spec §3.1; L of pseudocode line 10 is only the hidden payments); "leftover" hands them out at random
+    # with L (pseudocode line 21 applied to everything unassigned).
+    unclaimed: str = "reauction"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fairness_knob <= 1.0:
@@ -49,6 +57,10 @@ class ThemisConfig:
             raise ValueError(f"solver must be 'auto', 'exact' or 'greedy', got {self.solver!r}")
         if self.min_keep < 0:
             raise ValueError(f"min_keep must be >= 0, got {self.min_keep}")
+        if self.filter_over not in ("active", "hungry"):
+            raise ValueError(f"filter_over must be 'active' or 'hungry', got {self.filter_over!r}")
+        if self.unclaimed not in ("reauction", "leftover"):
+            raise ValueError(f"unclaimed must be 'reauction' or 'leftover', got {self.unclaimed!r}")
 
 
 def participants(n_active: int, f: float) -> int:
@@ -130,26 +142,50 @@ class Themis:
         hungry = [a for a in apps if a.unmet > 0]
         if not free or not hungry:
             return decision
-        ranked = [(self.current_rho(a, now, cluster), a) for a in hungry]
-        filtered = filter_apps(ranked, c.fairness_knob)
-        bids = [self._bid(a, now, cluster, len(free)) for a in filtered]
-        result = run_auction(
-            bids, cluster, list(free), solver=c.solver, exact_limit=c.exact_limit, min_keep=c.min_keep
-        )
-        chosen = {a.app_id for a in filtered}
+        population = hungry if c.filter_over == "hungry" else list(apps)
+        ranked = [(self.current_rho(a, now, cluster), a) for a in population]
+        offer = list(free)
+        won: dict[str, list[str]] = {}
+        leftover: list[str] = []
+        chosen: set[str] = set()
+        passes: list[dict[str, Any]] = []
+        candidates = ranked
+        while offer and candidates:
+            # Top 1−f by ρ_current; apps with nothing left to ask for take a filter seat but do not bid.
+            filtered = [a for a in filter_apps(candidates, c.fairness_knob) if a.unmet > 0]
+            chosen.update(a.app_id for a in filter_apps(candidates, c.fairness_knob))
+            bids = [self._bid(a, now, cluster, len(offer)) for a in filtered]
+            result = run_auction(
+                bids, cluster, offer, solver=c.solver, exact_limit=c.exact_limit, min_keep=c.min_keep
+            )
+            won.update(result.won)
+            in_pf = {g for gs in result.pf.values() for g in gs}
+            leftover.extend(g for g in result.leftover if g in in_pf)  # hidden payments (line 10)
+            offer = [g for g in result.leftover if g not in in_pf]
+            passes.append(_record(now, len(population), bids, ranked, result, {}))
+            if c.unclaimed == "leftover":
+                break
+            candidates = [(r, a) for r, a in ranked if a.app_id not in chosen and a.unmet > 0]
+        leftover.extend(offer)
+        leftover = cluster.sorted(leftover)
         unfiltered = [a for a in hungry if a.app_id not in chosen]
-        extra = allocate_leftover(cluster, result.leftover, unfiltered, filtered, result.won, rng)
+        bidders = [a for a in hungry if a.app_id in chosen]
+        extra = allocate_leftover(cluster, leftover, unfiltered, bidders, won, rng)
         expiry = lease_expiry(now, c.lease_s)
-        for app_id, gpus in result.won.items():
+        for app_id, gpus in won.items():
             if gpus:
                 decision.grants.append(Grant(app_id, tuple(gpus), expiry, "auction"))
         for app_id, gpus in extra.items():
             if gpus:
                 decision.grants.append(Grant(app_id, tuple(gpus), expiry, "leftover"))
-        rho_now = {a.app_id: r for r, a in ranked}
-        decision.record = _record(now, len(hungry), bids, rho_now, result, extra)
+        decision.record = {**passes[0], "passes": len(passes), "later_passes": passes[1:]}
+        decision.record["leftover_grants"] = {k: list(v) for k, v in extra.items()}
         log.debug(
-            "themis round t=%.0f: %d bidders, %d offered, solver %s", now, len(bids), len(free), result.solver
+            "themis round t=%.0f: %d passes, %d offered, %d leftover",
+            now,
+            len(passes),
+            len(free),
+            len(leftover),
         )
         return decision
 
@@ -158,11 +194,12 @@ def _record(
     now: float,
     n_active: int,
     bids: Sequence[Bid],
-    rho_now: dict[str, float],
+    ranked: Sequence[tuple[float, AppState]],
     result: Any,
     extra: dict[str, list[str]],
 ) -> dict[str, Any]:
     """The auction record of spec §5.4 (bid tables are summarised by their row count to stay small)."""
+    rho_now = {a.app_id: r for r, a in ranked}
     return {
         "now": now,
         "active": n_active,
