@@ -37,6 +37,10 @@ Executor = Literal["fifo", "fluid"]
 # algorithm has committed, as in ASHA's rung jobs, spec §2.4 "a training budget associated to each
 # trial"), or up to its maximum budget ("budget"). Same for synchronous algorithms (no milestones).
 Horizon = Literal["rung", "budget"]
+# When the time-to-target metric sees a trial's score: after every training iteration (Ray Tune trials
+# report each iteration and the paper plots "max accuracy over time", Fig. 3.10 [L1791-1794]), or only
+# at the algorithm's milestones. The algorithm itself always decides at milestones only.
+Observe = Literal["iteration", "milestone"]
 _TOL = 1e-9
 
 
@@ -94,6 +98,7 @@ class TuningResult:
     best_score: float
     trials: int
     groups: int
+    peak_trials_per_gpu: int = 0  # most trials that ever ran on one GPU at the same time
 
 
 @dataclass
@@ -106,6 +111,7 @@ class TuningSim:
     fluid: FluidConfig = field(default_factory=FluidConfig)
     sensitivity: Sensitivity = field(default_factory=Sensitivity)
     horizon: Horizon = "rung"
+    observe: Observe = "iteration"
     now: float = 0.0
     _running: dict[str, _Trial] = field(default_factory=dict, init=False)
     _pending: list[_Trial] = field(default_factory=list, init=False)
@@ -122,12 +128,15 @@ class TuningSim:
     placements: list[Placed] = field(default_factory=list, init=False)
     _work_done: float = field(default=0.0, init=False)
     _started: set[int] = field(default_factory=set, init=False)
+    _peak_per_gpu: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if self.executor not in ("fifo", "fluid"):
             raise ValueError(f"executor must be 'fifo' or 'fluid', got {self.executor!r}")
         if self.horizon not in ("rung", "budget"):
             raise ValueError(f"horizon must be 'rung' or 'budget', got {self.horizon!r}")
+        if self.observe not in ("iteration", "milestone"):
+            raise ValueError(f"observe must be 'iteration' or 'milestone', got {self.observe!r}")
         for g in self.pool:
             self.cluster.gpu(g)
         self.pool = self.cluster.sorted(self.pool)
@@ -156,6 +165,7 @@ class TuningSim:
             best_score=self._best,
             trials=self._trials,
             groups=self._groups,
+            peak_trials_per_gpu=self._peak_per_gpu,
         )
 
     def demand(self) -> int:
@@ -259,6 +269,8 @@ class TuningSim:
             it_time = self._iter_time(t)
             before = t.it
             t.it = min(t.stops[0], t.it + active / it_time)
+            if self.observe == "iteration" and active > 0:
+                self._observe_iterations(t, before, self.now + (dt - active), it_time)
             self._work_done += (t.it - before) * t.t1
             share = self.trials_model.gpu_util * t.t1 / (it_time * len(t.gpus)) * (active / dt)
             for g in t.gpus:
@@ -268,15 +280,26 @@ class TuningSim:
         self._pool_s += dt * len(self.pool)
         self._end = self.now + dt
 
+    def _observe_iterations(self, t: _Trial, before: float, resumed: float, it_time: float) -> None:
+        """Scores at the whole iterations completed strictly before the next milestone (which
+        `_handle_stops` reports), at the instant each one completed."""
+        first = math.floor(before + _TOL) + 1
+        last = math.floor(t.it + _TOL)
+        for k in range(first, min(last, t.stops[0] - 1) + 1):
+            self._see(self.trials_model.score(t.spec, k), resumed + (k - before) * it_time)
+
+    def _see(self, score: float, at: float) -> None:
+        self._best = max(self._best, score)
+        if score >= self.trials_model.target and (self._ttt is None or at < self._ttt):
+            self._ttt = at
+
     def _handle_stops(self) -> None:
         for t in sorted(self._running.values(), key=lambda t: t.seq):
             if t.pause_until > self.now + _TOL or t.stops[0] - t.it > _TOL * max(1.0, t.stops[0]):
                 continue
             t.it = stop = t.stops.pop(0)
             score = self.trials_model.score(t.spec, stop)
-            self._best = max(self._best, score)
-            if self._ttt is None and score >= self.trials_model.target:
-                self._ttt = self.now
+            self._see(score, self.now)
             decision = self.algorithm.on_result(Result(t.spec.trial_id, stop, score, self.now))
             if stop >= t.spec.budget or decision == Decision.STOP:
                 self._release(t)
@@ -344,6 +367,11 @@ class TuningSim:
         if packed:
             self._lanes.setdefault(gpus[0], []).append(t.spec.trial_id)
         self._running[t.spec.trial_id] = t
+        per_gpu: dict[str, int] = {}
+        for r in self._running.values():
+            for g in r.gpus:
+                per_gpu[g] = per_gpu.get(g, 0) + 1
+        self._peak_per_gpu = max(self._peak_per_gpu, *per_gpu.values())
 
     def _plan(self) -> None:
         if self.executor == "fifo":

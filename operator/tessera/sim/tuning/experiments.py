@@ -18,7 +18,7 @@ from tessera.policy.hpo import (
     hyperband,
     sync_bohb,
 )
-from tessera.sim.tuning.engine import Executor, Horizon, TuningResult, TuningSim
+from tessera.sim.tuning.engine import Executor, Horizon, Observe, TuningResult, TuningSim
 from tessera.sim.tuning.workload import Workload
 
 ALGORITHMS = ("hyperband", "syncbohb", "asha", "bohb", "pbt")
@@ -51,11 +51,12 @@ def run_one(
     samples: int = 40,
     max_budget: int = 27,
     horizon: Horizon = "rung",
+    observe: Observe = "iteration",
 ) -> TuningResult:
     w = replace(workload, seed=seed)
     c = Cluster.homogeneous(1, gpus) if gpus <= 16 else Cluster.homogeneous(-(-gpus // 8), 8)
     alg = make_algorithm(name, w, seed, max_budget=max_budget, samples=samples)
-    return TuningSim(c, c.gpu_ids[:gpus], w, alg, executor, fluid, horizon=horizon).run()
+    return TuningSim(c, c.gpu_ids[:gpus], w, alg, executor, fluid, horizon=horizon, observe=observe).run()
 
 
 def mean_of(results: list[TuningResult], metric: str) -> float:
@@ -65,12 +66,13 @@ def mean_of(results: list[TuningResult], metric: str) -> float:
     return sum(vals) / len(vals)
 
 
-def packing_overhead_grid(
+def packing_overhead_runs(
     alpha: float, gpus: int = 8, configs: int = 27, seed: int = 0, fluid: FluidConfig | None = None
-) -> tuple[float, float, int]:
-    """Fig. 3.13a: grid search, 27 configs on 8 GPUs, artificial packing overhead α. c comes from Eq. 3.1.
+) -> tuple[TuningResult, TuningResult, int]:
+    """Fig. 3.13a [L1859-1870]: grid search, 27 configs on 8 GPUs, artificial packing overhead α, with
+    every Fluid mechanism on (the seed switches none off here). c comes from Eq. 3.1.
 
-    Returns (FIFO makespan, Fluid makespan, chosen c). `fluid` overrides everything but c (ablations).
+    Returns (FIFO run, Fluid run, chosen c). `fluid` overrides everything but c (ablations).
     """
     w = Workload(seed=seed, alpha=1.0, time_spread=1.0)
     c = choose_packing_degree(iter_times_from_alpha(w.iter_time, alpha, 4))
@@ -81,8 +83,16 @@ def packing_overhead_grid(
     for ex in ("fifo", "fluid"):
         cl = Cluster.homogeneous(1, gpus)
         alg = GridSearch(list(configs_), 27)
-        out.append(TuningSim(cl, cl.gpu_ids, AlphaWorkload(w, alpha), alg, ex, fluid).run().makespan)
+        out.append(TuningSim(cl, cl.gpu_ids, AlphaWorkload(w, alpha), alg, ex, fluid).run())
     return out[0], out[1], c
+
+
+def packing_overhead_grid(
+    alpha: float, gpus: int = 8, configs: int = 27, seed: int = 0, fluid: FluidConfig | None = None
+) -> tuple[float, float, int]:
+    """`packing_overhead_runs` as (FIFO makespan, Fluid makespan, chosen c)."""
+    base, fl, c = packing_overhead_runs(alpha, gpus, configs, seed, fluid)
+    return base.makespan, fl.makespan, c
 
 
 def grid_heights(configs: int = 27, seed: int = 0, budget: int = 27) -> list[float]:
