@@ -44,6 +44,7 @@ def test_bundled_default_loads_with_both_executors() -> None:
         ({"workload": {"alpha": 0.5}}, "workload", "alpha"),
         ({"budget": {"max_budget": 1}}, "budget.max_budget", ">= 2"),
         ({"horizon": "forever"}, "horizon", "'rung' or 'budget'"),
+        ({"observe": "never"}, "observe", "'iteration' or 'milestone'"),
         ({"runz": 3}, "runz", "unknown field"),
     ],
 )

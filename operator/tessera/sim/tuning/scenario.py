@@ -10,6 +10,7 @@
     budget: {max_budget: 27, samples: 40}      # iterations per trial at most; configs for ASHA/BOHB
     fluid: {max_pack: 2, max_workers: 4, epsilon: 0, intra_gpu: true, inter_gpu: true, dynamic: true}
     horizon: rung               # what Fluid plans on: remaining work to the next rung, or to the budget
+    observe: iteration          # when time-to-target sees scores: every iteration, or milestones only
     workload: {iter_time: 10, alpha: 1.15, beta: 1.05, target: 0.85, …}   # tessera.sim.tuning.workload
 
 Reports time-to-target, makespan, GPU utilisation and GPU-seconds (spec seed-salus-fluid §2.14), with
@@ -28,7 +29,7 @@ from typing import Any, cast
 from tessera.policy.fluid import FluidConfig
 from tessera.progress import Progress
 from tessera.sim.scenario import ScenarioError
-from tessera.sim.tuning.engine import Executor, Horizon, TuningResult
+from tessera.sim.tuning.engine import Executor, Horizon, Observe, TuningResult
 from tessera.sim.tuning.experiments import ALGORITHMS, run_one
 from tessera.sim.tuning.workload import Workload
 
@@ -44,6 +45,7 @@ _TOP = {
     "budget",
     "fluid",
     "horizon",
+    "observe",
     "workload",
 }
 _EXECUTORS: tuple[Executor, ...] = ("fifo", "fluid")
@@ -63,6 +65,7 @@ class TuningScenario:
     samples: int
     fluid: FluidConfig
     horizon: Horizon
+    observe: Observe
     workload: Workload
 
 
@@ -123,6 +126,9 @@ def load(data: dict[str, Any], source: str) -> TuningScenario:
     horizon = data.get("horizon", "rung")
     if horizon not in ("rung", "budget"):
         raise ScenarioError(source, "horizon", f"expected 'rung' or 'budget', got {horizon!r}")
+    observe = data.get("observe", "iteration")
+    if observe not in ("iteration", "milestone"):
+        raise ScenarioError(source, "observe", f"expected 'iteration' or 'milestone', got {observe!r}")
     seed = data.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ScenarioError(source, "seed", f"expected an integer, got {seed!r}")
@@ -142,6 +148,7 @@ def load(data: dict[str, Any], source: str) -> TuningScenario:
         samples=samples,
         fluid=fluid,
         horizon=cast(Horizon, horizon),
+        observe=cast(Observe, observe),
         workload=workload,
     )
 
@@ -230,6 +237,7 @@ class TuningScenarioResult:
             "gpus": s.gpus,
             "fluid": dataclasses.asdict(s.fluid),
             "horizon": s.horizon,
+            "observe": s.observe,
             "workload": dataclasses.asdict(s.workload),
             "results": [
                 {
@@ -307,6 +315,7 @@ def run(scenario: TuningScenario, *, progress: bool = False) -> TuningScenarioRe
                             samples=s.samples,
                             max_budget=s.max_budget,
                             horizon=s.horizon,
+                            observe=s.observe,
                         )
                     )
                     done += 1
