@@ -122,14 +122,19 @@ class ManualClock:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(k: kmock.KubernetesEmulator, **overrides: Any) -> AsyncIterator[Controller]:
+async def running_operator(
+    k: kmock.KubernetesEmulator, *, identity: str | None = None, token: str | None = None, **overrides: Any
+) -> AsyncIterator[Controller]:
     # Leases run on a ManualClock unless a test passes `clock=`: rounds then happen on events (an App
     # arrives, GPUs are freed) or when the test advances the clock past an expiry, never by accident.
+    # `identity` is the kopf peer id; `token` a bearer token, so a test of two operators can tell whose
+    # requests reached kmock (request headers) — both default to what a single operator needs.
     settings: dict[str, Any] = {"lease_s": 1.0, "tick_s": 0.1, "standalone": True, "preemption_grace_s": 5}
     settings.update(overrides)
     settings.setdefault("clock", ManualClock())
     config = OperatorConfig(**settings)
-    registry, ctl = make_registry(config, kopf.ConnectionInfo(server=str(k.url), insecure=True))
+    conn = kopf.ConnectionInfo(server=str(k.url), insecure=True, token=token)
+    registry, ctl = make_registry(config, conn)
     stop = asyncio.Event()
     task = asyncio.create_task(
         kopf.operator(
@@ -139,6 +144,7 @@ async def running_operator(k: kmock.KubernetesEmulator, **overrides: Any) -> Asy
             standalone=config.standalone,
             priority=config.priority,
             peering_name=config.peering_name if not config.standalone else None,
+            identity=identity,  # type: ignore[arg-type]  # kopf types it as a NewType of str
         )
     )
     try:
