@@ -107,6 +107,9 @@ class Arbiter:
         if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
             return None
         async with self.lock:
+            # A caller that read the clock before waiting for the lock may find a later round already
+            # run: rounds never go back in time (N_avg and GPU-seconds integrate forward).
+            now = max(now, self.last_round)
             if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
                 return None
             return await self.run_round(now)

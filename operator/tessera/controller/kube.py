@@ -12,6 +12,7 @@ import json
 import logging
 import secrets
 import ssl
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -74,10 +75,12 @@ def _ssl_context(conn: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
 
 @dataclass
 class KubeApi:
-    """Typed calls over one aiohttp session; `calls` records (group, plural[/sub], verb) for RBAC checks."""
+    """Typed calls over one aiohttp session; `calls` records (group, plural[/sub], verb) for RBAC checks
+    and `counts` how many requests each of those made (the benchmark's API calls per round)."""
 
     conn: kopf.ConnectionInfo
     calls: set[tuple[str, str, str]] = field(default_factory=set)
+    counts: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     _session: aiohttp.ClientSession | None = None
 
     def _headers(self) -> dict[str, str]:
@@ -101,7 +104,9 @@ class KubeApi:
         content_type: str = "application/json",
         sub: str | None = None,
     ) -> JsonObj:
-        self.calls.add((kind.group, kind.plural + (f"/{sub}" if sub else ""), verb))
+        call = (kind.group, kind.plural + (f"/{sub}" if sub else ""), verb)
+        self.calls.add(call)
+        self.counts[call] += 1
         if self._session is None:
             self._session = aiohttp.ClientSession(headers=self._headers())
         data = None if body is None else json.dumps(body)

@@ -149,11 +149,17 @@ def split_gpu_id(gid: str) -> tuple[str, int]:
 
 @dataclass
 class ClusterView:
-    """Nodes and GPU-holding pods as last seen on the watch streams."""
+    """Nodes and GPU-holding pods as last seen on the watch streams.
+
+    Pods are also indexed by (namespace, label, value), so an owner's pods (`pods_with`) cost what that
+    owner has, not a scan of every pod: an arbiter round looks up each App's pods twice."""
 
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
     pods: dict[tuple[str, str], PodInfo] = field(default_factory=dict)
     version: int = 0
+    _by_label: dict[tuple[str, str, str], dict[str, PodInfo]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def on_node(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         name = str((body.get("metadata") or {}).get("name", ""))
@@ -167,11 +173,23 @@ class ClusterView:
     def on_pod(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         info = pod_info(body)
         key = (info.namespace, info.name)
-        if deleted:
-            self.pods.pop(key, None)
-        else:
+        old = self.pods.pop(key, None) if deleted else self.pods.get(key)
+        if old is not None:
+            for label, value in old.labels.items():
+                if deleted or info.labels.get(label) != value:
+                    self._unindex((old.namespace, label, value), old.name)
+        if not deleted:
             self.pods[key] = info
+            for label, value in info.labels.items():
+                self._by_label.setdefault((info.namespace, label, value), {})[info.name] = info
         self.version += 1
+
+    def _unindex(self, key: tuple[str, str, str], name: str) -> None:
+        owned = self._by_label.get(key)
+        if owned is not None:
+            owned.pop(name, None)
+            if not owned:
+                del self._by_label[key]
 
     def cluster(self) -> Cluster:
         """Every node's GPUs (unhealthy ones included: they are kept out of the free set instead)."""
@@ -193,7 +211,7 @@ class ClusterView:
         return Cluster(tuple(machines))
 
     def pods_with(self, label: str, value: str, namespace: str) -> list[PodInfo]:
-        return [p for (ns, _), p in self.pods.items() if ns == namespace and p.labels.get(label) == value]
+        return list(self._by_label.get((namespace, label, value), {}).values())
 
     def used_by_pods(self, exclude_label: str | None = None) -> set[str]:
         """GPU ids that live pods hold, skipping pods that carry `exclude_label` (accounted elsewhere)."""
