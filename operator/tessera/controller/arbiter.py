@@ -15,13 +15,14 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.api import contract
 from tessera.cluster import Cluster
 from tessera.controller.apps import AppRecord, template_of
+from tessera.controller.concurrency import gather_limited
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import Kind, KubeApi, KubeError
 from tessera.controller.pods import Owner, PodPlan
@@ -124,6 +125,7 @@ class Arbiter:
         report = RoundReport(now)
         cluster = self.view.cluster()
         changed: set[tuple[str, str]] = set()
+        gained: set[tuple[str, str]] = set()  # Apps granted GPUs in this round
         n_active = sum(1 for r in self.records.values() if not r.done)
         for rec in self.records.values():
             rec.account(now)
@@ -161,6 +163,7 @@ class Arbiter:
                 leases = rec.grant(grant.gpus, grant.expiry, grant.source, cluster)
                 if leases:
                     changed.add(rec.key)
+                    gained.add(rec.key)
                     n = sum(len(lease.gpus) for lease in leases)
                     report.granted[grant.app_id] = report.granted.get(grant.app_id, 0) + n
                     self._count_lease(rec, "granted", n)
@@ -182,8 +185,13 @@ class Arbiter:
                     rec.t_independent
                 )
             self.metrics.gauge("tessera_app_gpus").labels(**labels).set(len(rec.held()))
-        for key in sorted(self.records):
-            await self.apply(self.records[key], now, force=key in changed)
+        # Each App's writes are independent of the others': send them together, bounded. Statuses of
+        # Apps that gained GPUs go last, so a reader never sees a GPU leased to the winner while the
+        # loser's status still lists it (sequential writes in name order did not promise even that).
+        keys = sorted(self.records)
+        await self._each(self.sync(self.records[k]) for k in keys)
+        for batch in ([k for k in keys if k not in gained], [k for k in keys if k in gained]):
+            await self._each(self.write_status(self.records[k], now, force=k in changed) for k in batch)
         report.seconds = time.perf_counter() - t0
         self.metrics.histogram("tessera_auction_duration_seconds").observe(report.seconds)
         self.rounds += 1
@@ -204,8 +212,18 @@ class Arbiter:
 
     # --- writing ----------------------------------------------------------------------------------
 
+    async def _each(self, calls: Iterable[Awaitable[None]]) -> None:
+        for res in await gather_limited(calls, self.config.api_concurrency):
+            if isinstance(res, BaseException):
+                raise res
+
     async def apply(self, rec: AppRecord, now: float, *, force: bool = False) -> None:
         """Pods to match the leases, then status when `status_due` says so (or `force`: leases changed)."""
+        await self.sync(rec)
+        await self.write_status(rec, now, force=force)
+
+    async def sync(self, rec: AppRecord) -> None:
+        """Create and delete the App's pods so they match its leases (none once it is done)."""
         owner = Owner(contract.KIND_APP, rec.name, rec.namespace, rec.uid)
         existing = self.view.pods_with(contract.LABEL_APP, rec.name, rec.namespace)
         plans = [] if rec.done else rec.pod_plans()
@@ -222,8 +240,8 @@ class Arbiter:
             template_of=lambda p: template_of(rec, gang(p)),
             workload_class=contract.CLASS_BEST_EFFORT,
             grace_seconds=self.config.preemption_grace_s,
+            concurrency=self.config.api_concurrency,
         )
-        # Pods just written are not on the watch stream yet: record them so the next pass sees them.
         if result.deleted:
             self._event(
                 rec,
@@ -236,6 +254,9 @@ class Arbiter:
             self._event(rec, "Normal", "PodsCreated", ", ".join(result.created))
         for gang_name, why in result.failed_gangs.items():
             self._event(rec, "Warning", "GangFailed", f"job {gang_name}: no pods created: {why}")
+
+    async def write_status(self, rec: AppRecord, now: float, *, force: bool = False) -> None:
+        """Patch the App's status when `status_due` says so, or always with `force` (leases changed)."""
         status = rec.status(now).to_wire()
         status.pop("conditions", None)  # conditions belong to the App handler's patches
         due = status_due(

@@ -27,6 +27,8 @@ class OperatorConfig:
     # (None = one lease period). Leases, phase, GPUs, jobs and conditions are written whenever they change.
     status_rho_tolerance: float = 0.05
     status_max_staleness_s: float | None = None
+    # API requests a round (or one workload's pod sync) keeps in flight at once (controller/concurrency.py).
+    api_concurrency: int = 16
     # Wall clock for leases and rounds. Tests pass a clock they advance, so lease expiry happens when the
     # test says and not when a loaded machine happens to get there.
     clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
@@ -42,6 +44,8 @@ class OperatorConfig:
             raise ValueError(f"status ρ tolerance must be >= 0 (a fraction), got {self.status_rho_tolerance}")
         if self.status_max_staleness_s is not None and not self.status_max_staleness_s > 0:
             raise ValueError(f"status staleness must be positive seconds, got {self.status_max_staleness_s}")
+        if self.api_concurrency < 1:
+            raise ValueError(f"API concurrency must be >= 1 request in flight, got {self.api_concurrency}")
         if not self.clusterwide and not self.namespaces:
             raise ValueError("give --namespace at least once, or --all-namespaces")
 

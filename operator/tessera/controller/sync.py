@@ -3,6 +3,7 @@
 Pods are named from their plan (`PodPlan.name`), so the diff is a set difference of names and running it
 twice changes nothing. A gang (one job's or one trial's pods) is created all or nothing: if any create
 fails, the pods of that gang created in this pass are deleted again and the failure is reported.
+Deletes, and the creates of each gang, go out together with at most `concurrency` requests in flight.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tessera.controller.concurrency import gather_limited
 from tessera.controller.kube import PODS, KubeApi, KubeError
 from tessera.controller.pods import Owner, PodPlan, build_pod
 from tessera.controller.view import PodInfo
@@ -40,30 +42,50 @@ async def sync_pods(
     template_of: Callable[[PodPlan], Mapping[str, Any]],
     workload_class: str,
     grace_seconds: int,
+    concurrency: int = 1,
 ) -> SyncResult:
     """Delete unplanned pods (with `grace_seconds` to checkpoint after SIGTERM), then create planned gangs."""
     out = SyncResult()
     wanted = {p.name for p in plans}
-    for pod in sorted(existing, key=lambda p: p.name):
-        if pod.name not in wanted and not pod.deleting:
-            await api.delete(PODS, owner.namespace, pod.name, grace_seconds=grace_seconds)
-            out.deleted.append(pod.name)
+    doomed = [
+        p.name for p in sorted(existing, key=lambda p: p.name) if p.name not in wanted and not p.deleting
+    ]
+    deletes = await gather_limited(
+        (api.delete(PODS, owner.namespace, name, grace_seconds=grace_seconds) for name in doomed), concurrency
+    )
+    for name, res in zip(doomed, deletes, strict=True):
+        if isinstance(res, BaseException):
+            raise res
+        out.deleted.append(name)
     have = {p.name for p in existing if not p.deleting}
     gangs: dict[str, list[PodPlan]] = {}
     for plan in plans:
         gangs.setdefault(gang_of(plan), []).append(plan)
     for gang, members in gangs.items():
         missing = [m for m in members if m.name not in have]
-        made: list[str] = []
-        try:
-            for m in missing:
-                await api.create(PODS, owner.namespace, build_pod(template_of(m), m, owner, workload_class))
-                made.append(m.name)
-        except KubeError as err:
+        creates = await gather_limited(
+            (
+                api.create(PODS, owner.namespace, build_pod(template_of(m), m, owner, workload_class))
+                for m in missing
+            ),
+            concurrency,
+        )
+        made = [m.name for m, res in zip(missing, creates, strict=True) if not isinstance(res, BaseException)]
+        errors = [res for res in creates if isinstance(res, BaseException)]
+        if errors:
+            err = errors[0]
+            if not isinstance(err, KubeError):
+                raise err
             log.warning("gang %s of %s/%s failed: %s", gang, owner.namespace, owner.name, err)
             out.failed_gangs[gang] = str(err)
-            for name in made:
-                await api.delete(PODS, owner.namespace, name, grace_seconds=0)
+            undone = await gather_limited(
+                (api.delete(PODS, owner.namespace, name, grace_seconds=0) for name in made), concurrency
+            )
+            for name, res in zip(made, undone, strict=True):
+                if isinstance(res, BaseException):
+                    log.warning(
+                        "pod %s/%s of failed gang %s not removed: %s", owner.namespace, name, gang, res
+                    )
             continue
         out.created.extend(made)
     return out
