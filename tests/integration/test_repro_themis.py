@@ -51,8 +51,9 @@ def _run(name: str, ni: float | None = None, f: float = 0.8, lease: float = 600.
 
 @pytest.mark.xfail(
     strict=True,
-    reason="gap: measured Themis 2.83 vs Tiresias 2.14 (12 apps, seed 3) after the paper-statistics "
-    "workload and spec §4.1 GPU choice; see docs/results-themis.md",
+    reason="gap: measured Themis 2.83 vs SRSF 1.71, Tiresias 2.14 (12 apps, seed 3); with free restarts "
+    "still 1.98 vs 1.43: a halving app loses GPUs at phase barriers and wins few back while a rival whose "
+    "whole lease just expired ranks at ρ_cap; see docs/results-themis.md, 'Where the gap comes from'",
 )
 def test_themis_has_the_lowest_max_rho() -> None:
     themis = _run("themis")
