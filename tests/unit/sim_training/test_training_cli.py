@@ -42,3 +42,16 @@ def test_metrics_out_writes_the_rho_timeline(tmp_path: Path, capsys: pytest.Capt
     assert f"samples to {out}" in capsys.readouterr().err
     text = out.read_text()
     assert 'tessera_app_gpus{app="' in text and text.rstrip().endswith("# EOF")
+
+
+def test_bad_shared_themis_knob_names_the_themis_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: training\npolicies: [themis, srsf]\nthemis: {fairness_knob: 1.5}\n")
+    assert main(["simulate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: themis: fairness_knob f must be in [0, 1], got 1.5" in err
+    bad.write_text("kind: training\npolicies: [{policy: themis, fairness_knob: 2}]\n")
+    assert main(["simulate", str(bad)]) == 2
+    assert f"{bad}: policies[0]: fairness_knob f must be in [0, 1], got 2" in capsys.readouterr().err

@@ -138,6 +138,10 @@ def _policies(source: str, data: Mapping[str, Any]) -> tuple[PolicySpec, ...]:
         )
     themis_defaults = dict(_mapping(source, "themis", data.get("themis", {})))
     _unknown(source, "themis", themis_defaults, _THEMIS_KEYS)
+    try:  # validate the shared knobs on their own, so an error names `themis`, not a policy entry
+        PolicySpec("themis", "themis", themis_defaults).build()
+    except (ValueError, TypeError) as e:
+        raise ScenarioError(source, "themis", str(e)) from None
     lease = data.get("lease_s", 600.0)
     if isinstance(lease, bool) or not isinstance(lease, (int, float)) or lease <= 0:
         raise ScenarioError(source, "lease_s", f"expected a positive number of seconds, got {lease!r}")
