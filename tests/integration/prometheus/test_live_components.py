@@ -45,10 +45,7 @@ NODE = "gpu-node-1"
 
 # Dashboard metrics no running component writes yet, and why. Their panels are checked against
 # catalogue-filled exporters in test_dashboard_queries.py; drop a name here once its code exports it.
-DEFERRED: dict[str, str] = {
-    "tessera_serving_replicas": "the operator's ModelDeployment controller is being finished; a scene "
-    "with it would need its workers and gateway Deployments reconciled on kmock",
-}
+DEFERRED: dict[str, str] = {}
 
 
 def _load(name: str) -> ModuleType:
@@ -71,12 +68,18 @@ async def operator_on_kmock(api: Any) -> AsyncIterator[str]:
     api.objects[op.TGS, op.NS, "lr-sweep"] = op.tg_body(
         "lr-sweep", [op.trial("a", 200), op.trial("b", 100)], gpus=1
     )
+    # A served model on a second node: the operator's replica gauge (tessera_serving_replicas).
+    op.add_node(api, f"{NODE}-serving", 4)
+    api.objects[op.MDS, op.NS, "resnet-serving"] = op.md_body("resnet-serving", 300)
     async with op.running_operator(api) as ctl:
         port = free_port()
         server, _ = start_http_server(port, addr="127.0.0.1", registry=ctl.metrics.registry)
         try:
             await op.wait_for(
                 lambda: op.status_of(api, op.TGS, "lr-sweep").get("trialsRunning"), 20, "TrialGroup trials"
+            )
+            await op.wait_for(
+                lambda: op.status_of(api, op.MDS, "resnet-serving").get("replicas"), 20, "serving replicas"
             )
             # A trial reports a loss with its progress: tessera_trialgroup_best_objective.
             trial_pod = next(iter(op.pods(api, **{contract.LABEL_TRIAL: "a"})))
