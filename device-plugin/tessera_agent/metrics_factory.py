@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from tessera.api import metrics_catalog as catalog
 from tessera.api.metrics_catalog import Component, MetricType
 
@@ -18,6 +18,7 @@ class AgentMetrics:
         self.registry = registry or CollectorRegistry()
         self._gauges: dict[str, Gauge] = {}
         self._counters: dict[str, Counter] = {}
+        self._histograms: dict[str, Histogram] = {}
         for spec in catalog.for_component(Component.AGENT):
             if spec.type is MetricType.COUNTER:
                 self._counters[spec.name] = Counter(
@@ -25,8 +26,14 @@ class AgentMetrics:
                 )
             elif spec.type is MetricType.GAUGE:
                 self._gauges[spec.name] = Gauge(spec.name, spec.help, spec.labels, registry=self.registry)
-            else:  # pragma: no cover - the catalogue gives the agent no histograms today
-                raise NotImplementedError(f"agent histogram {spec.name} not wired")
+            else:
+                self._histograms[spec.name] = Histogram(
+                    spec.name,
+                    spec.help,
+                    spec.labels,
+                    registry=self.registry,
+                    buckets=spec.buckets or Histogram.DEFAULT_BUCKETS,
+                )
         try:
             ver = version("tessera")
         except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
@@ -44,3 +51,9 @@ class AgentMetrics:
             return self._counters[name]
         except KeyError:
             raise KeyError(f"{name!r} is not an agent counter in the metric catalogue") from None
+
+    def histogram(self, name: str) -> Histogram:
+        try:
+            return self._histograms[name]
+        except KeyError:
+            raise KeyError(f"{name!r} is not an agent histogram in the metric catalogue") from None

@@ -164,3 +164,28 @@ def test_preferred_slots_spread_over_assigned_gpus() -> None:
     assert preferred_slots(avail, [f"{U1}::2"], 1, [], "n") == [f"{U1}::2"]
     with pytest.raises(AllocationError, match="only 6 devices"):
         preferred_slots(avail, [], 7, [], "n")
+
+
+def test_agent_factory_creates_histograms_from_the_catalogue(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prometheus_client import generate_latest
+    from tessera.api import metrics_catalog as catalog
+    from tessera.api.metrics_catalog import Component, MetricSpec, MetricType
+    from tessera_agent.metrics_factory import AgentMetrics
+
+    spec = MetricSpec(
+        "tessera_agent_allocate_seconds",
+        MetricType.HISTOGRAM,
+        "Allocate latency.",
+        ("node",),
+        frozenset({Component.AGENT}),
+        buckets=(0.001, 0.01),
+    )
+    real = catalog.for_component(Component.AGENT)
+    monkeypatch.setattr(catalog, "for_component", lambda c: [*real, spec])
+    m = AgentMetrics()
+    m.histogram("tessera_agent_allocate_seconds").labels(node="n1").observe(0.005)
+    text = generate_latest(m.registry).decode()
+    assert 'tessera_agent_allocate_seconds_bucket{le="0.01",node="n1"} 1.0' in text
+    assert 'tessera_agent_allocate_seconds_bucket{le="0.001",node="n1"} 0.0' in text
+    with pytest.raises(KeyError, match="not an agent histogram"):
+        m.histogram("tessera_lane_memory_used_bytes")
