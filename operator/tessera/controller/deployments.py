@@ -8,7 +8,6 @@ make worker pods match (one gang per replica), apply the gateway objects; write 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -16,12 +15,12 @@ from typing import Any
 import kopf
 
 from tessera.api import contract
-from tessera.api.resources import ManifestError
 from tessera.controller.arbiter import PostEvent
 from tessera.controller.conditions import condition, invalid_status
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind, KubeApi
-from tessera.controller.pods import Owner, PodPlan, template_errors
+from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.reconciler import KindReconciler
 from tessera.controller.serving import ServingRecord, desired_replicas, record_from_body
 from tessera.controller.sync import sync_pods
 from tessera.controller.view import ClusterView, healthy_gpus
@@ -32,7 +31,9 @@ log = logging.getLogger(__name__)
 KINDS: dict[str, Kind] = {"configmaps": CONFIGMAPS, "deployments": DEPLOYMENTS, "services": SERVICES}
 
 
-class ModelDeployments:
+class ModelDeployments(KindReconciler[ServingRecord]):
+    kind = contract.KIND_MODELDEPLOYMENT
+
     def __init__(
         self,
         config: OperatorConfig,
@@ -42,36 +43,17 @@ class ModelDeployments:
         post_event: PostEvent,
         held_elsewhere: Callable[[], set[str]],
     ) -> None:
-        self.config = config
-        self.view = view
-        self.api = api
-        self.metrics = metrics
-        self.post_event = post_event
-        self.held_elsewhere = held_elsewhere  # App leases and TrialGroup pools
-        self.records: dict[tuple[str, str], ServingRecord] = {}
-        self.lock = asyncio.Lock()
+        super().__init__(config, view, api, metrics, post_event, held_elsewhere)
         self._applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        self.reconciles = 0  # completed passes (tests wait on it instead of on time)
 
     def reserved(self) -> set[str]:
         return {g for r in self.records.values() for g in r.held()}
 
-    async def reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
-        async with self.lock:
-            await self._reconcile(body, patch)
-            self.reconciles += 1
-
     async def _reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        try:
-            fresh = record_from_body(body)
-        except ManifestError as err:
-            self._invalid(body, patch, invalid_status(err))
-            return
-        bad = template_errors((body.get("spec") or {}).get("template"), "spec.template")
-        if bad:
-            self._invalid(body, patch, invalid_status(bad))
+        fresh = self._parse(body, patch, record_from_body)
+        if fresh is None:
             return
         rec = self.records.get(key)
         if rec is None or rec.uid != fresh.uid:
@@ -209,18 +191,3 @@ class ModelDeployments:
         ):
             await self.api.delete(kind, namespace, obj)
         self.post_event(body, "Normal", "Cleanup", f"deleted {len(pods)} worker pod(s) and the gateway")
-
-    def _invalid(self, body: dict[str, Any], patch: kopf.Patch, report: tuple[dict[str, Any], str]) -> None:
-        status, msg = report
-        if (body.get("status") or {}).get("phase") == "Failed":
-            return
-        patch.status.update(status)
-        self.post_event(body, "Warning", "InvalidSpec", msg)
-
-    def _event(self, rec: ServingRecord, type_: str, reason: str, message: str) -> None:
-        body = {
-            "apiVersion": contract.API_VERSION,
-            "kind": contract.KIND_MODELDEPLOYMENT,
-            "metadata": {"name": rec.name, "namespace": rec.namespace, "uid": rec.uid},
-        }
-        self.post_event(body, type_, reason, message)

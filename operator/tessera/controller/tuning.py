@@ -8,7 +8,6 @@ pool changed), make the pods match the plan (gang per trial), then write status 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -17,13 +16,13 @@ from typing import Any
 import kopf
 
 from tessera.api import contract
-from tessera.api.resources import ManifestError
 from tessera.cluster import Cluster
 from tessera.controller.arbiter import PostEvent
-from tessera.controller.conditions import condition, invalid_status
+from tessera.controller.conditions import condition
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import PODS, KubeApi
-from tessera.controller.pods import Owner, PodPlan, template_errors
+from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.reconciler import KindReconciler
 from tessera.controller.sync import sync_pods
 from tessera.controller.trialgroups import (
     ENDED,
@@ -46,8 +45,10 @@ def _stamp() -> str:
     return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class TrialGroups:
+class TrialGroups(KindReconciler[TrialGroupRecord]):
     """Every TrialGroup's record, and the GPUs their pools reserve (kept out of Themis' free set)."""
+
+    kind = contract.KIND_TRIALGROUP
 
     def __init__(
         self,
@@ -58,16 +59,8 @@ class TrialGroups:
         post_event: PostEvent,
         held_elsewhere: Reserved,
     ) -> None:
-        self.config = config
-        self.view = view
-        self.api = api
-        self.metrics = metrics
-        self.post_event = post_event
-        self.held_elsewhere = held_elsewhere  # App leases and serving workers
-        self.records: dict[tuple[str, str], TrialGroupRecord] = {}
-        self.lock = asyncio.Lock()
+        super().__init__(config, view, api, metrics, post_event, held_elsewhere)
         self.replans = 0
-        self.reconciles = 0  # completed passes (tests wait on it instead of on time)
 
     def reserved(self) -> set[str]:
         return {g for r in self.records.values() if not r.done for g in r.pool}
@@ -80,22 +73,11 @@ class TrialGroups:
         async with self.lock:
             self.records.pop(key, None)
 
-    async def reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
-        async with self.lock:
-            await self._reconcile(body, patch)
-            self.reconciles += 1
-
     async def _reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        try:
-            fresh = record_from_body(body)
-        except ManifestError as err:
-            self._invalid(body, patch, invalid_status(err))
-            return
-        bad = template_errors((body.get("spec") or {}).get("template"), "spec.template")
-        if bad:
-            self._invalid(body, patch, invalid_status(bad))
+        fresh = self._parse(body, patch, record_from_body)
+        if fresh is None:
             return
         rec = self.records.get(key)
         replan = False
@@ -224,21 +206,6 @@ class TrialGroups:
         best = best_objective(rec)
         if best is not None:
             self.metrics.gauge("tessera_trialgroup_best_objective").labels(**base).set(best)
-
-    def _invalid(self, body: dict[str, Any], patch: kopf.Patch, report: tuple[dict[str, Any], str]) -> None:
-        status, msg = report
-        if (body.get("status") or {}).get("phase") == "Failed":
-            return  # reported already; a repeat would only add events
-        patch.status.update(status)
-        self.post_event(body, "Warning", "InvalidSpec", msg)
-
-    def _event(self, rec: TrialGroupRecord, type_: str, reason: str, message: str) -> None:
-        body = {
-            "apiVersion": contract.API_VERSION,
-            "kind": contract.KIND_TRIALGROUP,
-            "metadata": {"name": rec.name, "namespace": rec.namespace, "uid": rec.uid},
-        }
-        self.post_event(body, type_, reason, message)
 
 
 def best_objective(rec: TrialGroupRecord) -> float | None:
