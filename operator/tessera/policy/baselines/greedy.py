@@ -17,6 +17,7 @@ Every policy gets the same lease, so only the allocation rule differs (spec §4.
 
 from __future__ import annotations
 
+import abc
 import math
 import random
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ Placement = Literal["tight", "any", "random"]
 PLACEMENTS: tuple[Placement, ...] = ("tight", "any", "random")
 
 
-class GreedyPolicy:
+class GreedyPolicy(abc.ABC):
     name = "greedy"
     step: Literal["gpu", "gang"] = "gang"
     placement: Placement = "tight"
@@ -44,11 +45,11 @@ class GreedyPolicy:
                 raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
             self.placement = placement
 
+    @abc.abstractmethod
     def score(
         self, app: AppState, given: int, anchor: Anchor, pool: FreePool, now: float, cluster: Cluster
     ) -> float:
         """Higher is served first. `given` GPUs were already handed to the app this round."""
-        raise NotImplementedError
 
     def allocate(
         self,

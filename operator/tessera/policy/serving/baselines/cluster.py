@@ -19,6 +19,7 @@ Interface: :class:`tessera.policy.serving.common.ClusterScheduler` (the same dri
 
 from __future__ import annotations
 
+import abc
 import bisect
 import heapq
 import itertools
@@ -35,7 +36,7 @@ class _Running:
     end: float
 
 
-class _EagerCluster:
+class _EagerCluster(abc.ABC):
     """Deadline queues per model, GPU free times, and GPU-free timers; subclasses pick the batch."""
 
     def __init__(self, profiles: Mapping[str, LinearProfile], n_gpus: int) -> None:
@@ -83,8 +84,9 @@ class _EagerCluster:
         heapq.heappush(self._timers, (now + dur, next(self._seq), g, self._gpu_ver[g]))
         self._out.append(b)
 
+    @abc.abstractmethod
     def _choose(self, now: float) -> tuple[str, int] | None:
-        raise NotImplementedError
+        """The (model, batch size) to start on a free GPU now, or None to leave it idle."""
 
     def _fill_free_gpus(self, now: float) -> None:
         for g in range(len(self.gpu_free)):
