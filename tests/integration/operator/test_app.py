@@ -134,7 +134,11 @@ async def test_restart_keeps_leases_and_creates_no_duplicates(api: kmock.Kuberne
     api.objects[APPS, NS, "a"] = app_body("a", [job("j1", gpus=2)])
     api.objects[APPS, NS, "b"] = app_body("b", [job("j1", gpus=2)])
     async with running_operator(api, lease_s=60.0) as ctl:
-        await wait_for(lambda: len(pods(api)) == 2 and status(api, "b").get("leases"), what="pods")
+        # Statuses are written concurrently: wait for both Apps' leases, not just the last one seen.
+        await wait_for(
+            lambda: len(pods(api)) == 2 and all(status(api, n).get("leases") for n in ("a", "b")),
+            what="pods and both Apps' leases",
+        )
         before = {n: status(api, n)["leases"] for n in ("a", "b")}
         names = set(pods(api))
         assert ctl.arbiter is not None
