@@ -1,92 +1,102 @@
 """Reproduction of the Themis paper's findings on small seeded traces (spec seed-themis §4.6, §6.7).
 
-Fast sizes: the 64-GPU testbed shape, 12 apps of the W2-style workload drawn from the paper's statistics
-(median task 3.75 GPU-h, median 75 configs per app, 42.5 s restart per GPU change). Each test asserts an
-ordering or ratio band the paper reports; findings that do not reproduce are strict xfails carrying the
-measured figure. docs/results-themis.md puts our figures next to the paper's.
+Fast sizes with the paper's contention: 80 W2-style apps (the default scenario's evaluation-sized apps:
+4–32 configurations, median task 6 GPU-minutes, 42.5 s restart per GPU change) arriving every 40 minutes
+on a 16-GPU cluster (2 × 2-GPU + 3 × 4-GPU machines), so 10–30 apps compete at a time; seeds 1–3. Each
+test asserts an ordering or ratio band the paper reports; a finding that does not reproduce is a strict
+xfail carrying the measured figures. docs/results-themis.md puts our figures next to the paper's.
 """
 
 from __future__ import annotations
 
 import functools
 import random
+import statistics
 
 import pytest
 from tessera.cluster import Cluster
 from tessera.policy.baselines import BASELINES
 from tessera.policy.themis import Themis, ThemisConfig
 from tessera.sim.training.report import PolicySummary
-from tessera.sim.training.scenario import PRESETS
 from tessera.sim.training.simulator import SimConfig, simulate
 from tessera.sim.training.trace import GeneratorConfig, Trace, generate
 
 pytestmark = pytest.mark.slow
-CLUSTER = Cluster.build(PRESETS["testbed-64"])
-SEED = 3
-APPS = 12
+CLUSTER = Cluster.build([(1, 2)] * 2 + [(1, 4)] * 3)
+SEEDS = (1, 2, 3)
 
 
 @functools.cache
-def _trace(ni: float | None) -> Trace:
-    return generate(
-        GeneratorConfig(apps=APPS, mean_interarrival_s=14400, network_intensive_share=ni),
-        random.Random(SEED),
-        64,
+def _trace(seed: int, ni: float | None) -> Trace:
+    config = GeneratorConfig(
+        apps=80,
+        mean_interarrival_s=2400,
+        task_gpu_hours_median=0.1,
+        min_trial_s=120,
+        jobs_per_app=(4, 32),
+        jobs_per_app_median=16,
+        network_intensive_share=ni,
     )
+    return generate(config, random.Random(seed), len(CLUSTER))
 
 
 @functools.cache
-def _run(name: str, ni: float | None = None, f: float = 0.8, lease: float = 600.0) -> PolicySummary:
-    policy = (
-        Themis(ThemisConfig(fairness_knob=f, lease_s=lease))
-        if name == "themis"
-        else BASELINES[name](lease_s=lease)
-        if name != "drf"
-        else BASELINES[name]()
-    )
-    s = PolicySummary.of(simulate(policy, CLUSTER, _trace(ni), random.Random(SEED), SimConfig()))
-    print(f"{name} ni={ni} f={f} lease={lease}: max rho {s.max_rho:.2f} GPU-h {s.gpu_hours:.0f}")
+def _run(
+    name: str, seed: int = 1, ni: float | None = None, f: float = 0.8, lease: float = 600.0
+) -> PolicySummary:
+    if name == "themis":
+        policy = Themis(ThemisConfig(fairness_knob=f, lease_s=lease))
+    else:
+        policy = BASELINES[name]() if name == "drf" else BASELINES[name](lease_s=lease)
+    run = simulate(policy, CLUSTER, _trace(seed, ni), random.Random(seed), SimConfig())
+    s = PolicySummary.of(run)
+    print(f"{name} seed={seed} ni={ni} f={f} lease={lease}: max rho {s.max_rho:.2f} GPU-h {s.gpu_hours:.0f}")
     return s
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gap: measured Themis 2.83 vs SRSF 1.71, Tiresias 2.14 (12 apps, seed 3); with free restarts "
-    "still 1.98 vs 1.43: a halving app loses GPUs at phase barriers and wins few back while a rival whose "
-    "whole lease just expired ranks at ρ_cap; see docs/results-themis.md, 'Where the gap comes from'",
-)
-def test_themis_has_the_lowest_max_rho() -> None:
-    themis = _run("themis")
+@pytest.mark.parametrize("seed", SEEDS)
+def test_themis_has_the_lowest_max_rho(seed: int) -> None:
+    # Measured: Themis 1.73 / 1.36 / 1.70, best baseline 2.38 (Tiresias) / 2.39 (SRTF) / 2.71 (SRSF).
+    themis = _run("themis", seed)
     for name in BASELINES:
-        assert themis.max_rho <= _run(name).max_rho, f"{name} has a lower max ρ than Themis"
+        assert themis.max_rho < _run(name, seed).max_rho, f"{name} has a lower max ρ than Themis"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gap: measured best baseline 1.71 / Themis 2.83 = 0.60× at 100 % network-intensive "
-    "(paper 1.24–1.77×); see docs/results-themis.md",
-)
 def test_all_network_intensive_themis_beats_the_best_baseline_by_1_2x() -> None:
-    themis = _run("themis", 1.0)
-    best = min(_run(n, 1.0).max_rho for n in BASELINES)
-    assert best / themis.max_rho >= 1.2  # paper: 1.24–1.77×
+    # Measured: best baseline SRSF 2.69 / Themis 1.83 = 1.47× (paper: 1.24–1.77×).
+    themis = _run("themis", ni=1.0)
+    best = min(_run(n, ni=1.0).max_rho for n in BASELINES)
+    assert best / themis.max_rho >= 1.2
 
 
-def test_gpu_hours_within_5_percent_of_gandiva() -> None:
-    assert _run("themis").gpu_hours <= 1.05 * _run("gandiva").gpu_hours
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gpu_hours_within_5_percent_of_gandiva(seed: int) -> None:
+    # Measured: −1.6 %, +0.9 %, +1.4 % (paper, testbed W2: 4.8 % below Gandiva).
+    assert _run("themis", seed).gpu_hours <= 1.05 * _run("gandiva", seed).gpu_hours
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_max_rho_improves_as_f_goes_from_0_to_0_8(seed: int) -> None:
+    # Measured: 2.25 → 1.73, 6.96 → 1.36, 6.12 → 1.70; GPU time rises with f (Fig. 19b).
+    assert _run("themis", seed, f=0.8).max_rho < _run("themis", seed, f=0.0).max_rho
+    assert _run("themis", seed, f=0.8).gpu_hours >= _run("themis", seed, f=0.0).gpu_hours
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="gap: measured max ρ 2.83 at both f = 0.8 and f = 1 (paper: ~1.5× worse at 1); "
-    "one long app sets max ρ under every f (docs/results-themis.md)",
+    reason="gap: f = 1 is as fair as f = 0.8 here (1.72 vs 1.73, 1.36 vs 1.36, 1.70 vs 1.70; paper ~1.5× "
+    "worse): a single bidder still gets a fair share of a 16-GPU cluster, and GPUs it cannot use are "
+    "re-auctioned in ρ order (also 1.52 / 1.37 / 1.70 with random leftovers); docs/results-themis.md",
 )
-def test_fairness_knob_sweep() -> None:
-    rho = {f: _run("themis", f=f).max_rho for f in (0.0, 0.8, 1.0)}
-    assert rho[0.8] <= rho[0.0], "max ρ should improve as f goes 0 → 0.8"
-    assert rho[1.0] > rho[0.8], "and worsen at f = 1"
+def test_max_rho_worsens_at_f_1() -> None:
+    assert statistics.mean(_run("themis", s, f=1.0).max_rho / _run("themis", s).max_rho for s in SEEDS) > 1.1
 
 
-def test_shorter_leases_give_better_fairness() -> None:
-    # With hour-long tasks the 42.5 s restart no longer outweighs queueing: 2.70 at 300 s vs 2.92 at 1800 s.
-    assert _run("themis", lease=300.0).max_rho <= _run("themis", lease=1800.0).max_rho
+def test_shorter_leases_give_better_fairness_and_longer_ones_better_efficiency() -> None:
+    # Mean over seeds 1–3, measured: max ρ 1.58 at 300 s vs 1.66 at 1,800 s (seed 3 alone: 1.75 vs 1.70);
+    # GPU-hours fall as leases lengthen on every seed (fewer checkpoints, Fig. 19b).
+    short = statistics.mean(_run("themis", s, lease=300.0).max_rho for s in SEEDS)
+    long = statistics.mean(_run("themis", s, lease=1800.0).max_rho for s in SEEDS)
+    assert short < long
+    for s in SEEDS:
+        assert _run("themis", s, lease=1800.0).gpu_hours < _run("themis", s, lease=300.0).gpu_hours

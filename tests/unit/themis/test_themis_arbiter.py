@@ -31,12 +31,13 @@ def test_config_validation_messages() -> None:
 
 
 def test_starving_app_is_filtered_in_and_wins() -> None:
+    """Spec §6.5 read literally (`starving_rank: cap`): holding nothing ranks first and wins."""
     c = Cluster.build([(1, 4), (1, 4)])
     held = c.gpu_ids[:7]
     apps = [app(f"r{i}", 1000, 2, held=tuple(held[i * 2 : i * 2 + 2]), arrival=-500) for i in range(3)]
     apps.append(app("r3", 1000, 2, held=(held[6],), arrival=-500))
     apps.append(app("starved", 1000, 2, arrival=-10))  # holds nothing → ρ = ρ_cap
-    t = Themis(ThemisConfig(fairness_knob=0.8))
+    t = Themis(ThemisConfig(fairness_knob=0.8, starving_rank="cap"))
     assert t.current_rho(apps[-1], 0.0, c) == t.config.rho_cap
     d = t.allocate(0.0, apps, c, c.gpu_ids[7:], random.Random(0))
     got = d.granted()
@@ -124,3 +125,42 @@ def test_new_knobs_are_validated() -> None:
         ThemisConfig(filter_over="all")
     with pytest.raises(ValueError, match="unclaimed"):
         ThemisConfig(unclaimed="drop")
+    with pytest.raises(ValueError, match="starving_rank"):
+        ThemisConfig(starving_rank="fifo")
+
+
+def test_fair_share_rank_of_an_app_holding_nothing_starts_at_one_and_grows_with_waiting() -> None:
+    """`starving_rank: fair_share`: (elapsed + time on a 1/N_avg share) / T_id, with T_id = T_cluster·N_avg."""
+    c = Cluster.build([(1, 4), (1, 4)])  # R_C = 8
+    t = Themis()
+    assert t.config.starving_rank == "fair_share"
+    newcomer = app("new", 800.0, 8, arrival=0.0, n_avg=4.0)  # T_id = 800/8 · 4 = 400; share 2 GPUs → 400 s
+    assert t.current_rho(newcomer, 0.0, c) == t.config.rho_cap  # its bid still values nothing at ∞
+    assert t.rank_rho(newcomer, 0.0, c) == pytest.approx(1.0)
+    assert t.rank_rho(newcomer, 200.0, c) == pytest.approx(1.5)  # waited half its T_id
+    small = app("small", 100.0, 1, arrival=0.0, n_avg=4.0)  # share capped at its demand: 100 s; T_id 400 s
+    assert t.rank_rho(small, 0.0, c) == pytest.approx(0.25)
+    assert Themis(ThemisConfig(starving_rank="cap")).rank_rho(newcomer, 0.0, c) == t.config.rho_cap
+
+
+def test_fair_share_rank_lets_a_starved_holder_outbid_a_newcomer() -> None:
+    """Under contention the most unfairly treated app bids, not whoever holds nothing: an app that has
+    held one GPU of its 4 for a while (ρ 1.3) is filtered in before a newcomer (rank 0.4), though the
+    newcomer holds nothing; `starving_rank: cap` seats the newcomer."""
+    c = Cluster.build([(1, 4), (1, 4)])
+    ids = c.gpu_ids
+    busy = [
+        app(f"b{i}", 400.0, 2, held=tuple(ids[2 * i : 2 * i + 2]), arrival=0.0, n_avg=5.0) for i in range(3)
+    ]
+    sliver = app("sliver", 1600.0, 4, held=(ids[6],), arrival=0.0, n_avg=5.0)  # 1 of 4 GPUs for 1000 s
+    newcomer = app("new", 1600.0, 4, arrival=1000.0, n_avg=5.0)
+    apps = [*busy, sliver, newcomer]
+    t = Themis(ThemisConfig(fairness_knob=0.8))  # 5 active apps → 1 bidder
+    assert t.rank_rho(sliver, 1000.0, c) > t.rank_rho(newcomer, 1000.0, c)
+    d = t.allocate(1000.0, apps, c, [ids[7]], random.Random(0))
+    assert d.record["participants"][0]["app"] == "sliver"
+    assert d.granted().get("sliver") == [ids[7]]
+    lit = Themis(ThemisConfig(fairness_knob=0.8, starving_rank="cap")).allocate(
+        1000.0, apps, c, [ids[7]], random.Random(0)
+    )
+    assert lit.record["participants"][0]["app"] == "new"

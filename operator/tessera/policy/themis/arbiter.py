@@ -43,6 +43,12 @@ class ThemisConfig:
     # spec §3.1; L of pseudocode line 10 is only the hidden payments); "leftover" hands them out at random
     # with L (pseudocode line 21 applied to everything unassigned).
     unclaimed: str = "reauction"
+    # Filter rank of an app holding nothing, whose ρ_current is ρ_cap (the paper's ∞): "fair_share" ranks
+    # it at the finite ρ it would reach on a 1/N_avg share of the cluster from now — about 1 on arrival,
+    # growing without bound as it waits (L686–L692) — so starving apps compete with holding apps on one
+    # scale; "cap" ranks every such app first, ties by arrival (spec §6.5 read literally: under contention
+    # the filter turns FIFO among starving apps and an app holding a sliver never bids again).
+    starving_rank: str = "fair_share"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fairness_knob <= 1.0:
@@ -61,6 +67,8 @@ class ThemisConfig:
             raise ValueError(f"filter_over must be 'active' or 'hungry', got {self.filter_over!r}")
         if self.unclaimed not in ("reauction", "leftover"):
             raise ValueError(f"unclaimed must be 'reauction' or 'leftover', got {self.unclaimed!r}")
+        if self.starving_rank not in ("fair_share", "cap"):
+            raise ValueError(f"starving_rank must be 'fair_share' or 'cap', got {self.starving_rank!r}")
 
 
 def participants(n_active: int, f: float) -> int:
@@ -125,6 +133,19 @@ class Themis:
         ARBITER evaluates the table itself, so an app cannot inflate its rank)."""
         return self._bid(app, now, cluster, 0).rho_old
 
+    def rank_rho(self, app: AppState, now: float, cluster: Cluster) -> float:
+        """The filter's ranking value: ρ_current, except that an app holding nothing (ρ_cap) is ranked,
+        under `starving_rank: fair_share`, at (elapsed + remaining time on min(demand, R_C/N_avg) GPUs) /
+        T_id. T_id is the time on a 1/N_avg share, so a newcomer ranks at ≈ 1 and its rank grows with
+        waiting. Its bid still values holding nothing at ρ_cap, so once filtered in it wins decisively."""
+        bid = self._bid(app, now, cluster, 0)
+        r = bid.rho_old
+        if r < self.config.rho_cap or self.config.starving_rank == "cap" or app.demand_max <= 0:
+            return r
+        share = max(1, min(app.demand_max, round(len(cluster) / max(1.0, app.n_avg))))
+        remaining = app.estimator.remaining_time(share, 1.0)
+        return (bid.elapsed + remaining) / bid.tid if math.isfinite(remaining) else r
+
     def _bid(self, app: AppState, now: float, cluster: Cluster, offered: int) -> Bid:
         c = self.config
         return make_bid(app, now, cluster, offered, rho_cap=c.rho_cap, tid_mode=c.tid_mode)
@@ -143,7 +164,7 @@ class Themis:
         if not free or not hungry:
             return decision
         population = hungry if c.filter_over == "hungry" else list(apps)
-        ranked = [(self.current_rho(a, now, cluster), a) for a in population]
+        ranked = [(self.rank_rho(a, now, cluster), a) for a in population]
         offer = list(free)
         won: dict[str, list[str]] = {}
         leftover: list[str] = []
@@ -162,7 +183,7 @@ class Themis:
             in_pf = {g for gs in result.pf.values() for g in gs}
             leftover.extend(g for g in result.leftover if g in in_pf)  # hidden payments (line 10)
             offer = [g for g in result.leftover if g not in in_pf]
-            passes.append(_record(now, len(population), bids, ranked, result, {}))
+            passes.append(_record(now, len(population), bids, ranked, result, {}, c.rho_cap))
             if c.unclaimed == "leftover":
                 break
             candidates = [(r, a) for r, a in ranked if a.app_id not in chosen and a.unmet > 0]
@@ -197,9 +218,10 @@ def _record(
     ranked: Sequence[tuple[float, AppState]],
     result: Any,
     extra: dict[str, list[str]],
+    rho_cap: float,
 ) -> dict[str, Any]:
     """The auction record of spec §5.4 (bid tables are summarised by their row count to stay small)."""
-    rho_now = {a.app_id: r for r, a in ranked}
+    rho_now = {a.app_id: min(r, rho_cap) for r, a in ranked}
     return {
         "now": now,
         "active": n_active,
