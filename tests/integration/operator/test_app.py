@@ -64,13 +64,15 @@ async def test_lease_expiry_moves_gpus_to_worse_rho(api: kmock.KubernetesEmulato
     # n2/0 starts out held by a plain GPU pod, so A leases n1/0 first and n2/0 in a later round (when that
     # pod goes): A's two leases expire at different times and A never drops to holding nothing. The test
     # owns the clock, so the n1 lease expires exactly when it advances time past it, however slow the
-    # machine is.
+    # machine is. f = 0: both apps bid, so the auction — which values B's empty holding at ρ_cap — decides.
+    # (With f = 0.8 only the higher-ranked of two apps bids, and under `starving_rank: fair_share` a
+    # newcomer that can still finish within its T_id ranks below A, which has shared since it arrived.)
     clock = ManualClock()
     add_node(api, "n1", 1)
     add_node(api, "n2", 1)
     api.objects[PODS, NS, "other"] = plain_gpu_pod("other", "n2", 0)
     api.objects[APPS, NS, "a"] = app_body("a", [job("j1", iters=100000, gpus=2)])
-    async with running_operator(api, lease_s=100.0, clock=clock):
+    async with running_operator(api, lease_s=100.0, clock=clock, fairness_knob=0.0):
         await wait_for(lambda: status(api, "a").get("gpus") == 1, what="A on n1")
         clock.advance(10)  # A's n2 lease will expire 10 s after its n1 lease
         await api.delete(f"/api/v1/namespaces/{NS}/pods/other")
