@@ -141,6 +141,9 @@ def test_fair_share_rank_of_an_app_holding_nothing_starts_at_one_and_grows_with_
     small = app("small", 100.0, 1, arrival=0.0, n_avg=4.0)  # share capped at its demand: 100 s; T_id 400 s
     assert t.rank_rho(small, 0.0, c) == pytest.approx(0.25)
     assert Themis(ThemisConfig(starving_rank="cap")).rank_rho(newcomer, 0.0, c) == t.config.rho_cap
+    # The auction record reports the bid's ρ_current (ρ_cap for an empty holding), not the filter rank.
+    d = t.allocate(0.0, [newcomer], c, c.gpu_ids, random.Random(0))
+    assert d.record["participants"][0]["rho_current"] == t.config.rho_cap
 
 
 def test_fair_share_rank_lets_a_starved_holder_outbid_a_newcomer() -> None:

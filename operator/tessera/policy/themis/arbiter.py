@@ -183,7 +183,7 @@ class Themis:
             in_pf = {g for gs in result.pf.values() for g in gs}
             leftover.extend(g for g in result.leftover if g in in_pf)  # hidden payments (line 10)
             offer = [g for g in result.leftover if g not in in_pf]
-            passes.append(_record(now, len(population), bids, ranked, result, {}, c.rho_cap))
+            passes.append(_record(now, len(population), bids, result, {}))
             if c.unclaimed == "leftover":
                 break
             candidates = [(r, a) for r, a in ranked if a.app_id not in chosen and a.unmet > 0]
@@ -215,13 +215,10 @@ def _record(
     now: float,
     n_active: int,
     bids: Sequence[Bid],
-    ranked: Sequence[tuple[float, AppState]],
     result: Any,
     extra: dict[str, list[str]],
-    rho_cap: float,
 ) -> dict[str, Any]:
     """The auction record of spec §5.4 (bid tables are summarised by their row count to stay small)."""
-    rho_now = {a.app_id: min(r, rho_cap) for r, a in ranked}
     return {
         "now": now,
         "active": n_active,
@@ -229,7 +226,7 @@ def _record(
         "participants": [
             {
                 "app": b.app_id,
-                "rho_current": rho_now[b.app_id],
+                "rho_current": b.rho_old,  # the bid's ρ(held), not the filter rank
                 "bid_rows": len(b._memo) + 1,
                 "pf": list(result.pf[b.app_id]),
                 "payment": result.payment[b.app_id],
