@@ -21,6 +21,7 @@ from tessera.policy.themis.arbiter import admit
 from tessera.policy.themis.bids import make_bid
 from tessera.policy.themis.estimate import NAvg, t_id
 from tessera.policy.training import AppState, TrainingPolicy, check_decision
+from tessera.sim.training.estimate_error import AppError, MisestimatingEstimator
 from tessera.sim.training.runtime import AppRuntime, GangJobsRuntime, Job, SuccessiveHalvingRuntime
 from tessera.sim.training.trace import AppSpec, Trace
 
@@ -38,12 +39,17 @@ class SimConfig:
     halving_rule: str = "median"  # Eq. 2's current-phase estimate ("median" reproduces Table 3)
     max_time: float = 1e9  # safety stop (simulated seconds)
     round_gap_s: float = 60.0  # rounds at most this often; events in between wait for the next round
+    # Fig. 17: each app misestimates its iterations and S by errors drawn uniformly from [−X, X]; 0 = exact.
+    estimate_error: float = 0.0
+    estimate_error_seed: int = 0
 
     def __post_init__(self) -> None:
         if self.restart_s < 0:
             raise ValueError(f"restart_s must be >= 0, got {self.restart_s}")
         if self.round_gap_s < 0:
             raise ValueError(f"round_gap_s must be >= 0, got {self.round_gap_s}")
+        if not 0.0 <= self.estimate_error < 1.0:
+            raise ValueError(f"estimate_error must be in [0, 1), got {self.estimate_error}")
         if self.halving_rule not in ("median", "actual"):
             raise ValueError(f"halving_rule must be 'median' or 'actual', got {self.halving_rule!r}")
 
@@ -88,6 +94,7 @@ class _Live:
     attained: float = 0.0
     since: float = 0.0  # when `held` last changed (for attained service)
     version: int = 0
+    error: AppError | None = None  # the app's estimation error (SimConfig.estimate_error > 0)
 
 
 def make_runtime(spec: AppSpec, cluster: Cluster, config: SimConfig) -> AppRuntime:
@@ -244,7 +251,12 @@ def simulate(
                     continue
                 outstanding += rt.peak_demand()
                 rt.advance(now)
-                live[app_id] = _Live(spec, rt, NAvg(now, len(live) + 1), since=now)
+                err = (
+                    AppError.draw(app_id, cfg.estimate_error, cfg.estimate_error_seed)
+                    if cfg.estimate_error
+                    else None
+                )
+                live[app_id] = _Live(spec, rt, NAvg(now, len(live) + 1), since=now, error=err)
                 arrived = True
             elif kind == _RUNTIME:
                 app = live.get(app_id)
@@ -297,6 +309,7 @@ def simulate(
             states = []
             for a in live.values():
                 a.runtime.advance(now)
+                k = a.error.work_factor if a.error else 1.0
                 states.append(
                     AppState(
                         app_id=a.spec.id,
@@ -304,11 +317,11 @@ def simulate(
                         demand_max=a.runtime.demand(),
                         held=frozenset(a.held),
                         sensitivity=a.spec.sensitivity,
-                        total_work=a.runtime.total_work(),
-                        remaining_work=a.runtime.remaining_work(now),
+                        total_work=a.runtime.total_work() * k,
+                        remaining_work=a.runtime.remaining_work(now) * k,
                         attained_service=a.attained + len(a.held) * (now - a.since),
                         n_avg=a.navg.value(now),
-                        estimator=a.runtime,
+                        estimator=MisestimatingEstimator(a.runtime, a.error) if a.error else a.runtime,
                         network_intensive=a.spec.network_intensive,
                         peak_demand=a.runtime.peak_demand(),
                     )
