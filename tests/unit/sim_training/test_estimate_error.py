@@ -1,4 +1,4 @@
-"""Estimation error for the Fig. 17 error analysis: per-app errors in [−X, X] on iterations and S."""
+"""What a policy is told vs what runs: estimation errors (Fig. 17) and misreported slowdowns (Fig. 18)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 import random
 
 import pytest
-from tessera.cluster import Cluster
+from tessera.cluster import NETWORK_INTENSIVE, Cluster, Sensitivity
 from tessera.policy.training import AppState, Grant, RoundDecision
 from tessera.sim.training.estimate_error import AppError, MisestimatingEstimator
 from tessera.sim.training.simulator import SimConfig, simulate
@@ -47,6 +47,7 @@ class _Greedy:
 
     def __init__(self) -> None:
         self.seen: dict[str, float] = {}
+        self.sens: dict[str, Sensitivity] = {}
 
     def allocate(
         self, now: float, apps: list[AppState], cluster: Cluster, free: list[str], rng: random.Random
@@ -54,6 +55,7 @@ class _Greedy:
         d = RoundDecision()
         for a in apps:
             self.seen.setdefault(a.app_id, a.total_work)
+            self.sens.setdefault(a.app_id, a.sensitivity)
             if a.unmet and free:
                 d.grants.append(Grant(a.app_id, tuple(free[: a.unmet]), math.inf, "auction"))
                 free = free[a.unmet :]
@@ -69,3 +71,18 @@ def test_only_the_policy_view_is_wrong_the_jobs_run_at_true_speed() -> None:
     err = AppError.draw("a", 0.5)
     assert wrong.seen["a"] == pytest.approx(exact.seen["a"] * (1 + err.iterations))
     assert r1.makespan == pytest.approx(r0.makespan)  # the job itself is unchanged
+
+
+def test_a_misreported_slowdown_reaches_the_policy_but_not_the_jobs() -> None:
+    cluster = Cluster.build([(1, 2)] * 2)  # a 4-GPU job must span two machines: S = 1.29 in truth
+    trace = Trace([AppSpec("a", 0.0, (JobSpec(100.0, 4.0, 4),))])  # 100 × 4 s / 4 GPUs × 1.29 = 129 s
+    lie = Sensitivity(1.0, 1.0, 3.0, 3.0)
+    truthful, liar = _Greedy(), _Greedy()
+    r0 = simulate(truthful, cluster, trace, random.Random(0), SimConfig(restart_s=0))
+    r1 = simulate(
+        liar, cluster, trace, random.Random(0), SimConfig(restart_s=0, reported_sensitivity=(("a", lie),))
+    )
+    assert truthful.sens["a"] == NETWORK_INTENSIVE and liar.sens["a"] == lie
+    assert r0.makespan == pytest.approx(129.0) and r1.makespan == pytest.approx(129.0)
+    with pytest.raises(ValueError, match="reported_sensitivity"):
+        SimConfig(reported_sensitivity=(("a", {"cross_machine": 2.0}),))  # type: ignore[arg-type]

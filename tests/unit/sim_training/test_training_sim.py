@@ -108,6 +108,12 @@ def test_scenario_runs_every_policy(tmp_path: Path) -> None:
         ({"trace": {"file": "missing.csv"}}, "trace.file", "file not found"),
         ({"trace": {"generate": {"apps": 0}}}, "trace.generate", "apps must be >= 1"),
         ({"sim": {"restart_s": -1}}, "sim", "restart_s"),
+        ({"sim": {"estimate_error": 1.5}}, "sim", "estimate_error"),
+        (
+            {"sim": {"reported_sensitivity": {"app-0": {"cross_machine": 0.5}}}},
+            "sim.reported_sensitivity",
+            "cross_machine must be >= 1.0",
+        ),
         ({"policies": ["themis", "themis"]}, "policies", "labels must be unique"),
     ],
 )
@@ -117,3 +123,10 @@ def test_bad_scenarios_name_file_field_and_problem(data: dict, field: str, probl
     assert e.value.source == "/tmp/bad.yaml"
     assert e.value.field == field
     assert problem in e.value.problem
+
+
+def test_scenario_reads_a_misreporting_app() -> None:
+    sc = load(
+        {"kind": "training", "sim": {"reported_sensitivity": {"app-0": {"cross_machine": 2.0}}}}, "x.yaml"
+    )
+    assert dict(sc.sim.reported_sensitivity)["app-0"].cross_machine == 2.0

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tessera.cluster import Cluster
+from tessera.cluster import Cluster, Sensitivity
 from tessera.policy.baselines import BASELINES
 from tessera.policy.themis import Themis, ThemisConfig
 from tessera.policy.training import TrainingPolicy
@@ -213,6 +213,15 @@ def load(data: dict[str, Any], source: str) -> TrainingScenario:
             raise ScenarioError(source, "trace.generate", str(e)) from None
     s = dict(_mapping(source, "sim", d.get("sim", {})))
     _unknown(source, "sim", s, {f.name for f in dataclasses.fields(SimConfig)})
+    if "reported_sensitivity" in s:  # {app id: {cross_machine: 2.0, ...}}: what a misreporting app claims
+        rep = _mapping(source, "sim.reported_sensitivity", s["reported_sensitivity"])
+        try:
+            s["reported_sensitivity"] = tuple(
+                (str(k), Sensitivity(**_mapping(source, f"sim.reported_sensitivity.{k}", v)))
+                for k, v in rep.items()
+            )
+        except (ValueError, TypeError) as e:
+            raise ScenarioError(source, "sim.reported_sensitivity", str(e)) from None
     try:
         sim = SimConfig(**s)
     except (ValueError, TypeError) as e:

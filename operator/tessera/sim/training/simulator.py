@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.cluster import Cluster
+from tessera.cluster import Cluster, Sensitivity
 from tessera.policy.themis.arbiter import admit
 from tessera.policy.themis.bids import make_bid
 from tessera.policy.themis.estimate import NAvg, t_id
@@ -42,12 +42,18 @@ class SimConfig:
     # Fig. 17: each app misestimates its iterations and S by errors drawn uniformly from [−X, X]; 0 = exact.
     estimate_error: float = 0.0
     estimate_error_seed: int = 0
+    # Fig. 18: apps that misreport their placement slowdowns, (app id, reported S by locality); their jobs
+    # still run at the true S of their trace entry.
+    reported_sensitivity: tuple[tuple[str, Sensitivity], ...] = ()
 
     def __post_init__(self) -> None:
         if self.restart_s < 0:
             raise ValueError(f"restart_s must be >= 0, got {self.restart_s}")
         if self.round_gap_s < 0:
             raise ValueError(f"round_gap_s must be >= 0, got {self.round_gap_s}")
+        for entry in self.reported_sensitivity:
+            if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], Sensitivity)):
+                raise ValueError(f"reported_sensitivity entries must be (app id, Sensitivity), got {entry!r}")
         if not 0.0 <= self.estimate_error < 1.0:
             raise ValueError(f"estimate_error must be in [0, 1), got {self.estimate_error}")
         if self.halving_rule not in ("median", "actual"):
@@ -150,6 +156,7 @@ def simulate(
     for spec in trace.apps:
         push(spec.arrival, _ARRIVE, spec.id)
     specs = {s.id: s for s in trace.apps}
+    reported = dict(cfg.reported_sensitivity)
     live: dict[str, _Live] = {}
     owner: dict[str, str] = {}
     expiry: dict[str, float] = {}
@@ -316,7 +323,7 @@ def simulate(
                         arrival=a.spec.arrival,
                         demand_max=a.runtime.demand(),
                         held=frozenset(a.held),
-                        sensitivity=a.spec.sensitivity,
+                        sensitivity=reported.get(a.spec.id, a.spec.sensitivity),
                         total_work=a.runtime.total_work() * k,
                         remaining_work=a.runtime.remaining_work(now) * k,
                         attained_service=a.attained + len(a.held) * (now - a.since),
