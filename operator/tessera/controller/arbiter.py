@@ -27,7 +27,7 @@ from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import Kind, KubeApi, KubeError
 from tessera.controller.pods import Owner, PodPlan
 from tessera.controller.status_writes import Written, status_due, written
-from tessera.controller.sync import sync_pods
+from tessera.controller.sync import RecentCreates, sync_pods
 from tessera.controller.view import ClusterView, healthy_gpus
 from tessera.metrics import ComponentMetrics
 from tessera.policy.themis import Themis, ThemisConfig
@@ -71,6 +71,7 @@ class Arbiter:
         self.last_round = -math.inf
         self.dirty = False
         self.lock = asyncio.Lock()
+        self.recent = RecentCreates()  # pods created that the watch may not list yet
         self._written: dict[tuple[str, str], Written] = {}
         self.rounds = 0
         self.status_writes = 0
@@ -241,6 +242,7 @@ class Arbiter:
             workload_class=contract.CLASS_BEST_EFFORT,
             grace_seconds=self.config.preemption_grace_s,
             concurrency=self.config.api_concurrency,
+            recent=self.recent,
         )
         if result.deleted:
             self._event(

@@ -167,6 +167,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             template_of=with_dns,
             workload_class=contract.CLASS_LATENCY_CRITICAL,
             grace_seconds=self.config.preemption_grace_s,
+            recent=self.recent,
         )
         if result.created:
             self._event(rec, "Normal", "WorkersCreated", ", ".join(result.created))

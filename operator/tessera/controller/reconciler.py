@@ -20,6 +20,7 @@ from tessera.controller.conditions import invalid_status
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import KubeApi
 from tessera.controller.pods import template_errors
+from tessera.controller.sync import RecentCreates
 from tessera.controller.view import ClusterView
 from tessera.metrics import ComponentMetrics
 
@@ -53,6 +54,7 @@ class KindReconciler(abc.ABC, Generic[R]):
         self.held_elsewhere = held_elsewhere  # GPUs the other kinds hold (leases, pools, serving workers)
         self.records: dict[tuple[str, str], R] = {}
         self.lock = asyncio.Lock()
+        self.recent = RecentCreates()  # pods created that the watch may not list yet
         self.reconciles = 0  # completed passes (tests wait on it instead of on time)
 
     async def reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:

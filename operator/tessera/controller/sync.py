@@ -4,11 +4,14 @@ Pods are named from their plan (`PodPlan.name`), so the diff is a set difference
 twice changes nothing. A gang (one job's or one trial's pods) is created all or nothing: if any create
 fails, the pods of that gang created in this pass are deleted again and the failure is reported.
 Deletes, and the creates of each gang, go out together with at most `concurrency` requests in flight.
+A `RecentCreates` shared by a controller's passes counts pods it has just asked for as present until its
+pod watch shows them, so two passes close together do not send the same create twice.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +22,39 @@ from tessera.controller.pods import Owner, PodPlan, build_pod
 from tessera.controller.view import PodInfo
 
 log = logging.getLogger(__name__)
+
+
+class RecentCreates:
+    """Pod names this controller created (or is creating) that its watch may not list yet. An entry goes
+    when the watch lists the pod, when its create fails, or after `ttl_s` (a pod deleted before the watch
+    saw it is then created again)."""
+
+    def __init__(self, ttl_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._since: dict[tuple[str, str], float] = {}
+
+    def add(self, namespace: str, names: Sequence[str]) -> None:
+        now = self.clock()
+        for n in names:
+            self._since[(namespace, n)] = now
+
+    def discard(self, namespace: str, names: Sequence[str]) -> None:
+        for n in names:
+            self._since.pop((namespace, n), None)
+
+    def pending(self, namespace: str, listed: set[str]) -> set[str]:
+        """Names in `namespace` still expected (not listed, not expired); forgets the others."""
+        now = self.clock()
+        out: set[str] = set()
+        for key, t in list(self._since.items()):
+            if key[0] != namespace:
+                continue
+            if key[1] in listed or now - t > self.ttl_s:
+                del self._since[key]
+            else:
+                out.add(key[1])
+        return out
 
 
 @dataclass
@@ -43,6 +79,7 @@ async def sync_pods(
     workload_class: str,
     grace_seconds: int,
     concurrency: int = 1,
+    recent: RecentCreates | None = None,
 ) -> SyncResult:
     """Delete unplanned pods (with `grace_seconds` to checkpoint after SIGTERM), then create planned gangs."""
     out = SyncResult()
@@ -58,11 +95,15 @@ async def sync_pods(
             raise res
         out.deleted.append(name)
     have = {p.name for p in existing if not p.deleting}
+    if recent is not None:
+        have |= recent.pending(owner.namespace, {p.name for p in existing})
     gangs: dict[str, list[PodPlan]] = {}
     for plan in plans:
         gangs.setdefault(gang_of(plan), []).append(plan)
     for gang, members in gangs.items():
         missing = [m for m in members if m.name not in have]
+        if recent is not None:  # before the first await, so a concurrent pass sees them
+            recent.add(owner.namespace, [m.name for m in missing])
         creates = await gather_limited(
             (
                 api.create(PODS, owner.namespace, build_pod(template_of(m), m, owner, workload_class))
@@ -72,12 +113,16 @@ async def sync_pods(
         )
         made = [m.name for m, res in zip(missing, creates, strict=True) if not isinstance(res, BaseException)]
         errors = [res for res in creates if isinstance(res, BaseException)]
+        if recent is not None:
+            recent.discard(owner.namespace, [m.name for m in missing if m.name not in made])
         if errors:
             err = errors[0]
             if not isinstance(err, KubeError):
                 raise err
             log.warning("gang %s of %s/%s failed: %s", gang, owner.namespace, owner.name, err)
             out.failed_gangs[gang] = str(err)
+            if recent is not None:
+                recent.discard(owner.namespace, made)  # deleted again below
             undone = await gather_limited(
                 (api.delete(PODS, owner.namespace, name, grace_seconds=0) for name in made), concurrency
             )

@@ -171,6 +171,7 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
             template_of=lambda _p: template,
             workload_class=contract.CLASS_BEST_EFFORT,
             grace_seconds=self.config.preemption_grace_s,
+            recent=self.recent,
         )
         if result.deleted:
             self._event(rec, "Normal", "TrialPodsDeleted", ", ".join(result.deleted))
