@@ -1,51 +1,71 @@
 """Fluid reproduction on seeded workloads (spec §4.2.8–9; seed Fig. 3.7, 3.10, 3.13a)."""
 
+import functools
+
 import pytest
 from tessera.policy.fluid import FluidConfig
+from tessera.sim.tuning.engine import TuningResult
 from tessera.sim.tuning.experiments import (
+    Speedup,
     grid_heights,
-    mean_of,
     packing_overhead_grid,
     packing_overhead_runs,
-    run_one,
+    paired_speedup,
+    runs,
 )
-from tessera.sim.tuning.workload import Workload
 
-SEEDS = range(5)
-FLUID = FluidConfig(max_pack=2, max_workers=4)
+# Which config wins, and when it is sampled, varies a lot from seed to seed (a 5-seed mean of ASHA's
+# time-to-target ratio moved from 1.04 to 1.10 at 200 seeds), so every figure is over 200 paired seeds.
+SEEDS = range(200)
 
 
-def speedup(name: str, metric: str, gpus: int = 8) -> float:
-    base = [run_one(name, "fifo", gpus, s, Workload(), FLUID) for s in SEEDS]
-    fluid = [run_one(name, "fluid", gpus, s, Workload(), FLUID) for s in SEEDS]
-    return mean_of(base, metric) / mean_of(fluid, metric)
+@functools.cache
+def _runs(name: str, executor: str, gpus: int = 8, pack: int = 2, dynamic: bool = True) -> list[TuningResult]:
+    fluid = FluidConfig(max_pack=pack, max_workers=4, dynamic=dynamic)
+    return runs(name, executor, SEEDS, gpus, fluid=fluid)  # type: ignore[arg-type]
+
+
+def speedup(name: str, metric: str, gpus: int = 8, pack: int = 2, dynamic: bool = True) -> Speedup:
+    return paired_speedup(_runs(name, "fifo", gpus), _runs(name, "fluid", gpus, pack, dynamic), metric)
 
 
 @pytest.mark.parametrize("name", ["hyperband", "syncbohb"])
-def test_synchronous_stage_based_gain_at_least_30_percent(name: str) -> None:
-    assert speedup(name, "makespan") >= 1.3
-
-
-def test_hyperband_time_to_target_gain() -> None:
-    assert speedup("hyperband", "time_to_target") >= 1.3
+@pytest.mark.parametrize("metric", ["makespan", "time_to_target"])
+def test_synchronous_stage_based_gain_at_least_30_percent(name: str, metric: str) -> None:
+    s = speedup(name, metric)
+    assert s.low >= 1.3, f"{name} {metric}: {s}"
 
 
 @pytest.mark.parametrize("name", ["asha", "bohb"])
 def test_asynchronous_gain_at_least_10_percent_in_makespan(name: str) -> None:
-    assert speedup(name, "makespan") >= 1.1
+    s = speedup(name, "makespan")
+    assert s.low >= 1.1, f"{name}: {s}"
 
 
-@pytest.mark.parametrize("name", ["asha", "bohb"])
-def test_asynchronous_time_to_target_close_to_baseline(name: str) -> None:
-    # NOT the paper's +10-30 % (docs/results-fluid.md, "The asynchronous gap"): time-to-target here is
-    # one early-sampled winner's serial run, which packing slows by alpha. Measured: ASHA 1.04x, BOHB 0.95x.
-    r = speedup(name, "time_to_target")
-    assert 0.9 <= r < 1.1, f"{name} time-to-target speed-up {r:.3f}x left the measured band"
+def test_asha_time_to_target_gain() -> None:
+    # Measured 1.10x (95 % CI 1.06-1.14): the paper's lower bound (10-30 %); asserted with a margin.
+    s = speedup("asha", "time_to_target")
+    assert s.ratio >= 1.05 and s.low > 1.0, str(s)
+
+
+@pytest.mark.xfail(strict=True, reason="measured 0.95x: BOHB under Fluid reaches the target later")
+def test_bohb_time_to_target_gain_at_least_10_percent() -> None:
+    s = speedup("bohb", "time_to_target")
+    assert s.ratio >= 1.1, str(s)
+
+
+def test_asha_time_to_target_gain_comes_from_spreading_not_packing() -> None:
+    # docs/results-fluid.md "The asynchronous gap": the winner is usually among the first samples, so
+    # packing it with a neighbour slows it by alpha; the gain is DynamicFluid spreading the survivors
+    # over freed GPUs once no trial waits.
+    no_dynamic = speedup("asha", "time_to_target", dynamic=False)
+    no_packing = speedup("asha", "time_to_target", pack=1)
+    assert no_dynamic.ratio < 1.0 < no_packing.ratio, f"no DynamicFluid {no_dynamic}; c = 1 {no_packing}"
 
 
 def test_pbt_changes_least() -> None:
-    pbt = speedup("pbt", "makespan")
-    assert pbt < speedup("hyperband", "makespan") and pbt < speedup("asha", "makespan")
+    pbt = speedup("pbt", "makespan").ratio
+    assert pbt < speedup("hyperband", "makespan").ratio and pbt < speedup("asha", "makespan").ratio
     assert pbt < 1.3
 
 
@@ -81,16 +101,24 @@ def test_ten_x_packing_overhead_disables_packing() -> None:
     assert c15 == 2 and base15 / fluid15 > base / fluid  # small overhead: packing still pays
 
 
+def _ttt_vs_fifo8(gpus: int, executor: str) -> Speedup:
+    """How much sooner than FIFO on 8 GPUs the target is reached (> 1: sooner)."""
+    return paired_speedup(_runs("asha", "fifo", 8), _runs("asha", executor, gpus), "time_to_target")
+
+
 def test_asha_scaling_with_and_without_fluid() -> None:
-    ttt = {
-        (n, ex): mean_of([run_one("asha", ex, n, s, Workload(), FLUID) for s in SEEDS], "time_to_target")
-        for n in (4, 8, 16)
-        for ex in ("fifo", "fluid")
-    }
-    got = ", ".join(f"{ex} {n}: {v:.0f} s" for (n, ex), v in sorted(ttt.items()))
-    assert ttt[(8, "fifo")] < 0.8 * ttt[(4, "fifo")], got
-    # The paper has 16 workers worse than 8 without Fluid; it gives no cause, and our model has no cost
-    # for more workers, so 16 ties 8: the winner's serial run bounds time-to-target.
-    assert ttt[(16, "fifo")] >= 0.95 * ttt[(8, "fifo")], got
-    assert ttt[(4, "fluid")] <= 1.2 * ttt[(8, "fifo")], got  # with Fluid 4 GPUs come within 20 % of 8
-    assert ttt[(16, "fluid")] < ttt[(8, "fifo")], got  # and more GPUs do better
+    fifo4, fifo16 = _ttt_vs_fifo8(4, "fifo"), _ttt_vs_fifo8(16, "fifo")
+    fluid4, fluid16 = _ttt_vs_fifo8(4, "fluid"), _ttt_vs_fifo8(16, "fluid")
+    got = f"vs FIFO 8: FIFO 4 {fifo4}; FIFO 16 {fifo16}; Fluid 4 {fluid4}; Fluid 16 {fluid16}"
+    assert fifo4.ratio < 0.9, got  # 8 workers beat 4
+    # More concurrency makes ASHA decide with fewer results: fewer runs ever reach the target.
+    assert fifo4.other_reached > fifo16.other_reached, got
+    assert fluid4.ratio >= 1 / 1.2, got  # with Fluid, 4 GPUs come within 20 % of FIFO on 8
+    assert fluid16.low > 1.0, got  # and more GPUs do better
+
+
+@pytest.mark.xfail(
+    strict=True, reason="measured: 16 workers reach the target sooner than 8 (no cost per worker)"
+)
+def test_asha_without_fluid_best_at_8_workers() -> None:
+    assert _ttt_vs_fifo8(16, "fifo").ratio < 1.0

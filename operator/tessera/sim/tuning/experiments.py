@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 
 from tessera.cluster import Cluster
 from tessera.policy.fluid import FluidConfig, RuntimeModel, choose_packing_degree, iter_times_from_alpha
@@ -64,6 +64,66 @@ def mean_of(results: list[TuningResult], metric: str) -> float:
     if not vals:
         raise ValueError(f"no run reached the target for {metric}; lower the workload target")
     return sum(vals) / len(vals)
+
+
+@dataclass(frozen=True, slots=True)
+class Speedup:
+    """A baseline over another executor on the same seeds (FIFO over Fluid: > 1 means Fluid is faster):
+    Σ base / Σ other over the seeds where both have a value (for time-to-target: both reached the
+    target), with a seeded bootstrap 95 % interval over those seeds."""
+
+    ratio: float
+    low: float
+    high: float
+    paired: int  # seeds counted
+    base_reached: int  # seeds where the baseline has a value (for time-to-target: reached the target)
+    other_reached: int  # the same for the runs compared with it
+
+    def __str__(self) -> str:
+        return (
+            f"{self.ratio:.3f}x (95 % CI {self.low:.3f}-{self.high:.3f}, {self.paired} seeds; "
+            f"reached {self.base_reached} / {self.other_reached})"
+        )
+
+
+def paired_speedup(
+    base: list[TuningResult], other: list[TuningResult], metric: str, resamples: int = 2000
+) -> Speedup:
+    """A single seed's ratio is noisy (which config wins, and when, varies by seed), so compare sums over
+    many paired seeds and say how sure the figure is."""
+    if len(base) != len(other):
+        raise ValueError("both lists of runs must come from the same seeds")
+    values = [(getattr(a, metric), getattr(b, metric)) for a, b in zip(base, other, strict=True)]
+    pairs = [(float(a), float(b)) for a, b in values if a is not None and b is not None]
+    if not pairs:
+        raise ValueError(f"no seed has {metric} under both executors; lower the workload target")
+
+    def ratio(ps: list[tuple[float, float]]) -> float:
+        return sum(a for a, _ in ps) / sum(b for _, b in ps)
+
+    rng = random.Random(0)
+    boots = sorted(ratio([rng.choice(pairs) for _ in pairs]) for _ in range(resamples))
+    return Speedup(
+        ratio(pairs),
+        boots[int(0.025 * resamples)],
+        boots[int(0.975 * resamples) - 1],
+        len(pairs),
+        sum(a is not None for a, _ in values),
+        sum(b is not None for _, b in values),
+    )
+
+
+def runs(
+    name: str,
+    executor: Executor,
+    seeds: Iterable[int],
+    gpus: int = 8,
+    workload: Workload | None = None,
+    fluid: FluidConfig | None = None,
+    samples: int = 40,
+) -> list[TuningResult]:
+    w, f = workload or Workload(), fluid or FluidConfig(max_pack=2, max_workers=4)
+    return [run_one(name, executor, gpus, s, w, f, samples=samples) for s in seeds]
 
 
 def packing_overhead_runs(

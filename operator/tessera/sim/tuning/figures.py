@@ -1,21 +1,33 @@
 """The plots of docs/results-fluid.md, with the paper's ranges drawn beside our figures.
 
-Run: .venv/bin/python -m tessera.sim.tuning.figures docs/img     (about 10 s; seeds 0-4 as the tests)
+Run: .venv/bin/python -m tessera.sim.tuning.figures docs/img     (about 90 s; seeds 0-199 as the tests)
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from tessera.cluster import Cluster
 from tessera.policy.fluid import FluidConfig
 from tessera.progress import Progress
-from tessera.sim.tuning.experiments import ALGORITHMS, mean_of, packing_overhead_grid, run_one
+from tessera.sim.tuning.engine import TuningSim
+from tessera.sim.tuning.experiments import (
+    ALGORITHMS,
+    Speedup,
+    make_algorithm,
+    packing_overhead_grid,
+    paired_speedup,
+    runs,
+)
 from tessera.sim.tuning.workload import Workload
 
-SEEDS = range(5)
+SEEDS = range(200)  # as tests/integration/test_repro_fluid.py: one seed's ratio is noisy
 FLUID = FluidConfig(max_pack=2, max_workers=4)
+WORKERS = (4, 8, 16)
+CURVE_TIMES = tuple(range(0, 601, 20))
 # Spec seed-salus-fluid §2.14 [L1753-1770]: gain ranges the dissertation reports per algorithm class.
 PAPER_RANGE = {
     "hyperband": (1.3, 2.0),
@@ -26,22 +38,30 @@ PAPER_RANGE = {
 }
 
 
-def macro_speedups(bar: Progress) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
+def macro_speedups(bar: Progress) -> dict[str, dict[str, Speedup]]:
+    out: dict[str, dict[str, Speedup]] = {}
     for i, name in enumerate(ALGORITHMS):
-        base = [run_one(name, "fifo", 8, s, Workload(), FLUID) for s in SEEDS]
-        fluid = [run_one(name, "fluid", 8, s, Workload(), FLUID) for s in SEEDS]
-        out[name] = {m: mean_of(base, m) / mean_of(fluid, m) for m in ("time_to_target", "makespan")}
+        base, fluid = runs(name, "fifo", SEEDS, fluid=FLUID), runs(name, "fluid", SEEDS, fluid=FLUID)
+        out[name] = {m: paired_speedup(base, fluid, m) for m in ("time_to_target", "makespan")}
         bar.update(i + 1, name)
     return out
 
 
-def asha_scaling() -> dict[tuple[int, str], float]:
-    return {
-        (n, ex): mean_of([run_one("asha", ex, n, s, Workload(), FLUID) for s in SEEDS], "time_to_target")
-        for n in (4, 8, 16)
-        for ex in ("fifo", "fluid")
-    }
+def asha_curves() -> dict[tuple[int, str], list[float]]:
+    """Fig. 3.10's form: the best score seen so far at each of CURVE_TIMES, mean over SEEDS."""
+    out: dict[tuple[int, str], list[float]] = {}
+    for n in WORKERS:
+        for ex in ("fifo", "fluid"):
+            sums = [0.0] * len(CURVE_TIMES)
+            for seed in SEEDS:
+                w = replace(Workload(), seed=seed)
+                cl = Cluster.homogeneous(1, n)
+                sim = TuningSim(cl, cl.gpu_ids, w, make_algorithm("asha", w, seed), ex, FLUID)
+                for k, t in enumerate(CURVE_TIMES):
+                    sim.advance(t)
+                    sums[k] += max(0.0, sim.result().best_score)
+            out[(n, ex)] = [v / len(SEEDS) for v in sums]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with Progress(len(ALGORITHMS) + 2, "fluid figures") as bar:
         macro = macro_speedups(bar)
-        scaling = asha_scaling()
+        fifo8 = runs("asha", "fifo", SEEDS, 8, fluid=FLUID)
+        scaling = {
+            (n, ex): paired_speedup(fifo8, runs("asha", ex, SEEDS, n, fluid=FLUID), "time_to_target")
+            for n in WORKERS
+            for ex in ("fifo", "fluid")
+        }
+        curves = asha_curves()
         bar.update(len(ALGORITHMS) + 1, "asha scaling")
         alphas = (1.0, 1.5, 2.0, 10.0)
         overhead = {a: packing_overhead_grid(a) for a in alphas}
@@ -67,28 +93,43 @@ def main(argv: list[str] | None = None) -> int:
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(ALGORITHMS))
     for k, (metric, label) in enumerate((("time_to_target", "time to target"), ("makespan", "makespan"))):
-        ax.bar([x + (k - 0.5) * 0.35 for x in xs], [macro[a][metric] for a in ALGORITHMS], 0.35, label=label)
+        vals = [macro[a][metric] for a in ALGORITHMS]
+        ax.bar(
+            [x + (k - 0.5) * 0.35 for x in xs],
+            [v.ratio for v in vals],
+            0.35,
+            yerr=[[v.ratio - v.low for v in vals], [v.high - v.ratio for v in vals]],
+            capsize=3,
+            label=label,
+        )
     for x, a in zip(xs, ALGORITHMS, strict=True):
         lo, hi = PAPER_RANGE[a]
         ax.add_patch(Rectangle((x - 0.45, lo), 0.9, hi - lo, color="grey", alpha=0.25, lw=0))
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks(list(xs), list(ALGORITHMS))
     ax.set_ylabel("speed-up of Fluid over FIFO")
-    ax.set_title("8 GPUs, mean of 5 seeds; grey = the paper's range (Fig. 3.7)")
+    ax.set_title("8 GPUs, 200 paired seeds (95 % CI); grey = the paper's range (Fig. 3.7)", fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "fluid-macro.png", dpi=110)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ns = (4, 8, 16)
-    for ex in ("fifo", "fluid"):
-        ax.plot(ns, [scaling[(n, ex)] for n in ns], marker="o", label=ex)
-    ax.set_xticks(list(ns))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for ex, style in (("fifo", "--"), ("fluid", "-")):
+        ax.plot(WORKERS, [scaling[(n, ex)].ratio for n in WORKERS], marker="o", ls=style, label=ex)
+        for n in WORKERS:
+            ax2.plot(CURVE_TIMES, curves[(n, ex)], ls=style, label=f"{ex} {n} GPUs")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(list(WORKERS))
     ax.set_xlabel("GPU workers")
-    ax.set_ylabel("ASHA time to target (s)")
-    ax.set_title("ASHA scaling (paper Fig. 3.10: FIFO best at 8; Fluid 4 ≈ FIFO 8)")
+    ax.set_ylabel("time-to-target speed-up vs FIFO on 8")
+    ax.set_title("ASHA (paper Fig. 3.10: FIFO best at 8; Fluid 4 ≈ FIFO 8)", fontsize=10)
     ax.legend()
+    ax2.set_xlabel("time (s)")
+    ax2.set_ylabel("best score so far (mean of 200 seeds)")
+    ax2.set_ylim(0.7, 0.9)
+    ax2.set_title("ASHA max score over time (the form of Fig. 3.10)", fontsize=10)
+    ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "fluid-asha-scaling.png", dpi=110)
     plt.close(fig)
@@ -110,9 +151,15 @@ def main(argv: list[str] | None = None) -> int:
         print(out / name)
     for a in ALGORITHMS:
         print(
-            f"{a:<10} time-to-target {macro[a]['time_to_target']:.2f}x  makespan {macro[a]['makespan']:.2f}x"
+            f"{a:<10} time-to-target {macro[a]['time_to_target']}\n{'':<10} makespan       {macro[a]['makespan']}"
         )
-    print("asha time to target s:", {f"{n}/{ex}": round(v) for (n, ex), v in scaling.items()})
+    for (n, ex), v in scaling.items():
+        print(f"asha {ex} on {n} GPUs, time-to-target vs FIFO on 8: {v}")
+    for (n, ex), c in curves.items():
+        print(
+            f"asha {ex} on {n} GPUs, best score at 100/200/300/600 s:",
+            [round(c[k], 4) for k in (5, 10, 15, 30)],
+        )
     print(
         "overhead (alpha: base, fluid, c):", {a: (round(b), round(f), c) for a, (b, f, c) in overhead.items()}
     )
