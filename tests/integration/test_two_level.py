@@ -1,8 +1,7 @@
 """Two-level scheduling: Themis leases GPUs across Apps; Fluid places a tuning App's trials in its lease.
 
-The training simulator builds each App's runtime with `make_runtime`; here the tuning App's runtime is
-the Fluid one and every other App keeps the simulator's own runtime, so Themis' real auctions decide
-the tuning App's lease.
+The tuning App is an ordinary trace entry with a `tuning` block; the simulator builds its runtime with
+`make_runtime` (wrapped here only to keep a handle on it), so Themis' real auctions decide its lease.
 """
 
 import random
@@ -10,17 +9,26 @@ from dataclasses import replace
 
 import pytest
 from tessera.cluster import Cluster
-from tessera.policy.fluid import FluidConfig
 from tessera.policy.hpo import hyperband
 from tessera.policy.themis import Themis, ThemisConfig
 from tessera.sim.training import simulator
-from tessera.sim.training.trace import AppSpec, JobSpec, Trace
+from tessera.sim.training.trace import AppSpec, JobSpec, Trace, parse_apps
 from tessera.sim.tuning.engine import Placed, TuningSim
-from tessera.sim.tuning.experiments import make_algorithm
 from tessera.sim.tuning.two_level import FluidAppRuntime, Lease
 from tessera.sim.tuning.workload import Workload
 
 WORKLOAD = Workload(seed=1, iter_time=20.0)
+TUNE = {
+    "id": "tune",
+    "arrival": 0,
+    "tuning": {
+        "algorithm": "hyperband",
+        "seed": 1,
+        "max_gpus": 8,
+        "workload": {"iter_time": 20.0},
+        "fluid": {"max_pack": 2, "max_workers": 4, "epsilon": 5.0},
+    },
+}
 
 
 def lease_of(leases: list[Lease], index: int) -> frozenset[str]:
@@ -32,38 +40,29 @@ def lease_of(leases: list[Lease], index: int) -> frozenset[str]:
     return current
 
 
-def run_cluster(monkeypatch: pytest.MonkeyPatch) -> tuple[simulator.SimRun, FluidAppRuntime]:
+def run_cluster() -> tuple[simulator.SimRun, FluidAppRuntime]:
     cluster = Cluster.homogeneous(4, 4)
     apps = [
         AppSpec("train-a", 0.0, (JobSpec(3000, 1.0, 4),)),
         AppSpec("train-b", 0.0, (JobSpec(1500, 1.0, 2), JobSpec(1500, 1.0, 2))),
         AppSpec("train-c", 900.0, (JobSpec(4000, 1.0, 8),)),
-        AppSpec("tune", 0.0, (JobSpec(1, 1.0, 1),)),  # jobs unused: the Fluid runtime replaces them
+        *parse_apps("test", [TUNE], len(cluster)).apps,
     ]
-    made: dict[str, FluidAppRuntime] = {}
-    original = simulator.make_runtime
+    made: dict[str, simulator.AppRuntime] = {}
 
-    def make(spec: AppSpec, c: Cluster, cfg: simulator.SimConfig) -> simulator.AppRuntime:
-        if spec.id != "tune":
-            return original(spec, c, cfg)
-        made["tune"] = FluidAppRuntime(
-            c,
-            WORKLOAD,
-            make_algorithm("hyperband", WORKLOAD, seed=1),
-            FluidConfig(max_pack=2, max_workers=4, epsilon=5.0),
-            max_gpus=8,
-            start=spec.arrival,
-        )
-        return made["tune"]
+    def keep(spec: AppSpec, c: Cluster, cfg: simulator.SimConfig) -> simulator.AppRuntime:
+        made[spec.id] = simulator.make_runtime(spec, c, cfg)
+        return made[spec.id]
 
-    monkeypatch.setattr(simulator, "make_runtime", make)
     policy = Themis(ThemisConfig(lease_s=300.0))
-    run = simulator.simulate(policy, cluster, Trace(apps), random.Random(0))
-    return run, made["tune"]
+    run = simulator.simulate(policy, cluster, Trace(apps), random.Random(0), runtime_factory=keep)
+    rt = made["tune"]
+    assert isinstance(rt, FluidAppRuntime)
+    return run, rt
 
 
-def test_tuning_app_trials_run_inside_its_themis_lease(monkeypatch: pytest.MonkeyPatch) -> None:
-    run, rt = run_cluster(monkeypatch)
+def test_tuning_app_trials_run_inside_its_themis_lease() -> None:
+    run, rt = run_cluster()
     outcomes = {a.app_id: a for a in run.apps}
     assert set(outcomes) == {"train-a", "train-b", "train-c", "tune"}
     assert not any(a.rejected for a in outcomes.values())
@@ -81,6 +80,12 @@ def test_tuning_app_trials_run_inside_its_themis_lease(monkeypatch: pytest.Monke
     assert rt.placement_scores and all(0 < s <= 1 for s in rt.placement_scores)
     # The App left the cluster when its last trial ended.
     assert outcomes["tune"].finish == pytest.approx(rt.sim.result().makespan)
+    # Its outcome carries the tuning figures (time from arrival to the target, best score).
+    result = rt.sim.result()
+    assert outcomes["tune"].best_score == result.best_score > 0
+    assert result.time_to_target is not None
+    assert outcomes["tune"].time_to_target == pytest.approx(result.time_to_target - 0.0)
+    assert all(a.best_score is None for k, a in outcomes.items() if k != "tune")
 
 
 def test_trial_group_owns_a_fixed_pool() -> None:

@@ -82,7 +82,11 @@ def main(args: argparse.Namespace) -> int:
     if metrics_out and module.__name__ != KINDS["training"]:
         print(f"error: {path}: --metrics-out is only available for training scenarios", file=sys.stderr)
         return 2
-    result = module.run(scenario, progress=not args.no_progress and not args.json)
+    try:
+        result = module.run(scenario, progress=not args.no_progress and not args.json)
+    except ScenarioError as e:  # found only once the trace is resolved (e.g. an added app's id is taken)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")

@@ -138,7 +138,31 @@ class TrainingResult:
                     "n/a",
                 )
             )
+        lines.extend(self._tuning_lines())
         return "\n".join(lines)
+
+    def _tuning_lines(self) -> list[str]:
+        """Per tuning app, one line per policy: how it fared with Fluid inside that policy's leases."""
+        rows: dict[str, list[str]] = {}
+        for r in self.runs:
+            for a in r.apps:
+                if a.best_score is None:
+                    continue
+                if a.rejected:
+                    line = "rejected by admission control"
+                else:
+                    ttt = "never" if a.time_to_target is None else f"{a.time_to_target / 3600.0:.2f} h"
+                    line = (
+                        f"JCT {(a.finish - a.arrival) / 3600.0:.2f} h  ρ {a.rho:.2f}  "
+                        f"target reached after {ttt}  best score {a.best_score:.3f}"
+                    )
+                rows.setdefault(a.app_id, []).append(f"  {a.app_id:<16} {r.policy:<10} {line}")
+        if not rows:
+            return []
+        return [
+            "tuning apps (Fluid inside each policy's leases):",
+            *(x for app in sorted(rows) for x in rows[app]),
+        ]
 
     def to_json(self) -> dict[str, Any]:
         def clean(v: Any) -> Any:
@@ -157,6 +181,11 @@ class TrainingResult:
                         "jct_s": a.finish - a.arrival,
                         "gpu_s": a.gpu_seconds,
                         "rejected": a.rejected,
+                        **(
+                            {"time_to_target_s": a.time_to_target, "best_score": clean(a.best_score)}
+                            if a.best_score is not None
+                            else {}
+                        ),
                     }
                     for a in r.apps
                 ]

@@ -5,6 +5,8 @@
     seed: 1
     cluster: {preset: testbed-64}        # or machines: [{count: 8, slots: 1, gpus_per_slot: 2}], machines_per_rack
     trace: {generate: {apps: 200, workload: w2, mean_interarrival_s: 600}}   # or {file: trace.csv}
+           # either may add apps in the trace YAML form, e.g. tuning apps run by Fluid inside their lease:
+           # trace: {generate: {...}, apps: [{id: tune, arrival: 0, tuning: {algorithm: asha, max_gpus: 8}}]}
     policies: [themis, tiresias, gandiva, optimus, slaq, srtf, srsf, drf]
               # an entry may be a mapping: {policy: themis, label: themis-f0, fairness_knob: 0, lease_s: 300}
               # baselines take lease_s and placement: tight | any | random ({policy: drf, placement: tight})
@@ -35,7 +37,7 @@ from tessera.progress import Progress
 from tessera.sim.scenario import ScenarioError
 from tessera.sim.training.report import TrainingResult
 from tessera.sim.training.simulator import SimConfig, SimRun, simulate
-from tessera.sim.training.trace import GeneratorConfig, Trace, TraceError, generate, read_trace
+from tessera.sim.training.trace import GeneratorConfig, Trace, TraceError, generate, parse_apps, read_trace
 
 PRESETS: dict[str, list[tuple[int, int]]] = {
     # Themis testbed (L1203–L1206): 8 × NC12 (2 GPUs) + 12 × NC24 (4 GPUs) = 64 GPUs on 20 machines.
@@ -72,12 +74,22 @@ class TrainingScenario:
     generator: GeneratorConfig | None
     policies: tuple[PolicySpec, ...]
     sim: SimConfig
+    extra_apps: Trace = field(default_factory=Trace)  # `trace.apps`: added to the file or generated trace
 
     def resolved_trace(self) -> Trace:
         if self.trace is not None:
-            return self.trace
-        assert self.generator is not None
-        return generate(self.generator, random.Random(self.seed), len(self.cluster))
+            base = self.trace
+        elif self.generator is not None:
+            base = generate(self.generator, random.Random(self.seed), len(self.cluster))
+        else:
+            base = Trace()
+        if not self.extra_apps.apps:
+            return base
+        ids = {a.id for a in base.apps}
+        for a in self.extra_apps.apps:
+            if a.id in ids:
+                raise ScenarioError(self.source, "trace.apps", f"app id {a.id!r} is already in the trace")
+        return Trace(sorted([*base.apps, *self.extra_apps.apps], key=lambda a: (a.arrival, a.id)))
 
 
 def _mapping(source: str, where: str, v: Any) -> Mapping[str, Any]:
@@ -190,9 +202,15 @@ def load(data: dict[str, Any], source: str) -> TrainingScenario:
         raise ScenarioError(source, "seed", f"expected an integer, got {seed!r}")
     cluster = _cluster(source, d.get("cluster", {"preset": "testbed-64"}))
     t = _mapping(source, "trace", d.get("trace", {"generate": {}}))
-    _unknown(source, "trace", t, {"file", "generate"})
+    _unknown(source, "trace", t, {"file", "generate", "apps"})
     trace: Trace | None = None
     gen: GeneratorConfig | None = None
+    extra = Trace()
+    if "apps" in t:
+        try:
+            extra = parse_apps(source, t["apps"], len(cluster))
+        except TraceError as e:
+            raise ScenarioError(source, f"trace.{e.field}", e.problem) from None
     if "file" in t:
         path = Path(str(t["file"]))
         if not path.is_absolute():
@@ -201,7 +219,7 @@ def load(data: dict[str, Any], source: str) -> TrainingScenario:
             trace = read_trace(path, len(cluster))
         except TraceError as e:
             raise ScenarioError(source, "trace.file", str(e)) from None
-    else:
+    elif "generate" in t or "apps" not in t:
         g = dict(_mapping(source, "trace.generate", t.get("generate", {})))
         known = {f.name for f in dataclasses.fields(GeneratorConfig)}
         _unknown(source, "trace.generate", g, known)
@@ -233,6 +251,7 @@ def load(data: dict[str, Any], source: str) -> TrainingScenario:
         cluster=cluster,
         trace=trace,
         generator=gen,
+        extra_apps=extra,
         policies=_policies(source, d),
         sim=sim,
     )

@@ -8,6 +8,7 @@ set changes at most once per instant, so a lease renewed onto the same GPUs cost
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import math
@@ -73,6 +74,10 @@ class AppOutcome:
     rho: float  # T_sh / T_id with T_id = T_cluster × N_avg (paper)
     rho_exact: float  # T_id = work / min(R_C / N_avg, demand) (spec §1.4 note)
     rejected: bool = False
+    # Tuning apps only: seconds from arrival until a trial first reached the workload's target (None:
+    # never), and the best score any trial reported.
+    time_to_target: float | None = None
+    best_score: float | None = None
 
 
 @dataclass(slots=True)
@@ -103,7 +108,14 @@ class _Live:
     error: AppError | None = None  # the app's estimation error (SimConfig.estimate_error > 0)
 
 
+RuntimeFactory = Callable[[AppSpec, Cluster, "SimConfig"], AppRuntime]
+
+
 def make_runtime(spec: AppSpec, cluster: Cluster, config: SimConfig) -> AppRuntime:
+    """The built-in runtime for an app: gang-scheduled jobs, successive halving, or (a `tuning` app) a
+    tuning algorithm whose trials Fluid places inside the app's lease."""
+    if spec.tuning is not None:
+        return _tuning_runtime(spec, cluster, config)
     jobs = [
         Job(
             f"{spec.id}/{k}",
@@ -130,6 +142,36 @@ def make_runtime(spec: AppSpec, cluster: Cluster, config: SimConfig) -> AppRunti
     return SuccessiveHalvingRuntime(cluster, jobs, plan, config.restart_s, rule)
 
 
+def _tuning_runtime(spec: AppSpec, cluster: Cluster, config: SimConfig) -> AppRuntime:
+    from tessera.sim.tuning.experiments import make_algorithm
+    from tessera.sim.tuning.two_level import FluidAppRuntime
+
+    t = spec.tuning
+    assert t is not None
+    workload = dataclasses.replace(t.workload, seed=t.seed)
+    # A trial moved to other GPUs checkpoints and restarts like any job, unless the block sets ε itself.
+    fluid = t.fluid if t.epsilon_given else dataclasses.replace(t.fluid, epsilon=config.restart_s)
+    return FluidAppRuntime(
+        cluster,
+        workload,
+        make_algorithm(t.algorithm, workload, t.seed, max_budget=t.max_budget, samples=t.samples),
+        fluid,
+        spec.sensitivity,
+        max_gpus=min(t.max_gpus or len(cluster), len(cluster)),
+        start=spec.arrival,
+    )
+
+
+def _tuning_outcome(rt: AppRuntime, arrival: float) -> tuple[float | None, float | None]:
+    """(time to target from arrival, best score) of a Fluid tuning app; (None, None) for other apps."""
+    from tessera.sim.tuning.two_level import FluidAppRuntime
+
+    if not isinstance(rt, FluidAppRuntime):
+        return None, None
+    r = rt.sim.result()
+    return (None if r.time_to_target is None else r.time_to_target - arrival), r.best_score
+
+
 def simulate(
     policy: TrainingPolicy,
     cluster: Cluster,
@@ -139,8 +181,12 @@ def simulate(
     *,
     on_progress: Callable[[float], None] | None = None,
     keep_records: bool = False,
+    runtime_factory: RuntimeFactory | None = None,
 ) -> SimRun:
-    """Run the whole trace under `policy`. `on_progress(fraction of apps finished)` is called as it goes."""
+    """Run the whole trace under `policy`. `on_progress(fraction of apps finished)` is called as it goes.
+    `runtime_factory` builds each arriving app's runtime (default `make_runtime`): the hook for an app
+    scheduler of one's own (docs/simulate.md, "Plugging in an app scheduler")."""
+    build_runtime = runtime_factory or make_runtime
     import time as _time
 
     wall0 = _time.perf_counter()
@@ -216,6 +262,7 @@ def simulate(
                 t_sh / t_id(work, len(cluster), peak, n_avg, "exact"),
             )
         )
+        outcomes[-1].time_to_target, outcomes[-1].best_score = _tuning_outcome(rt, app.spec.arrival)
         scores.extend(rt.placement_scores)
         last_finish = max(last_finish, now)
         if on_progress is not None:
@@ -238,7 +285,7 @@ def simulate(
                 tick_pending = False
             elif kind == _ARRIVE:
                 spec = specs[app_id]
-                rt = make_runtime(spec, cluster, cfg)
+                rt = build_runtime(spec, cluster, cfg)
                 if not admit(rt.peak_demand(), outstanding, len(cluster), cfg.admission_threshold):
                     outcomes.append(
                         AppOutcome(

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tessera.cluster import COMPUTE_INTENSIVE, NETWORK_INTENSIVE, Sensitivity
+from tessera.sim.tuning.app_spec import TuningAppSpec, TuningSpecError
 
 
 class TraceError(ValueError):
@@ -91,9 +92,12 @@ class AppSpec:
     network_intensive: bool = True
     model: str = ""
     halving: HalvingSpec | None = None
+    tuning: TuningAppSpec | None = None  # a tuning App: Fluid runs its trials inside its lease (no jobs)
 
     @property
     def work(self) -> float:
+        if self.tuning is not None:
+            return 0.0  # an adaptive tuner's work is known only as it runs
         if self.halving is None:
             return sum(j.iterations * j.iter_time for j in self.jobs)
         times = sorted(j.iter_time for j in self.jobs)
@@ -118,7 +122,9 @@ class Trace:
                 "cross_machine": a.sensitivity.cross_machine,
                 "cross_rack": a.sensitivity.cross_rack,
             }
-            if a.halving is None:
+            if a.tuning is not None:
+                d["tuning"] = a.tuning.to_dict()
+            elif a.halving is None:
                 d["jobs"] = [
                     {"iterations": j.iterations, "iter_time": j.iter_time, "gpus": j.gpus} for j in a.jobs
                 ]
@@ -204,7 +210,7 @@ def parse_apps(source: str, records: Sequence[Any], cluster_gpus: int | None = N
     for i, rec in enumerate(records):
         where = f"apps[{i}]"
         if not isinstance(rec, Mapping):
-            raise TraceError(source, where, "expected a mapping with id, arrival and jobs or halving")
+            raise TraceError(source, where, "expected a mapping with id, arrival and jobs, halving or tuning")
         app_id = str(rec.get("id", f"app-{i:04d}"))
         if app_id in seen:
             raise TraceError(source, f"{where}.id", f"duplicate app id {app_id!r}")
@@ -215,7 +221,22 @@ def parse_apps(source: str, records: Sequence[Any], cluster_gpus: int | None = N
         sens, ni, model = _sensitivity(source, where, rec)
         default_it = MODELS[model][2] if model else None
         halving = None
-        if "halving" in rec:
+        tuning = None
+        if "tuning" in rec:
+            for other in ("jobs", "halving", "configs"):
+                if other in rec:
+                    raise TraceError(
+                        source, f"{where}.{other}", "a tuning app has no jobs, halving or configs"
+                    )
+            try:
+                tuning = TuningAppSpec.parse(rec["tuning"], cluster_gpus)
+            except TuningSpecError as e:
+                raise TraceError(
+                    source, f"{where}.tuning" + (f".{e.field}" if e.field else ""), e.problem
+                ) from None
+            jobs: list[JobSpec] = []
+            gpus_needed = 1
+        elif "halving" in rec:
             h = rec["halving"]
             if not isinstance(h, Mapping):
                 raise TraceError(source, f"{where}.halving", "expected iters_per_phase, job_gpus, eta")
@@ -265,7 +286,9 @@ def parse_apps(source: str, records: Sequence[Any], cluster_gpus: int | None = N
             js = rec.get("jobs")
             if not isinstance(js, Sequence) or isinstance(js, str) or not js:
                 raise TraceError(
-                    source, f"{where}.jobs", "expected a non-empty list of jobs (or a halving block)"
+                    source,
+                    f"{where}.jobs",
+                    "expected a non-empty list of jobs (or a halving or tuning block)",
                 )
             jobs = []
             for k, j in enumerate(js):
@@ -290,7 +313,7 @@ def parse_apps(source: str, records: Sequence[Any], cluster_gpus: int | None = N
             raise TraceError(
                 source, where, f"a job asks for {gpus_needed} GPUs but the cluster has {cluster_gpus}"
             )
-        apps.append(AppSpec(app_id, arrival, tuple(jobs), sens, ni, model, halving))
+        apps.append(AppSpec(app_id, arrival, tuple(jobs), sens, ni, model, halving, tuning))
     apps.sort(key=lambda a: (a.arrival, a.id))
     return Trace(apps)
 
