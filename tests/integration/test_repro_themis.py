@@ -2,7 +2,8 @@
 
 Fast sizes with the paper's contention: 80 W2-style apps (the default scenario's evaluation-sized apps:
 4–32 configurations, median task 6 GPU-minutes, 42.5 s restart per GPU change) arriving every 40 minutes
-on a 16-GPU cluster (2 × 2-GPU + 3 × 4-GPU machines), so 10–30 apps compete at a time; seeds 1–3. Each
+on a 16-GPU cluster (2 × 2-GPU + 3 × 4-GPU machines), so 10–30 apps compete at a time; seeds 1–3 (the
+f = 1 finding runs on the paper's 168-GPU simulator cluster, where placement choices exist). Each
 test asserts an ordering or ratio band the paper reports; a finding that does not reproduce is a strict
 xfail carrying the measured figures. docs/results-themis.md puts our figures next to the paper's.
 """
@@ -89,14 +90,46 @@ def test_max_rho_improves_as_f_goes_from_0_to_0_8(seed: int) -> None:
     assert _run("themis", seed, f=0.8).gpu_hours >= _run("themis", seed, f=0.0).gpu_hours
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gap: f = 1 is as fair as f = 0.8 here (1.72 vs 1.73, 1.36 vs 1.36, 1.70 vs 1.70; paper ~1.5× "
-    "worse): a single bidder still gets a fair share of a 16-GPU cluster, and GPUs it cannot use are "
-    "re-auctioned in ρ order (also 1.52 / 1.37 / 1.70 with random leftovers); docs/results-themis.md",
-)
-def test_max_rho_worsens_at_f_1() -> None:
-    assert statistics.mean(_run("themis", s, f=1.0).max_rho / _run("themis", s).max_rho for s in SEEDS) > 1.1
+# Fig. 19 is a simulator experiment, and the paper's simulator cluster has far more placement choices than
+# CLUSTER: 16 × 8-GPU machines (4 slots × 2 GPUs), 6 × 4-GPU machines (4 slots × 1 GPU) and 16 single-GPU
+# machines, 168 GPUs (spec §3.4). On CLUSTER (2- and 4-GPU machines) f = 1 and f = 0.8 tie (1.72 vs 1.73,
+# 1.36 vs 1.36, 1.70 vs 1.70): a lone bidder has few poor placements to be forced into.
+PAPER_CLUSTER = Cluster.themis_paper("168")
+
+
+@functools.cache
+def _paper_cluster_run(seed: int, f: float) -> PolicySummary:
+    config = GeneratorConfig(
+        apps=100,
+        mean_interarrival_s=100,
+        task_gpu_hours_median=0.1,
+        min_trial_s=120,
+        jobs_per_app=(4, 32),
+        jobs_per_app_median=16,
+    )
+    trace = generate(config, random.Random(seed), len(PAPER_CLUSTER))
+    policy = Themis(ThemisConfig(fairness_knob=f))
+    s = PolicySummary.of(
+        simulate(policy, PAPER_CLUSTER, trace, random.Random(seed), SimConfig(restart_s=42.5))
+    )
+    print(
+        f"168 GPUs seed={seed} f={f}: max ρ {s.max_rho:.3f} GPU-h {s.gpu_hours:.0f} placement {s.placement_mean:.3f}"
+    )
+    return s
+
+
+def test_max_rho_worsens_at_f_1_through_poorer_placements() -> None:
+    # Measured on the paper's 168-GPU simulator cluster, 100 apps every 100 s, seeds 1–3: max ρ 0.594 →
+    # 0.707, 0.622 → 0.721, 0.746 → 0.823 from f = 0.8 to 1 (mean 1.15×; paper ~1.5×), with the paper's
+    # cause: a single bidder takes the GPUs offered next to whatever it holds, so placement scores fall
+    # (0.898 → 0.857 …) and GPU-hours rise (+11 %).
+    ratios = []
+    for s in SEEDS:
+        f08, f1 = _paper_cluster_run(s, 0.8), _paper_cluster_run(s, 1.0)
+        assert f1.max_rho > f08.max_rho, f"seed {s}"
+        assert f1.placement_mean < f08.placement_mean and f1.gpu_hours > f08.gpu_hours, f"seed {s}"
+        ratios.append(f1.max_rho / f08.max_rho)
+    assert statistics.mean(ratios) > 1.1, ratios
 
 
 def test_shorter_leases_give_better_fairness_and_longer_ones_better_efficiency() -> None:
