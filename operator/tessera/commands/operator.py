@@ -41,6 +41,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--fairness-knob", type=float, default=0.8, help="Themis f in [0, 1] (default 0.8)")
     parser.add_argument(
+        "--starving-rank",
+        choices=("fair_share", "cap"),
+        default="fair_share",
+        help="how the filter ranks an App holding no GPUs: at the ρ it would reach on a fair share from now "
+        "(fair_share, default) or ahead of every App holding GPUs, by arrival (cap: the paper's literal rule)",
+    )
+    parser.add_argument(
         "--preemption-grace-seconds", type=int, default=30, help="SIGTERM→SIGKILL window on lease loss (30)"
     )
     parser.add_argument(
@@ -58,6 +65,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     return OperatorConfig(
         lease_s=args.lease_seconds,
         fairness_knob=args.fairness_knob,
+        starving_rank=args.starving_rank,
         preemption_grace_s=args.preemption_grace_seconds,
         admission_threshold=args.admission_threshold,
         seed=args.seed,

@@ -65,7 +65,11 @@ class Arbiter:
         self.api = api
         self.metrics = metrics
         self.post_event = post_event
-        self.themis = Themis(ThemisConfig(fairness_knob=config.fairness_knob, lease_s=config.lease_s))
+        self.themis = Themis(
+            ThemisConfig(
+                fairness_knob=config.fairness_knob, lease_s=config.lease_s, starving_rank=config.starving_rank
+            )
+        )
         self.rng = random.Random(config.seed)
         self.records: dict[tuple[str, str], AppRecord] = {}
         self.last_round = -math.inf

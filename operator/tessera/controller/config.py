@@ -12,6 +12,7 @@ class OperatorConfig:
     lease_s: float = 600.0  # Themis lease period: the arbiter runs a round at least this often (§5.3)
     tick_s: float | None = None  # how often App timers check whether a round is due; None = lease_s / 10
     fairness_knob: float = 0.8  # Themis f
+    starving_rank: str = "fair_share"  # ThemisConfig.starving_rank: how Apps holding nothing are ranked
     preemption_grace_s: int = 30  # SIGTERM → SIGKILL window for checkpointing on lease loss
     admission_threshold: float | None = None  # Themis footnote 2; None admits everything
     seed: int = 0
@@ -36,6 +37,8 @@ class OperatorConfig:
     def __post_init__(self) -> None:
         if not self.lease_s > 0:
             raise ValueError(f"lease period must be positive, got {self.lease_s}")
+        if self.starving_rank not in ("fair_share", "cap"):
+            raise ValueError(f"starving rank must be 'fair_share' or 'cap', got {self.starving_rank!r}")
         if self.tick_s is not None and not self.tick_s > 0:
             raise ValueError(f"tick must be positive, got {self.tick_s}")
         if self.preemption_grace_s < 0:

@@ -26,7 +26,13 @@ NON_DEFAULT: dict[str, Any] = {
         "replicas": 3,
         "allNamespaces": False,
         "peeringName": "gpu-share",
-        "extraArgs": ["--lease-seconds", "300"],
+        "themis": {
+            "leaseSeconds": 300,
+            "fairnessKnob": 0.5,
+            "starvingRank": "cap",
+            "admissionThreshold": 1.5,
+        },
+        "extraArgs": ["--preemption-grace-seconds", "60"],
     },
     "scheduler": {
         "schedulerName": "gpu-share",
@@ -278,7 +284,8 @@ def test_non_default_values_take_effect() -> None:
     )
     assert deploy["metadata"]["labels"]["team"] == "ml-platform"
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"][0]
-    assert "--namespace tessera-system" in args and '"--lease-seconds" "300"' in args
+    assert "--namespace tessera-system" in args and '"--preemption-grace-seconds" "60"' in args
+    assert "--lease-seconds 300 --fairness-knob 0.5 --starving-rank cap --admission-threshold 1.5" in args
     assert find(objs, "KopfPeering")["metadata"]["namespace"] == NAMESPACE
     config = yaml.safe_load(find(objs, "ConfigMap", "-scheduler-config")["data"]["config.yaml"])
     assert config["extenders"][0]["urlPrefix"] == "http://127.0.0.1:9443/scheduler"
@@ -317,6 +324,9 @@ def test_service_monitors_need_the_crd_unless_told_otherwise() -> None:
         ({"dashboards": {"labelValue": 1}}, "at '/dashboards/labelValue': got number, want string"),
         ({"serviceMonitor": {"interval": "often"}}, "at '/serviceMonitor/interval'"),
         ({"logLevel": "verbose"}, "at '/logLevel': value must be one of"),
+        ({"operator": {"themis": {"fairnessKnob": 1.5}}}, "at '/operator/themis/fairnessKnob': maximum"),
+        ({"operator": {"themis": {"starvingRank": "fifo"}}}, "at '/operator/themis/starvingRank'"),
+        ({"operator": {"themis": {"leaseSeconds": 0}}}, "at '/operator/themis/leaseSeconds'"),
     ],
 )
 def test_schema_rejects_bad_values_with_the_offending_key(values: dict[str, Any], message: str) -> None:

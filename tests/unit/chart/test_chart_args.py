@@ -66,6 +66,15 @@ def test_every_container_command_line_parses_with_the_real_parser(values: str) -
             assert args.metrics_port == c["ports"][0]["containerPort"]
             assert args.liveness.endswith(f":{c['ports'][1]['containerPort']}/healthz")
             assert args.priority == 7
+            # The Themis settings reach the operator as the values give them (defaults when unset).
+            themis = {"leaseSeconds": 600, "fairnessKnob": 0.8, "starvingRank": "fair_share"}
+            themis |= ((VALUE_SETS[values] or {}).get("operator") or {}).get("themis", {})
+            assert (args.lease_seconds, args.fairness_knob, args.starving_rank) == (
+                themis["leaseSeconds"],
+                themis["fairnessKnob"],
+                themis["starvingRank"],
+            )
+            assert args.admission_threshold == themis.get("admissionThreshold")
         elif c["name"] == "extender":
             assert c["command"] == ["tessera"]
             args = _parse(cli.build_parser(), c["args"])

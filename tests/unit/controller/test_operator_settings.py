@@ -1,0 +1,25 @@
+"""`tessera operator` flags for the Themis arbiter reach the Themis instance the operator runs."""
+
+import pytest
+from tessera import cli
+from tessera.commands.operator import config_from_args
+from tessera.controller.arbiter import Arbiter
+from tessera.controller.config import OperatorConfig
+
+
+def test_themis_flags_reach_the_arbiter() -> None:
+    argv = ["operator", "--lease-seconds", "300", "--fairness-knob", "0.5", "--starving-rank", "cap"]
+    config = config_from_args(cli.build_parser().parse_args(argv))
+    arbiter = Arbiter(config, None, None, None, None)  # type: ignore[arg-type]  # only the config is read here
+    themis = arbiter.themis.config
+    assert (themis.lease_s, themis.fairness_knob, themis.starving_rank) == (300.0, 0.5, "cap")
+    default = Arbiter(config_from_args(cli.build_parser().parse_args(["operator"])), None, None, None, None)  # type: ignore[arg-type]
+    assert default.themis.config.starving_rank == "fair_share"
+
+
+def test_bad_starving_rank_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["operator", "--starving-rank", "fifo"])
+    assert "invalid choice: 'fifo'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="starving rank must be 'fair_share' or 'cap'"):
+        OperatorConfig(starving_rank="fifo")
