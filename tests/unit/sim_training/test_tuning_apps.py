@@ -114,3 +114,26 @@ def test_scenario_errors_name_the_added_app_field(tmp_path: Path, capsys: pytest
     )
     assert main(["simulate", str(bad), "--no-progress"]) == 2
     assert f"{bad}: trace.apps: app id 'app-0001' is already in the trace" in capsys.readouterr().err
+
+
+def test_a_rejected_tuning_app_is_reported_as_rejected() -> None:
+    from tessera.policy.themis import Themis
+    from tessera.sim.training.report import TrainingResult
+    from tessera.sim.training.simulator import SimConfig
+
+    cluster = Cluster.homogeneous(1, 8)
+    trace = parse_apps(
+        "t",
+        [
+            {"id": "train", "arrival": 0, "jobs": [{"iterations": 2000, "iter_time": 1.0, "gpus": 8}]},
+            {"id": "tune", "arrival": 10, "tuning": {"max_gpus": 4}},
+        ],
+        len(cluster),
+    )
+    run = simulate(Themis(), cluster, trace, random.Random(0), SimConfig(admission_threshold=1.0))
+    tune = next(a for a in run.apps if a.app_id == "tune")
+    assert tune.rejected and tune.tuning and tune.best_score is None
+    result = TrainingResult("t", [run])
+    assert "tune             themis     rejected by admission control" in result.table()
+    (entry,) = [a for a in result.to_json()["apps"]["themis"] if a["app"] == "tune"]
+    assert entry["rejected"] and entry["best_score"] is None and entry["time_to_target_s"] is None

@@ -146,9 +146,9 @@ class TrainingResult:
         rows: dict[str, list[str]] = {}
         for r in self.runs:
             for a in r.apps:
-                if a.best_score is None:
+                if not a.tuning:
                     continue
-                if a.rejected:
+                if a.rejected or a.best_score is None:
                     line = "rejected by admission control"
                 else:
                     ttt = "never" if a.time_to_target is None else f"{a.time_to_target / 3600.0:.2f} h"
@@ -183,7 +183,7 @@ class TrainingResult:
                         "rejected": a.rejected,
                         **(
                             {"time_to_target_s": a.time_to_target, "best_score": clean(a.best_score)}
-                            if a.best_score is not None
+                            if a.tuning
                             else {}
                         ),
                     }

@@ -74,8 +74,9 @@ class AppOutcome:
     rho: float  # T_sh / T_id with T_id = T_cluster × N_avg (paper)
     rho_exact: float  # T_id = work / min(R_C / N_avg, demand) (spec §1.4 note)
     rejected: bool = False
-    # Tuning apps only: seconds from arrival until a trial first reached the workload's target (None:
-    # never), and the best score any trial reported.
+    # Tuning apps (a `tuning` block): seconds from arrival until a trial first reached the workload's
+    # target (None: never), and the best score any trial reported (None: rejected).
+    tuning: bool = False
     time_to_target: float | None = None
     best_score: float | None = None
 
@@ -262,6 +263,7 @@ def simulate(
                 t_sh / t_id(work, len(cluster), peak, n_avg, "exact"),
             )
         )
+        outcomes[-1].tuning = app.spec.tuning is not None
         outcomes[-1].time_to_target, outcomes[-1].best_score = _tuning_outcome(rt, app.spec.arrival)
         scores.extend(rt.placement_scores)
         last_finish = max(last_finish, now)
@@ -300,6 +302,7 @@ def simulate(
                             math.nan,
                             math.nan,
                             rejected=True,
+                            tuning=spec.tuning is not None,
                         )
                     )
                     continue
