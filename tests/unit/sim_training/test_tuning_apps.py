@@ -137,3 +137,21 @@ def test_a_rejected_tuning_app_is_reported_as_rejected() -> None:
     assert "tune             themis     rejected by admission control" in result.table()
     (entry,) = [a for a in result.to_json()["apps"]["themis"] if a["app"] == "tune"]
     assert entry["rejected"] and entry["best_score"] is None and entry["time_to_target_s"] is None
+
+
+@pytest.mark.parametrize("algorithm", ["asha", "bohb", "hyperband", "pbt"])
+def test_a_tuning_app_without_gpus_bids_with_the_trials_it_would_run(algorithm: str) -> None:
+    # An asynchronous tuner launches trials only into free slots; before its first lease it has none, and
+    # it used to bid as a finished app (demand 1, no work). It now sizes its first trials by max_gpus.
+    from tessera.sim.training.simulator import SimConfig, make_runtime
+
+    cluster = Cluster.homogeneous(2, 4)
+    spec = parse_apps("t", [{"id": "x", "arrival": 0, "tuning": {"algorithm": algorithm, "max_gpus": 8}}], 8)
+    rt = make_runtime(spec.apps[0], cluster, SimConfig())
+    rt.advance(0.0)
+    assert rt.demand() == 8 and rt.total_work() > 0
+    assert 0 < rt.remaining_time(8, 1.0) < rt.remaining_time(2, 1.0)
+    assert rt.used_gpus() == frozenset()
+    rt.set_gpus(0.0, frozenset(cluster.gpu_ids[:2]))  # a small first lease: Fluid packs c = 2 per GPU
+    assert rt.used_gpus() == frozenset(cluster.gpu_ids[:2])
+    assert rt.sim.result().peak_trials_per_gpu == 2

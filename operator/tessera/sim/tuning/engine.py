@@ -113,6 +113,10 @@ class TuningSim:
     horizon: Horizon = "rung"
     observe: Observe = "iteration"
     now: float = 0.0
+    # GPUs to size new-trial admission by while the pool is empty (a tuning App waiting for its first
+    # lease): an asynchronous algorithm then still submits the trials it would run on the GPUs it asks
+    # for, so its demand and remaining work are real in the bids that decide whether it gets any.
+    idle_capacity_gpus: int = 0
     _running: dict[str, _Trial] = field(default_factory=dict, init=False)
     _pending: list[_Trial] = field(default_factory=list, init=False)
     _lanes: dict[str, list[str]] = field(default_factory=dict, init=False)  # GPU → packed trial ids
@@ -309,7 +313,7 @@ class TuningSim:
 
     def _capacity(self) -> int:
         per_gpu = self.fluid.c if self.executor == "fluid" else 1
-        return per_gpu * len(self.pool)
+        return per_gpu * (len(self.pool) or self.idle_capacity_gpus)
 
     def _launch(self) -> None:
         slots = self._capacity() - len(self._running) - len(self._pending)

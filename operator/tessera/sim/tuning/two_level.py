@@ -9,7 +9,9 @@ is a TrialGroup that owns a fixed set of GPUs (`TuningSim(cluster, pool, …)` d
 What the arbiter sees (Themis bids, spec seed-themis §1.4): the App's demand is what Fluid could use,
 d GPUs per running or waiting trial (Fluid packs when it gets fewer), capped by `max_gpus`; its remaining time on k GPUs is Fluid's own plan for the live trials on k GPUs — the
 water-filling widths' makespan, never below the area bound Σh/k. An adaptive tuner's future trials are
-unknown, so total work is the work done plus the live trials' remaining work.
+unknown, so total work is the work done plus the live trials' remaining work. While it holds no GPUs the
+engine admits trials as if it held `max_gpus` (`TuningSim.idle_capacity_gpus`), so an asynchronous tuner
+waiting for its first lease still shows the work it would start.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class FluidAppRuntime:
             self.sensitivity,
             horizon=self.horizon,
             now=self.start,
+            idle_capacity_gpus=cap,
         )
 
     # --- the lease --------------------------------------------------------------------------------
