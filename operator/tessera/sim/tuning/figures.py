@@ -1,6 +1,6 @@
 """The plots of docs/results-fluid.md, with the paper's ranges drawn beside our figures.
 
-Run: .venv/bin/python -m tessera.sim.tuning.figures docs/img     (about 90 s; seeds 0-199 as the tests)
+Run: .venv/bin/python -m tessera.sim.tuning.figures docs/img     (about 60 s; seeds 0-199 as the tests)
 """
 
 from __future__ import annotations
