@@ -27,18 +27,22 @@ CLUSTER = Cluster.build([(1, 2)] * 2 + [(1, 4)] * 3)
 SEEDS = (1, 2, 3)
 
 
-@functools.cache
-def _trace(seed: int, ni: float | None) -> Trace:
-    config = GeneratorConfig(
-        apps=80,
-        mean_interarrival_s=2400,
+def _apps(apps: int, interarrival_s: float, ni: float | None = None) -> GeneratorConfig:
+    """The default scenario's evaluation-sized W2 apps (4–32 configurations, 6-GPU-minute median task)."""
+    return GeneratorConfig(
+        apps=apps,
+        mean_interarrival_s=interarrival_s,
         task_gpu_hours_median=0.1,
         min_trial_s=120,
         jobs_per_app=(4, 32),
         jobs_per_app_median=16,
         network_intensive_share=ni,
     )
-    return generate(config, random.Random(seed), len(CLUSTER))
+
+
+@functools.cache
+def _trace(seed: int, ni: float | None) -> Trace:
+    return generate(_apps(80, 2400, ni), random.Random(seed), len(CLUSTER))
 
 
 @functools.cache
@@ -99,19 +103,9 @@ PAPER_CLUSTER = Cluster.themis_paper("168")
 
 @functools.cache
 def _paper_cluster_run(seed: int, f: float) -> PolicySummary:
-    config = GeneratorConfig(
-        apps=100,
-        mean_interarrival_s=100,
-        task_gpu_hours_median=0.1,
-        min_trial_s=120,
-        jobs_per_app=(4, 32),
-        jobs_per_app_median=16,
-    )
-    trace = generate(config, random.Random(seed), len(PAPER_CLUSTER))
+    trace = generate(_apps(100, 100), random.Random(seed), len(PAPER_CLUSTER))
     policy = Themis(ThemisConfig(fairness_knob=f))
-    s = PolicySummary.of(
-        simulate(policy, PAPER_CLUSTER, trace, random.Random(seed), SimConfig(restart_s=42.5))
-    )
+    s = PolicySummary.of(simulate(policy, PAPER_CLUSTER, trace, random.Random(seed), SimConfig()))
     print(
         f"168 GPUs seed={seed} f={f}: max ρ {s.max_rho:.3f} GPU-h {s.gpu_hours:.0f} placement {s.placement_mean:.3f}"
     )
