@@ -28,7 +28,7 @@ from tessera.sim.tuning.experiments import ALGORITHMS
 from tessera.sim.tuning.workload import Workload
 
 _KEYS = {"algorithm", "seed", "max_gpus", "samples", "max_budget", "workload", "fluid"}
-_WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"seed", "name"}
+_WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"seed"}
 _FLUID_KEYS = {f.name for f in dataclasses.fields(FluidConfig)}
 
 
@@ -48,7 +48,7 @@ class TuningAppSpec:
     samples: int = 40
     max_budget: int = 27
     workload: Workload = field(default_factory=Workload)
-    fluid: FluidConfig = field(default_factory=lambda: FluidConfig(max_pack=2, max_workers=4))
+    fluid: FluidConfig = field(default_factory=FluidConfig)
     epsilon_given: bool = False  # the block set fluid.epsilon (else the simulator's restart cost is used)
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,37 +79,51 @@ class TuningAppSpec:
         algorithm = data.get("algorithm", "hyperband")
         if algorithm not in ALGORITHMS:
             raise TuningSpecError("algorithm", f"unknown {algorithm!r}; known: {', '.join(ALGORITHMS)}")
-        seed = _int("seed", data.get("seed", 0), 0)
-        samples = _int("samples", data.get("samples", 40), 1)
-        max_budget = _int("max_budget", data.get("max_budget", 27), 2)
+        seed = check_int("seed", data.get("seed", 0), 0)
+        samples = check_int("samples", data.get("samples", 40), 1)
+        max_budget = check_int("max_budget", data.get("max_budget", 27), 2)
         max_gpus = None
         if data.get("max_gpus") is not None:
-            max_gpus = _int("max_gpus", data["max_gpus"], 1)
+            max_gpus = check_int("max_gpus", data["max_gpus"], 1)
             if cluster_gpus is not None and max_gpus > cluster_gpus:
                 raise TuningSpecError("max_gpus", f"{max_gpus} GPUs asked but the cluster has {cluster_gpus}")
-        w = _block("workload", data.get("workload", {}), _WORKLOAD_KEYS)
-        f = _block("fluid", data.get("fluid", {}), _FLUID_KEYS)
-        try:
-            workload = Workload(**w)
-        except (TypeError, ValueError) as e:
-            raise TuningSpecError("workload", str(e)) from None
-        try:
-            fluid = dataclasses.replace(FluidConfig(max_pack=2, max_workers=4), **f)
-        except (TypeError, ValueError) as e:
-            raise TuningSpecError("fluid", str(e)) from None
-        return TuningAppSpec(algorithm, seed, max_gpus, samples, max_budget, workload, fluid, "epsilon" in f)
+        workload = parse_workload(data.get("workload", {}))
+        fluid_raw = check_block("fluid", data.get("fluid", {}), _FLUID_KEYS)
+        fluid = parse_fluid(fluid_raw)
+        return TuningAppSpec(
+            algorithm, seed, max_gpus, samples, max_budget, workload, fluid, "epsilon" in fluid_raw
+        )
 
 
-def _int(name: str, v: Any, minimum: int) -> int:
+def check_int(name: str, v: Any, minimum: int) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
         raise TuningSpecError(name, f"expected an integer >= {minimum}, got {v!r}")
     return v
 
 
-def _block(name: str, v: Any, known: set[str]) -> dict[str, Any]:
+def check_block(name: str, v: Any, known: set[str]) -> dict[str, Any]:
+    """A mapping whose keys are all in `known`."""
     if not isinstance(v, Mapping):
         raise TuningSpecError(name, f"expected a mapping, got {type(v).__name__}")
     for k in v:
         if k not in known:
             raise TuningSpecError(f"{name}.{k}", f"unknown field; known: {', '.join(sorted(known))}")
     return dict(v)
+
+
+def parse_workload(v: Any) -> Workload:
+    """A `workload` block: any Workload field but the seed (which comes from the run)."""
+    raw = check_block("workload", v, _WORKLOAD_KEYS)
+    try:
+        return Workload(**raw)
+    except (TypeError, ValueError) as e:
+        raise TuningSpecError("workload", str(e)) from None
+
+
+def parse_fluid(v: Any) -> FluidConfig:
+    """A `fluid` block: c, d, ε and the mechanism switches."""
+    raw = check_block("fluid", v, _FLUID_KEYS)
+    try:
+        return FluidConfig(**raw)
+    except (TypeError, ValueError) as e:
+        raise TuningSpecError("fluid", str(e)) from None

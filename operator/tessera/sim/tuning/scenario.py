@@ -29,6 +29,7 @@ from typing import Any, cast
 from tessera.policy.fluid import FluidConfig
 from tessera.progress import Progress
 from tessera.sim.scenario import ScenarioError
+from tessera.sim.tuning.app_spec import TuningSpecError, check_block, check_int, parse_fluid, parse_workload
 from tessera.sim.tuning.engine import Executor, Horizon, Observe, TuningResult
 from tessera.sim.tuning.experiments import ALGORITHMS, run_one
 from tessera.sim.tuning.workload import Workload
@@ -70,18 +71,17 @@ class TuningScenario:
 
 
 def _int(source: str, field: str, v: Any, minimum: int) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise ScenarioError(source, field, f"expected an integer >= {minimum}, got {v!r}")
-    return v
+    try:
+        return check_int(field, v, minimum)
+    except TuningSpecError as e:
+        raise ScenarioError(source, e.field, e.problem) from None
 
 
 def _mapping(source: str, field: str, v: Any, known: set[str]) -> Mapping[str, Any]:
-    if not isinstance(v, Mapping):
-        raise ScenarioError(source, field, f"expected a mapping, got {type(v).__name__}")
-    for k in v:
-        if k not in known:
-            raise ScenarioError(source, f"{field}.{k}", f"unknown field; known: {', '.join(sorted(known))}")
-    return v
+    try:
+        return check_block(field, v, known)
+    except TuningSpecError as e:
+        raise ScenarioError(source, e.field, e.problem) from None
 
 
 def _names(source: str, field: str, v: Any, known: tuple[str, ...]) -> tuple[str, ...]:
@@ -106,23 +106,11 @@ def load(data: dict[str, Any], source: str) -> TuningScenario:
     budget = _mapping(source, "budget", data.get("budget", {}), {"max_budget", "samples"})
     max_budget = _int(source, "budget.max_budget", budget.get("max_budget", 27), 2)
     samples = _int(source, "budget.samples", budget.get("samples", 40), 1)
-    fluid_raw = _mapping(
-        source, "fluid", data.get("fluid", {}), {f.name for f in dataclasses.fields(FluidConfig)}
-    )
     try:
-        fluid = FluidConfig(**fluid_raw)
-    except (TypeError, ValueError) as e:
-        raise ScenarioError(source, "fluid", str(e)) from None
-    workload_raw = _mapping(
-        source,
-        "workload",
-        data.get("workload", {}),
-        {f.name for f in dataclasses.fields(Workload)} - {"seed"},
-    )
-    try:
-        workload = Workload(**workload_raw)
-    except (TypeError, ValueError) as e:
-        raise ScenarioError(source, "workload", str(e)) from None
+        fluid = parse_fluid(data.get("fluid", {}))
+        workload = parse_workload(data.get("workload", {}))
+    except TuningSpecError as e:
+        raise ScenarioError(source, e.field, e.problem) from None
     horizon = data.get("horizon", "rung")
     if horizon not in ("rung", "budget"):
         raise ScenarioError(source, "horizon", f"expected 'rung' or 'budget', got {horizon!r}")
