@@ -83,9 +83,7 @@ def test_every_policy_runs_a_tuning_app_to_the_end(policy: str) -> None:
     assert tune.finish - tune.arrival >= 0.99 * alone.makespan  # sharing never beats owning the GPUs
 
 
-def test_scenario_adds_tuning_apps_and_reports_them(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_scenario_adds_tuning_apps_and_reports_them(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["simulate", str(EXAMPLES / "two-level.yaml"), "--no-progress", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
