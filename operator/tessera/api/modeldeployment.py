@@ -30,8 +30,21 @@ def _non_decreasing(values: list[float]) -> bool:
     return all(a <= b for a, b in itertools.pairwise(values))
 
 
-# CEL has no index loop; Kubernetes' list library gives isSorted(), and exists_one() rules out repeats.
-_CEL_STRICTLY_INCREASING = "{0}.isSorted() && {0}.all(x, {0}.exists_one(y, y == x))"
+# CEL has no index loop; Kubernetes' list library gives isSorted() and indexOf().
+
+
+def _cel_strictly_increasing(items: str, key: str | None = None) -> str:
+    """CEL: the list `items` (by its elements' field `key`, if given) is strictly increasing.
+
+    Keyed lists are compared pairwise by position (`indexOf`) rather than through `map(...).isSorted()`:
+    the API server cannot bound the size of a `map` result when it estimates a rule's cost, and rejects
+    the whole CRD as over budget. `exists_one` rules out repeats (two equal elements share an index)."""
+    if key is None:
+        return f"{items}.isSorted() && {items}.all(x, {items}.exists_one(y, y == x))"
+    return (
+        f"{items}.all(x, {items}.exists_one(y, y.{key} == x.{key})) && "
+        f"{items}.all(x, {items}.all(y, {items}.indexOf(x) >= {items}.indexOf(y) || x.{key} < y.{key}))"
+    )
 
 
 class Model(WireModel):
@@ -84,7 +97,7 @@ class SLO(WireModel):
             check=lambda s: sum(v is not None for v in (s.latency_ms, s.p99_multiplier, s.slo_scale)) == 1,
         ),
         CrossFieldRule(
-            cel=_CEL_STRICTLY_INCREASING.format("self.costSteps.map(c, c.afterMs)"),
+            cel=_cel_strictly_increasing("self.costSteps", "afterMs"),
             message="costSteps[].afterMs must be strictly increasing",
             check=lambda s: _strictly_increasing([c.after_ms for c in s.cost_steps]),
             field_path=".costSteps",
@@ -155,7 +168,7 @@ class Batching(WireModel):
 
     cross_field_rules = (
         CrossFieldRule(
-            cel=_CEL_STRICTLY_INCREASING.format("self.supportedBatchSizes"),
+            cel=_cel_strictly_increasing("self.supportedBatchSizes"),
             message="supportedBatchSizes must be strictly increasing",
             check=lambda s: _strictly_increasing(s.supported_batch_sizes),
             field_path=".supportedBatchSizes",
@@ -204,7 +217,7 @@ class LatencyProfile(WireModel):
 
     cross_field_rules = (
         CrossFieldRule(
-            cel=_CEL_STRICTLY_INCREASING.format("self.points.map(p, p.batchSize)"),
+            cel=_cel_strictly_increasing("self.points", "batchSize"),
             message="points[].batchSize must be strictly increasing",
             check=lambda s: _strictly_increasing([p.batch_size for p in s.points]),
             field_path=".points",

@@ -2,7 +2,7 @@
 
 Defaulting, OpenAPI validation with strict field validation (unknown fields rejected, as
 `kubectl apply` does by default) and the `x-kubernetes-validations` CEL rules, evaluated with
-cel-python. Kubernetes' CEL list library adds `isSorted()`; it is registered here the same way.
+cel-python. Kubernetes' CEL list library adds `isSorted()` and `indexOf()`; they are registered here the same way.
 """
 
 from __future__ import annotations
@@ -77,6 +77,10 @@ def _is_sorted(values: celtypes.ListType) -> celtypes.BoolType:
     return celtypes.BoolType(all(a <= b for a, b in itertools.pairwise(values)))
 
 
+def _index_of(values: celtypes.ListType, item: Any) -> celtypes.IntType:
+    return celtypes.IntType(next((i for i, v in enumerate(values) if v == item), -1))
+
+
 _ENV = celpy.Environment()
 
 
@@ -86,7 +90,7 @@ def cel_errors(obj: JSON, schema: JSON) -> list[tuple[str, str]]:
 
     def visit(value: Any, node: JSON, path: list[Any]) -> None:
         for rule in node.get("x-kubernetes-validations", []):
-            program = _ENV.program(_ENV.compile(rule["rule"]), functions={"isSorted": _is_sorted})
+            program = _ENV.program(_ENV.compile(rule["rule"]), functions={"isSorted": _is_sorted, "indexOf": _index_of})
             result = program.evaluate({"self": celpy.json_to_cel(value)})
             if result is not True and result != celtypes.BoolType(True):
                 out.append((_format(path) + rule.get("fieldPath", ""), rule["message"]))

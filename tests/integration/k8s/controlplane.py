@@ -1,0 +1,295 @@
+"""A real Kubernetes control plane for tests, in the envtest convention.
+
+etcd + kube-apiserver + kube-controller-manager (and, on demand, a kube-scheduler pointed at an extender),
+all on free loopback ports, one set per test session. Binaries are found in the directory named by
+`TESSERA_K8S_ASSETS` (or envtest's `KUBEBUILDER_ASSETS`), else unpacked from `../shared/k8s/*.xz` into a
+cache after their SHA-256 sums are checked; etcd comes from PATH (Debian's `etcd-server`). Every process is
+started in its own session and stopped by its PID; a component that fails to start raises with the tail of
+its log, so a broken start says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import lzma
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+K8S_VERSION = "v1.28.7"
+BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+ROOT = Path(__file__).resolve().parents[3]
+SHARED_K8S = ROOT.parent / "shared" / "k8s"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tessera" / f"k8s-{K8S_VERSION}"
+ADMIN_TOKEN = "tessera-test-admin"  # noqa: S105 - a loopback test cluster's bootstrap token
+
+
+class NoBinaries(RuntimeError):
+    """The control plane's binaries are not on this machine (the tests skip, except in CI)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _unpack_shared(shared: Path, cache: Path) -> Path:
+    """Unpack the xz binaries into `cache` once, checked against SHA256SUMS (a partial unpack never counts)."""
+    sums = {}
+    for line in (shared / "SHA256SUMS").read_text().splitlines():
+        if line.strip():
+            digest, name = line.split()
+            sums[name.lstrip("*")] = digest
+    cache.mkdir(parents=True, exist_ok=True)
+    for name in BINARIES:
+        target = cache / name
+        if target.exists() and _sha256(target) == sums[name]:
+            continue
+        tmp = cache / f".{name}.{os.getpid()}"
+        with lzma.open(shared / f"{name}.xz") as src, tmp.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        if _sha256(tmp) != sums[name]:
+            tmp.unlink()
+            raise NoBinaries(f"{shared / name}.xz does not match SHA256SUMS")
+        tmp.chmod(0o755)
+        tmp.replace(target)
+    return cache
+
+
+def find_assets() -> tuple[Path, Path]:
+    """(directory of the Kubernetes binaries, etcd binary), or NoBinaries saying what is missing."""
+    assets: Path | None = None
+    for var in ("TESSERA_K8S_ASSETS", "KUBEBUILDER_ASSETS"):
+        if os.environ.get(var):
+            assets = Path(os.environ[var])
+            missing = [b for b in BINARIES if not (assets / b).exists()]
+            if missing:
+                raise NoBinaries(f"{var}={assets} lacks {', '.join(missing)}")
+            break
+    if assets is None:
+        if not (SHARED_K8S / "SHA256SUMS").exists():
+            raise NoBinaries(
+                f"no Kubernetes binaries: set TESSERA_K8S_ASSETS to a directory holding {', '.join(BINARIES)}, "
+                f"or place the shared/ folder (with k8s/) beside the repository ({SHARED_K8S} is missing)"
+            )
+        assets = _unpack_shared(SHARED_K8S, CACHE)
+    etcd = (assets / "etcd") if (assets / "etcd").exists() else shutil.which("etcd")
+    if not etcd:
+        raise NoBinaries("no etcd on PATH: run `bash hack/install-test-deps.sh` (Debian's etcd-server)")
+    return assets, Path(etcd)
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout)
+
+
+def wait_until(check: Any, timeout: float, what: str, proc: Process | None = None) -> Any:
+    """Poll `check` until truthy; the deadline bounds failure only. A component that exits fails at once."""
+    deadline = time.monotonic() + timeout
+    last_err: BaseException | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.popen.poll() is not None:
+            raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}) while {what}:\n{proc.tail()}")
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as err:  # noqa: BLE001 - not ready yet; reported if the deadline passes
+            last_err = err
+        time.sleep(0.1)
+    detail = f"\nlast error: {last_err}" if last_err else ""
+    log = f"\n{proc.name} log:\n{proc.tail()}" if proc else ""
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}{detail}{log}")
+
+
+@dataclass
+class ControlPlane:
+    """etcd, kube-apiserver and kube-controller-manager on loopback; `kubeconfig` is cluster-admin's."""
+
+    assets: Path
+    etcd_bin: Path
+    workdir: Path
+    processes: list[Process] = field(default_factory=list)
+    api_port: int = 0
+    kubeconfig: Path = Path()
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.workdir / "certs" / "apiserver.crt"
+
+    def _spawn(self, name: str, argv: list[str]) -> Process:
+        log = self.workdir / f"{name}.log"
+        popen = subprocess.Popen(  # noqa: S603 - fixed argv of our own binaries
+            argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir
+        )
+        proc = Process(name, popen, log)
+        self.processes.append(proc)
+        return proc
+
+    def start(self) -> None:
+        certs = self.workdir / "certs"
+        certs.mkdir(parents=True)
+        key, crt = self.workdir / "sa.key", self.workdir / "sa.crt"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=sa",
+             "-keyout", str(key), "-out", str(crt)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        tokens = self.workdir / "tokens.csv"
+        tokens.write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
+
+        client, peer = free_port(), free_port()
+        etcd = self._spawn(
+            "etcd",
+            [str(self.etcd_bin), "--data-dir", str(self.workdir / "etcd"), "--name", "test",
+             "--listen-client-urls", f"http://127.0.0.1:{client}",
+             "--advertise-client-urls", f"http://127.0.0.1:{client}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-cluster", f"test=http://127.0.0.1:{peer}",
+             "--unsafe-no-fsync"],
+        )  # fmt: skip
+        wait_until(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{client}/health", timeout=2).status == 200,
+            60, "etcd to be healthy", etcd,
+        )  # fmt: skip
+
+        self.api_port = free_port()
+        api = self._spawn(
+            "kube-apiserver",
+            [str(self.assets / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{client}",
+             "--bind-address=127.0.0.1", f"--secure-port={self.api_port}", "--advertise-address=127.0.0.1",
+             "--service-cluster-ip-range=10.0.0.0/24", f"--cert-dir={certs}",
+             f"--token-auth-file={tokens}", "--authorization-mode=RBAC", "--allow-privileged=true",
+             f"--service-account-key-file={crt}", f"--service-account-signing-key-file={key}",
+             "--service-account-issuer=https://kubernetes.default.svc",
+             "--profiling=false"],
+        )  # fmt: skip
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        wait_until(lambda: self.ca_file.exists(), 60, "the API server's serving certificate", api)
+        self.write_kubeconfig(self.kubeconfig, token=ADMIN_TOKEN)
+        wait_until(lambda: self.get("/readyz") == "ok", 120, "the API server to be ready", api)
+
+        self._spawn(
+            "kube-controller-manager",
+            [str(self.assets / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
+             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+             "--controllers=*,-nodeipam,-nodelifecycle,-ttl",
+             f"--service-account-private-key-file={key}", "--concurrent-gc-syncs=5"],
+        )  # fmt: skip
+
+    def write_kubeconfig(self, path: Path, *, token: str) -> Path:
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "test", "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)}}],
+            "users": [{"name": "u", "user": {"token": token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "u"}}],
+            "current-context": "test",
+        }  # fmt: skip
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    def _ssl(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    def request(
+        self, method: str, path: str, body: Any = None, *, token: str = ADMIN_TOKEN,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any]:  # fmt: skip
+        """One API call as `token` (admin by default): (HTTP status, decoded JSON or text)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {token}")
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, context=self._ssl(), timeout=30) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            status, raw = err.code, err.read()
+        text = raw.decode(errors="replace")
+        try:
+            return status, json.loads(text)
+        except json.JSONDecodeError:
+            return status, text
+
+    def get(self, path: str) -> Any:
+        status, body = self.request("GET", path)
+        return body if status == 200 else None
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        kubectl = shutil.which("kubectl")
+        if kubectl is None:
+            raise NoBinaries("kubectl is not on PATH")
+        return subprocess.run(  # noqa: S603
+            [kubectl, f"--kubeconfig={self.kubeconfig}", *args],
+            check=check, capture_output=True, text=True, input=stdin, timeout=120,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+        self.processes.clear()
+
+
+@contextlib.contextmanager
+def control_plane() -> Iterator[ControlPlane]:
+    assets, etcd = find_assets()
+    workdir = Path(tempfile.mkdtemp(prefix="tessera-k8s-"))
+    plane = ControlPlane(assets, etcd, workdir)
+    try:
+        plane.start()
+        yield plane
+    finally:
+        plane.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
