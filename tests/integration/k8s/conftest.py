@@ -7,18 +7,27 @@ the binaries the tests skip with the reason — except under CI=true, where a mi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import secrets
-from collections.abc import Iterator
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
+import yaml
 from tessera.api import contract
 from tessera.api.gpu_inventory import GpuInfo, dump_node_gpus
+from tessera.controller.config import OperatorConfig
+from tessera.controller.handlers import Controller, make_registry
 
-from .controlplane import ROOT, ControlPlane, NoBinaries, control_plane, wait_until
+from .controlplane import ROOT, ControlPlane, NoBinaries, Process, control_plane, free_port, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +88,12 @@ def gpu_node_body(
 
 def node_status(gpus: int, slots_per_gpu: int = 1) -> dict[str, Any]:
     """What a kubelet with the node agent reports: Ready, CPU/memory/pods, and the agent's GPU slots."""
-    capacity = {"cpu": "64", "memory": "512Gi", "pods": "250", contract.RESOURCE_GPU: str(gpus * slots_per_gpu)}
+    capacity = {
+        "cpu": "64",
+        "memory": "512Gi",
+        "pods": "250",
+        contract.RESOURCE_GPU: str(gpus * slots_per_gpu),
+    }
     return {
         "status": {
             "capacity": capacity,
@@ -116,6 +130,15 @@ class Nodes:
             content_type="application/merge-patch+json",
         )
         assert status == 200, body
+        # The API server's TaintNodesByCondition admission taints a new node not-ready; the node lifecycle
+        # controller (off here: no kubelet heartbeats) lifts it once the node is Ready, so the test does.
+        status, body = self.cluster.request(
+            "PATCH",
+            f"/api/v1/nodes/{name}",
+            {"spec": {"taints": None}},
+            content_type="application/merge-patch+json",
+        )
+        assert status == 200, body
         return name
 
     def cleanup(self) -> None:
@@ -140,3 +163,177 @@ def set_pod_phase(cluster: ControlPlane, namespace: str, name: str, phase: str) 
         content_type="application/merge-patch+json",
     )
     assert status == 200, json.dumps(body)[:500]
+
+
+# --- Tessera's components under the chart's own ServiceAccounts -------------------------------------------
+
+RELEASE_NS = "tessera-system"
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+
+@dataclass
+class Credentials:
+    """A component's identity: the chart's ServiceAccount, a TokenRequest token, a kubeconfig with it."""
+
+    service_account: str
+    token: str
+    kubeconfig: Path
+
+
+def chart_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    from tests.unit.chart.chart_render import objects, render
+
+    return objects(render(values))
+
+
+def request_token(cluster: ControlPlane, namespace: str, service_account: str) -> str:
+    """A bound token from the TokenRequest API, as the kubelet would mount for the pod."""
+    status, body = cluster.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 7200},
+        },
+    )
+    assert status == 201, body
+    return str(body["status"]["token"])
+
+
+@pytest.fixture(scope="session")
+def chart_rbac(crds: ControlPlane) -> dict[str, Credentials]:
+    """The chart's ServiceAccounts and RBAC (default values) applied; component → its credentials.
+
+    Components in these tests run with these tokens, never as cluster-admin, so a permission the chart
+    forgot fails the test that needs it."""
+    cluster = crds
+    cluster.kubectl("create", "namespace", RELEASE_NS, check=False)
+    docs = [o for o in chart_objects() if o["kind"] in RBAC_KINDS]
+    cluster.kubectl("apply", "-f", "-", stdin="\n---\n".join(yaml.safe_dump(d) for d in docs))
+    out = {}
+    for doc in docs:
+        if doc["kind"] != "ServiceAccount":
+            continue
+        sa = doc["metadata"]["name"]
+        component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+        token = request_token(cluster, RELEASE_NS, sa)
+        path = cluster.write_kubeconfig(cluster.workdir / f"{component}.kubeconfig", token=token)
+        out[component] = Credentials(sa, token, path)
+    return out
+
+
+@dataclass
+class Scheduling:
+    """`tessera extender` and kube-scheduler (with the shipped KubeSchedulerConfiguration) as processes."""
+
+    extender_url: str
+    metrics_url: str
+    extender: Process
+    scheduler: Process
+
+
+def _extender_healthy(url: str) -> bool:
+    with urllib.request.urlopen(f"{url}/healthz", timeout=2) as resp:
+        return bool(resp.status == 200)
+
+
+def _scheduler_config(cluster: ControlPlane, extender_url: str, kubeconfig: Path) -> Path:
+    config = yaml.safe_load((ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    for ext in config["extenders"]:
+        ext["urlPrefix"] = extender_url
+    path = cluster.workdir / f"scheduler-{secrets.token_hex(3)}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def scheduling(cluster: ControlPlane, chart_rbac: dict[str, Credentials]) -> Iterator[Scheduling]:
+    """The extender and tessera-scheduler, both as the chart's `scheduler` ServiceAccount."""
+    creds = chart_rbac["scheduler"]
+    port, metrics_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    ext = cluster.spawn(
+        f"extender-{port}",
+        [str(ROOT / ".venv" / "bin" / "tessera") if (ROOT / ".venv" / "bin" / "tessera").exists() else "tessera",
+         "extender", "--kubeconfig", str(creds.kubeconfig), "--host", "127.0.0.1", "--port", str(port),
+         "--metrics-port", str(metrics_port)],
+    )  # fmt: skip
+    sched = cluster.spawn(
+        f"kube-scheduler-{port}",
+        [str(cluster.assets / "kube-scheduler"),
+         f"--config={_scheduler_config(cluster, url, creds.kubeconfig)}",
+         "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2"],
+    )  # fmt: skip
+    try:
+        wait_until(lambda: _extender_healthy(url), 60, "the extender's /healthz", ext)
+        wait_until(
+            lambda: "Starting Kubernetes Scheduler" in sched.log.read_text(), 60, "kube-scheduler", sched
+        )
+        yield Scheduling(url, f"http://127.0.0.1:{metrics_port}/metrics", ext, sched)
+    finally:
+        sched.stop()
+        ext.stop()
+
+
+# --- the operator, in-process, as the chart's `operator` ServiceAccount -----------------------------------
+
+
+class ManualClock:
+    """A lease clock the test moves, so leases expire when the test says, whatever the machine's load."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+@contextlib.asynccontextmanager
+async def running_operator(
+    cluster: ControlPlane, creds: Credentials, *, identity: str | None = None, **overrides: Any
+) -> AsyncIterator[Controller]:
+    """The real kopf operator against the real API server, with the operator's token and the server's CA.
+
+    `overrides` are OperatorConfig fields; leases run on a ManualClock unless a test passes `clock=`."""
+    settings: dict[str, Any] = {"lease_s": 1.0, "tick_s": 0.1, "standalone": True, "preemption_grace_s": 5}
+    settings.update(overrides)
+    settings.setdefault("clock", ManualClock())
+    config = OperatorConfig(**settings)
+    conn = kopf.ConnectionInfo(server=cluster.server, token=creds.token, ca_path=str(cluster.ca_file))
+    registry, ctl = make_registry(config, conn)
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        kopf.operator(
+            registry=registry,
+            clusterwide=config.clusterwide,
+            namespaces=list(config.namespaces),
+            stop_flag=stop,
+            standalone=config.standalone,
+            priority=config.priority,
+            peering_name=config.peering_name if not config.standalone else None,
+            identity=identity,  # type: ignore[arg-type]  # kopf types it as a NewType of str
+        )
+    )
+    try:
+        yield ctl
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+
+
+async def wait_for(check: Callable[[], Any], timeout: float = 90.0, what: str = "condition") -> Any:
+    """Async poll of `check` until truthy (the deadline bounds failure only; a pass returns at once)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await asyncio.to_thread(check)
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.1)

@@ -36,7 +36,7 @@ BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 ROOT = Path(__file__).resolve().parents[3]
 SHARED_K8S = ROOT.parent / "shared" / "k8s"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tessera" / f"k8s-{K8S_VERSION}"
-ADMIN_TOKEN = "tessera-test-admin"  # noqa: S105 - a loopback test cluster's bootstrap token
+ADMIN_TOKEN = "tessera-test-admin"
 
 
 class NoBinaries(RuntimeError):
@@ -139,7 +139,7 @@ def wait_until(check: Any, timeout: float, what: str, proc: Process | None = Non
             result = check()
             if result:
                 return result
-        except Exception as err:  # noqa: BLE001 - not ready yet; reported if the deadline passes
+        except Exception as err:
             last_err = err
         time.sleep(0.1)
     detail = f"\nlast error: {last_err}" if last_err else ""
@@ -166,9 +166,10 @@ class ControlPlane:
     def ca_file(self) -> Path:
         return self.workdir / "certs" / "apiserver.crt"
 
-    def _spawn(self, name: str, argv: list[str]) -> Process:
+    def spawn(self, name: str, argv: list[str]) -> Process:
+        """Start a process of the test cluster (own session, log in the work dir); stopped with the plane."""
         log = self.workdir / f"{name}.log"
-        popen = subprocess.Popen(  # noqa: S603 - fixed argv of our own binaries
+        popen = subprocess.Popen(
             argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir
         )
         proc = Process(name, popen, log)
@@ -188,7 +189,7 @@ class ControlPlane:
         tokens.write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
 
         client, peer = free_port(), free_port()
-        etcd = self._spawn(
+        etcd = self.spawn(
             "etcd",
             [str(self.etcd_bin), "--data-dir", str(self.workdir / "etcd"), "--name", "test",
              "--listen-client-urls", f"http://127.0.0.1:{client}",
@@ -204,7 +205,7 @@ class ControlPlane:
         )  # fmt: skip
 
         self.api_port = free_port()
-        api = self._spawn(
+        api = self.spawn(
             "kube-apiserver",
             [str(self.assets / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{client}",
              "--bind-address=127.0.0.1", f"--secure-port={self.api_port}", "--advertise-address=127.0.0.1",
@@ -219,7 +220,7 @@ class ControlPlane:
         self.write_kubeconfig(self.kubeconfig, token=ADMIN_TOKEN)
         wait_until(lambda: self.get("/readyz") == "ok", 120, "the API server to be ready", api)
 
-        self._spawn(
+        self.spawn(
             "kube-controller-manager",
             [str(self.assets / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
              "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
@@ -267,11 +268,13 @@ class ControlPlane:
         status, body = self.request("GET", path)
         return body if status == 200 else None
 
-    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         kubectl = shutil.which("kubectl")
         if kubectl is None:
             raise NoBinaries("kubectl is not on PATH")
-        return subprocess.run(  # noqa: S603
+        return subprocess.run(
             [kubectl, f"--kubeconfig={self.kubeconfig}", *args],
             check=check, capture_output=True, text=True, input=stdin, timeout=120,
         )  # fmt: skip

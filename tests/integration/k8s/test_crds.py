@@ -47,7 +47,9 @@ def _server_paths(stderr: str) -> set[str]:
 
 
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.name)
-def test_invalid_example_is_rejected_at_the_validate_path(crds: ControlPlane, namespace: str, path: Path) -> None:
+def test_invalid_example_is_rejected_at_the_validate_path(
+    crds: ControlPlane, namespace: str, path: Path
+) -> None:
     # Strict field validation is what `kubectl apply` uses by default, so a misspelt field is an error.
     code, stderr = _dry_run(crds, namespace, path)
     assert code != 0, f"{path.name} was accepted by the API server"
