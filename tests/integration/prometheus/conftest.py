@@ -17,7 +17,7 @@ def prometheus(tmp_path: Path) -> Iterator[StartPrometheus]:
     """Factory: prometheus({"job": ["127.0.0.1:9100"]}) -> a ready PrometheusServer, stopped at teardown."""
     binary = prometheus_binary()
     if binary is None:
-        pytest.skip("prometheus binary not on PATH; install it with: bash hack/install-prometheus.sh")
+        pytest.skip("prometheus binary not on PATH; install it with: bash hack/install-test-deps.sh")
     servers: list[PrometheusServer] = []
 
     def start(targets: Mapping[str, Sequence[str]]) -> PrometheusServer:

@@ -1,6 +1,6 @@
 """A real Prometheus server for tests: free loopback port, generated scrape config, query API client.
 
-The binary comes from Debian's `prometheus` package (hack/install-prometheus.sh).
+The binary comes from Debian's `prometheus` package (hack/install-test-deps.sh).
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def result() -> Any:
 def backfilled(tmp_path: Path, result: Any) -> Iterator[tuple[PrometheusServer, Any]]:
     prometheus, promtool = prometheus_binary(), promtool_binary()
     if prometheus is None or promtool is None:
-        pytest.skip("prometheus/promtool not on PATH; install them with: bash hack/install-prometheus.sh")
+        pytest.skip("prometheus/promtool not on PATH; install them with: bash hack/install-test-deps.sh")
     om = tmp_path / "run.om"
     n = write_training_openmetrics(result, om, start_unix=START)
     assert n > 0

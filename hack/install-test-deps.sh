@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test suite runs for real: `etcd-server` (the store under the real
+# kube-apiserver of tests/integration/k8s) and `prometheus` (metrics and dashboard queries), then unpack
+# the Kubernetes test binaries (../shared/k8s, checked against SHA256SUMS) into the cache the tests use.
+# Non-interactive and service-free: the tests start etcd and Prometheus themselves on loopback ports, so
+# the packages' own services must not start (policy-rc.d answers 101 = "action forbidden").
+# Usage: bash hack/install-test-deps.sh   (needs root or sudo for apt-get; installs only what is missing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+
+if ((${#missing[@]})); then
+  SUDO=""
+  if [[ "$(id -u)" != "0" ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+      SUDO="sudo"
+    else
+      echo "hack/install-test-deps.sh: need root (or sudo) to apt-get install ${missing[*]}" >&2
+      exit 1
+    fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "hack/install-test-deps.sh: apt-get not found; install ${missing[*]} by hand and put them on PATH" >&2
+    exit 1
+  fi
+  # Forbid service starts during the install only; restore whatever policy-rc.d was there before.
+  POLICY=/usr/sbin/policy-rc.d
+  BACKUP=""
+  if [[ -e "$POLICY" ]]; then
+    BACKUP=$(mktemp)
+    $SUDO cp -p "$POLICY" "$BACKUP"
+  fi
+  restore_policy() {
+    if [[ -n "$BACKUP" ]]; then $SUDO mv "$BACKUP" "$POLICY"; else $SUDO rm -f "$POLICY"; fi
+  }
+  trap restore_policy EXIT
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$POLICY" >/dev/null
+  $SUDO chmod +x "$POLICY"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+echo "etcd: $(command -v etcd) ($(etcd --version 2>&1 | head -n1))"
+echo "prometheus: $(command -v prometheus) ($(prometheus --version 2>&1 | head -n1))"
+
+# The Kubernetes binaries: unpacked once into the cache (the tests would do it on first use otherwise).
+if [[ -z "${TESSERA_K8S_ASSETS:-}" && -x .venv/bin/python ]]; then
+  .venv/bin/python -c 'from tests.integration.k8s.controlplane import find_assets; print("kubernetes binaries: %s" % find_assets()[0])'
+fi
