@@ -90,7 +90,9 @@ def cel_errors(obj: JSON, schema: JSON) -> list[tuple[str, str]]:
 
     def visit(value: Any, node: JSON, path: list[Any]) -> None:
         for rule in node.get("x-kubernetes-validations", []):
-            program = _ENV.program(_ENV.compile(rule["rule"]), functions={"isSorted": _is_sorted, "indexOf": _index_of})
+            program = _ENV.program(
+                _ENV.compile(rule["rule"]), functions={"isSorted": _is_sorted, "indexOf": _index_of}
+            )
             result = program.evaluate({"self": celpy.json_to_cel(value)})
             if result is not True and result != celtypes.BoolType(True):
                 out.append((_format(path) + rule.get("fieldPath", ""), rule["message"]))
