@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from tessera.api import contract
 from tessera.api.assignment import Assignment, AssignmentError
+from tessera.api.quantity import QuantityError, resource_quantity
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,10 @@ def pod_info_from_manifest(pod: dict[str, Any]) -> PodInfo:
             resources.get("requests") or {}
         ).get(contract.RESOURCE_GPU)
         if value is not None:
-            requests.append(int(value))
+            try:
+                requests.append(resource_quantity(contract.RESOURCE_GPU, value))
+            except QuantityError as err:  # this pod cannot be served; the others on the node still can
+                log.warning("%s: %s", where, err)
     return PodInfo(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),

@@ -19,7 +19,8 @@ PLURAL_TRIALGROUP: Final = "trialgroups"
 PLURAL_MODELDEPLOYMENT: Final = "modeldeployments"
 CATEGORY: Final = "tessera"
 
-# Extended resources on pods.
+# Extended resources on pods, read by tessera.api.quantity.resource_quantity (canonical quantities: gpu-memory
+# counts MiB when plain or decimal-suffixed, `8k` = 8000 MiB; a binary suffix is bytes, `16Gi` = 16384 MiB).
 RESOURCE_GPU: Final = f"{GROUP}/gpu"  # GPUs spanned (virtual slots advertised by the agent)
 RESOURCE_GPU_MEMORY: Final = f"{GROUP}/gpu-memory"  # MiB per GPU
 RESOURCE_GPU_COMPUTE: Final = f"{GROUP}/gpu-compute"  # percent of one GPU's SMs

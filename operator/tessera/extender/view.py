@@ -2,7 +2,8 @@
 
 Nodes carry `tessera.io/gpus` (api.gpu_inventory); pods that hold GPUs carry `tessera.io/assignment`
 (api.assignment). A pod's request comes from its containers' `tessera.io/gpu`, `gpu-memory` and
-`gpu-compute` limits (or requests); class and profile from `tessera.io/workload` and `tessera.io/profile`.
+`gpu-compute` limits (or requests), read by api.quantity (canonical quantities: `8k` is 8000 MiB, `16Gi`
+16384 MiB); class and profile from `tessera.io/workload` and `tessera.io/profile`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tessera.api.assignment import Assignment, AssignmentError
 from tessera.api.gpu_inventory import GpuInventoryError, parse_node_gpus
 from tessera.api.placement import Placement
 from tessera.api.placement import PlacementError as PlacementParseError
+from tessera.api.quantity import QuantityError, resource_quantity
 from tessera.policy.lanes.placement import (
     Choice,
     FitIndex,
@@ -44,16 +46,6 @@ class PodRequestError(ValueError):
 def pod_key(pod: JsonObj) -> str:
     meta = pod.get("metadata", {})
     return f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
-
-
-def _quantity(value: Any, what: str, key: str) -> int:
-    try:
-        number = float(str(value))
-    except ValueError:
-        raise PodRequestError(f"{key}: {what} must be a whole number, got {value!r}") from None
-    if number != int(number) or number < 0:
-        raise PodRequestError(f"{key}: {what} must be a whole non-negative number, got {value!r}")
-    return int(number)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +102,10 @@ def pod_spec(pod: JsonObj) -> PodSpec | None:
             for name in totals:
                 if name in merged:
                     seen = True
-                    totals[name] += _quantity(merged[name], name, key)
+                    try:
+                        totals[name] += resource_quantity(name, merged[name])
+                    except QuantityError as err:
+                        raise PodRequestError(f"{key}: {err}") from None
         if not seen:
             return None
         compute = totals[contract.RESOURCE_GPU_COMPUTE]

@@ -31,8 +31,8 @@ def node(name: str, gpus: int = 2, memory_mib: int = 16000, annotate: bool = Tru
 
 def pod(
     name: str,
-    memory: int | None = 4000,
-    compute: int | None = 25,
+    memory: int | str | None = 4000,
+    compute: int | str | None = 25,
     gpus: int = 1,
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:

@@ -199,3 +199,39 @@ async def test_fast_paths_answer_as_choose_gpus_does_from_scratch(env: Env) -> N
             assert res == {"Error": ""}
             bound += 1
     assert bound > 20  # the cluster filled: later pods were rejected on most nodes
+
+
+async def test_quantities_are_read_in_canonical_form(env: Env) -> None:
+    """`8k` (how the API server returns 8000) is 8000 MiB and `16Gi` is 16384 MiB; absurd values are refused
+    with a reason on every node (200, not a 500 from an overflow), and bind refuses them too."""
+    await _setup(env)  # gpu-a: two 16000 MiB GPUs; gpu-b: one 8000 MiB GPU
+    _, out = await env.post("filter", {"Pod": pod("k", memory="8k"), "NodeNames": ["gpu-a", "gpu-b"]})
+    assert out["NodeNames"] == ["gpu-a", "gpu-b"] and out["FailedNodes"] == {}
+    _, out = await env.post("filter", {"Pod": pod("gi", memory="16Gi"), "NodeNames": ["gpu-a", "gpu-b"]})
+    assert out["NodeNames"] == []
+    assert "16000 MiB free, pod needs 16384" in out["FailedNodes"]["gpu-a"]
+
+    refused = {
+        "1e999": "more than 16777216 MiB",
+        "0.5": "not a whole number of MiB",
+        "-1": "negative",
+        "abc": "not a Kubernetes quantity",
+    }
+    for i, (value, why) in enumerate(refused.items()):
+        bad = pod(f"bad{i}", memory=value)  # a new uid: the extender caches a pod's parsed request by uid
+        status, out = await env.post("filter", {"Pod": bad, "NodeNames": ["gpu-a", "gpu-b"]})
+        assert status == 200 and out["NodeNames"] == [] and out["Error"] == ""
+        for reason in out["FailedNodes"].values():
+            assert (
+                reason.startswith(f"default/bad{i}: {contract.RESOURCE_GPU_MEMORY} {value!r}")
+                and why in reason
+            )
+        status, scores = await env.post("prioritize", {"Pod": bad, "NodeNames": ["gpu-a", "gpu-b"]})
+        assert status == 200 and [s["Score"] for s in scores] == [0, 0]
+
+    env.api.put_pod(pod("huge", memory="1e999"))
+    await env.settle(lambda: "default/huge" in env.extender.view.pods)
+    args = {"PodName": "huge", "PodNamespace": "default", "PodUID": "uid-huge", "Node": "gpu-a"}
+    status, out = await env.post("bind", args)
+    assert status == 200 and "more than 16777216 MiB" in out["Error"]
+    assert "nodeName" not in env.api.pods["default/huge"]["spec"]

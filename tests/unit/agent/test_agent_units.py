@@ -189,3 +189,20 @@ def test_agent_factory_creates_histograms_from_the_catalogue(monkeypatch: pytest
     assert 'tessera_agent_allocate_seconds_bucket{le="0.001",node="n1"} 0.0' in text
     with pytest.raises(KeyError, match="not an agent histogram"):
         m.histogram("tessera_lane_memory_used_bytes")
+
+
+def test_gpu_counts_are_read_as_canonical_quantities() -> None:
+    """The API server returns 1000 as `1k`; a count the agent cannot read skips that container, no crash."""
+    counts = {"a": "2", "b": "1k", "c": "1Ki", "d": "0.5"}
+    info = pod_info_from_manifest(
+        {
+            "metadata": {"name": "p", "namespace": "ns", "uid": "p"},
+            "spec": {
+                "containers": [
+                    {"name": n, "resources": {"limits": {contract.RESOURCE_GPU: v}}}
+                    for n, v in counts.items()
+                ]
+            },
+        }
+    )
+    assert info.gpu_requests == (2, 1000)
