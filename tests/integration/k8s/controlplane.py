@@ -37,6 +37,14 @@ ROOT = Path(__file__).resolve().parents[3]
 SHARED_K8S = ROOT.parent / "shared" / "k8s"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tessera" / f"k8s-{K8S_VERSION}"
 ADMIN_TOKEN = "tessera-test-admin"
+# Every request a ServiceAccount makes (the components run as theirs), as the authorizer saw it: verb,
+# resource, namespace, response code. Admin and the control plane's own requests are not recorded.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata", "userGroups": ["system:serviceaccounts"]}, {"level": "None"}],
+}
 
 
 class NoBinaries(RuntimeError):
@@ -166,6 +174,18 @@ class ControlPlane:
     def ca_file(self) -> Path:
         return self.workdir / "certs" / "apiserver.crt"
 
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit.log"
+
+    def audit(self, username: str) -> list[dict[str, Any]]:
+        """The API server's audit events (metadata level) of the requests `username` made so far."""
+        if not self.audit_log.exists():
+            return []
+        lines = self.audit_log.read_text().split("\n")[:-1]  # the last may still be being written
+        events = (json.loads(line) for line in lines if line.strip())
+        return [e for e in events if e["user"]["username"] == username]
+
     def spawn(self, name: str, argv: list[str]) -> Process:
         """Start a process of the test cluster (own session, log in the work dir); stopped with the plane."""
         log = self.workdir / f"{name}.log"
@@ -187,6 +207,8 @@ class ControlPlane:
         )  # fmt: skip
         tokens = self.workdir / "tokens.csv"
         tokens.write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
 
         client, peer = free_port(), free_port()
         etcd = self.spawn(
@@ -213,6 +235,7 @@ class ControlPlane:
              f"--token-auth-file={tokens}", "--authorization-mode=RBAC", "--allow-privileged=true",
              f"--service-account-key-file={crt}", f"--service-account-signing-key-file={key}",
              "--service-account-issuer=https://kubernetes.default.svc",
+             f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
              "--profiling=false"],
         )  # fmt: skip
         self.kubeconfig = self.workdir / "admin.kubeconfig"
