@@ -12,7 +12,8 @@ import json
 import logging
 import secrets
 import ssl
-from collections import Counter
+import time
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -76,12 +77,21 @@ def _ssl_context(conn: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
 @dataclass
 class KubeApi:
     """Typed calls over one aiohttp session; `calls` records (group, plural[/sub], verb) for RBAC checks
-    and `counts` how many requests each of those made (the benchmark's API calls per round)."""
+    and `counts` how many requests each of those made (the benchmark's API calls per round). `seconds`
+    sums each request's latency per call (overlapping requests both count) and `busy_s` is the wall time
+    with at least one request in flight, so a benchmark can tell a round's time waiting on the server."""
 
     conn: kopf.ConnectionInfo
     calls: set[tuple[str, str, str]] = field(default_factory=set)
     counts: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    seconds: defaultdict[tuple[str, str, str], float] = field(default_factory=lambda: defaultdict(float))
+    busy_s: float = 0.0
+    _in_flight: int = 0
+    _busy_since: float = 0.0
     _session: aiohttp.ClientSession | None = None
+    # Built once: aiohttp pools connections per SSL context object, so a context made per request never
+    # reused a connection and paid a TLS handshake (and a CA file read) on every call.
+    _ssl: ssl.SSLContext | bool | None = None
 
     def _headers(self) -> dict[str, str]:
         if self.conn.token:
@@ -109,14 +119,20 @@ class KubeApi:
         self.counts[call] += 1
         if self._session is None:
             self._session = aiohttp.ClientSession(headers=self._headers())
+        if self._ssl is None:
+            self._ssl = _ssl_context(self.conn)
         data = None if body is None else json.dumps(body)
+        t0 = time.perf_counter()
+        if not self._in_flight:
+            self._busy_since = t0
+        self._in_flight += 1
         try:
             async with self._session.request(
                 method,
                 self.conn.server.rstrip("/") + path,
                 data=data,
                 headers={"Content-Type": content_type},
-                ssl=_ssl_context(self.conn),
+                ssl=self._ssl,
             ) as resp:
                 text = await resp.text()
                 if resp.status >= 300:
@@ -125,6 +141,12 @@ class KubeApi:
                 return result
         except aiohttp.ClientError as err:
             raise KubeError(f"{method} {path}: {err}") from err
+        finally:
+            t1 = time.perf_counter()
+            self.seconds[call] += t1 - t0
+            self._in_flight -= 1
+            if not self._in_flight:
+                self.busy_s += t1 - self._busy_since
 
     async def create(self, kind: Kind, namespace: str, obj: JsonObj) -> JsonObj:
         """Create; an object of that name already there counts as done (409), so reconciles repeat safely."""
