@@ -45,8 +45,7 @@ def cluster() -> Iterator[ControlPlane]:
         plane.__exit__(None, None, None)
 
 
-@pytest.fixture(scope="session")
-def crds(cluster: ControlPlane) -> ControlPlane:
+def apply_crds(cluster: ControlPlane) -> ControlPlane:
     """The chart's CRDs applied the way the README tells users to (server-side apply), and Established."""
     cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "charts" / "tessera" / "crds"))
     for plural in (contract.PLURAL_APP, contract.PLURAL_TRIALGROUP, contract.PLURAL_MODELDEPLOYMENT):
@@ -54,6 +53,11 @@ def crds(cluster: ControlPlane) -> ControlPlane:
             "wait", "--for=condition=Established", "--timeout=60s", f"crd/{plural}.{contract.GROUP}"
         )
     return cluster
+
+
+@pytest.fixture(scope="session")
+def crds(cluster: ControlPlane) -> ControlPlane:
+    return apply_crds(cluster)
 
 
 @pytest.fixture
@@ -207,7 +211,11 @@ def chart_rbac(crds: ControlPlane) -> dict[str, Credentials]:
 
     Components in these tests run with these tokens, never as cluster-admin, so a permission the chart
     forgot fails the test that needs it."""
-    cluster = crds
+    return apply_chart_rbac(crds)
+
+
+def apply_chart_rbac(cluster: ControlPlane) -> dict[str, Credentials]:
+    """What the `chart_rbac` fixture sets up, for callers outside pytest (benchmarks)."""
     cluster.kubectl("create", "namespace", RELEASE_NS, check=False)
     docs = [o for o in chart_objects() if o["kind"] in RBAC_KINDS]
     cluster.kubectl("apply", "-f", "-", stdin="\n---\n".join(yaml.safe_dump(d) for d in docs))

@@ -1,0 +1,399 @@
+"""Benchmark: one Themis arbiter round with 100–1000 Apps against a real API server, next to kmock.
+
+    .venv/bin/python tests/bench/bench_arbiter_realcluster.py [--quick] [--sizes 100,300,1000]
+        [--no-kmock] [--profile N]
+
+For each size N it starts a fresh control plane (tests/integration/k8s/controlplane.py: etcd,
+kube-apiserver with RBAC, kube-controller-manager), applies the chart's CRDs and RBAC, creates N/16 Ready
+8-GPU nodes (N/2 GPUs) and runs the real kopf operator in-process as the chart's operator ServiceAccount.
+N Apps (one job, every third App two, 1–4 GPUs each: ~3.3 GPUs of demand per App on N/2 GPUs, heavy
+contention) are created concurrently while it runs; once every App has a status and the operator is quiet
+(no round, no pending event, every planned pod in its watch), the lease clock moves past every lease and
+the round the operator's own timer then starts is measured: every GPU is re-auctioned, losers' pods are
+deleted, winners' created, every App's status written. The round's wall time comes from the operator's
+`tessera_auction_duration_seconds`; its API calls, their summed latency and the wall time with at least one
+request in flight from `KubeApi` (counts, seconds, busy_s); the auction from timing `Themis.allocate`.
+
+The baseline is the same workload and round on kmock's in-process emulator (as bench_operator.py runs
+it), side by side as a ratio. No scheduler runs: pods stay Pending (unbound pods are deleted at once), so
+the round measures the operator and the API server, not binding. Goal: a round under 5 s at 1000 Apps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import io
+import logging
+import pstats
+import ssl
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tessera.api import contract
+from tessera.controller.concurrency import gather_limited
+from tessera.controller.handlers import Controller
+from tessera.progress import Progress
+
+from tests.bench.bench_operator import _trim_request_log
+from tests.integration.k8s.conftest import (
+    ManualClock,
+    Nodes,
+    apply_chart_rbac,
+    apply_crds,
+    running_operator,
+)
+from tests.integration.k8s.controlplane import ADMIN_TOKEN, ControlPlane, control_plane, wait_until
+from tests.integration.operator import conftest as kmock_env
+
+NS = kmock_env.NS
+LEASE_S = 600.0
+TICK_S = 10.0  # App timers: with N staggered timers one fires every TICK_S/N s, so the round starts promptly
+QUIET_S = 3.0  # steady state: no round and nothing in flight for this long
+GOAL_S = 5.0
+HIST = "tessera_auction_duration_seconds"  # observed by every arbiter round (controller/arbiter.py)
+APPS_PATH = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/{contract.PLURAL_APP}"
+
+
+def app_jobs(i: int) -> list[dict[str, Any]]:
+    jobs = [kmock_env.job("j1", iters=10_000 + 97 * i, gpus=1 + i % 4)]
+    if i % 3 == 0:
+        jobs.append(kmock_env.job("j2", iters=5_000 + 31 * i, gpus=1 + (i // 3) % 2))
+    return jobs
+
+
+def n_nodes(n: int) -> int:
+    return max(1, n // 16)  # 8 GPUs each: N/2 GPUs
+
+
+@dataclass
+class Round:
+    backend: str
+    n: int
+    gpus: int
+    setup_s: float = 0.0
+    round_s: float = 0.0
+    policy_s: float = 0.0
+    granted: int = 0
+    expired: int = 0
+    calls: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    call_s: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    busy_s: float = 0.0
+    events: int = 0
+    profile: str = ""
+
+
+# --- the measured round, the same on both backends ----------------------------------------------------
+
+
+async def poll(check: Callable[[], Awaitable[bool] | bool], timeout: float, what: str, every: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if not isinstance(got, bool):
+            got = await got
+        if got:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(every)
+
+
+async def steady(ctl: Controller) -> None:
+    """No round for QUIET_S, no change pending, no event in flight, every planned pod listed by the watch."""
+    arbiter = ctl.arbiter
+    assert arbiter is not None
+    last = (-1, 0.0)
+
+    def quiet() -> bool:
+        nonlocal last
+        planned = sum(len(r.pod_plans()) for r in arbiter.records.values() if not r.done)
+        busy = arbiter.dirty or arbiter.lock.locked() or ctl._tasks or len(ctl.view.pods) != planned
+        now = time.monotonic()
+        if busy or arbiter.rounds != last[0]:
+            last = (arbiter.rounds, now)
+            return False
+        return now - last[1] >= QUIET_S
+
+    await poll(quiet, 600, "the operator to settle", 0.1)
+
+
+async def measure_round(ctl: Controller, clock: ManualClock, row: Round, profile: bool) -> None:
+    """Expire every lease and measure the round the operator's own App timer starts."""
+    arbiter, api = ctl.arbiter, ctl.api
+    assert arbiter is not None and api is not None
+    samples = arbiter.metrics.registry.get_sample_value
+    policy: list[float] = []
+    allocate = arbiter.themis.allocate
+
+    def timed_allocate(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return allocate(*args, **kwargs)
+        finally:
+            policy.append(time.perf_counter() - t)
+
+    run_round = arbiter.run_round
+    profiler = cProfile.Profile() if profile else None
+    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    async def traced_round(now: float) -> Any:
+        start = (Counter(api.counts), dict(api.seconds), api.busy_s)
+        report = await run_round(now)
+        if profiler is not None:
+            profiler.disable()
+        if not done.done():  # the first round after the clock moved is the measured one
+            calls = Counter(api.counts)
+            calls.subtract(start[0])
+            secs = {k: v - start[1].get(k, 0.0) for k, v in api.seconds.items()}
+            row.calls, row.busy_s = +calls, api.busy_s - start[2]
+            row.call_s = {k: v for k, v in secs.items() if v > 0}
+            hist = (samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0)
+            done.set_result((report, hist))
+        return report
+
+    arbiter.themis.allocate = timed_allocate  # type: ignore[method-assign]
+    arbiter.run_round = traced_round  # type: ignore[method-assign]
+    count0, sum0 = samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0
+    events0 = api.counts[("", "events", "create")]
+    try:
+        async with arbiter.lock:  # no round in between: the next one sees every lease expired
+            clock.advance(LEASE_S + 1)
+            if profiler is not None:
+                profiler.enable()
+        report, (count1, sum1) = await asyncio.wait_for(done, timeout=900)
+        await poll(lambda: not ctl._tasks, 300, "the round's events to be posted", 0.05)
+    finally:
+        arbiter.themis.allocate = allocate  # type: ignore[method-assign]
+        arbiter.run_round = run_round  # type: ignore[method-assign]
+    assert count1 == count0 + 1, "the measured round is not the one round the operator's histogram saw"
+    row.round_s = sum1 - sum0
+    row.policy_s = sum(policy)
+    row.granted = sum(report.granted.values())
+    row.expired = sum(report.expired.values())
+    row.events = api.counts[("", "events", "create")] - events0
+    if profiler is not None:
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(35)
+        row.profile = out.getvalue()
+
+
+async def populate(
+    ctl: Controller,
+    n: int,
+    create: Callable[[dict[str, Any]], Awaitable[None]],
+    statused: Callable[[], Awaitable[int]],
+    label: str,
+) -> float:
+    """Create the N Apps concurrently (progress on stderr), then wait until each has the operator's status."""
+    await poll(lambda: len(ctl.view.nodes) == n_nodes(n), 120, "the operator to list the nodes", 0.1)
+    t0 = time.perf_counter()
+    made = 0
+    with Progress(n, f"{label}: creating Apps", enabled=True) as bar:
+
+        async def one(i: int) -> None:
+            nonlocal made
+            await create(kmock_env.app_body(f"a{i:04d}", app_jobs(i)))
+            made += 1
+            bar.update(made, f"{made}/{n}")
+
+        for res in await gather_limited((one(i) for i in range(n)), 32):
+            if isinstance(res, BaseException):
+                raise res
+    with Progress(n, f"{label}: statuses", enabled=True) as bar:
+        arbiter = ctl.arbiter
+        assert arbiter is not None
+
+        async def all_statused() -> bool:
+            if len(arbiter.records) < n:  # cheap: the operator has not seen them all yet
+                bar.update(len(arbiter.records) / 2, f"{len(arbiter.records)}/{n} admitted")
+                return False
+            got = await statused()
+            bar.update(n / 2 + got / 2, f"{got}/{n} with status")
+            return got == n
+
+        await poll(all_statused, 1800, "every App's status", 1.0)
+    setup_s = time.perf_counter() - t0
+    with Progress(1, f"{label}: settling", enabled=True):
+        await steady(ctl)
+    return setup_s
+
+
+# --- backends -----------------------------------------------------------------------------------------
+
+
+def start_real(cp: ControlPlane, n: int) -> Any:
+    """CRDs, chart RBAC, the namespace (with its default ServiceAccount, which pod admission needs), nodes."""
+    apply_crds(cp)
+    creds = apply_chart_rbac(cp)
+    status, body = cp.request("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
+    assert status == 201, body
+    wait_until(
+        lambda: cp.request("GET", f"/api/v1/namespaces/{NS}/serviceaccounts/default")[0] == 200,
+        60,
+        f"the default ServiceAccount of {NS}",
+    )
+    nodes = Nodes(cp)
+    for i in range(n_nodes(n)):
+        nodes.add(f"n{i:03d}", 8)
+    return creds["operator"]
+
+
+async def measure_real(cp: ControlPlane, creds: Any, n: int, profile: bool) -> Round:
+    row = Round("real", n, n_nodes(n) * 8)
+    clock = ManualClock()
+    ctx = ssl.create_default_context(cafile=str(cp.ca_file))
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with (
+        aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(ssl=ctx)) as http,
+        running_operator(
+            cp, creds, lease_s=LEASE_S, tick_s=TICK_S, clock=clock, preemption_grace_s=30
+        ) as ctl,
+    ):
+
+        async def create(body: dict[str, Any]) -> None:
+            for key in ("uid", "resourceVersion"):  # the server assigns them
+                body["metadata"].pop(key, None)
+            async with http.post(cp.server + APPS_PATH, json=body) as resp:
+                if resp.status != 201:
+                    raise RuntimeError(f"creating App: HTTP {resp.status}: {(await resp.text())[:300]}")
+
+        async def statused() -> int:
+            async with http.get(cp.server + APPS_PATH) as resp:
+                items = (await resp.json())["items"]
+            return sum(1 for a in items if (a.get("status") or {}).get("phase"))
+
+        row.setup_s = await populate(ctl, n, create, statused, f"N={n} real")
+        await measure_round(ctl, clock, row, profile)
+    return row
+
+
+@contextlib.asynccontextmanager
+async def kmock_server() -> AsyncIterator[kmock.KubernetesEmulator]:
+    async with kmock.KubernetesEmulator() as k, kmock.Server(k):
+        kmock_env.setup_api(k)
+        yield k
+
+
+async def measure_kmock(n: int) -> Round:
+    row = Round("kmock", n, n_nodes(n) * 8)
+    clock = ManualClock()
+    async with kmock_server() as k:
+        for i in range(n_nodes(n)):
+            kmock_env.add_node(k, f"n{i:03d}", 8)
+        stop = asyncio.Event()
+        # kmock matches each request against every one it served; nothing here reads that log.
+        trimmer = asyncio.create_task(_trim_request_log(k, stop))
+        try:
+            async with kmock_env.running_operator(
+                k, lease_s=LEASE_S, tick_s=TICK_S, clock=clock, preemption_grace_s=30
+            ) as ctl:
+
+                async def create(body: dict[str, Any]) -> None:
+                    resp = await k.post(APPS_PATH, json=body)
+                    resp.raise_for_status()
+
+                async def statused() -> int:
+                    apps = [o for (res, _, _), o in list(k.objects.items()) if res == kmock_env.APPS]
+                    return sum(1 for a in apps if (dict(a).get("status") or {}).get("phase"))
+
+                row.setup_s = await populate(ctl, n, create, statused, f"N={n} kmock")
+                await measure_round(ctl, clock, row, False)
+        finally:
+            stop.set()
+            await trimmer
+    return row
+
+
+# --- report -------------------------------------------------------------------------------------------
+
+
+def _calls(calls: Counter[tuple[str, str, str]]) -> str:
+    return ", ".join(
+        f"{verb} {group + '/' if group else ''}{res} {c}" for (group, res, verb), c in sorted(calls.items())
+    )
+
+
+def report(rows: list[Round]) -> None:
+    real = [r for r in rows if r.backend == "real"]
+    kmocks = {r.n: r for r in rows if r.backend == "kmock"}
+    print()
+    print(
+        f"{'apps':>5} {'GPUs':>5} {'setup s':>8} {'round s':>8} {'kmock s':>8} {'real/kmock':>10}"
+        f" {'auction s':>9} {'API busy s':>10} {'API share':>9} {'API Σ s':>8} {'growth':>7}"
+    )
+    prev: Round | None = None
+    for r in real:
+        base = kmocks.get(r.n)
+        kms = f"{base.round_s:>8.2f}" if base else f"{'-':>8}"
+        ratio = f"{r.round_s / base.round_s:>10.1f}" if base else f"{'-':>10}"
+        growth = f"x{r.round_s / prev.round_s:.1f}" if prev else "-"
+        print(
+            f"{r.n:>5} {r.gpus:>5} {r.setup_s:>8.1f} {r.round_s:>8.2f} {kms} {ratio} {r.policy_s:>9.3f}"
+            f" {r.busy_s:>10.2f} {r.busy_s / r.round_s:>9.0%} {sum(r.call_s.values()):>8.1f} {growth:>7}"
+        )
+        prev = r
+    big = max(real, key=lambda r: r.n, default=None)
+    if big is not None:
+        verdict = "met" if big.round_s < GOAL_S else "MISSED"
+        print(f"goal: round under {GOAL_S:.0f} s at {big.n} Apps: {big.round_s:.2f} s ({verdict})")
+    print()
+    print(
+        "per round: leases expired/granted (GPUs), API calls by verb (the round's own; events run alongside)"
+    )
+    for r in rows:
+        print(
+            f"{r.backend:>5} {r.n:>5} Apps: expired {r.expired}, granted {r.granted};"
+            f" {sum(r.calls.values())} calls ({_calls(r.calls)}); {r.events} events posted"
+        )
+    print()
+    print("seconds in API calls by verb (summed latency; requests overlap, up to api_concurrency at once)")
+    for r in real:
+        parts = ", ".join(
+            f"{verb} {res} {s:.2f}s ({s / max(1, r.calls[(g, res, verb)]) * 1000:.0f} ms/call)"
+            for (g, res, verb), s in sorted(r.call_s.items())
+        )
+        print(f"{r.n:>5} Apps: {parts}")
+    for r in real:
+        if r.profile:
+            print(f"\ncProfile of the round at {r.n} Apps (real API server), by cumulative time:")
+            print(r.profile)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100 Apps only")
+    parser.add_argument("--sizes", default=None, help="comma-separated App counts (default 100,300,1000)")
+    parser.add_argument("--no-kmock", action="store_true", help="skip the kmock baseline")
+    parser.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile the real round at N")
+    args = parser.parse_args()
+    sizes = [100] if args.quick else [int(s) for s in (args.sizes or "100,300,1000").split(",")]
+    logging.basicConfig(level=logging.WARNING)
+    for noisy in ("kopf", "aiohttp", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    rows: list[Round] = []
+    for n in sizes:
+        print(f"N={n}: starting a control plane", file=sys.stderr)
+        with control_plane() as cp:
+            creds = start_real(cp, n)
+            rows.append(asyncio.run(measure_real(cp, creds, n, args.profile == n)))
+        print(f"N={n}: real round {rows[-1].round_s:.2f}s", file=sys.stderr)
+        if not args.no_kmock:
+            rows.append(asyncio.run(measure_kmock(n)))
+            print(f"N={n}: kmock round {rows[-1].round_s:.2f}s", file=sys.stderr)
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()
