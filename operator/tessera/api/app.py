@@ -167,7 +167,9 @@ class AppStatus(WireModel):
     """What the operator reports for an App (§5.2, §5.4)."""
 
     phase: Literal["Pending", "Running", "Succeeded", "Failed"] = "Pending"
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation of the spec this status reflects."
+    )
     gpus: int = Field(default=0, ge=0, description="GPUs the App holds now.")
     rho: float | None = Field(default=None, ge=0, description="Current finish-time fairness ρ estimate.")
     rho_final: float | None = Field(default=None, ge=0, description="(T_finish - T_start) / T_id at the end.")
@@ -180,4 +182,13 @@ class AppStatus(WireModel):
     leases: list[Lease] = Field(default_factory=list)
     bid_table: list[BidEntry] = Field(default_factory=list, description="The last bid submitted.")
     last_round_time: Timestamp | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description=(
+            "Admitted (admission control let the App bid), Valid (False for a refused spec, naming every bad "
+            "field) and Ready: True when the App is admitted, holds leases and every pod its leases call for is "
+            "created (reason Running), or once all its jobs completed (Succeeded); False while its spec is "
+            "refused (InvalidSpec), it is not admitted (NotAdmitted), it bids without a lease (WaitingForGPUs) or"
+            " pods its leases call for could not be created (PodsNotCreated; the GangFailed event says why)."
+        ),
+    )

@@ -111,11 +111,26 @@ class ObjectMeta(OpenModel):
     namespace: str | None = None
 
 
+READY = "Ready"
+"""The condition every kind carries (`kubectl wait --for=condition=Ready`); each status model's
+`conditions` description says what it means for that kind."""
+
+
 class Condition(WireModel):
-    """A metav1.Condition-shaped status condition."""
+    """A metav1.Condition-shaped status condition; lastTransitionTime moves only when status changes."""
 
     type: str = Field(min_length=1, description="Condition type, e.g. Ready or Admitted.")
     status: str = Field(pattern=r"^(True|False|Unknown)$", description="True, False or Unknown.")
-    reason: str | None = Field(default=None, description="CamelCase reason for the last transition.")
+    reason: str | None = Field(
+        default=None,
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="CamelCase reason for the condition's status, e.g. WaitingForGPUs.",
+    )
     message: str | None = Field(default=None, description="Human-readable detail.")
-    last_transition_time: str | None = Field(default=None, description="RFC 3339 time of the last change.")
+    last_transition_time: str | None = Field(
+        default=None, description="RFC 3339 time the status last changed (True/False/Unknown)."
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation of the spec this condition was computed from."
+    )

@@ -439,7 +439,9 @@ class ModelDeploymentStatus(WireModel):
     """What the serving controller reports (Orloj §5 status, Symphony D status, AlpaServe §5.2)."""
 
     phase: Literal["Pending", "Placing", "Serving", "Degraded", "Failed"] = "Pending"
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation of the spec this status reflects."
+    )
     replicas: int = Field(default=0, ge=0, description="Groups or replicas holding the model.")
     gpus_assigned: int = Field(default=0, ge=0)
     groups: list[str] = Field(default_factory=list, description="AlpaServe groups that hold the model.")
@@ -468,4 +470,13 @@ class ModelDeploymentStatus(WireModel):
     applications: list[ApplicationStats] = Field(default_factory=list)
     last_profiler_pickup: Timestamp | None = None
     last_base_time_reset: Timestamp | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description=(
+            "Scaled (whether the replicas wanted for the load are placed), Valid (False for a refused spec) and "
+            "Ready: True when every replica wanted (Symphony's load-proportional count) is placed on GPUs with "
+            "its worker pod created, and the gateway's ConfigMap, Deployment and Services are applied (reason "
+            "Serving); False while its spec is refused (InvalidSpec), wanted replicas wait for free GPUs "
+            "(WaitingForGPUs) or worker pods could not be created (PodsNotCreated)."
+        ),
+    )

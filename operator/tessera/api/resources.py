@@ -76,6 +76,9 @@ class ResourceKind:
 
 
 _AGE = PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation.")
+_READY = PrinterColumn(
+    "Ready", "string", '.status.conditions[?(@.type=="Ready")].status', "The Ready condition's status."
+)
 
 KINDS: dict[str, ResourceKind] = {
     contract.KIND_APP: ResourceKind(
@@ -87,6 +90,7 @@ KINDS: dict[str, ResourceKind] = {
         status_model=AppStatus,
         columns=(
             PrinterColumn("Phase", "string", ".status.phase", "Lifecycle phase."),
+            _READY,
             PrinterColumn("GPUs", "integer", ".status.gpus", "GPUs held now."),
             PrinterColumn("Rho", "number", ".status.rho", "Finish-time fairness ρ (1 = fair share)."),
             _AGE,
@@ -101,6 +105,7 @@ KINDS: dict[str, ResourceKind] = {
         status_model=TrialGroupStatus,
         columns=(
             PrinterColumn("Phase", "string", ".status.phase", "Lifecycle phase."),
+            _READY,
             PrinterColumn("Running", "integer", ".status.trialsRunning", "Trials running."),
             PrinterColumn("Done", "integer", ".status.trialsDone", "Trials finished."),
             PrinterColumn("GPUs", "integer", ".status.gpus", "GPUs held now."),
@@ -116,6 +121,7 @@ KINDS: dict[str, ResourceKind] = {
         status_model=ModelDeploymentStatus,
         columns=(
             PrinterColumn("Phase", "string", ".status.phase", "Lifecycle phase."),
+            _READY,
             PrinterColumn("Replicas", "integer", ".status.replicas", "Replicas serving."),
             PrinterColumn("SLO-ms", "number", ".status.sloLatencyMs", "Resolved latency SLO in ms."),
             PrinterColumn(

@@ -157,7 +157,9 @@ class TrialGroupStatus(WireModel):
     """What the operator reports for a TrialGroup (§3.2 outputs)."""
 
     phase: Literal["Pending", "Profiling", "Running", "Succeeded", "Failed"] = "Pending"
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation of the spec this status reflects."
+    )
     trials_running: int = Field(default=0, ge=0)
     trials_done: int = Field(default=0, ge=0)
     gpus: int = Field(default=0, ge=0, description="GPUs the group holds now.")
@@ -167,4 +169,14 @@ class TrialGroupStatus(WireModel):
     packing_benefit: list[float] = Field(default_factory=list, description="O_p for p = 2, 3, ... (Eq. 3.1).")
     trials: list[TrialStatus] = Field(default_factory=list)
     last_reallocation: Reallocation | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description=(
+            "Valid (False for a refused spec), GPUsAvailable (False while the group waits for its GPU pool), "
+            "Planned (False when Fluid could not plan) and Ready: True when the group holds its GPU pool, Fluid "
+            "planned its trials and the pods of every planned (not queued) trial are created (reason Running), or"
+            " once every trial ended (Succeeded); False while its spec is refused (InvalidSpec), it waits for its"
+            " pool (WaitingForGPUs), it has no plan (NotPlanned) or pods of planned trials could not be created "
+            "(PodsNotCreated)."
+        ),
+    )

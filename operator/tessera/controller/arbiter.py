@@ -26,6 +26,7 @@ from tessera.controller.concurrency import gather_limited
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import Kind, KubeApi, KubeError
 from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.readiness import app_conditions, missing_pods
 from tessera.controller.status_writes import Written, status_due, written
 from tessera.controller.sync import RecentCreates, sync_pods
 from tessera.controller.view import ClusterView, healthy_gpus
@@ -264,7 +265,11 @@ class Arbiter:
     async def write_status(self, rec: AppRecord, now: float, *, force: bool = False) -> None:
         """Patch the App's status when `status_due` says so, or always with `force` (leases changed)."""
         status = rec.status(now).to_wire()
-        status.pop("conditions", None)  # conditions belong to the App handler's patches
+        # Every App the arbiter holds is admitted; Ready says whether its leases' pods are there.
+        pods = self.view.pods_with(contract.LABEL_APP, rec.name, rec.namespace)
+        missing = missing_pods([] if rec.done else rec.pod_plans(), pods, self.recent, rec.namespace)
+        last = self._written.get(rec.key)
+        status.update(app_conditions(rec, missing, last.fields.get("conditions") if last else None))
         due = status_due(
             self._written.get(rec.key),
             status,

@@ -16,10 +16,11 @@ import kopf
 
 from tessera.api import contract
 from tessera.controller.arbiter import PostEvent
-from tessera.controller.conditions import condition, invalid_status
+from tessera.controller.conditions import Readiness, condition, invalid_status
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind, KubeApi
 from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.readiness import deployment_readiness
 from tessera.controller.reconciler import KindReconciler
 from tessera.controller.serving import ServingRecord, desired_replicas, record_from_body
 from tessera.controller.sync import sync_pods
@@ -45,9 +46,17 @@ class ModelDeployments(KindReconciler[ServingRecord]):
     ) -> None:
         super().__init__(config, view, api, metrics, post_event, held_elsewhere)
         self._applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._wanted: dict[tuple[str, str], int] = {}  # replicas the last pass decided on
 
     def reserved(self) -> set[str]:
         return {g for r in self.records.values() for g in r.held()}
+
+    def readiness(self, rec: ServingRecord) -> Readiness | None:
+        wanted = self._wanted.get(rec.key)
+        if wanted is None or rec.key not in self._applied:
+            return None  # the pass stopped before deciding replicas or applying the gateway
+        missing = self.missing_pods(rec, contract.LABEL_MODELDEPLOYMENT, rec.pod_plans())
+        return deployment_readiness(rec, wanted, missing)
 
     async def _reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
         meta = body.get("metadata") or {}
@@ -65,6 +74,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             return
         status_in = body.get("status") or {}
         decision = desired_replicas(rec.spec, status_in, len(rec.gpus))
+        self._wanted[rec.key] = decision.replicas
         before = len(rec.gpus)
         if decision.replicas < before:
             rec.gpus = rec.gpus[: decision.replicas]
@@ -180,6 +190,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         async with self.lock:
             self.records.pop((namespace, name), None)
             self._applied.pop((namespace, name), None)
+            self._wanted.pop((namespace, name), None)
         pods = self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, name, namespace)
         for pod in pods:
             await self.api.delete(PODS, namespace, pod.name, grace_seconds=self.config.preemption_grace_s)

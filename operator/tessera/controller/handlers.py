@@ -17,7 +17,7 @@ from tessera.api import contract
 from tessera.api.resources import ManifestError
 from tessera.controller.apps import record_from_body, template_of
 from tessera.controller.arbiter import Arbiter
-from tessera.controller.conditions import condition, invalid_status
+from tessera.controller.conditions import Readiness, condition, generation_of, invalid_status, with_ready
 from tessera.controller.config import OperatorConfig
 from tessera.controller.deployments import ModelDeployments
 from tessera.controller.kube import PODS, KubeApi
@@ -162,10 +162,12 @@ def make_registry(
         arbiter = ctl.need_arbiter()
         now = config.clock()
         raw = dict(body)
+        gen = generation_of(raw)
+        stored = (raw.get("status") or {}).get("conditions") or []
         try:
             rec = record_from_body(raw, now)
         except ManifestError as err:
-            status, msg = invalid_status(err)
+            status, msg = invalid_status(err, generation=gen, previous=stored)
             patch.status.update(status)
             ctl.post_event(raw, "Warning", "InvalidSpec", msg)
             return
@@ -174,7 +176,7 @@ def make_registry(
             if not template_of(rec, j.name):
                 bad.append((f"spec.jobs[{j.name}].template", "a pod template is required"))
         if bad:
-            status, msg = invalid_status(bad)
+            status, msg = invalid_status(bad, generation=gen, previous=stored)
             patch.status.update(status)
             ctl.post_event(raw, "Warning", "InvalidSpec", msg)
             return
@@ -182,13 +184,20 @@ def make_registry(
             total = len(ctl.view.cluster())
             if total and not admit(rec.demand(), arbiter.outstanding(), total, config.admission_threshold):
                 msg = f"{rec.demand()} GPUs would take outstanding demand past the admission threshold"
-                patch.status["conditions"] = [condition("Admitted", False, "OverThreshold", msg)]
+                refused = condition("Admitted", False, "OverThreshold", msg, generation=gen)
+                ready = Readiness(False, "NotAdmitted", msg)
+                patch.status["conditions"] = with_ready([refused], ready, gen, stored)
+                if gen is not None:
+                    patch.status["observedGeneration"] = gen
                 ctl.post_event(raw, "Warning", "NotAdmitted", msg)
                 raise kopf.TemporaryError(msg, delay=max(1.0, config.lease_s))
+        # An admitted App's conditions (Admitted, Ready) and observedGeneration are written by the arbiter
+        # with its status, so one writer owns the list.
         async with arbiter.lock:
             new = arbiter.upsert(rec)
+            if not new:  # a spec change: the status says which generation it reflects without a round
+                await arbiter.write_status(arbiter.records[rec.key], max(now, arbiter.last_round))
         if new:
-            patch.status["conditions"] = [condition("Admitted", True, "Admitted", "bidding in Themis rounds")]
             ctl.post_event(
                 raw, "Normal", "Admitted", f"demand {rec.demand()} GPUs; leases of {config.lease_s:g}s"
             )

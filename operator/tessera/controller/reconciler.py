@@ -1,7 +1,8 @@
 """Plumbing shared by the TrialGroup and ModelDeployment controllers: their dependencies, the lock that
-serialises their passes, the parse-or-report prelude, and events about one object.
+serialises their passes, the parse-or-report prelude, the Ready condition and observedGeneration after
+each pass, and events about one object.
 
-The per-kind logic (what to plan, which pods to create) stays in the subclasses.
+The per-kind logic (what to plan, which pods to create, what Ready means) stays in the subclasses.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import kopf
 from tessera.api import contract
 from tessera.api.resources import ManifestError
 from tessera.controller.arbiter import PostEvent
-from tessera.controller.conditions import invalid_status
+from tessera.controller.conditions import Readiness, carry, find, generation_of, invalid_status, with_ready
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import KubeApi
-from tessera.controller.pods import template_errors
+from tessera.controller.pods import PodPlan, template_errors
+from tessera.controller.readiness import missing_pods
 from tessera.controller.sync import RecentCreates
 from tessera.controller.view import ClusterView
 from tessera.metrics import ComponentMetrics
@@ -56,14 +58,54 @@ class KindReconciler(abc.ABC, Generic[R]):
         self.lock = asyncio.Lock()
         self.recent = RecentCreates()  # pods created that the watch may not list yet
         self.reconciles = 0  # completed passes (tests wait on it instead of on time)
+        self._refused = False  # this pass reported the object invalid (Ready is written with that report)
+        self._ready: dict[str, dict[str, Any]] = {}  # uid → the Ready condition last written
 
     async def reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
         async with self.lock:
+            self._refused = False
             await self._reconcile(body, patch)
             self.reconciles += 1
+            if not self._refused:
+                self._report_ready(body, patch)
 
     @abc.abstractmethod
     async def _reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None: ...
+
+    @abc.abstractmethod
+    def readiness(self, rec: R) -> Readiness | None:
+        """The Ready condition of `rec` after a pass over it; None leaves it as it is (not known yet)."""
+
+    def missing_pods(self, rec: R, label: str, plans: list[PodPlan]) -> list[PodPlan]:
+        existing = self.view.pods_with(label, rec.name, rec.namespace)
+        return missing_pods(plans, existing, self.recent, rec.namespace)
+
+    def _report_ready(self, body: dict[str, Any], patch: kopf.Patch) -> None:
+        """Ready and observedGeneration after a pass, written with the conditions the pass set (a merge
+        patch replaces the list) or, when it set none, with the ones the object holds."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        rec = self.records.get(key)
+        if rec is None or rec.uid != str(meta.get("uid", "")) or not len(self.view.cluster()):
+            return  # forgotten, or the node watch has not listed yet: nothing is known
+        ready = self.readiness(rec)
+        if ready is None:
+            return
+        status_in = body.get("status") or {}
+        stored: list[dict[str, Any]] = list(status_in.get("conditions") or [])
+        own = patch.status.get("conditions") if "conditions" in patch.status else stored
+        gen = generation_of(body)
+        # Ready's transition time from what this operator last wrote: the body may predate that write.
+        last = self._ready.get(rec.uid)
+        conditions = with_ready(own or [], ready, gen, ([last] if last else []) + stored)
+        if len(self._ready) > len(self.records):
+            live = {r.uid for r in self.records.values()}
+            self._ready = {uid: c for uid, c in self._ready.items() if uid in live}
+        self._ready[rec.uid] = dict(find(conditions, "Ready") or {})
+        if "conditions" in patch.status or conditions != stored or status_in.get("observedGeneration") != gen:
+            patch.status["conditions"] = conditions
+            if gen is not None:
+                patch.status["observedGeneration"] = gen
 
     def _parse(
         self, body: dict[str, Any], patch: kopf.Patch, record_from_body: Callable[[dict[str, Any]], R]
@@ -81,11 +123,25 @@ class KindReconciler(abc.ABC, Generic[R]):
         return fresh
 
     def _invalid(self, body: dict[str, Any], patch: kopf.Patch, report: tuple[dict[str, Any], str]) -> None:
+        """Report the object refused: phase Failed, Valid and Ready False (InvalidSpec), one event per
+        distinct message; a spec change that is still invalid moves observedGeneration only."""
+        self._refused = True
         status, msg = report
-        if (body.get("status") or {}).get("phase") == "Failed":
+        status_in = body.get("status") or {}
+        stored = status_in.get("conditions") or []
+        gen = generation_of(body)
+        valid = find(stored, "Valid")
+        same = status_in.get("phase") == "Failed" and valid is not None and valid.get("message") == msg
+        if same and status_in.get("observedGeneration") == gen:
             return  # reported already; a repeat would only add events
+        status = dict(status)
+        if gen is not None:
+            status["observedGeneration"] = gen
+            status["conditions"] = [{**c, "observedGeneration": gen} for c in status["conditions"]]
+        status["conditions"] = carry(status["conditions"], stored)
         patch.status.update(status)
-        self.post_event(body, "Warning", "InvalidSpec", msg)
+        if not same:
+            self.post_event(body, "Warning", "InvalidSpec", msg)
 
     def _event(self, rec: R, type_: str, reason: str, message: str) -> None:
         body = {

@@ -2,7 +2,7 @@
 
 Every App arrival starts a round, and each round refreshes every App's ρ; writing each App whose ρ moved
 at all made N arrivals cost ~N² status patches. An App's status is written when its leases, phase, GPUs,
-jobs or finish time change, when ρ moves by more than a relative tolerance from the value last written,
+jobs, finish time, conditions or observed generation change, when ρ moves by more than a relative tolerance from the value last written,
 or when the last write is older than a maximum staleness (so elapsed time and GPU-seconds stay fresh).
 """
 
@@ -48,7 +48,7 @@ def status_due(
     rho_tolerance: float,
     max_staleness_s: float,
 ) -> bool:
-    """Whether `status` (wire form, conditions removed) should be written at `now`."""
+    """Whether `status` (wire form) should be written at `now`."""
     if last is None:
         return True
     if stable_fields(status) != last.fields:

@@ -18,10 +18,11 @@ import kopf
 from tessera.api import contract
 from tessera.cluster import Cluster
 from tessera.controller.arbiter import PostEvent
-from tessera.controller.conditions import condition
+from tessera.controller.conditions import Readiness, condition
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.readiness import trialgroup_readiness
 from tessera.controller.reconciler import KindReconciler
 from tessera.controller.sync import sync_pods
 from tessera.controller.trialgroups import (
@@ -68,6 +69,10 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
     def free_gpus(self, cluster: Cluster) -> list[str]:
         taken = self.reserved() | self.held_elsewhere() | self.view.used_by_pods()
         return [g for g in healthy_gpus(cluster) if g not in taken]
+
+    def readiness(self, rec: TrialGroupRecord) -> Readiness:
+        missing = self.missing_pods(rec, contract.LABEL_TRIALGROUP, rec.pod_plans())
+        return trialgroup_readiness(rec, missing)
 
     async def forget(self, key: tuple[str, str]) -> None:
         async with self.lock:
