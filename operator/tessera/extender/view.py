@@ -199,6 +199,8 @@ class ClusterView:
         self.holdings: dict[str, Holding] = {}  # pod uid → what it holds
         self.pods: dict[str, JsonObj] = {}  # "ns/name" → pod object (latest seen)
         self.generation = 0
+        self._holds_taken = 0  # holds ever taken; `_held_at[uid]` is the count when uid's was taken
+        self._held_at: dict[str, int] = {}
         self._summaries: dict[str, tuple[PlacementConfig, NodeSummary, dict[int, Choice | str]]] = {}
         self._min_memory: dict[str, int | None] = {}
         self._on_node: dict[str, set[str]] = {}  # node → uids holding GPUs there
@@ -315,10 +317,14 @@ class ClusterView:
             return
         try:
             a = Assignment.parse(raw, where=pod_key(pod))
-            req = pod_request(pod, a.memory_mib)
-        except (AssignmentError, PodRequestError) as err:
+        except AssignmentError as err:
             log.warning("ignoring the GPUs of %s: %s", pod_key(pod), err)
             return
+        try:
+            req = pod_request(pod, a.memory_mib)
+        except PodRequestError as err:  # the assignment still says what it holds: count it
+            log.warning("%s holds GPUs but its request is unreadable: %s", pod_key(pod), err)
+            req = None
         tenant = Tenant(a.memory_mib, a.compute_percent)
         if req is not None:
             tenant = Tenant(a.memory_mib, a.compute_percent, req.compute_fraction, req.workload_class)
@@ -328,8 +334,35 @@ class ClusterView:
         self.pods.pop(pod_key(pod), None)
         self.release(pod["metadata"].get("uid", pod_key(pod)))
 
+    def mark(self) -> int:
+        """A point in the view's history, taken before a list is requested (see replace_pods)."""
+        return self._holds_taken
+
+    def replace_nodes(self, nodes: list[JsonObj]) -> None:
+        """Make the view's nodes those of a fresh list: nodes gone while no watch was open are dropped."""
+        listed = {n["metadata"]["name"] for n in nodes}
+        for name in (set(self.nodes) | set(self.node_errors)) - listed:
+            self.delete_node(name)
+        for node in nodes:
+            self.apply_node(node)
+
+    def replace_pods(self, pods: list[JsonObj], mark: int) -> None:
+        """Make the view's pods those of a list requested at `mark`: pods gone while no watch was open give
+        their GPUs back. Holdings taken after `mark` (binds racing the list) stay: the list may predate
+        their pods, whose events the watch from the list's resourceVersion brings."""
+        listed_keys = {pod_key(p) for p in pods}
+        listed_uids = {p["metadata"].get("uid", pod_key(p)) for p in pods}
+        for key in set(self.pods) - listed_keys:
+            del self.pods[key]
+        for uid in [u for u, at in self._held_at.items() if at <= mark and u not in listed_uids]:
+            self.release(uid)
+        for pod in pods:
+            self.apply_pod(pod)
+
     def hold(self, uid: str, holding: Holding) -> None:
         self.release(uid)
+        self._holds_taken += 1
+        self._held_at[uid] = self._holds_taken
         self.holdings[uid] = holding
         self._on_node.setdefault(holding.node, set()).add(uid)
         self._changed(holding.node)
@@ -339,6 +372,7 @@ class ClusterView:
         holding = self.holdings.pop(uid, None)
         if holding is None:
             return
+        del self._held_at[uid]
         self._on_node.get(holding.node, set()).discard(uid)
         self._changed(holding.node)
         for gpu in self.nodes.get(holding.node, []):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,17 +71,18 @@ class Env:
         async with self.http.post(f"{self.url}/{verb}", json=body) as resp:
             return resp.status, (await resp.json() if resp.status == 200 else await resp.text())
 
-    async def settle(self, predicate: Any, timeout: float = 5.0) -> None:
-        for _ in range(int(timeout / 0.02)):
-            if predicate():
-                return
+    async def settle(self, predicate: Any, timeout: float = 60.0) -> None:
+        """Wait for the view to reach `predicate`; the deadline only bounds a failure (a loaded machine)."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the extender's view never caught up with the API server in {timeout}s")
             await asyncio.sleep(0.02)
-        raise AssertionError("the extender's view never caught up with the API server")
 
 
-@pytest.fixture
-async def env() -> AsyncIterator[Env]:
-    api = FakeApiServer()
+@contextlib.asynccontextmanager
+async def running_env(api: FakeApiServer) -> AsyncIterator[Env]:
+    """`api` served, the extender's HTTP server, and its list+watch of `api` just started (use settle)."""
     api_server = TestServer(api.app())
     await api_server.start_server()
     kube = KubeClient(KubeConfig(str(api_server.make_url("")).rstrip("/")))
@@ -99,3 +102,9 @@ async def env() -> AsyncIterator[Env]:
         await kube.close()
         await ext_server.close()
         await api_server.close()
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    async with running_env(FakeApiServer()) as started:
+        yield started

@@ -3,17 +3,25 @@ merge-patch pods, and create pods/binding.
 
 kmock's KubernetesEmulator has no `pods/binding` subresource (create a Binding → sets spec.nodeName), which
 the extender's bind needs, so these tests use this small aiohttp server instead.
+
+Watches keep the real API server's resourceVersion contract, which a client's list-then-watch relies on: a
+watch from a list's resourceVersion first gets every change made after that list (even one made before the
+watch was opened), a watch without one starts with an ADDED event per object, and one from a version older
+than the kept history gets a 410 Gone ERROR event. Tests can also end watches as the server does on its
+request timeout (`end_watches`) or expire them as after an etcd compaction (`expire_watches`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 JsonObj = dict[str, Any]
+KINDS = ("nodes", "pods")
 
 
 class FakeApiServer:
@@ -22,13 +30,19 @@ class FakeApiServer:
         self.pods: dict[str, JsonObj] = {}
         self.bindings: list[JsonObj] = []
         self.rv = 1
-        self._watchers: dict[str, list[asyncio.Queue[JsonObj]]] = {"nodes": [], "pods": []}
+        self.lists = dict.fromkeys(KINDS, 0)  # list requests served, per kind
+        self.watches = dict.fromkeys(KINDS, 0)  # watch requests served, per kind
+        self.after_list: dict[str, Callable[[], None]] = {}  # kind → run once after its next list
+        self._history: dict[str, list[tuple[int, JsonObj]]] = {k: [] for k in KINDS}  # (rv, event)
+        self._oldest = dict.fromkeys(KINDS, 0)  # watches from a version below this get 410 Gone
+        self._watchers: dict[str, list[asyncio.Queue[JsonObj | None]]] = {k: [] for k in KINDS}
 
     def _bump(self, obj: JsonObj) -> None:
         self.rv += 1
         obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
 
     def _emit(self, kind: str, event: str, obj: JsonObj) -> None:
+        self._history[kind].append((self.rv, {"type": event, "object": json.loads(json.dumps(obj))}))
         for q in self._watchers[kind]:
             q.put_nowait({"type": event, "object": json.loads(json.dumps(obj))})
 
@@ -47,7 +61,24 @@ class FakeApiServer:
 
     def delete_pod(self, key: str) -> None:
         pod = self.pods.pop(key)
+        self._bump(pod)  # a deletion is a change with its own resourceVersion, like any other
         self._emit("pods", "DELETED", pod)
+
+    def end_watches(self, kind: str) -> None:
+        """Close the open watches of `kind` cleanly, as the server does when a watch's timeout runs out."""
+        for q in self._watchers[kind]:
+            q.put_nowait(None)
+
+    def expire_watches(self, kind: str) -> None:
+        """Forget the history of `kind` and end its watches with 410 Gone (as after an etcd compaction)."""
+        self._oldest[kind] = self.rv
+        self._history[kind].clear()
+        for q in self._watchers[kind]:
+            q.put_nowait(_gone(self.rv))
+            q.put_nowait(None)
+
+    def open_watches(self, kind: str) -> int:
+        return len(self._watchers[kind])
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -62,22 +93,39 @@ class FakeApiServer:
         async def handle(request: web.Request) -> web.StreamResponse:
             store = self.nodes if kind == "nodes" else self.pods
             if request.query.get("watch") != "true":
-                return web.json_response(
-                    {
-                        "kind": "List",
-                        "metadata": {"resourceVersion": str(self.rv)},
-                        "items": list(store.values()),
-                    }
-                )
-            q: asyncio.Queue[JsonObj] = asyncio.Queue()
+                self.lists[kind] += 1
+                body = {
+                    "kind": "List",
+                    "metadata": {"resourceVersion": str(self.rv)},
+                    "items": list(store.values()),
+                }
+                resp = web.json_response(body)
+                hook = self.after_list.pop(kind, None)
+                if hook is not None:
+                    hook()  # a change the list did not see, made before the client can open its watch
+                return resp
+            self.watches[kind] += 1
+            # The backlog and the queue for later events are taken together (no await between): no gap.
+            q: asyncio.Queue[JsonObj | None] = asyncio.Queue()
+            since = request.query.get("resourceVersion")
+            if not since:
+                backlog = [{"type": "ADDED", "object": json.loads(json.dumps(o))} for o in store.values()]
+            elif int(since) < self._oldest[kind]:
+                backlog = [_gone(self.rv)]
+                q.put_nowait(None)
+            else:
+                backlog = [e for rv, e in self._history[kind] if rv > int(since)]
+            for event in backlog:
+                q.put_nowait(event)
             self._watchers[kind].append(q)
             resp = web.StreamResponse()
-            await resp.prepare(request)
             try:
-                while True:
-                    await resp.write((json.dumps(await q.get()) + "\n").encode())
+                await resp.prepare(request)
+                while (event := await q.get()) is not None:
+                    await resp.write((json.dumps(event) + "\n").encode())
             finally:
                 self._watchers[kind].remove(q)
+            return resp
 
         return handle
 
@@ -115,3 +163,9 @@ class FakeApiServer:
         self.bindings.append(body)
         self.put_pod(pod)
         return web.json_response({"kind": "Status", "status": "Success"}, status=201)
+
+
+def _gone(rv: int) -> JsonObj:
+    message = f"too old resource version (current {rv})"
+    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message}
+    return {"type": "ERROR", "object": {**status, "reason": "Expired", "code": 410}}
