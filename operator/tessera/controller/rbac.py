@@ -1,9 +1,17 @@
-"""The least RBAC the operator needs, as data (the Helm chart's ClusterRole is aligned to it).
+"""The least RBAC the operator needs, as data; the Helm chart's operator roles equal it.
 
-kopf itself: watch the custom resources and patch them (finalizers, progress annotations, status), peering
-objects, discovery of CRDs and namespaces. The controller: watch nodes and pods, create/delete pods, patch
-App status from arbiter rounds, post events. `tests/integration/operator/test_rbac.py` checks every request
-the operator sent to the API during a run against these rules.
+Every grant is a call the operator makes, and nothing else: kopf lists and watches the resources it
+handles (the three custom resources, nodes, pods), patches the custom resources (finalizers, progress
+annotations) and their status subresource, lists and watches CRDs (resource discovery), and lists, watches
+and patches its peering object; with a namespace list rather than --all-namespaces it also lists and
+watches namespaces to learn which of them exist. The controller's own client (`kube.KubeApi`) creates and
+deletes pods, creates, patches and deletes the gateway's Deployment, Services and ConfigMap, patches App
+status after arbiter rounds and creates events. Neither ever GETs a single object.
+
+Watching every namespace, all of it is one ClusterRole. Watching only the release namespace, what lives
+in a namespace is a Role there, and only the cluster-scoped part (nodes, CRDs, namespaces) stays a
+ClusterRole. `tests/integration/k8s/test_rbac.py` runs the operator under the chart's roles on a real API
+server and checks its audit log against them both ways (no 403, no grant unused).
 """
 
 from __future__ import annotations
@@ -28,19 +36,43 @@ class Rule:
 
 
 _CRS = (contract.PLURAL_APP, contract.PLURAL_TRIALGROUP, contract.PLURAL_MODELDEPLOYMENT)
+_KOPF = "kopf.dev"
 
-RULES: tuple[Rule, ...] = (
-    Rule((contract.GROUP,), _CRS, ("get", "list", "watch", "patch")),
-    Rule((contract.GROUP,), tuple(f"{p}/status" for p in _CRS), ("get", "patch")),
-    Rule(("",), ("pods",), ("get", "list", "watch", "create", "delete")),
-    Rule(("",), ("nodes",), ("get", "list", "watch")),
-    Rule(("",), ("services", "configmaps"), ("get", "create", "patch", "delete")),
-    Rule(("apps",), ("deployments",), ("get", "create", "patch", "delete")),
+# What the operator does in the namespaces it serves.
+NAMESPACED_RULES: tuple[Rule, ...] = (
+    Rule((contract.GROUP,), _CRS, ("list", "watch", "patch")),
+    Rule((contract.GROUP,), tuple(f"{p}/status" for p in _CRS), ("patch",)),
+    Rule(("",), ("pods",), ("list", "watch", "create", "delete")),
+    Rule(("",), ("services", "configmaps"), ("create", "patch", "delete")),
+    Rule(("apps",), ("deployments",), ("create", "patch", "delete")),
     Rule(("",), ("events",), ("create",)),
-    Rule(("",), ("namespaces",), ("list", "watch")),
-    Rule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch")),
-    Rule(("kopf.dev",), ("kopfpeerings", "clusterkopfpeerings"), ("get", "list", "watch", "patch")),
 )
+# Cluster-scoped resources, read whichever namespaces it serves.
+CLUSTER_RULES: tuple[Rule, ...] = (
+    Rule(("",), ("nodes",), ("list", "watch")),
+    Rule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch")),
+)
+CLUSTER_PEERING = Rule((_KOPF,), ("clusterkopfpeerings",), ("list", "watch", "patch"))
+NAMESPACE_PEERING = Rule((_KOPF,), ("kopfpeerings",), ("list", "watch", "patch"))
+NAMESPACES = Rule(("",), ("namespaces",), ("list", "watch"))
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorRbac:
+    """The rules of the operator's ClusterRole, and of its Role in the release namespace (if any)."""
+
+    cluster: tuple[Rule, ...]
+    namespaced: tuple[Rule, ...]
+
+
+def operator_rbac(clusterwide: bool) -> OperatorRbac:
+    if clusterwide:
+        return OperatorRbac((*NAMESPACED_RULES, *CLUSTER_RULES, CLUSTER_PEERING), ())
+    return OperatorRbac((*CLUSTER_RULES, NAMESPACES), (*NAMESPACED_RULES, NAMESPACE_PEERING))
+
+
+# The default install (--all-namespaces): one ClusterRole.
+RULES: tuple[Rule, ...] = operator_rbac(clusterwide=True).cluster
 
 
 def allowed(group: str, resource: str, verb: str, rules: tuple[Rule, ...] = RULES) -> bool:

@@ -13,12 +13,14 @@ import json
 import secrets
 import shutil
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from tessera.api import contract
@@ -34,9 +36,20 @@ from tessera_agent.pods import KubernetesPodSource
 from tessera_agent.proto import api_pb2, api_pb2_grpc
 
 from tests.integration.agent.agent_fake_kubelet import FakeKubelet
+from tests.unit.chart.chart_render import objects, render
 
-from .conftest import RELEASE_NS, Credentials, Nodes, Scheduling, chart_objects, wait_for
-from .controlplane import ControlPlane
+from .conftest import (
+    RBAC_KINDS,
+    RELEASE_NS,
+    Credentials,
+    Nodes,
+    Scheduling,
+    chart_objects,
+    request_token,
+    running_operator,
+    wait_for,
+)
+from .controlplane import ControlPlane, wait_until
 from .test_scheduling import fractional_pod
 
 Call = tuple[str, str, str]  # (API group, resource[/subresource], verb): what an RBAC rule grants
@@ -46,21 +59,36 @@ def sa_user(service_account: str, namespace: str = RELEASE_NS) -> str:
     return f"system:serviceaccount:{namespace}:{service_account}"
 
 
-def resource_requests(
-    cluster: ControlPlane, user: str, user_agent: str | None = None
-) -> list[dict[str, Any]]:
-    """Audit events of `user`'s resource requests (discovery needs no grant), optionally of one client."""
-    return [
-        e
-        for e in cluster.audit(user)
-        if "objectRef" in e and (user_agent is None or e.get("userAgent", "").startswith(user_agent))
-    ]
+class Audit:
+    """One user's resource requests as the API server's audit log recorded them, from the moment this is
+    made on (the log is append-only, so earlier tests' requests are left out). Discovery (/api, /apis,
+    /version) is not a resource request and needs no grant."""
+
+    def __init__(self, cluster: ControlPlane, user: str, *, from_start: bool = False) -> None:
+        self.cluster, self.user = cluster, user
+        self.offset = 0 if from_start else len(cluster.audit(user))
+
+    def events(
+        self, user_agent: str | None = None, *, exclude_agent: str | None = None
+    ) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.cluster.audit(self.user)[self.offset :]
+            if "objectRef" in e
+            and (user_agent is None or e.get("userAgent", "").startswith(user_agent))
+            and (exclude_agent is None or not e.get("userAgent", "").startswith(exclude_agent))
+        ]
 
 
 def call_of(event: dict[str, Any]) -> Call:
     ref = event["objectRef"]
     resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
     return (ref.get("apiGroup", ""), resource, event["verb"])
+
+
+def calls(events: list[dict[str, Any]], namespace: str | None = None) -> set[Call]:
+    """The calls made in `namespace`, or (None) on cluster-scoped resources and across all namespaces."""
+    return {call_of(e) for e in events if e["objectRef"].get("namespace") == namespace}
 
 
 def forbidden(events: list[dict[str, Any]]) -> list[str]:
@@ -83,16 +111,23 @@ def triples(rules: list[dict[str, Any]]) -> set[Call]:
     }
 
 
-def cluster_grants(objs: list[dict[str, Any]], service_account: str) -> set[Call]:
-    """What the chart's own ClusterRoles give `service_account` through its ClusterRoleBindings."""
-    roles = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ClusterRole"}
+def grants(objs: list[dict[str, Any]], service_account: str, kind: str = "ClusterRole") -> set[Call]:
+    """What the chart's own ClusterRoles (or Roles) give `service_account` through its bindings."""
+    roles = {o["metadata"]["name"]: o for o in objs if o["kind"] == kind}
     out: set[Call] = set()
-    for binding in (o for o in objs if o["kind"] == "ClusterRoleBinding"):
-        if any(s["name"] == service_account for s in binding["subjects"]):
+    for binding in (o for o in objs if o["kind"] == f"{kind}Binding"):
+        if binding["roleRef"]["kind"] == kind and any(
+            s["name"] == service_account for s in binding["subjects"]
+        ):
             role = roles.get(binding["roleRef"]["name"])
             if role is not None:  # built-in roles (system:kube-scheduler) are not the chart's to trim
                 out |= triples(role["rules"])
     return out
+
+
+def assert_exact(used: set[Call], granted: set[Call], who: str) -> None:
+    assert not used - granted, f"{who} makes calls the chart does not grant: {sorted(used - granted)}"
+    assert not granted - used, f"the chart grants {who} calls it never makes: {sorted(granted - used)}"
 
 
 # --- the node agent ------------------------------------------------------------------------------------
@@ -138,12 +173,12 @@ async def test_node_agent_allocates_and_publishes_under_its_service_account(
         AgentMetrics(),
         sample_interval_s=0.5,
     )
+    audit = Audit(cluster, sa_user(creds.service_account))
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
-    user = sa_user(creds.service_account)
     try:
         await wait_for(
-            lambda: any(call_of(e) == ("", "nodes", "patch") for e in resource_requests(cluster, user)),
+            lambda: ("", "nodes", "patch") in calls(audit.events()),
             90,
             "the agent to publish its node's inventory",
         )
@@ -186,9 +221,251 @@ async def test_node_agent_allocates_and_publishes_under_its_service_account(
         await kubelet.stop()
         cluster.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/train?gracePeriodSeconds=0")
 
-    events = resource_requests(cluster, user)
+    events = audit.events()
+    assert forbidden(events) == []
+    used = {call_of(e) for e in events}  # pods are patched in the workload's namespace, listed cluster-wide
+    assert_exact(used, grants(chart_objects(), creds.service_account), "the node agent")
+
+
+# --- the operator ----------------------------------------------------------------------------------------
+
+TEMPLATE = {"spec": {"containers": [{"name": "main", "image": "trainer:1"}]}}
+
+
+def app(name: str) -> dict[str, Any]:
+    jobs = [{"name": "j1", "iterTotal": 1000, "iterTimeSerialSeconds": 1.0, "maxGPUs": 1}]
+    return {"apiVersion": contract.API_VERSION, "kind": "App", "metadata": {"name": name},
+            "spec": {"template": TEMPLATE, "jobs": jobs}}  # fmt: skip
+
+
+def trialgroup(name: str) -> dict[str, Any]:
+    trials = [
+        {"name": f"t{i}", "budgetIterations": 9, "iterTimeSeconds": 1.0, "config": {}} for i in range(2)
+    ]
+    return {"apiVersion": contract.API_VERSION, "kind": "TrialGroup", "metadata": {"name": name},
+            "spec": {"template": TEMPLATE, "trials": trials, "gpus": 1}}  # fmt: skip
+
+
+def modeldeployment(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": "ModelDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "template": {"spec": {"containers": [{"name": "worker", "image": "worker:1"}]}},
+            "model": {"name": "resnet", "dynamic": False},
+            "slo": {"latencyMs": 100},
+            "traffic": {"expectedRps": 50},
+            "batching": {
+                "supportedBatchSizes": [1, 2, 4, 8],
+                "latencyModel": {"type": "perBatchSize", "perBatchSizeMs": [10, 15, 25, 45]},
+            },
+            "gpu": {"lane": {"memoryMiB": 4096, "computePercent": 50}},
+        },
+    }
+
+
+def cr_path(namespace: str, plural: str, name: str = "") -> str:
+    return f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/{plural}" + (
+        f"/{name}" if name else ""
+    )
+
+
+def pods_labelled(cluster: ControlPlane, namespace: str, label: str, value: str) -> list[dict[str, Any]]:
+    body = cluster.get(f"/api/v1/namespaces/{namespace}/pods?labelSelector={label}%3D{value}")
+    return [p for p in (body or {}).get("items", []) if not p["metadata"].get("deletionTimestamp")]
+
+
+async def exercise_operator(cluster: ControlPlane, ctl: Any, namespace: str) -> None:
+    """Every code path of the operator that talks to the API: an App's pods, leases and status, a
+    TrialGroup's pool and trial pods, a ModelDeployment's workers and gateway (created, then patched
+    when its spec changes), events, and the cleanup of all three on delete."""
+    for plural, body in (
+        (contract.PLURAL_APP, app("a")),
+        (contract.PLURAL_TRIALGROUP, trialgroup("tg")),
+        (contract.PLURAL_MODELDEPLOYMENT, modeldeployment("md")),
+    ):
+        status, out = cluster.request("POST", cr_path(namespace, plural), body)
+        assert status == 201, out
+    await wait_for(lambda: pods_labelled(cluster, namespace, contract.LABEL_APP, "a"), 120, "the App's pods")
+    await wait_for(
+        lambda: pods_labelled(cluster, namespace, contract.LABEL_TRIALGROUP, "tg"), 120, "the trial pods"
+    )
+    gateway = f"/apis/apps/v1/namespaces/{namespace}/deployments/md-gateway"
+    await wait_for(lambda: cluster.get(gateway), 120, "the gateway Deployment")
+    await wait_for(
+        lambda: (
+            (cluster.get(cr_path(namespace, contract.PLURAL_APP, "a")) or {}).get("status", {}).get("phase")
+        ),
+        120,
+        "the App's status",
+    )
+    # A new SLO changes the gateway's config: the operator re-applies (patches) its objects.
+    status, out = cluster.request(
+        "PATCH",
+        cr_path(namespace, contract.PLURAL_MODELDEPLOYMENT, "md"),
+        {"spec": {"slo": {"latencyMs": 120}}},
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, out
+    configmap = f"/api/v1/namespaces/{namespace}/configmaps/md-gateway"
+
+    def slo_s() -> float:
+        data = (cluster.get(configmap) or {}).get("data") or {}
+        return float(json.loads(data.get("gateway.json", "{}")).get("models", [{}])[0].get("slo_s", 0))
+
+    await wait_for(lambda: slo_s() == 0.12, 120, "the gateway config to follow the new SLO")
+    for plural, name in (
+        (contract.PLURAL_APP, "a"),
+        (contract.PLURAL_TRIALGROUP, "tg"),
+        (contract.PLURAL_MODELDEPLOYMENT, "md"),
+    ):
+        status, out = cluster.request("DELETE", cr_path(namespace, plural, name))
+        assert status == 200, out
+    for plural, name in (
+        (contract.PLURAL_APP, "a"),
+        (contract.PLURAL_TRIALGROUP, "tg"),
+        (contract.PLURAL_MODELDEPLOYMENT, "md"),
+    ):
+        await wait_for(
+            lambda p=plural, n=name: cluster.request("GET", cr_path(namespace, p, n))[0] == 404,
+            120,
+            f"{plural}/{name} to be cleaned up and gone",
+        )
+    await wait_for(lambda: cluster.request("GET", gateway)[0] == 404, 120, "the gateway to be deleted")
+
+
+async def test_operator_runs_under_its_cluster_role(
+    crds: ControlPlane, chart_rbac: dict[str, Credentials], nodes: Nodes, namespace: str
+) -> None:
+    """The default install (allNamespaces): the operator serves every namespace and elects its leader
+    through a ClusterKopfPeering, with exactly the grants of its ClusterRole."""
+    cluster = crds
+    creds = chart_rbac["operator"]
+    peering = f"rbac-{secrets.token_hex(3)}"  # not the chart's default name: a release may own that one
+    status, out = cluster.request(
+        "POST",
+        "/apis/kopf.dev/v1/clusterkopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}},
+    )
+    assert status == 201, out
+    nodes.add(f"op-{secrets.token_hex(3)}", gpus=4)
+    audit = Audit(cluster, sa_user(creds.service_account))
+    try:
+        async with running_operator(
+            cluster, creds, standalone=False, peering_name=peering, priority=1
+        ) as ctl:
+            await exercise_operator(cluster, ctl, namespace)
+    finally:
+        cluster.request("DELETE", f"/apis/kopf.dev/v1/clusterkopfpeerings/{peering}")
+
+    events = audit.events()
     assert forbidden(events) == []
     used = {call_of(e) for e in events}
-    granted = cluster_grants(chart_objects(), creds.service_account)
-    assert used - granted == set(), "calls the chart does not grant"
-    assert granted - used == set(), "grants the agent never uses"
+    assert_exact(used, grants(chart_objects(), creds.service_account), "the operator")
+    assert not grants(chart_objects(), creds.service_account, "Role")
+
+
+def release_objects(name: str, namespace: str, values: dict[str, Any]) -> list[dict[str, Any]]:
+    return objects(render(values, name=name, namespace=namespace))
+
+
+async def test_operator_of_one_namespace_runs_under_a_role_there(
+    crds: ControlPlane, nodes: Nodes, namespace: str
+) -> None:
+    """operator.allNamespaces=false: the operator serves the release namespace under a Role there; its
+    ClusterRole keeps only cluster-scoped reads (nodes, CRDs, namespaces). Run it under that RBAC, from a
+    release of its own into a fresh namespace, and check every request against where it was granted."""
+    cluster = crds
+    release = f"ns-{secrets.token_hex(3)}"
+    objs = release_objects(release, namespace, {"operator": {"allNamespaces": False}})
+    mine = [
+        o
+        for o in objs
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "operator"
+        and o["kind"] in (*RBAC_KINDS, "KopfPeering")
+    ]
+    assert {o["kind"] for o in mine} == {*RBAC_KINDS, "KopfPeering"}
+    cluster.kubectl("apply", "-f", "-", stdin="\n---\n".join(yaml.safe_dump(o) for o in mine))
+    (sa,) = [o["metadata"]["name"] for o in mine if o["kind"] == "ServiceAccount"]
+    (peering,) = [o["metadata"]["name"] for o in mine if o["kind"] == "KopfPeering"]
+    token = request_token(cluster, namespace, sa)
+    creds = Credentials(
+        sa, token, cluster.write_kubeconfig(cluster.workdir / f"{release}.kubeconfig", token=token)
+    )
+    # An App in a namespace the operator does not serve: it must not be touched (nor tried).
+    elsewhere = f"t-{secrets.token_hex(4)}"
+    cluster.request("POST", "/api/v1/namespaces", {"metadata": {"name": elsewhere}})
+    status, out = cluster.request("POST", cr_path(elsewhere, contract.PLURAL_APP), app("other"))
+    assert status == 201, out
+    nodes.add(f"opns-{secrets.token_hex(3)}", gpus=4)
+    audit = Audit(cluster, sa_user(sa, namespace))
+    try:
+        async with running_operator(
+            cluster,
+            creds,
+            clusterwide=False,
+            namespaces=(namespace,),
+            standalone=False,
+            peering_name=peering,
+            priority=1,
+        ) as ctl:
+            await exercise_operator(cluster, ctl, namespace)
+        other = cluster.get(cr_path(elsewhere, contract.PLURAL_APP, "other"))
+        assert not other["metadata"].get("finalizers") and "status" not in other
+    finally:
+        cluster.request("DELETE", f"/api/v1/namespaces/{elsewhere}")
+        for o in mine:
+            if o["kind"].startswith("Cluster"):
+                cluster.kubectl("delete", o["kind"].lower(), o["metadata"]["name"], "--ignore-not-found")
+
+    events = audit.events()
+    assert forbidden(events) == []
+    assert {e["objectRef"].get("namespace") for e in events} <= {None, namespace}
+    assert_exact(calls(events, None), grants(objs, sa), "the operator, cluster-wide,")
+    assert_exact(calls(events, namespace), grants(objs, sa, "Role"), f"the operator, in {namespace},")
+
+
+# --- the extender ----------------------------------------------------------------------------------------
+
+
+def test_extender_binds_under_the_scheduler_service_account(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    """kube-scheduler and the extender share the scheduler's ServiceAccount: neither may be refused, and
+    the extender's own ClusterRole holds exactly what the extender calls (the built-in scheduler roles
+    cover kube-scheduler). Its requests are told apart from kube-scheduler's by their user agent."""
+    creds = chart_rbac["scheduler"]
+    audit = Audit(cluster, sa_user(creds.service_account), from_start=True)  # the extender lists at start
+    node = nodes.add(f"ext-{secrets.token_hex(3)}", gpus=2)
+    status, body = cluster.request(
+        "POST", f"/api/v1/namespaces/{namespace}/pods", fractional_pod("p", "4096", 25)
+    )
+    assert status == 201, body
+
+    def bound() -> Any:
+        pod = cluster.get(f"/api/v1/namespaces/{namespace}/pods/p")
+        return pod if pod and pod["spec"].get("nodeName") else None
+
+    wait_until(bound, 90, "the pod to be bound through the extender", scheduling.scheduler)
+    # A bind for a pod the extender has not seen makes it read the pod from the API server: a 404, not a 403.
+    request = urllib.request.Request(
+        f"{scheduling.extender_url}/bind",
+        data=json.dumps(
+            {"PodName": "ghost", "PodNamespace": namespace, "PodUID": "u", "Node": node}
+        ).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        assert json.loads(resp.read())["Error"] == f"pod {namespace}/ghost not found"
+
+    assert forbidden(audit.events()) == []  # kube-scheduler's requests included
+    extender = audit.events(exclude_agent="kube-scheduler/")
+    assert_exact(
+        {call_of(e) for e in extender}, grants(chart_objects(), creds.service_account), "the extender"
+    )

@@ -14,10 +14,12 @@ RELEASE = "tessera"
 NAMESPACE = "tessera-system"
 
 
-def render(values: dict[str, Any] | None = None) -> dict[str, str]:
-    """Template path -> rendered text (NOTES.txt included)."""
+def render(
+    values: dict[str, Any] | None = None, *, name: str = RELEASE, namespace: str = NAMESPACE
+) -> dict[str, str]:
+    """Template path -> rendered text (NOTES.txt included), as release `name` into `namespace`."""
     with helm.Chart.load(CHART) as chart:
-        return chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        return chart.render(values, name=name, namespace=namespace, is_install=True)
 
 
 def objects(rendered: dict[str, str]) -> list[dict[str, Any]]:

@@ -4,7 +4,8 @@ Every Tessera container's command line is parsed by the real argparse parser of 
 (`tessera` from tessera.cli.build_parser, `tessera-agent` from tessera_agent.cli.build_parser), so a flag
 the chart passes can never drift from what the program accepts. The scheduler's KubeSchedulerConfiguration
 keeps the extender settings of deploy/scheduler/kube-scheduler-config.yaml, and the operator's ClusterRole
-equals tessera.controller.rbac.RULES (which a kmock test checks against the operator's API requests).
+and Role equal tessera.controller.rbac.operator_rbac for either watch mode (tests/integration/k8s/test_rbac.py
+checks those against a real API server's audit log of the operator's requests).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any
 import pytest
 import yaml
 from tessera import cli
-from tessera.controller.rbac import RULES
+from tessera.controller.rbac import operator_rbac
 from tessera_agent import cli as agent_cli
 
-from .chart_render import ROOT, find, objects, render
+from .chart_render import NAMESPACE, ROOT, find, objects, render
 from .test_chart import VALUE_SETS
 
 # The operator's shell wrapper draws a random peering priority; any integer stands in for it.
@@ -147,9 +148,31 @@ def _triples(rules: list[dict[str, list[str]]]) -> set[tuple[str, str, str]]:
     }
 
 
-def test_operator_cluster_role_equals_the_rules_the_operator_needs() -> None:
-    objs = objects(render())
-    role = find(objs, "ClusterRole", "-operator")
-    assert _triples(role["rules"]) == _triples([r.to_k8s() for r in RULES])
-    # No namespaced Role widens it.
-    assert not [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith("-operator")]
+@pytest.mark.parametrize("all_namespaces", [True, False])
+def test_operator_roles_equal_the_rules_the_operator_needs(all_namespaces: bool) -> None:
+    objs = objects(render({"operator": {"allNamespaces": all_namespaces}}))
+    want = operator_rbac(clusterwide=all_namespaces)
+    assert _triples(find(objs, "ClusterRole", "-operator")["rules"]) == _triples(
+        [r.to_k8s() for r in want.cluster]
+    )
+    roles = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith("-operator")]
+    bindings = [o for o in objs if o["kind"] == "RoleBinding" and o["metadata"]["name"].endswith("-operator")]
+    if all_namespaces:
+        assert not roles and not bindings  # nothing namespaced widens the ClusterRole
+    else:
+        # Namespaced work is granted in the release namespace only, the one the operator is told to serve.
+        (role,), (binding,) = roles, bindings
+        assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == NAMESPACE
+        assert _triples(role["rules"]) == _triples([r.to_k8s() for r in want.namespaced])
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
+        c = _containers(objs)["tessera-operator/operator"]
+        assert _parse(cli.build_parser(), _operator_argv(c)).namespace == [NAMESPACE]
+    sa = find(objs, "ServiceAccount", "-operator")["metadata"]
+    for binding in [find(objs, "ClusterRoleBinding", "-operator"), *bindings]:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
+        ]
