@@ -135,15 +135,17 @@ def make_registry(
             await ctl.api.close()
 
     # --- the cluster view -------------------------------------------------------------------------
+    # async: kopf runs a plain `def` handler in a worker thread, where it mutated the view while a round
+    # or another event's handler iterated it on the loop ("dictionary changed size during iteration").
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         ctl.view.on_node(dict(body), deleted=type == "DELETED")
         if ctl.arbiter is not None:
             ctl.arbiter.dirty = True
 
     @kopf.on.event("", "v1", "pods", registry=registry)
-    def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         before = ctl.view.pods.get((body.metadata.namespace or "", body.metadata.name or ""))
         ctl.view.on_pod(dict(body), deleted=type == "DELETED")
         after = ctl.view.pods.get((body.metadata.namespace or "", body.metadata.name or ""))

@@ -1,0 +1,30 @@
+"""Every kopf handler that reads or writes the controller's shared state runs on the event loop.
+
+kopf runs a plain `def` handler in a worker thread. The pod and node watch handlers were plain functions:
+they mutated the cluster view from threads while an arbiter round or another handler iterated it on the
+loop, and at 1000 Apps against a real API server a pod event failed with "dictionary changed size during
+iteration" (the pod was then missing from the view)."""
+
+from __future__ import annotations
+
+import inspect
+
+from tessera.controller.config import OperatorConfig
+from tessera.controller.handlers import make_registry
+
+# Run once, before any watch starts: login builds the controller, startup only sets kopf's settings.
+BEFORE_WATCHING = {"login", "configure"}
+
+
+def test_handlers_touching_shared_state_are_coroutines() -> None:
+    registry, _ = make_registry(OperatorConfig())
+    kinds = (registry._activities, registry._watching, registry._spawning, registry._changing)
+    handlers = [h for kind in kinds for h in kind.get_all_handlers()]
+    names = {str(h.id).split(".")[-1].split("/")[0] for h in handlers}
+    assert {"node_event", "pod_event", "app_reconcile", "app_tick"} <= names
+    threaded = [
+        str(h.id)
+        for h in handlers
+        if not inspect.iscoroutinefunction(h.fn) and str(h.id).split(".")[-1] not in BEFORE_WATCHING
+    ]
+    assert threaded == []
