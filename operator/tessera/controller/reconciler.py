@@ -93,11 +93,13 @@ class KindReconciler(abc.ABC, Generic[R]):
             return
         status_in = body.get("status") or {}
         stored: list[dict[str, Any]] = list(status_in.get("conditions") or [])
-        own = patch.status.get("conditions") if "conditions" in patch.status else stored
+        own = list(patch.status.get("conditions") if "conditions" in patch.status else stored)
         gen = generation_of(body)
+        if gen is not None:  # the pass re-evaluated the kind's own conditions against this generation too
+            own = [{**c, "observedGeneration": gen} for c in own]
         # Ready's transition time from what this operator last wrote: the body may predate that write.
         last = self._ready.get(rec.uid)
-        conditions = with_ready(own or [], ready, gen, ([last] if last else []) + stored)
+        conditions = with_ready(own, ready, gen, ([last] if last else []) + stored)
         if len(self._ready) > len(self.records):
             live = {r.uid for r in self.records.values()}
             self._ready = {uid: c for uid, c in self._ready.items() if uid in live}
