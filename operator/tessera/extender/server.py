@@ -346,15 +346,18 @@ class Extender:
                 # which otherwise stall a filter for tens of ms at 1,000 nodes (bench_extender.py).
                 gc.collect()
                 gc.freeze()
-                await self._watch_both(nodes, pods)
+                await self._watch_both(nodes, pods, stop)
+                if stop.is_set():
+                    break
                 log.info("a watch was closed by the API server; relisting in %.0fs", retry_seconds)
             except (KubeError, KeyError, ValueError) as err:
                 log.warning("watch ended (%s); relisting in %.0fs", err, retry_seconds)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), retry_seconds)
 
-    async def _watch_both(self, nodes: JsonObj, pods: JsonObj) -> None:
-        """Watch nodes and pods until either watch ends; the other is then cancelled (never left running)."""
+    async def _watch_both(self, nodes: JsonObj, pods: JsonObj, stop: asyncio.Event) -> None:
+        """Watch nodes and pods until either watch ends or `stop` is set (SIGTERM must not wait for the
+        server to close a watch); the other watch is then cancelled, never left running."""
         watches = [
             asyncio.create_task(
                 self._watch(
@@ -366,12 +369,13 @@ class Extender:
             ),
             asyncio.create_task(self._watch("/api/v1/pods", pods, self.view.apply_pod, self.view.delete_pod)),
         ]
+        stopping = asyncio.create_task(stop.wait())
         try:
-            done, _ = await asyncio.wait(watches, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait([*watches, stopping], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in watches:
+            for task in [*watches, stopping]:
                 task.cancel()
-            await asyncio.gather(*watches, return_exceptions=True)
+            await asyncio.gather(*watches, stopping, return_exceptions=True)
         for task in done:
             task.result()  # the error that ended it, if any
 

@@ -66,6 +66,8 @@ class Env:
     extender: Extender
     http: aiohttp.ClientSession
     url: str
+    stop: asyncio.Event  # set: the extender's sync_forever should return
+    sync: asyncio.Task[None]
 
     async def post(self, verb: str, body: Any) -> tuple[int, Any]:
         async with self.http.post(f"{self.url}/{verb}", json=body) as resp:
@@ -93,7 +95,7 @@ async def running_env(api: FakeApiServer) -> AsyncIterator[Env]:
     sync = asyncio.create_task(extender.sync_forever(stop, retry_seconds=0.1))
     http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200))
     try:
-        yield Env(api, extender, http, str(ext_server.make_url("")).rstrip("/"))
+        yield Env(api, extender, http, str(ext_server.make_url("")).rstrip("/"), stop, sync)
     finally:
         stop.set()
         sync.cancel()

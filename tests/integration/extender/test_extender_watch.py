@@ -3,6 +3,8 @@ watch, watches the server closes, and watches that expire (410 Gone) while pods 
 
 from __future__ import annotations
 
+import asyncio
+
 from tessera.api import contract
 
 from .conftest import Env, node, pod, running_env
@@ -71,3 +73,12 @@ async def test_relist_keeps_a_bind_that_raced_it(env: Env) -> None:
     view.replace_pods([], view.mark())  # a list requested after the hold, without the pod: it is gone
     assert "uid-racing" not in view.holdings
     assert contract.ANN_ASSIGNMENT in env.api.pods["default/racing"]["metadata"]["annotations"]
+
+
+async def test_stop_ends_the_sync_while_its_watches_are_open(env: Env) -> None:
+    """On SIGTERM (`stop`) the extender returns at once, not when the server next closes a watch."""
+    env.api.put_node(node("gpu-a"))
+    await env.settle(lambda: env.api.open_watches("nodes") == 1 and env.api.open_watches("pods") == 1)
+    env.stop.set()
+    await asyncio.wait_for(env.sync, 30)  # the deadline bounds a failure only
+    await env.settle(lambda: env.api.open_watches("nodes") == 0 and env.api.open_watches("pods") == 0)
