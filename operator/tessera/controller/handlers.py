@@ -151,7 +151,7 @@ def make_registry(
         after = ctl.view.pods.get((body.metadata.namespace or "", body.metadata.name or ""))
         freed = before is not None and before.holds_gpus and (after is None or not after.holds_gpus)
         if before != after:
-            ctl.usage.update(ctl.view.pods.values())  # tessera_namespace_gpus, tessera_pending_pods
+            ctl.usage.update_soon(ctl.view.pods.values)  # tessera_namespace_gpus, tessera_pending_pods
         if freed and ctl.arbiter is not None:
             ctl.arbiter.dirty = True  # GPUs became available: a Themis resource-available event
 

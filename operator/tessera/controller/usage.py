@@ -7,7 +7,8 @@ operator created count: App workers (training), TrialGroup trial pods (trial) an
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tessera.api import contract
@@ -59,9 +60,23 @@ def usage_of(pods: Iterable[PodInfo]) -> Usage:
 class UsageMetrics:
     """Sets the two gauges from the pod view; series that drop to nothing are set to 0, not left stale."""
 
-    def __init__(self, metrics: ComponentMetrics) -> None:
+    def __init__(self, metrics: ComponentMetrics, delay_s: float = 0.2) -> None:
         self.metrics = metrics
+        self.delay_s = delay_s
         self._seen: set[tuple[str, str]] = set()
+        self._due: asyncio.TimerHandle | None = None
+
+    def update_soon(self, pods: Callable[[], Iterable[PodInfo]]) -> None:
+        """Recount within `delay_s`, once for all the pod events until then. A recount walks every pod;
+        run per event, a round that creates and deletes hundreds of pods made it O(pods²) on the loop."""
+        if self._due is not None:
+            return
+
+        def recount() -> None:
+            self._due = None
+            self.update(pods())
+
+        self._due = asyncio.get_running_loop().call_later(self.delay_s, recount)
 
     def update(self, pods: Iterable[PodInfo]) -> Usage:
         usage = usage_of(pods)
