@@ -163,3 +163,4 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, release_namespace: str
             )
         smoke = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{ns}/{contract.PLURAL_APP}/smoke"
         assert cluster.get(smoke) is not None
+        assert cluster.request("DELETE", smoke)[0] == 200
