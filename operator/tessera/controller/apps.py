@@ -8,7 +8,7 @@ neither loses a lease nor creates a second set of pods. Spec seed-themis §5.2 (
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -137,8 +137,9 @@ class AppRecord:
         left = sum(self.iters_left(j) * j.iter_time_serial_seconds for j in self.spec.jobs)
         return total, left
 
-    def state(self, now: float) -> AppState:
-        """The AppState a TrainingPolicy expects (tessera.policy.training), from spec + progress."""
+    def state(self, now: float, known: Collection[str] | None = None) -> AppState:
+        """The AppState a TrainingPolicy expects (tessera.policy.training), from spec + progress; with
+        `known`, the App holds only those of its leased GPUs (the ones in the policy's cluster)."""
         total, left = self.work()
         jobs = [
             JobWork(
@@ -155,7 +156,7 @@ class AppRecord:
             app_id=f"{self.namespace}/{self.name}",
             arrival=self.start,
             demand_max=self.demand(),
-            held=frozenset(self.held()),
+            held=frozenset(g for g in self.held() if known is None or g in known),
             sensitivity=self.sensitivity(),
             total_work=total,
             remaining_work=left,

@@ -92,7 +92,6 @@ class Arbiter:
         if old is not None and old.uid == rec.uid:
             old.spec, old.body = rec.spec, rec.body
             return False
-        rec.navg = NAvg(rec.start, len(self.records) + 1)
         self.records[rec.key] = rec
         self.dirty = True
         return True
@@ -147,7 +146,12 @@ class Arbiter:
                 n = sum(len(lease.gpus) for lease in gone)
                 report.expired[f"{rec.namespace}/{rec.name}"] = n
                 self._count_lease(rec, "expired", n)
-            if rec.navg is not None:
+            if rec.navg is None:
+                # N_avg from the App's start, but never from after this round: a startTime written by a
+                # clock ahead of ours, or an App upserted after this round read the clock, would make
+                # time run backwards.
+                rec.navg = NAvg(min(rec.start, now), n_active)
+            else:
                 rec.navg.update(now, n_active)
             if rec.done and rec.finished_at is None:
                 rec.finished_at = now
@@ -160,7 +164,10 @@ class Arbiter:
         free = [g for g in healthy_gpus(cluster) if g not in held and g not in others and g not in reserved]
         report.free = len(free)
         if free and active:
-            states = [r.state(now) for r in active]
+            # The policy reasons about GPUs the cluster has: a lease on a node that left (or is not
+            # listed yet) is kept to its expiry but is not part of the App's holding in a bid.
+            known = set(cluster.gpu_ids)
+            states = [r.state(now, known) for r in active]
             decision = self.themis.allocate(now, states, cluster, free, self.rng)
             check_decision(decision, states, free)
             by_id = {f"{r.namespace}/{r.name}": r for r in active}
