@@ -60,6 +60,9 @@ class KindReconciler(abc.ABC, Generic[R]):
         self.reconciles = 0  # completed passes (tests wait on it instead of on time)
         self._refused = False  # this pass reported the object invalid (Ready is written with that report)
         self._ready: dict[str, dict[str, Any]] = {}  # uid → the Ready condition last written
+        # uid → (message, generation) last reported invalid: the create handler and the timer may both
+        # pass over the object before either sees the other's patch.
+        self._reported: dict[str, tuple[str, int | None]] = {}
 
     async def reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
         async with self.lock:
@@ -67,6 +70,7 @@ class KindReconciler(abc.ABC, Generic[R]):
             await self._reconcile(body, patch)
             self.reconciles += 1
             if not self._refused:
+                self._reported.pop(str((body.get("metadata") or {}).get("uid", "")), None)
                 self._report_ready(body, patch)
 
     @abc.abstractmethod
@@ -132,10 +136,15 @@ class KindReconciler(abc.ABC, Generic[R]):
         status_in = body.get("status") or {}
         stored = status_in.get("conditions") or []
         gen = generation_of(body)
+        uid = str((body.get("metadata") or {}).get("uid", ""))
         valid = find(stored, "Valid")
-        same = status_in.get("phase") == "Failed" and valid is not None and valid.get("message") == msg
-        if same and status_in.get("observedGeneration") == gen:
+        last = self._reported.get(uid)
+        same = (status_in.get("phase") == "Failed" and valid is not None and valid.get("message") == msg) or (
+            last is not None and last[0] == msg
+        )
+        if last == (msg, gen) or (same and status_in.get("observedGeneration") == gen):
             return  # reported already; a repeat would only add events
+        self._reported[uid] = (msg, gen)
         status = dict(status)
         if gen is not None:
             status["observedGeneration"] = gen
