@@ -37,6 +37,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--standalone", action="store_true", help="no peering (single replica only)")
     parser.add_argument(
+        "--peering-lifetime-seconds",
+        type=int,
+        default=60,
+        help="how long a silent peer counts as alive: the longest a standby waits to take over (60)",
+    )
+    parser.add_argument(
         "--lease-seconds", type=float, default=600.0, help="Themis lease period (default 600)"
     )
     parser.add_argument("--fairness-knob", type=float, default=0.8, help="Themis f in [0, 1] (default 0.8)")
@@ -74,6 +80,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         standalone=args.standalone,
         peering_name=args.peering,
         priority=args.priority,
+        peering_lifetime_s=args.peering_lifetime_seconds,
     )
 
 

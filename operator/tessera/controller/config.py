@@ -21,6 +21,9 @@ class OperatorConfig:
     standalone: bool = False
     peering_name: str = "default"
     priority: int = 0
+    # kopf peering: a peer that stops sending keep-alives counts as dead this long after its last one, and
+    # only then may a lower-priority peer take over (kopf touches every lifetime - 5..10 s, at least 1 s).
+    peering_lifetime_s: int = 60
     post_events: bool = True
     gateway_image: str = "tessera:latest"
     # App status writes (controller/status_writes.py): ρ alone re-writes status only when it moved by more
@@ -49,6 +52,8 @@ class OperatorConfig:
             raise ValueError(f"status staleness must be positive seconds, got {self.status_max_staleness_s}")
         if self.api_concurrency < 1:
             raise ValueError(f"API concurrency must be >= 1 request in flight, got {self.api_concurrency}")
+        if self.peering_lifetime_s < 1:
+            raise ValueError(f"peering lifetime must be >= 1 second, got {self.peering_lifetime_s}")
         if not self.clusterwide and not self.namespaces:
             raise ValueError("give --namespace at least once, or --all-namespaces")
 

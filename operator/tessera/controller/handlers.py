@@ -125,6 +125,7 @@ def make_registry(
         settings.peering.name = config.peering_name
         settings.peering.priority = config.priority
         settings.peering.clusterwide = config.clusterwide
+        settings.peering.lifetime = config.peering_lifetime_s
         settings.posting.enabled = False  # decisions are posted as events explicitly (Controller.post_event)
         settings.persistence.finalizer = contract.FINALIZER
         settings.watching.server_timeout = 60

@@ -23,3 +23,12 @@ def test_bad_starving_rank_is_refused(capsys: pytest.CaptureFixture[str]) -> Non
     assert "invalid choice: 'fifo'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="starving rank must be 'fair_share' or 'cap'"):
         OperatorConfig(starving_rank="fifo")
+
+
+def test_peering_lifetime_flag_and_its_bound() -> None:
+    argv = ["operator", "--peering", "p", "--priority", "7", "--peering-lifetime-seconds", "15"]
+    config = config_from_args(cli.build_parser().parse_args(argv))
+    assert (config.peering_name, config.priority, config.peering_lifetime_s) == ("p", 7, 15)
+    assert config_from_args(cli.build_parser().parse_args(["operator"])).peering_lifetime_s == 60  # kopf's
+    with pytest.raises(ValueError, match="peering lifetime must be >= 1 second"):
+        OperatorConfig(peering_lifetime_s=0)
