@@ -27,6 +27,7 @@ import contextlib
 import cProfile
 import io
 import logging
+import os
 import pstats
 import ssl
 import sys
@@ -39,11 +40,13 @@ from typing import Any
 
 import aiohttp
 import kmock
+import kopf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tessera.api import contract
 from tessera.controller.concurrency import gather_limited
-from tessera.controller.handlers import Controller
+from tessera.controller.config import OperatorConfig
+from tessera.controller.handlers import Controller, make_registry
 from tessera.progress import Progress
 
 from tests.bench.bench_operator import _trim_request_log
@@ -60,6 +63,7 @@ from tests.integration.operator import conftest as kmock_env
 NS = kmock_env.NS
 LEASE_S = 600.0
 TICK_S = 10.0  # App timers: with N staggered timers one fires every TICK_S/N s, so the round starts promptly
+IDLE_S = 2.0  # CPU use at steady state is sampled over this long before the round
 QUIET_S = 3.0  # steady state: no round and nothing in flight for this long
 GOAL_S = 5.0
 HIST = "tessera_auction_duration_seconds"  # observed by every arbiter round (controller/arbiter.py)
@@ -91,7 +95,20 @@ class Round:
     call_s: dict[tuple[str, str, str], float] = field(default_factory=dict)
     busy_s: float = 0.0
     events: int = 0
+    status_writes: int = 0
+    lease_apps: int = 0  # Apps whose leases changed (expired or granted): their status must be written
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds in the round: operator, servers
+    idle_cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per second before the round
     profile: str = ""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (/proc/<pid>/stat), 0 where /proc cannot say."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --- the measured round, the same on both backends ----------------------------------------------------
@@ -129,8 +146,11 @@ async def steady(ctl: Controller) -> None:
     await poll(quiet, 600, "the operator to settle", 0.1)
 
 
-async def measure_round(ctl: Controller, clock: ManualClock, row: Round, profile: bool) -> None:
-    """Expire every lease and measure the round the operator's own App timer starts."""
+async def measure_round(
+    ctl: Controller, clock: ManualClock, row: Round, profile: bool, servers: dict[str, int]
+) -> None:
+    """Expire every lease and measure the round the operator's own App timer starts. `servers` (name →
+    pid) are processes whose CPU time in the round is reported next to the operator's own."""
     arbiter, api = ctl.arbiter, ctl.api
     assert arbiter is not None and api is not None
     samples = arbiter.metrics.registry.get_sample_value
@@ -150,21 +170,32 @@ async def measure_round(ctl: Controller, clock: ManualClock, row: Round, profile
 
     async def traced_round(now: float) -> Any:
         start = (Counter(api.counts), dict(api.seconds), api.busy_s)
+        writes0 = arbiter.status_writes
+        cpu0 = {"operator": time.process_time()} | {k: cpu_seconds(pid) for k, pid in servers.items()}
         report = await run_round(now)
         if profiler is not None:
             profiler.disable()
+        cpu1 = {"operator": time.process_time()} | {k: cpu_seconds(pid) for k, pid in servers.items()}
         if not done.done():  # the first round after the clock moved is the measured one
             calls = Counter(api.counts)
             calls.subtract(start[0])
             secs = {k: v - start[1].get(k, 0.0) for k, v in api.seconds.items()}
             row.calls, row.busy_s = +calls, api.busy_s - start[2]
             row.call_s = {k: v for k, v in secs.items() if v > 0}
+            row.cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
+            row.status_writes = arbiter.status_writes - writes0
             hist = (samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0)
             done.set_result((report, hist))
         return report
 
     arbiter.themis.allocate = timed_allocate  # type: ignore[method-assign]
     arbiter.run_round = traced_round  # type: ignore[method-assign]
+    # What the processes burn at steady state, before the round (watch keep-alives, controllers, timers).
+    idle0 = {"operator": time.process_time()} | {k: cpu_seconds(pid) for k, pid in servers.items()}
+    t_idle = time.perf_counter()
+    await asyncio.sleep(IDLE_S)
+    idle1 = {"operator": time.process_time()} | {k: cpu_seconds(pid) for k, pid in servers.items()}
+    row.idle_cpu = {k: (idle1[k] - idle0[k]) / (time.perf_counter() - t_idle) for k in idle0}
     count0, sum0 = samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0
     events0 = api.counts[("", "events", "create")]
     try:
@@ -182,10 +213,13 @@ async def measure_round(ctl: Controller, clock: ManualClock, row: Round, profile
     row.policy_s = sum(policy)
     row.granted = sum(report.granted.values())
     row.expired = sum(report.expired.values())
+    row.lease_apps = len(set(report.expired) | set(report.granted))
     row.events = api.counts[("", "events", "create")] - events0
     if profiler is not None:
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(35)
+        stats = pstats.Stats(profiler, stream=out)
+        stats.sort_stats("cumulative").print_stats(40)
+        stats.sort_stats("tottime").print_stats(30)
         row.profile = out.getvalue()
 
 
@@ -250,16 +284,19 @@ def start_real(cp: ControlPlane, n: int) -> Any:
     return creds["operator"]
 
 
-async def measure_real(cp: ControlPlane, creds: Any, n: int, profile: bool) -> Round:
+def operator_settings(clock: ManualClock, extra: dict[str, Any]) -> dict[str, Any]:
+    """OperatorConfig fields both backends run with (`extra`: what the command line changed)."""
+    return {"lease_s": LEASE_S, "tick_s": TICK_S, "preemption_grace_s": 30, "clock": clock} | extra
+
+
+async def measure_real(cp: ControlPlane, creds: Any, n: int, profile: bool, extra: dict[str, Any]) -> Round:
     row = Round("real", n, n_nodes(n) * 8)
     clock = ManualClock()
     ctx = ssl.create_default_context(cafile=str(cp.ca_file))
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with (
         aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(ssl=ctx)) as http,
-        running_operator(
-            cp, creds, lease_s=LEASE_S, tick_s=TICK_S, clock=clock, preemption_grace_s=30
-        ) as ctl,
+        running_operator(cp, creds, **operator_settings(clock, extra)) as ctl,
     ):
 
         async def create(body: dict[str, Any]) -> None:
@@ -275,7 +312,8 @@ async def measure_real(cp: ControlPlane, creds: Any, n: int, profile: bool) -> R
             return sum(1 for a in items if (a.get("status") or {}).get("phase"))
 
         row.setup_s = await populate(ctl, n, create, statused, f"N={n} real")
-        await measure_round(ctl, clock, row, profile)
+        servers = {p.name: p.popen.pid for p in cp.processes if p.name in ("kube-apiserver", "etcd")}
+        await measure_round(ctl, clock, row, profile, servers)
     return row
 
 
@@ -286,7 +324,24 @@ async def kmock_server() -> AsyncIterator[kmock.KubernetesEmulator]:
         yield k
 
 
-async def measure_kmock(n: int) -> Round:
+@contextlib.asynccontextmanager
+async def kmock_operator(k: kmock.KubernetesEmulator, settings: dict[str, Any]) -> AsyncIterator[Controller]:
+    """The operator as kmock_env.running_operator starts it, given longer to stop: with 1000 Apps kopf
+    takes more than that fixture's 15 s to wind down its timers against kmock."""
+    config = OperatorConfig(standalone=True, **settings)
+    registry, ctl = make_registry(config, kopf.ConnectionInfo(server=str(k.url), insecure=True))
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        kopf.operator(registry=registry, clusterwide=True, stop_flag=stop, standalone=True)
+    )
+    try:
+        yield ctl
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=300)
+
+
+async def measure_kmock(n: int, extra: dict[str, Any]) -> Round:
     row = Round("kmock", n, n_nodes(n) * 8)
     clock = ManualClock()
     async with kmock_server() as k:
@@ -296,9 +351,7 @@ async def measure_kmock(n: int) -> Round:
         # kmock matches each request against every one it served; nothing here reads that log.
         trimmer = asyncio.create_task(_trim_request_log(k, stop))
         try:
-            async with kmock_env.running_operator(
-                k, lease_s=LEASE_S, tick_s=TICK_S, clock=clock, preemption_grace_s=30
-            ) as ctl:
+            async with kmock_operator(k, operator_settings(clock, extra)) as ctl:
 
                 async def create(body: dict[str, Any]) -> None:
                     resp = await k.post(APPS_PATH, json=body)
@@ -309,7 +362,7 @@ async def measure_kmock(n: int) -> Round:
                     return sum(1 for a in apps if (dict(a).get("status") or {}).get("phase"))
 
                 row.setup_s = await populate(ctl, n, create, statused, f"N={n} kmock")
-                await measure_round(ctl, clock, row, False)
+                await measure_round(ctl, clock, row, False, {})
         finally:
             stop.set()
             await trimmer
@@ -355,7 +408,8 @@ def report(rows: list[Round]) -> None:
     for r in rows:
         print(
             f"{r.backend:>5} {r.n:>5} Apps: expired {r.expired}, granted {r.granted};"
-            f" {sum(r.calls.values())} calls ({_calls(r.calls)}); {r.events} events posted"
+            f" {sum(r.calls.values())} calls ({_calls(r.calls)}); {r.events} events posted;"
+            f" {r.status_writes} statuses written, {r.lease_apps} of them with changed leases"
         )
     print()
     print("seconds in API calls by verb (summed latency; requests overlap, up to api_concurrency at once)")
@@ -365,6 +419,14 @@ def report(rows: list[Round]) -> None:
             for (g, res, verb), s in sorted(r.call_s.items())
         )
         print(f"{r.n:>5} Apps: {parts}")
+    print()
+    print("CPU seconds during the round (a client busy on its own CPU also keeps its requests in flight)")
+    for r in rows:
+        parts = ", ".join(
+            f"{k} {v:.1f}s ({v / r.round_s:.0%} of the round; {r.idle_cpu.get(k, 0):.0%} of a core before it)"
+            for k, v in r.cpu.items()
+        )
+        print(f"{r.backend:>5} {r.n:>5} Apps: {parts}")
     for r in real:
         if r.profile:
             print(f"\ncProfile of the round at {r.n} Apps (real API server), by cumulative time:")
@@ -377,7 +439,21 @@ def main() -> None:
     parser.add_argument("--sizes", default=None, help="comma-separated App counts (default 100,300,1000)")
     parser.add_argument("--no-kmock", action="store_true", help="skip the kmock baseline")
     parser.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile the real round at N")
+    parser.add_argument(
+        "--status-staleness",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the operator's status_max_staleness_s (default: one lease period, so every round that"
+        " follows a lease period rewrites every App's status)",
+    )
+    parser.add_argument("--no-events", action="store_true", help="the operator posts no events")
     args = parser.parse_args()
+    extra: dict[str, Any] = {}
+    if args.status_staleness is not None:
+        extra["status_max_staleness_s"] = args.status_staleness
+    if args.no_events:
+        extra["post_events"] = False
     sizes = [100] if args.quick else [int(s) for s in (args.sizes or "100,300,1000").split(",")]
     logging.basicConfig(level=logging.WARNING)
     for noisy in ("kopf", "aiohttp", "asyncio"):
@@ -387,10 +463,10 @@ def main() -> None:
         print(f"N={n}: starting a control plane", file=sys.stderr)
         with control_plane() as cp:
             creds = start_real(cp, n)
-            rows.append(asyncio.run(measure_real(cp, creds, n, args.profile == n)))
+            rows.append(asyncio.run(measure_real(cp, creds, n, args.profile == n, extra)))
         print(f"N={n}: real round {rows[-1].round_s:.2f}s", file=sys.stderr)
         if not args.no_kmock:
-            rows.append(asyncio.run(measure_kmock(n)))
+            rows.append(asyncio.run(measure_kmock(n, extra)))
             print(f"N={n}: kmock round {rows[-1].round_s:.2f}s", file=sys.stderr)
     report(rows)
 
