@@ -49,7 +49,7 @@ from .conftest import (
     running_operator,
     wait_for,
 )
-from .controlplane import ControlPlane, wait_until
+from .controlplane import ControlPlane, free_port, wait_until
 from .test_scheduling import fractional_pod
 
 Call = tuple[str, str, str]  # (API group, resource[/subresource], verb): what an RBAC rule grants
@@ -471,3 +471,78 @@ def test_extender_binds_under_the_scheduler_service_account(
     assert_exact(
         {call_of(e) for e in extender}, grants(chart_objects(), creds.service_account), "the extender"
     )
+
+
+def test_charts_kube_scheduler_leads_and_schedules_under_its_roles(
+    cluster: ControlPlane, scheduling: Scheduling, nodes: Nodes, namespace: str
+) -> None:
+    """The chart's own KubeSchedulerConfiguration (leader election on, its Lease in the release namespace)
+    on the real kube-scheduler under a release's scheduler ServiceAccount: it takes the Lease through the
+    leader-election Role, reads the authentication ConfigMap through the kube-system RoleBinding, and binds
+    a pod through the extender; nothing is refused and the Role's grants are all used."""
+    release, scheduler_name = f"le-{secrets.token_hex(3)}", f"tessera-{secrets.token_hex(3)}"
+    objs = release_objects(release, namespace, {"scheduler": {"schedulerName": scheduler_name}})
+    mine = [
+        o
+        for o in objs
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "scheduler"
+        and o["kind"] in RBAC_KINDS
+    ]
+    cluster.kubectl("apply", "-f", "-", stdin="\n---\n".join(yaml.safe_dump(o) for o in mine))
+    (sa,) = [o["metadata"]["name"] for o in mine if o["kind"] == "ServiceAccount"]
+    token = request_token(cluster, namespace, sa)
+    kubeconfig = cluster.write_kubeconfig(cluster.workdir / f"{release}.kubeconfig", token=token)
+    (configmap,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-config")]
+    config = yaml.safe_load(configmap["data"]["config.yaml"])
+    assert config["leaderElection"]["leaderElect"] is True
+    config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    config["extenders"][0]["urlPrefix"] = scheduling.extender_url  # the pod's localhost, here
+    path = cluster.workdir / f"{release}-scheduler.yaml"
+    path.write_text(yaml.safe_dump(config))
+    audit = Audit(cluster, sa_user(sa, namespace))
+    sched = cluster.spawn(
+        f"kube-scheduler-{release}",
+        # In its pod, kube-scheduler delegates authentication and authorization of its own endpoints to
+        # the API server with the in-cluster credentials; here the kubeconfig stands in for them.
+        [str(cluster.assets / "kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
+         f"--secure-port={free_port()}", f"--authentication-kubeconfig={kubeconfig}",
+         f"--authorization-kubeconfig={kubeconfig}", "-v=2"],
+    )  # fmt: skip
+    try:
+        lease = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{scheduler_name}"
+        held = wait_until(
+            lambda: (cluster.get(lease) or {}).get("spec", {}).get("holderIdentity"), 90, "the Lease", sched
+        )
+        node = nodes.add(f"le-{secrets.token_hex(3)}", gpus=1)
+        pod = fractional_pod("p", "4096", 25)
+        pod["spec"]["schedulerName"] = scheduler_name
+        status, body = cluster.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+        assert status == 201, body
+        wait_until(
+            lambda: (
+                (cluster.get(f"/api/v1/namespaces/{namespace}/pods/p") or {}).get("spec", {}).get("nodeName")
+                == node
+            ),
+            90,
+            "the pod to be bound by the elected scheduler",
+            sched,
+        )
+        # A renewal: the holder updates the Lease it took.
+        renewed = cluster.get(lease)["spec"]["renewTime"]
+        wait_until(lambda: cluster.get(lease)["spec"]["renewTime"] != renewed, 60, "a Lease renewal", sched)
+        assert cluster.get(lease)["spec"]["holderIdentity"] == held
+    finally:
+        sched.stop()
+        for o in mine:
+            if o["kind"].startswith("Cluster") or o["metadata"].get("namespace") == "kube-system":
+                scope = ["-n", "kube-system"] if o["metadata"].get("namespace") else []
+                cluster.kubectl(
+                    "delete", *scope, o["kind"].lower(), o["metadata"]["name"], "--ignore-not-found"
+                )
+
+    events = audit.events()
+    assert forbidden(events) == []
+    leases = {c for c in calls(events, namespace) if c[1] == "leases"}
+    assert_exact(leases, grants(objs, sa, "Role"), "kube-scheduler's leader election")
+    # The kube-system RoleBinding: the built-in reader Role of extension-apiserver-authentication.
+    assert ("", "configmaps", "get") in calls(events, "kube-system")
