@@ -25,8 +25,10 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import dataclasses
 import io
 import logging
+import math
 import os
 import pstats
 import ssl
@@ -146,16 +148,23 @@ async def steady(ctl: Controller) -> None:
     await poll(quiet, 600, "the operator to settle", 0.1)
 
 
+def _cpu(servers: dict[str, int]) -> dict[str, float]:
+    return {"operator": time.process_time()} | {k: cpu_seconds(pid) for k, pid in servers.items()}
+
+
 async def measure_round(
     ctl: Controller, clock: ManualClock, row: Round, profile: bool, servers: dict[str, int]
 ) -> None:
-    """Expire every lease and measure the round the operator's own App timer starts. `servers` (name →
-    pid) are processes whose CPU time in the round is reported next to the operator's own."""
+    """Expire every lease and measure the round the operator's own App timer then starts. `servers`
+    (name → pid) are processes whose CPU time in the round is reported next to the operator's own."""
     arbiter, api = ctl.arbiter, ctl.api
     assert arbiter is not None and api is not None
     samples = arbiter.metrics.registry.get_sample_value
     policy: list[float] = []
-    allocate = arbiter.themis.allocate
+    allocate, run_round = arbiter.themis.allocate, arbiter.run_round
+    profiler = cProfile.Profile() if profile else None
+    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    target = math.inf  # the measured round is the first one dated at or after the clock's move
 
     def timed_allocate(*args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
@@ -164,56 +173,58 @@ async def measure_round(
         finally:
             policy.append(time.perf_counter() - t)
 
-    run_round = arbiter.run_round
-    profiler = cProfile.Profile() if profile else None
-    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
     async def traced_round(now: float) -> Any:
-        start = (Counter(api.counts), dict(api.seconds), api.busy_s)
-        writes0 = arbiter.status_writes
-        cpu0 = {"operator": time.process_time()} | {k: cpu_seconds(pid) for k, pid in servers.items()}
-        report = await run_round(now)
-        if profiler is not None:
-            profiler.disable()
-        cpu1 = {"operator": time.process_time()} | {k: cpu_seconds(pid) for k, pid in servers.items()}
-        if not done.done():  # the first round after the clock moved is the measured one
-            calls = Counter(api.counts)
-            calls.subtract(start[0])
-            secs = {k: v - start[1].get(k, 0.0) for k, v in api.seconds.items()}
-            row.calls, row.busy_s = +calls, api.busy_s - start[2]
-            row.call_s = {k: v for k, v in secs.items() if v > 0}
-            row.cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
-            row.status_writes = arbiter.status_writes - writes0
-            hist = (samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0)
-            done.set_result((report, hist))
+        if now < target or done.done():
+            return await run_round(now)
+        policy.clear()
+        calls0, secs0, busy0, writes0 = (
+            Counter(api.counts),
+            dict(api.seconds),
+            api.busy_s,
+            arbiter.status_writes,
+        )
+        hist0 = (samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0)
+        cpu0 = _cpu(servers)
+        try:
+            report = await run_round(now)
+        finally:
+            if profiler is not None:
+                profiler.disable()
+        cpu1 = _cpu(servers)
+        hist1 = (samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0)
+        assert hist1[0] == hist0[0] + 1, "a round observes the duration histogram once"
+        row.round_s = hist1[1] - hist0[1]  # what the operator exports for this round
+        calls = Counter(api.counts)
+        calls.subtract(calls0)
+        row.calls, row.busy_s = +calls, api.busy_s - busy0
+        row.call_s = {k: v - secs0.get(k, 0.0) for k, v in api.seconds.items() if v > secs0.get(k, 0.0)}
+        row.cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
+        row.status_writes = arbiter.status_writes - writes0
+        row.policy_s = sum(policy)
+        row.granted = sum(report.granted.values())
+        row.expired = sum(report.expired.values())
+        row.lease_apps = len(set(report.expired) | set(report.granted))
+        done.set_result(None)
         return report
 
+    # What the processes burn at steady state, before the round (watch keep-alives, controllers, timers).
+    idle0, t_idle = _cpu(servers), time.perf_counter()
+    await asyncio.sleep(IDLE_S)
+    idle1 = _cpu(servers)
+    row.idle_cpu = {k: (idle1[k] - idle0[k]) / (time.perf_counter() - t_idle) for k in idle0}
     arbiter.themis.allocate = timed_allocate  # type: ignore[method-assign]
     arbiter.run_round = traced_round  # type: ignore[method-assign]
-    # What the processes burn at steady state, before the round (watch keep-alives, controllers, timers).
-    idle0 = {"operator": time.process_time()} | {k: cpu_seconds(pid) for k, pid in servers.items()}
-    t_idle = time.perf_counter()
-    await asyncio.sleep(IDLE_S)
-    idle1 = {"operator": time.process_time()} | {k: cpu_seconds(pid) for k, pid in servers.items()}
-    row.idle_cpu = {k: (idle1[k] - idle0[k]) / (time.perf_counter() - t_idle) for k in idle0}
-    count0, sum0 = samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0
-    events0 = api.counts[("", "events", "create")]
     try:
         async with arbiter.lock:  # no round in between: the next one sees every lease expired
-            clock.advance(LEASE_S + 1)
+            events0 = api.counts[("", "events", "create")]
+            target = clock.advance(LEASE_S + 1)
             if profiler is not None:
                 profiler.enable()
-        report, (count1, sum1) = await asyncio.wait_for(done, timeout=900)
+        await asyncio.wait_for(done, timeout=900)
         await poll(lambda: not ctl._tasks, 300, "the round's events to be posted", 0.05)
     finally:
         arbiter.themis.allocate = allocate  # type: ignore[method-assign]
         arbiter.run_round = run_round  # type: ignore[method-assign]
-    assert count1 == count0 + 1, "the measured round is not the one round the operator's histogram saw"
-    row.round_s = sum1 - sum0
-    row.policy_s = sum(policy)
-    row.granted = sum(report.granted.values())
-    row.expired = sum(report.expired.values())
-    row.lease_apps = len(set(report.expired) | set(report.granted))
     row.events = api.counts[("", "events", "create")] - events0
     if profiler is not None:
         out = io.StringIO()
@@ -221,6 +232,21 @@ async def measure_round(
         stats.sort_stats("cumulative").print_stats(40)
         stats.sort_stats("tottime").print_stats(30)
         row.profile = out.getvalue()
+
+
+async def measure_rounds(
+    ctl: Controller, clock: ManualClock, base: Round, repeat: int, profile: bool, servers: dict[str, int]
+) -> list[Round]:
+    """`repeat` rounds, each after the operator settled again (the shared machine's load varies)."""
+    rows = []
+    for i in range(repeat):
+        if i:
+            await steady(ctl)
+        row = dataclasses.replace(base)
+        await measure_round(ctl, clock, row, profile and i == 0, servers)
+        print(f"{row.backend} N={row.n}: round {i + 1}/{repeat} {row.round_s:.2f}s", file=sys.stderr)
+        rows.append(row)
+    return rows
 
 
 async def populate(
@@ -289,7 +315,9 @@ def operator_settings(clock: ManualClock, extra: dict[str, Any]) -> dict[str, An
     return {"lease_s": LEASE_S, "tick_s": TICK_S, "preemption_grace_s": 30, "clock": clock} | extra
 
 
-async def measure_real(cp: ControlPlane, creds: Any, n: int, profile: bool, extra: dict[str, Any]) -> Round:
+async def measure_real(
+    cp: ControlPlane, creds: Any, n: int, repeat: int, profile: bool, extra: dict[str, Any]
+) -> list[Round]:
     row = Round("real", n, n_nodes(n) * 8)
     clock = ManualClock()
     ctx = ssl.create_default_context(cafile=str(cp.ca_file))
@@ -313,8 +341,7 @@ async def measure_real(cp: ControlPlane, creds: Any, n: int, profile: bool, extr
 
         row.setup_s = await populate(ctl, n, create, statused, f"N={n} real")
         servers = {p.name: p.popen.pid for p in cp.processes if p.name in ("kube-apiserver", "etcd")}
-        await measure_round(ctl, clock, row, profile, servers)
-    return row
+        return await measure_rounds(ctl, clock, row, repeat, profile, servers)
 
 
 @contextlib.asynccontextmanager
@@ -341,9 +368,10 @@ async def kmock_operator(k: kmock.KubernetesEmulator, settings: dict[str, Any]) 
         await asyncio.wait_for(task, timeout=300)
 
 
-async def measure_kmock(n: int, extra: dict[str, Any]) -> Round:
+async def measure_kmock(n: int, repeat: int, extra: dict[str, Any]) -> list[Round]:
     row = Round("kmock", n, n_nodes(n) * 8)
     clock = ManualClock()
+    rows: list[Round] = []
     async with kmock_server() as k:
         for i in range(n_nodes(n)):
             kmock_env.add_node(k, f"n{i:03d}", 8)
@@ -362,11 +390,11 @@ async def measure_kmock(n: int, extra: dict[str, Any]) -> Round:
                     return sum(1 for a in apps if (dict(a).get("status") or {}).get("phase"))
 
                 row.setup_s = await populate(ctl, n, create, statused, f"N={n} kmock")
-                await measure_round(ctl, clock, row, False, {})
+                rows = await measure_rounds(ctl, clock, row, repeat, False, {})
         finally:
             stop.set()
             await trimmer
-    return row
+    return rows
 
 
 # --- report -------------------------------------------------------------------------------------------
@@ -378,23 +406,38 @@ def _calls(calls: Counter[tuple[str, str, str]]) -> str:
     )
 
 
+def median(rows: list[Round]) -> Round:
+    return sorted(rows, key=lambda r: r.round_s)[(len(rows) - 1) // 2]
+
+
 def report(rows: list[Round]) -> None:
-    real = [r for r in rows if r.backend == "real"]
-    kmocks = {r.n: r for r in rows if r.backend == "kmock"}
+    runs: dict[tuple[str, int], list[Round]] = {}
+    for r in rows:
+        runs.setdefault((r.backend, r.n), []).append(r)
+    picked = {key: median(rs) for key, rs in runs.items()}  # details below are the median round's
+    real = [r for (backend, _), r in picked.items() if backend == "real"]
     print()
+    print(f"median of {max(len(rs) for rs in runs.values())} rounds per size (min-max in brackets)")
     print(
-        f"{'apps':>5} {'GPUs':>5} {'setup s':>8} {'round s':>8} {'kmock s':>8} {'real/kmock':>10}"
+        f"{'apps':>5} {'GPUs':>5} {'setup s':>8} {'round s':>18} {'kmock s':>18} {'real/kmock':>10}"
         f" {'auction s':>9} {'API busy s':>10} {'API share':>9} {'API Σ s':>8} {'growth':>7}"
     )
+
+    def spread(key: tuple[str, int]) -> str:
+        if key not in runs:
+            return "-"
+        times = [r.round_s for r in runs[key]]
+        return f"{picked[key].round_s:.2f} [{min(times):.2f}-{max(times):.2f}]"
+
     prev: Round | None = None
     for r in real:
-        base = kmocks.get(r.n)
-        kms = f"{base.round_s:>8.2f}" if base else f"{'-':>8}"
+        base = picked.get(("kmock", r.n))
         ratio = f"{r.round_s / base.round_s:>10.1f}" if base else f"{'-':>10}"
         growth = f"x{r.round_s / prev.round_s:.1f}" if prev else "-"
         print(
-            f"{r.n:>5} {r.gpus:>5} {r.setup_s:>8.1f} {r.round_s:>8.2f} {kms} {ratio} {r.policy_s:>9.3f}"
-            f" {r.busy_s:>10.2f} {r.busy_s / r.round_s:>9.0%} {sum(r.call_s.values()):>8.1f} {growth:>7}"
+            f"{r.n:>5} {r.gpus:>5} {r.setup_s:>8.1f} {spread(('real', r.n)):>18} {spread(('kmock', r.n)):>18}"
+            f" {ratio} {r.policy_s:>9.3f} {r.busy_s:>10.2f} {r.busy_s / r.round_s:>9.0%}"
+            f" {sum(r.call_s.values()):>8.1f} {growth:>7}"
         )
         prev = r
     big = max(real, key=lambda r: r.n, default=None)
@@ -405,7 +448,7 @@ def report(rows: list[Round]) -> None:
     print(
         "per round: leases expired/granted (GPUs), API calls by verb (the round's own; events run alongside)"
     )
-    for r in rows:
+    for r in picked.values():
         print(
             f"{r.backend:>5} {r.n:>5} Apps: expired {r.expired}, granted {r.granted};"
             f" {sum(r.calls.values())} calls ({_calls(r.calls)}); {r.events} events posted;"
@@ -421,15 +464,15 @@ def report(rows: list[Round]) -> None:
         print(f"{r.n:>5} Apps: {parts}")
     print()
     print("CPU seconds during the round (a client busy on its own CPU also keeps its requests in flight)")
-    for r in rows:
+    for r in picked.values():
         parts = ", ".join(
             f"{k} {v:.1f}s ({v / r.round_s:.0%} of the round; {r.idle_cpu.get(k, 0):.0%} of a core before it)"
             for k, v in r.cpu.items()
         )
         print(f"{r.backend:>5} {r.n:>5} Apps: {parts}")
-    for r in real:
+    for r in rows:
         if r.profile:
-            print(f"\ncProfile of the round at {r.n} Apps (real API server), by cumulative time:")
+            print(f"\ncProfile of the first round at {r.n} Apps (real API server):")
             print(r.profile)
 
 
@@ -448,6 +491,7 @@ def main() -> None:
         " follows a lease period rewrites every App's status)",
     )
     parser.add_argument("--no-events", action="store_true", help="the operator posts no events")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds measured per size (default 3)")
     args = parser.parse_args()
     extra: dict[str, Any] = {}
     if args.status_staleness is not None:
@@ -463,11 +507,9 @@ def main() -> None:
         print(f"N={n}: starting a control plane", file=sys.stderr)
         with control_plane() as cp:
             creds = start_real(cp, n)
-            rows.append(asyncio.run(measure_real(cp, creds, n, args.profile == n, extra)))
-        print(f"N={n}: real round {rows[-1].round_s:.2f}s", file=sys.stderr)
+            rows += asyncio.run(measure_real(cp, creds, n, args.repeat, args.profile == n, extra))
         if not args.no_kmock:
-            rows.append(asyncio.run(measure_kmock(n, extra)))
-            print(f"N={n}: kmock round {rows[-1].round_s:.2f}s", file=sys.stderr)
+            rows += asyncio.run(measure_kmock(n, args.repeat, extra))
     report(rows)
 
 
