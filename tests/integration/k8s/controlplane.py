@@ -178,11 +178,17 @@ class ControlPlane:
     def audit_log(self) -> Path:
         return self.workdir / "audit.log"
 
-    def audit(self, username: str) -> list[dict[str, Any]]:
-        """The API server's audit events (metadata level) of the requests `username` made so far."""
+    def audit_offset(self) -> int:
+        """Where the audit log ends now: pass it to `audit` to see only the requests made from here on."""
+        return self.audit_log.stat().st_size if self.audit_log.exists() else 0
+
+    def audit(self, username: str, offset: int = 0) -> list[dict[str, Any]]:
+        """The API server's audit events (metadata level) of the requests `username` made after `offset`."""
         if not self.audit_log.exists():
             return []
-        lines = self.audit_log.read_text().split("\n")[:-1]  # the last may still be being written
+        with self.audit_log.open("rb") as f:
+            f.seek(offset)
+            lines = f.read().split(b"\n")[:-1]  # the last may still be being written
         events = (json.loads(line) for line in lines if line.strip())
         return [e for e in events if e["user"]["username"] == username]
 

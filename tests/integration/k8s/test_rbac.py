@@ -24,6 +24,8 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from tessera.api import contract
+from tessera.api.gpu_inventory import GpuInfo as InventoryGpu
+from tessera.api.gpu_inventory import parse_node_gpus
 from tessera.sdk import report_progress
 from tessera_agent.agent import NodeAgent
 from tessera_agent.allocate import progress_endpoint
@@ -66,14 +68,14 @@ class Audit:
 
     def __init__(self, cluster: ControlPlane, user: str, *, from_start: bool = False) -> None:
         self.cluster, self.user = cluster, user
-        self.offset = 0 if from_start else len(cluster.audit(user))
+        self.offset = 0 if from_start else cluster.audit_offset()
 
     def events(
         self, user_agent: str | None = None, *, exclude_agent: str | None = None
     ) -> list[dict[str, Any]]:
         return [
             e
-            for e in self.cluster.audit(self.user)[self.offset :]
+            for e in self.cluster.audit(self.user, self.offset)
             if "objectRef" in e
             and (user_agent is None or e.get("userAgent", "").startswith(user_agent))
             and (exclude_agent is None or not e.get("userAgent", "").startswith(exclude_agent))
@@ -142,6 +144,11 @@ def sock_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+def node_gpus(cluster: ControlPlane, node: str) -> list[InventoryGpu]:
+    annotations = (cluster.get(f"/api/v1/nodes/{node}") or {}).get("metadata", {}).get("annotations", {})
+    return parse_node_gpus(annotations.get(contract.ANN_NODE_GPUS, "[]"), node=node)
+
+
 def agent_api(creds: Credentials) -> k8s_client.CoreV1Api:
     return k8s_client.CoreV1Api(k8s_config.new_client_from_config(config_file=str(creds.kubeconfig)))
 
@@ -159,8 +166,11 @@ async def test_node_agent_allocates_and_publishes_under_its_service_account(
     progress a workload reports. Allocate used to fail here: the chart never granted `pods patch`."""
     creds = chart_rbac["agent"]
     node = nodes.add(f"agent-{secrets.token_hex(3)}", gpus=2, slots_per_gpu=4)
-    # The node's GPUs as the node fixture announced them, so the agent rewrites the same inventory.
-    backend = FakeGpuBackend([GpuInfo(i, f"GPU-{node}-{i}", "V100", 16384 * MIB, 0) for i in range(2)])
+    # The node's GPUs as the node fixture announced them, with the driver's reserve that NVML reports:
+    # the agent publishes 16384 - 512 MiB usable per GPU.
+    backend = FakeGpuBackend(
+        [GpuInfo(i, f"GPU-{node}-{i}", "V100", 16384 * MIB, 512 * MIB) for i in range(2)]
+    )
     api = agent_api(creds)
     kubelet = FakeKubelet(sock_dir)
     await kubelet.start()
@@ -180,7 +190,7 @@ async def test_node_agent_allocates_and_publishes_under_its_service_account(
     task = asyncio.create_task(agent.run(stop))
     try:
         await wait_for(
-            lambda: ("", "nodes", "patch") in calls(audit.events()),
+            lambda: [g.memory_mib for g in node_gpus(cluster, node)] == [15872, 15872],
             90,
             "the agent to publish its node's inventory",
         )
