@@ -161,8 +161,9 @@ class TrialGroupRecord:
     def observe(self, pods: Sequence[PodInfo]) -> list[tuple[str, str]]:
         """Fold trial pods into per-trial progress; return (trial, new phase) for trials that ended now.
 
-        A trial ends when its pods exit: Succeeded at its budget is Completed; Succeeded earlier (the
-        tuning algorithm stopped it, e.g. an ASHA rung) or Failed is Stopped."""
+        A trial that reported its whole budget is Completed (its pods are left to exit); otherwise it ends
+        when its pods exit: Succeeded at its budget is Completed; Succeeded earlier (the tuning algorithm
+        stopped it, e.g. an ASHA rung) or Failed is Stopped."""
         by_trial: dict[str, list[PodInfo]] = {}
         for p in pods:
             t = p.labels.get(contract.LABEL_TRIAL)
@@ -181,6 +182,13 @@ class TrialGroupRecord:
             ]
             if scored:
                 st.result = max(scored, key=lambda s: s[0])[1]
+            if st.iterations_done >= t.budget_iterations:
+                # Its budget is done: Completed now, not once its pods exit a moment later (the progress
+                # report and the exit are separate writes). A re-plan in between saw a live trial with no
+                # work left (h = 0), queued it and deleted its pods before they could succeed.
+                st.phase = "Completed"
+                ended.append((t.name, st.phase))
+                continue
             current = set(self._plan_pod_names(t.name))
             gang = [p for p in mine if p.name in current and not p.deleting]
             if not gang or len(gang) < len(current):

@@ -156,11 +156,14 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
     async def _sync(self, rec: TrialGroupRecord) -> None:
         owner = Owner(contract.KIND_TRIALGROUP, rec.name, rec.namespace, rec.uid)
         ended = {name for name, st in rec.trials.items() if st.phase in ENDED}
-        # Exited pods of ended trials stay (logs, results); everything else must match the plan.
+        completed = {name for name, st in rec.trials.items() if st.phase == "Completed"}
+        # Exited pods of ended trials stay (logs, results), and so do a Completed trial's pods that still
+        # run (they reported the whole budget and are exiting); everything else must match the plan.
         existing = [
             p
             for p in self.view.pods_with(contract.LABEL_TRIALGROUP, rec.name, rec.namespace)
             if not (p.finished and p.labels.get(contract.LABEL_TRIAL) in ended)
+            and p.labels.get(contract.LABEL_TRIAL) not in completed
         ]
         template = dict((rec.body.get("spec") or {}).get("template") or {})
 
