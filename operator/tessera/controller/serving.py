@@ -12,6 +12,7 @@ config (tessera.gateway.config) lists the workers by their stable DNS names.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -192,6 +193,9 @@ class ServingRecord:
         }
         meta = {"namespace": self.namespace, "labels": labels, "ownerReferences": [owner.reference()]}
         config = json.dumps(self.gateway_config(), sort_keys=True)
+        # A new config rolls the gateway out. sha256, not hash(): str hashes differ between processes, so
+        # every operator restart rolled out every gateway for an unchanged config.
+        digest = hashlib.sha256(config.encode()).hexdigest()[:16]
         return [
             (
                 "configmaps",
@@ -219,7 +223,7 @@ class ServingRecord:
                         "template": {
                             "metadata": {
                                 "labels": labels,
-                                "annotations": {"tessera.io/config-digest": str(hash(config) & 0xFFFFFFFF)},
+                                "annotations": {"tessera.io/config-digest": digest},
                             },
                             "spec": {
                                 "containers": [

@@ -1,0 +1,179 @@
+"""ModelDeployment end to end on a real control plane: the gateway's ConfigMap, Deployment and Services and
+the worker pods on lanes, bound by the real kube-scheduler through the extender; replicas follow the load
+the gateway reports in status.
+
+Worked numbers (as tests/integration/operator/test_modeldeployment.py): ℓ(b) = 10, 15, 25, 45 ms at b = 1,
+2, 4, 8 and a 100 ms SLO; the best batch within half the SLO is b = 8 at 8 / 45 ms = 177.8 rps per replica.
+300 rps expected → ⌈1.69⌉ = 2 replicas; a reported goodput of 570 rps at 95 % SLO attainment is an offered
+600 rps → ⌈3.375⌉ = 4 replicas.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tessera.api import contract
+
+from .conftest import Credentials, Nodes, Scheduling, wait_for
+from .controlplane import ControlPlane
+from .workloads import (
+    assignment_of,
+    bound,
+    call,
+    cr_path,
+    events,
+    operator,
+    placement_of,
+    pods_with,
+    status_of,
+)
+
+LANE = {contract.RESOURCE_GPU: "1", contract.RESOURCE_GPU_MEMORY: "4096", contract.RESOURCE_GPU_COMPUTE: "50"}
+
+
+def md_body(name: str, rps: float) -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_MODELDEPLOYMENT,
+        "metadata": {"name": name},
+        "spec": {
+            "template": {"spec": {"containers": [{"name": "worker", "image": "worker:1"}]}},
+            "model": {"name": "resnet", "dynamic": False},
+            "slo": {"latencyMs": 100},
+            "traffic": {"expectedRps": rps},
+            "batching": {
+                "supportedBatchSizes": [1, 2, 4, 8],
+                "latencyModel": {"type": "perBatchSize", "perBatchSizeMs": [10, 15, 25, 45]},
+            },
+            "gpu": {"lane": {"memoryMiB": 4096, "computePercent": 50}},
+        },
+    }
+
+
+def workers(cluster: ControlPlane, ns: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in pods_with(cluster, ns, contract.LABEL_MODELDEPLOYMENT, "m")
+        if p["metadata"]["labels"].get(contract.LABEL_ROLE) == "worker"
+    ]
+
+
+def gateway_config(cluster: ControlPlane, ns: str) -> dict[str, Any] | None:
+    cm = cluster.get(f"/api/v1/namespaces/{ns}/configmaps/m-gateway")
+    return json.loads(cm["data"]["gateway.json"]) if cm else None
+
+
+async def test_gateway_and_workers_on_lanes_then_replicas_follow_the_reported_load(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    n1 = nodes.add(f"{namespace}-n1", gpus=4, slots_per_gpu=contract.DEFAULT_SLOTS_PER_GPU)
+    n2 = nodes.add(f"{namespace}-n2", gpus=4, slots_per_gpu=contract.DEFAULT_SLOTS_PER_GPU)
+    path = cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace, "m")
+    async with operator(cluster, chart_rbac["operator"], namespace) as ctl:
+        # Both nodes in the view first, or a pass between their watch events would put both replicas on one.
+        await wait_for(lambda: {n1, n2} <= set(ctl.view.nodes), 60, "both nodes in the operator's view")
+        await call(cluster, "POST", cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace), md_body("m", 300))
+        got = await wait_for(
+            lambda: (w := workers(cluster, namespace)) and len(w) == 2 and bound(w) and w,
+            120,
+            "2 workers bound",
+        )
+        md = cluster.get(path)
+        for pod in got:
+            spec = pod["spec"]
+            assert spec["schedulerName"] == contract.SCHEDULER_NAME and spec["subdomain"] == "m-workers"
+            assert spec["containers"][0]["resources"]["limits"] == LANE
+            assert pod["metadata"]["annotations"][contract.ANN_WORKLOAD] == "serving:latency-critical"
+            assert pod["metadata"]["ownerReferences"][0]["uid"] == md["metadata"]["uid"]
+            # Bound where the operator placed it, on a 4096 MiB / 50 % lane of the GPU it named.
+            placement, assignment = placement_of(pod), assignment_of(pod)
+            assert spec["nodeName"] == placement["node"] == assignment["node"]
+            assert assignment["gpuIndices"] == placement["gpuIndices"]
+            assert (assignment["memoryMiB"], assignment["computePercent"]) == (4096, 50)
+        assert {p["spec"]["nodeName"] for p in got} == {n1, n2}  # replicas spread over nodes
+
+        # The gateway's objects, as the API server stored them (defaults filled in, owner set).
+        dep = await wait_for(
+            lambda: cluster.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/m-gateway"), 60, "gateway"
+        )
+        assert dep["metadata"]["ownerReferences"][0]["uid"] == md["metadata"]["uid"]
+        assert dep["spec"]["template"]["spec"]["containers"][0]["args"][:1] == ["gateway"]
+        gw_svc = cluster.get(f"/api/v1/namespaces/{namespace}/services/m-gateway")
+        workers_svc = cluster.get(f"/api/v1/namespaces/{namespace}/services/m-workers")
+        assert gw_svc["spec"]["clusterIP"] not in ("", "None") and workers_svc["spec"]["clusterIP"] == "None"
+        model = gateway_config(cluster, namespace)["models"][0]  # type: ignore[index]
+        assert model["policy"] == "symphony" and model["slo_s"] == 0.1
+        assert sorted(model["workers"]) == sorted(
+            f"http://{p['metadata']['name']}.m-workers.{namespace}.svc:9001" for p in got
+        )
+        # The controller manager rolls the Deployment out: its gateway pod exists (no default scheduler
+        # runs here, so it stays Pending), mounting the ConfigMap.
+        gw_pods = await wait_for(
+            lambda: [
+                p
+                for p in pods_with(cluster, namespace, contract.LABEL_MODELDEPLOYMENT, "m")
+                if p["metadata"]["labels"].get(contract.LABEL_ROLE) == "gateway"
+            ],
+            60,
+            "the gateway Deployment's pod",
+        )
+        assert gw_pods[0]["spec"]["volumes"][0]["configMap"]["name"] == "m-gateway"
+        st = await wait_for(
+            lambda: (
+                (s := status_of(cluster, contract.PLURAL_MODELDEPLOYMENT, namespace, "m")).get("replicas")
+                == 2
+                and s
+            ),
+            60,
+            "status with 2 replicas",
+        )
+        assert st["phase"] == "Serving" and st["gpusAssigned"] == 2 and st["sloLatencyMs"] == 100
+        revision = dep["metadata"]["generation"]
+
+        # The gateway reports what it serves in status: 570 rps within the SLO at 95 % attainment.
+        await call(
+            cluster,
+            "PATCH",
+            path + "/status",
+            {"status": {"goodputRps": 570, "sloAttainmentPercent": 95}},
+            content_type="application/merge-patch+json",
+        )
+        got = await wait_for(
+            lambda: (w := workers(cluster, namespace)) and len(w) == 4 and bound(w) and w,
+            120,
+            "4 workers bound",
+        )
+        assert {p["spec"]["nodeName"] for p in got}.issubset({n1, n2})
+        st = await wait_for(
+            lambda: (
+                (s := status_of(cluster, contract.PLURAL_MODELDEPLOYMENT, namespace, "m")).get("replicas")
+                == 4
+                and s
+            ),
+            60,
+            "status with 4 replicas",
+        )
+        assert st["observedLoadRps"] == 600 and len(set(st["groups"])) == 4
+        assert st["goodputRps"] == 570  # the gateway's fields are kept beside the operator's
+        await wait_for(
+            lambda: len(gateway_config(cluster, namespace)["models"][0]["workers"]) == 4,  # type: ignore[index]
+            60,
+            "gateway config listing 4 workers",
+        )
+        # The new config reaches the gateway: its pod template changes, so the Deployment rolls out.
+        await wait_for(
+            lambda: (
+                cluster.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/m-gateway")["metadata"][
+                    "generation"
+                ]
+                > revision
+            ),
+            60,
+            "a gateway rollout",
+        )
+        assert events(cluster, namespace, "Scaled")
