@@ -1,7 +1,7 @@
 """Benchmark: one Themis arbiter round with 100–1000 Apps against a real API server, next to kmock.
 
     .venv/bin/python tests/bench/bench_arbiter_realcluster.py [--quick] [--sizes 100,300,1000]
-        [--no-kmock] [--profile N]
+        [--repeat 3] [--no-kmock] [--profile N] [--status-staleness S] [--no-events]
 
 For each size N it starts a fresh control plane (tests/integration/k8s/controlplane.py: etcd,
 kube-apiserver with RBAC, kube-controller-manager), applies the chart's CRDs and RBAC, creates N/16 Ready
@@ -9,10 +9,16 @@ kube-apiserver with RBAC, kube-controller-manager), applies the chart's CRDs and
 N Apps (one job, every third App two, 1–4 GPUs each: ~3.3 GPUs of demand per App on N/2 GPUs, heavy
 contention) are created concurrently while it runs; once every App has a status and the operator is quiet
 (no round, no pending event, every planned pod in its watch), the lease clock moves past every lease and
-the round the operator's own timer then starts is measured: every GPU is re-auctioned, losers' pods are
-deleted, winners' created, every App's status written. The round's wall time comes from the operator's
-`tessera_auction_duration_seconds`; its API calls, their summed latency and the wall time with at least one
-request in flight from `KubeApi` (counts, seconds, busy_s); the auction from timing `Themis.allocate`.
+the round the operator's own App timer then starts is measured: every GPU is re-auctioned, losers' pods
+are deleted, winners' created, every App's status written. That is repeated (--repeat, after the operator
+settles again) and the median round reported with the spread: the machine is shared.
+
+Per round: wall time as the operator exports it (`tessera_auction_duration_seconds`), the auction
+(`Themis.allocate`, timed in the round), API calls by verb with their summed latency and the wall time with
+at least one request in flight (`KubeApi.counts`, `.seconds`, `.busy_s`), and the CPU seconds the operator,
+kube-apiserver and etcd spent in it (a client that is busy on its own CPU keeps its requests in flight
+too, so the in-flight share alone does not say who is slow). `--profile N` adds a cProfile of the
+operator's process during the first round at size N.
 
 The baseline is the same workload and round on kmock's in-process emulator (as bench_operator.py runs
 it), side by side as a ratio. No scheduler runs: pods stay Pending (unbound pods are deleted at once), so
@@ -98,10 +104,25 @@ class Round:
     busy_s: float = 0.0
     events: int = 0
     status_writes: int = 0
+    setup_throttled: int = 0  # kopf's requests the server throttled (HTTP 429) while the Apps arrived
+    throttled: int = 0  # ... and in the round
     lease_apps: int = 0  # Apps whose leases changed (expired or granted): their status must be written
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds in the round: operator, servers
     idle_cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per second before the round
     profile: str = ""
+
+
+class Throttled(logging.Filter):
+    """kopf logs every request the API server throttles (HTTP 429, priority and fairness) before retrying
+    it; 1000 Apps arriving at once make hundreds. Counted, not printed."""
+
+    count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "APITooManyRequests" in record.getMessage():
+            Throttled.count += 1
+            return False
+        return True
 
 
 def cpu_seconds(pid: int) -> float:
@@ -184,7 +205,7 @@ async def measure_round(
             arbiter.status_writes,
         )
         hist0 = (samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0)
-        cpu0 = _cpu(servers)
+        cpu0, throttled0 = _cpu(servers), Throttled.count
         try:
             report = await run_round(now)
         finally:
@@ -200,6 +221,7 @@ async def measure_round(
         row.call_s = {k: v - secs0.get(k, 0.0) for k, v in api.seconds.items() if v > secs0.get(k, 0.0)}
         row.cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
         row.status_writes = arbiter.status_writes - writes0
+        row.throttled = Throttled.count - throttled0
         row.policy_s = sum(policy)
         row.granted = sum(report.granted.values())
         row.expired = sum(report.expired.values())
@@ -255,8 +277,11 @@ async def populate(
     create: Callable[[dict[str, Any]], Awaitable[None]],
     statused: Callable[[], Awaitable[int]],
     label: str,
-) -> float:
-    """Create the N Apps concurrently (progress on stderr), then wait until each has the operator's status."""
+    row: Round,
+) -> None:
+    """Create the N Apps concurrently (progress on stderr), wait until each has the operator's status and
+    the operator settles; the time until every status is there is the row's setup time."""
+    throttled0 = Throttled.count
     await poll(lambda: len(ctl.view.nodes) == n_nodes(n), 120, "the operator to list the nodes", 0.1)
     t0 = time.perf_counter()
     made = 0
@@ -284,10 +309,10 @@ async def populate(
             return got == n
 
         await poll(all_statused, 1800, "every App's status", 1.0)
-    setup_s = time.perf_counter() - t0
+    row.setup_s = time.perf_counter() - t0
+    row.setup_throttled = Throttled.count - throttled0
     with Progress(1, f"{label}: settling", enabled=True):
         await steady(ctl)
-    return setup_s
 
 
 # --- backends -----------------------------------------------------------------------------------------
@@ -339,7 +364,7 @@ async def measure_real(
                 items = (await resp.json())["items"]
             return sum(1 for a in items if (a.get("status") or {}).get("phase"))
 
-        row.setup_s = await populate(ctl, n, create, statused, f"N={n} real")
+        await populate(ctl, n, create, statused, f"N={n} real", row)
         servers = {p.name: p.popen.pid for p in cp.processes if p.name in ("kube-apiserver", "etcd")}
         return await measure_rounds(ctl, clock, row, repeat, profile, servers)
 
@@ -389,7 +414,7 @@ async def measure_kmock(n: int, repeat: int, extra: dict[str, Any]) -> list[Roun
                     apps = [o for (res, _, _), o in list(k.objects.items()) if res == kmock_env.APPS]
                     return sum(1 for a in apps if (dict(a).get("status") or {}).get("phase"))
 
-                row.setup_s = await populate(ctl, n, create, statused, f"N={n} kmock")
+                await populate(ctl, n, create, statused, f"N={n} kmock", row)
                 rows = await measure_rounds(ctl, clock, row, repeat, False, {})
         finally:
             stop.set()
@@ -452,7 +477,8 @@ def report(rows: list[Round]) -> None:
         print(
             f"{r.backend:>5} {r.n:>5} Apps: expired {r.expired}, granted {r.granted};"
             f" {sum(r.calls.values())} calls ({_calls(r.calls)}); {r.events} events posted;"
-            f" {r.status_writes} statuses written, {r.lease_apps} of them with changed leases"
+            f" {r.status_writes} statuses written, {r.lease_apps} of them with changed leases;"
+            f" {r.throttled} requests throttled (429; {r.setup_throttled} while the Apps arrived)"
         )
     print()
     print("seconds in API calls by verb (summed latency; requests overlap, up to api_concurrency at once)")
@@ -502,6 +528,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     for noisy in ("kopf", "aiohttp", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    logging.getLogger("kopf.objects").addFilter(Throttled())
     rows: list[Round] = []
     for n in sizes:
         print(f"N={n}: starting a control plane", file=sys.stderr)
