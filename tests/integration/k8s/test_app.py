@@ -157,8 +157,10 @@ async def test_an_expired_lease_moves_a_gpu_to_the_app_with_worse_rho(
             lambda: (p := app_pods(cluster, namespace, "b")) and bound(p) and p, 120, "B's pod bound on n1"
         )
         assert b_pod["spec"]["nodeName"] == n1 and assignment_of(b_pod)["gpuUUIDs"] == [f"GPU-{n1}-0"]
-        st_b = app_status(cluster, namespace, "b")
-        assert st_b["gpus"] == 1 and [lease["node"] for lease in st_b["leases"]] == [n1]
+        st_b = await wait_for(
+            lambda: (s := app_status(cluster, namespace, "b")).get("gpus") == 1 and s, 60, "B holding n1"
+        )
+        assert [lease["node"] for lease in st_b["leases"]] == [n1]
         st_a = await wait_for(
             lambda: (s := app_status(cluster, namespace, "a")).get("gpus") == 1 and s, 60, "A down to n2"
         )
