@@ -29,6 +29,8 @@ from tessera.extender.metrics import ExtenderMetrics
 from tessera.extender.view import ClusterView, Holding, PodRequestError, PodSpec, pod_request, pod_spec
 from tessera.policy.lanes.placement import Choice, PlacementConfig, Request, choose_gpus, to_priority
 
+_BOUND_MEMORY = 100_000  # pods whose bind this extender remembers (a retry arrives within seconds)
+
 log = logging.getLogger(__name__)
 JsonObj = dict[str, Any]
 
@@ -61,6 +63,12 @@ class Extender:
         self.config = config or PlacementConfig()
         self.metrics = metrics or ExtenderMetrics()
         self._locks: dict[str, asyncio.Lock] = {}
+        # Binds of one pod run one at a time, and a pod this extender bound is never bound (or annotated)
+        # again: when kube-scheduler's httpTimeout expires mid-bind it retries the pod on another node, and
+        # the two binds would otherwise interleave — the late one overwriting tessera.io/assignment with a
+        # node the pod is not on and releasing the GPUs the winning bind holds.
+        self._pod_locks: dict[str, asyncio.Lock] = {}
+        self._bound: OrderedDict[str, str] = OrderedDict()
         self._specs: OrderedDict[str, tuple[tuple[Any, ...], PodSpec | None]] = OrderedDict()
         self._filtered: OrderedDict[str, tuple[int, frozenset[str]]] = OrderedDict()
         self._keys: dict[Request, int] = {}  # request → memo key (keys are never reused)
@@ -299,6 +307,24 @@ class Extender:
         if pod.get("metadata", {}).get("uid") not in (None, uid):
             why = f"pod {ns}/{name} has uid {pod['metadata']['uid']}, not {uid} (recreated?)"
             return {"Error": why}, m.ERROR, m.POD_RECREATED
+        pod_lock = self._pod_locks.setdefault(uid, asyncio.Lock())
+        while len(self._pod_locks) > _BOUND_MEMORY:
+            oldest = next(iter(self._pod_locks))
+            if self._pod_locks[oldest].locked():
+                break
+            del self._pod_locks[oldest]
+        async with pod_lock:
+            return await self._bind_locked(pod, ns, name, uid, node)
+
+    async def _bind_locked(
+        self, pod: JsonObj, ns: str, name: str, uid: str, node: str
+    ) -> tuple[JsonObj, str, str]:
+        bound_to = self._bound.get(uid)
+        if bound_to is not None:
+            if bound_to == node:
+                return {"Error": ""}, m.OK, m.NONE
+            why = f"pod {ns}/{name} is already bound to {bound_to}"
+            return {"Error": f"cannot bind {ns}/{name} to {node}: {why}"}, m.LOST_RACE, m.NO_FIT
         lock = self._locks.setdefault(node, asyncio.Lock())
         async with lock:
             choice = self._evaluate(pod, node)
@@ -328,6 +354,9 @@ class Extender:
             except KubeError as err:
                 self.view.release(uid)
                 return {"Error": f"binding {ns}/{name} to {node} failed: {err}"}, m.ERROR, m.API_ERROR
+            self._bound[uid] = node
+            while len(self._bound) > _BOUND_MEMORY:
+                self._bound.popitem(last=False)
         log.info("bound %s/%s to %s GPUs %s lane %s", ns, name, node, choice.gpu_indices, assignment.lane_id)
         return {"Error": ""}, m.OK, m.NONE
 

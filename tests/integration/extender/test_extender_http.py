@@ -235,3 +235,22 @@ async def test_quantities_are_read_in_canonical_form(env: Env) -> None:
     status, out = await env.post("bind", args)
     assert status == 200 and "more than 16777216 MiB" in out["Error"]
     assert "nodeName" not in env.api.pods["default/huge"]["spec"]
+
+
+async def test_a_retried_bind_on_another_node_leaves_the_first_binding_alone(env: Env) -> None:
+    # kube-scheduler retries a pod elsewhere when a bind outlives its httpTimeout; the late bind of the first
+    # try must neither rewrite the assignment with a node the pod is not on nor free the GPUs it holds
+    # (seen on the real scheduler under load: assignment n09, spec.nodeName n12).
+    await _setup(env)
+    env.api.put_pod(pod("retry", memory=6000, compute=40))
+    await env.settle(lambda: "default/retry" in env.extender.view.pods)
+    args = {"PodName": "retry", "PodNamespace": "default", "PodUID": "uid-retry"}
+    first, second = await asyncio.gather(
+        env.post("bind", {**args, "Node": "gpu-a"}), env.post("bind", {**args, "Node": "gpu-b"})
+    )
+    assert [first[1]["Error"] == "", second[1]["Error"] == ""].count(True) == 1, (first, second)
+    stored = env.api.pods["default/retry"]
+    a = Assignment.parse(stored["metadata"]["annotations"][contract.ANN_ASSIGNMENT])
+    assert a.node == stored["spec"]["nodeName"]
+    assert len(env.api.bindings) == 1
+    assert [h.node for h in env.extender.view.holdings.values()] == [a.node]
