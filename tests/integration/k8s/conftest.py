@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import secrets
+import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -172,6 +173,8 @@ def set_pod_phase(cluster: ControlPlane, namespace: str, name: str, phase: str) 
 # --- Tessera's components under the chart's own ServiceAccounts -------------------------------------------
 
 RELEASE_NS = "tessera-system"
+# The `tessera` console script of the environment running the tests (not whatever is first on PATH).
+TESSERA = Path(sys.executable).with_name("tessera")
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
 
@@ -264,7 +267,7 @@ def scheduling(cluster: ControlPlane, chart_rbac: dict[str, Credentials]) -> Ite
     url = f"http://127.0.0.1:{port}"
     ext = cluster.spawn(
         f"extender-{port}",
-        [str(ROOT / ".venv" / "bin" / "tessera") if (ROOT / ".venv" / "bin" / "tessera").exists() else "tessera",
+        [str(TESSERA),
          "extender", "--kubeconfig", str(creds.kubeconfig), "--host", "127.0.0.1", "--port", str(port),
          "--metrics-port", str(metrics_port)],
     )  # fmt: skip

@@ -16,8 +16,8 @@ from tessera.api import contract
 from tessera.api.assignment import Assignment
 from tessera.api.gpu_inventory import parse_node_gpus
 
-from .conftest import Credentials, Nodes, Scheduling
-from .controlplane import ROOT, ControlPlane, free_port, wait_until
+from .conftest import TESSERA, Credentials, Nodes, Scheduling
+from .controlplane import ControlPlane, free_port, wait_until
 
 MIB = 1 << 20
 
@@ -244,10 +244,10 @@ def test_the_extender_exits_on_sigterm_while_watching(
     watches (and be killed at the end of the pod's grace period)."""
     node = nodes.add(f"{namespace}-term", gpus=1)
     port, metrics_port = free_port(), free_port()
-    exe = ROOT / ".venv" / "bin" / "tessera"
+    exe = TESSERA
     proc = cluster.spawn(
         f"extender-sigterm-{port}",
-        [str(exe) if exe.exists() else "tessera", "extender", "--kubeconfig",
+        [str(exe), "extender", "--kubeconfig",
          str(chart_rbac["scheduler"].kubeconfig), "--host", "127.0.0.1", "--port", str(port),
          "--metrics-port", str(metrics_port)],
     )  # fmt: skip
