@@ -8,6 +8,7 @@ neither loses a lease nor creates a second set of pods. Spec seed-themis §5.2 (
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,7 +16,7 @@ from typing import Any
 
 from tessera.api import contract
 from tessera.api.app import AppSpec, AppStatus, JobSpec, JobStatus, Lease
-from tessera.api.resources import parse_app
+from tessera.api.resources import ManifestError, parse_app
 from tessera.cluster import Cluster, Sensitivity
 from tessera.controller.estimator import JobWork, estimator_for
 from tessera.controller.pods import PodPlan
@@ -304,8 +305,32 @@ def manifest_of(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+LABEL_VALUE_MAX = 63
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def check_name(body: Mapping[str, Any], label: str, services: Sequence[str] = ()) -> None:
+    """Raise ManifestError when the object's name cannot become what the operator derives from it: the
+    value of `label` on its pods (at most 63 characters; the API server refuses the pods otherwise) and,
+    for each suffix in `services`, the name of a Service (a DNS-1035 label of at most 63 characters)."""
+    meta = body.get("metadata") or {}
+    name, kind = str(meta.get("name", "")), str(body.get("kind", ""))
+    limit = LABEL_VALUE_MAX - max((len(s) for s in services), default=0)
+    if services and not (DNS_1035.match(name) and len(name) <= limit):
+        where = " and ".join(f"the Service {name}{s}" for s in services)
+        msg = (
+            f"must be at most {limit} characters of lower-case letters, digits and '-', starting with a letter "
+            f"and ending with a letter or digit: it names {where}"
+        )
+        raise ManifestError(kind, name, [("metadata.name", msg)])
+    if len(name) > limit:
+        msg = f"must be at most {limit} characters: it is the value of the {label} label on the pods"
+        raise ManifestError(kind, name, [("metadata.name", msg)])
+
+
 def record_from_body(body: Mapping[str, Any], now: float) -> AppRecord:
     """Parse an App (raises ManifestError) and recover leases and progress from its status."""
+    check_name(body, contract.LABEL_APP)
     app = parse_app(manifest_of(body))
     meta = body["metadata"]
     status: Mapping[str, Any] = body.get("status") or {}

@@ -22,7 +22,13 @@ from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kin
 from tessera.controller.pods import Owner, PodPlan
 from tessera.controller.readiness import deployment_readiness
 from tessera.controller.reconciler import KindReconciler
-from tessera.controller.serving import ServingRecord, desired_replicas, record_from_body
+from tessera.controller.serving import (
+    GATEWAY_SUFFIX,
+    WORKERS_SUFFIX,
+    ServingRecord,
+    desired_replicas,
+    record_from_body,
+)
 from tessera.controller.sync import sync_pods
 from tessera.controller.view import ClusterView, healthy_gpus
 from tessera.metrics import ComponentMetrics
@@ -194,12 +200,12 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         pods = self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, name, namespace)
         for pod in pods:
             await self.api.delete(PODS, namespace, pod.name, grace_seconds=self.config.preemption_grace_s)
-        gw = f"{name}-gateway"[:63]
+        gw = name + GATEWAY_SUFFIX
         for kind, obj in (
             (DEPLOYMENTS, gw),
             (SERVICES, gw),
             (CONFIGMAPS, gw),
-            (SERVICES, f"{name}-workers"[:63]),
+            (SERVICES, name + WORKERS_SUFFIX),
         ):
             await self.api.delete(kind, namespace, obj)
         self.post_event(body, "Normal", "Cleanup", f"deleted {len(pods)} worker pod(s) and the gateway")

@@ -22,7 +22,7 @@ from typing import Any
 from tessera.api import contract
 from tessera.api.modeldeployment import ModelDeploymentSpec
 from tessera.api.resources import parse_modeldeployment
-from tessera.controller.apps import manifest_of
+from tessera.controller.apps import check_name, manifest_of
 from tessera.controller.pods import Owner, PodPlan
 from tessera.controller.view import split_gpu_id
 from tessera.gateway.config import GatewayConfig
@@ -31,6 +31,8 @@ from tessera.policy.serving.symphony import autoscale_advice
 WORKER_PORT = 9001
 GATEWAY_PORT = 8080
 CONFIG_PATH = "/etc/tessera/gateway.json"
+GATEWAY_SUFFIX = "-gateway"  # <name>-gateway: the gateway's Deployment, Service and ConfigMap
+WORKERS_SUFFIX = "-workers"  # <name>-workers: the headless Service naming the worker pods
 
 
 def batch_profile(spec: ModelDeploymentSpec) -> list[tuple[int, float]]:
@@ -122,7 +124,7 @@ class ServingRecord:
 
     @property
     def workers_service(self) -> str:
-        return f"{self.name}-workers"[:63]
+        return self.name + WORKERS_SUFFIX
 
     def held(self) -> set[str]:
         return {g for gs in self.gpus for g in gs}
@@ -185,7 +187,7 @@ class ServingRecord:
     def gateway_objects(self, owner: Owner, image: str) -> list[tuple[str, dict[str, Any]]]:
         """(kind, manifest) of the gateway: ConfigMap, Deployment, Service, and the workers' headless
         Service that gives each worker pod its DNS name."""
-        name = f"{self.name}-gateway"[:63]
+        name = self.name + GATEWAY_SUFFIX
         labels = {
             contract.LABEL_MODELDEPLOYMENT: self.name,
             contract.LABEL_ROLE: "gateway",
@@ -277,6 +279,7 @@ class ServingRecord:
 
 def record_from_body(body: Mapping[str, Any]) -> ServingRecord:
     """Parse a ModelDeployment (raises ManifestError) and recover its replicas' GPUs from status."""
+    check_name(body, contract.LABEL_MODELDEPLOYMENT, services=(GATEWAY_SUFFIX, WORKERS_SUFFIX))
     md = parse_modeldeployment(manifest_of(body))
     meta = body["metadata"]
     rec = ServingRecord(

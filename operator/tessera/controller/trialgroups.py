@@ -23,7 +23,7 @@ from tessera.api import contract
 from tessera.api.resources import parse_trialgroup
 from tessera.api.trialgroup import TrialGroupSpec, TrialSpec
 from tessera.cluster import Cluster
-from tessera.controller.apps import manifest_of
+from tessera.controller.apps import check_name, manifest_of
 from tessera.controller.pods import PodPlan
 from tessera.controller.view import PodInfo, group_by_node, split_gpu_id
 from tessera.policy.fluid import (
@@ -327,6 +327,7 @@ def parse_pool(raw: str | None) -> list[str]:
 
 def record_from_body(body: Mapping[str, Any]) -> TrialGroupRecord:
     """Parse a TrialGroup (raises ManifestError) and recover its pool, widths and progress."""
+    check_name(body, contract.LABEL_TRIALGROUP)
     tg = parse_trialgroup(manifest_of(body))
     meta = body["metadata"]
     status: Mapping[str, Any] = body.get("status") or {}

@@ -291,3 +291,40 @@ async def test_apps_whose_status_the_cluster_no_longer_matches_do_not_stall_the_
         )
     assert x_pod["spec"]["nodeName"] == node and len(y_pods) == 1
     assert {x["node"] for x in st["leases"]} == {gone, node}  # the lost node's lease runs to its expiry
+
+
+async def test_apps_and_trialgroups_whose_names_cannot_label_pods_are_refused(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    # A valid object name may have 253 characters, a label value 63: the API server refused every pod of
+    # such an App (422) while its lease held a GPU nothing could use.
+    nodes.add(f"{namespace}-n1", gpus=2)
+    name = "a" * 64
+    tg = {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_TRIALGROUP,
+        "metadata": {"name": name},
+        "spec": {"template": TEMPLATE, "trials": [{"name": "t", "budgetIterations": 10}]},
+    }
+    async with operator(cluster, chart_rbac["operator"], namespace):
+        await call(cluster, "POST", app_path(namespace), app_body(name, [job("j1", 1)]))
+        await call(cluster, "POST", cr_path(contract.PLURAL_TRIALGROUP, namespace), tg)
+        for plural, label in ((contract.PLURAL_APP, "app"), (contract.PLURAL_TRIALGROUP, "trialgroup")):
+            st = await wait_for(
+                lambda p=plural: (s := status_of(cluster, p, namespace, name)).get("phase") == "Failed" and s,
+                60,
+                f"the {plural} refused",
+            )
+            (valid,) = [c for c in st["conditions"] if c["type"] == "Valid"]
+            assert valid["status"] == "False" and valid["message"].startswith(
+                "metadata.name: must be at most 63"
+            )
+            assert f"tessera.io/{label} label" in valid["message"] and not st.get("leases")
+        refusals = await wait_for(lambda: events(cluster, namespace, "InvalidSpec"), 60, "InvalidSpec events")
+        assert all("metadata.name" in e["message"] for e in refusals)
+        assert not (cluster.get(f"/api/v1/namespaces/{namespace}/pods") or {}).get("items")
+        assert not events(cluster, namespace, "GangFailed")

@@ -177,3 +177,36 @@ async def test_gateway_and_workers_on_lanes_then_replicas_follow_the_reported_lo
             "a gateway rollout",
         )
         assert events(cluster, namespace, "Scaled")
+
+
+async def test_a_modeldeployment_whose_name_cannot_name_its_services_is_refused(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    # `resnet.v2` is a valid object name but names no Service and no pod hostname (DNS labels): the API
+    # server refused the worker pods and the gateway's Services, and every pass failed on them.
+    nodes.add(f"{namespace}-n1", gpus=2, slots_per_gpu=contract.DEFAULT_SLOTS_PER_GPU)
+    async with operator(cluster, chart_rbac["operator"], namespace):
+        await call(
+            cluster, "POST", cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace), md_body("resnet.v2", 100)
+        )
+        st = await wait_for(
+            lambda: (
+                (s := status_of(cluster, contract.PLURAL_MODELDEPLOYMENT, namespace, "resnet.v2")).get(
+                    "phase"
+                )
+                == "Failed"
+                and s
+            ),
+            60,
+            "the ModelDeployment refused",
+        )
+        (valid,) = [c for c in st["conditions"] if c["type"] == "Valid"]
+        assert valid["status"] == "False" and valid["message"].startswith("metadata.name: must be at most 55")
+        assert "the Service resnet.v2-gateway and the Service resnet.v2-workers" in valid["message"]
+        await wait_for(lambda: events(cluster, namespace, "InvalidSpec"), 60, "an InvalidSpec event")
+        assert not (cluster.get(f"/api/v1/namespaces/{namespace}/pods") or {}).get("items")
+        assert not (cluster.get(f"/apis/apps/v1/namespaces/{namespace}/deployments") or {}).get("items")
