@@ -59,6 +59,8 @@ from tessera.progress import Progress
 
 from tests.bench.bench_operator import _trim_request_log
 from tests.integration.k8s.conftest import (
+    RELEASE_NS,
+    Credentials,
     ManualClock,
     Nodes,
     apply_chart_rbac,
@@ -107,6 +109,7 @@ class Round:
     setup_throttled: int = 0  # kopf's requests the server throttled (HTTP 429) while the Apps arrived
     throttled: int = 0  # ... and in the round
     lease_apps: int = 0  # Apps whose leases changed (expired or granted): their status must be written
+    audited: Counter[str] = field(default_factory=Counter)  # the operator's requests the server logged
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds in the round: operator, servers
     idle_cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per second before the round
     profile: str = ""
@@ -169,17 +172,39 @@ async def steady(ctl: Controller) -> None:
     await poll(quiet, 600, "the operator to settle", 0.1)
 
 
+@dataclass
+class Server:
+    """The real control plane's side of a round: its processes' CPU, and the operator ServiceAccount's
+    requests from the API server's audit log (kopf's own included, which `KubeApi` does not see)."""
+
+    cp: ControlPlane
+    user: str
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {p.name: p.popen.pid for p in self.cp.processes if p.name in ("kube-apiserver", "etcd")}
+
+    def requests(self, offset: int) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for e in self.cp.audit(self.user, offset):
+            ref = e.get("objectRef") or {}
+            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+            out[f"{e['verb']} {ref.get('resource')}{sub}"] += 1
+        return out
+
+
 def _cpu(servers: dict[str, int]) -> dict[str, float]:
     return {"operator": time.process_time()} | {k: cpu_seconds(pid) for k, pid in servers.items()}
 
 
 async def measure_round(
-    ctl: Controller, clock: ManualClock, row: Round, profile: bool, servers: dict[str, int]
+    ctl: Controller, clock: ManualClock, row: Round, profile: bool, server: Server | None
 ) -> None:
     """Expire every lease and measure the round the operator's own App timer then starts. `servers`
     (name → pid) are processes whose CPU time in the round is reported next to the operator's own."""
     arbiter, api = ctl.arbiter, ctl.api
     assert arbiter is not None and api is not None
+    servers = server.pids if server is not None else {}
     samples = arbiter.metrics.registry.get_sample_value
     policy: list[float] = []
     allocate, run_round = arbiter.themis.allocate, arbiter.run_round
@@ -239,6 +264,7 @@ async def measure_round(
     try:
         async with arbiter.lock:  # no round in between: the next one sees every lease expired
             events0 = api.counts[("", "events", "create")]
+            audit0 = server.cp.audit_offset() if server is not None else 0
             target = clock.advance(LEASE_S + 1)
             if profiler is not None:
                 profiler.enable()
@@ -248,6 +274,8 @@ async def measure_round(
         arbiter.themis.allocate = allocate  # type: ignore[method-assign]
         arbiter.run_round = run_round  # type: ignore[method-assign]
     row.events = api.counts[("", "events", "create")] - events0
+    if server is not None:
+        row.audited = server.requests(audit0)
     if profiler is not None:
         out = io.StringIO()
         stats = pstats.Stats(profiler, stream=out)
@@ -257,7 +285,7 @@ async def measure_round(
 
 
 async def measure_rounds(
-    ctl: Controller, clock: ManualClock, base: Round, repeat: int, profile: bool, servers: dict[str, int]
+    ctl: Controller, clock: ManualClock, base: Round, repeat: int, profile: bool, server: Server | None
 ) -> list[Round]:
     """`repeat` rounds, each after the operator settled again (the shared machine's load varies)."""
     rows = []
@@ -265,7 +293,7 @@ async def measure_rounds(
         if i:
             await steady(ctl)
         row = dataclasses.replace(base)
-        await measure_round(ctl, clock, row, profile and i == 0, servers)
+        await measure_round(ctl, clock, row, profile and i == 0, server)
         print(f"{row.backend} N={row.n}: round {i + 1}/{repeat} {row.round_s:.2f}s", file=sys.stderr)
         rows.append(row)
     return rows
@@ -318,7 +346,7 @@ async def populate(
 # --- backends -----------------------------------------------------------------------------------------
 
 
-def start_real(cp: ControlPlane, n: int) -> Any:
+def start_real(cp: ControlPlane, n: int) -> Credentials:
     """CRDs, chart RBAC, the namespace (with its default ServiceAccount, which pod admission needs), nodes."""
     apply_crds(cp)
     creds = apply_chart_rbac(cp)
@@ -341,7 +369,7 @@ def operator_settings(clock: ManualClock, extra: dict[str, Any]) -> dict[str, An
 
 
 async def measure_real(
-    cp: ControlPlane, creds: Any, n: int, repeat: int, profile: bool, extra: dict[str, Any]
+    cp: ControlPlane, creds: Credentials, n: int, repeat: int, profile: bool, extra: dict[str, Any]
 ) -> list[Round]:
     row = Round("real", n, n_nodes(n) * 8)
     clock = ManualClock()
@@ -365,8 +393,8 @@ async def measure_real(
             return sum(1 for a in items if (a.get("status") or {}).get("phase"))
 
         await populate(ctl, n, create, statused, f"N={n} real", row)
-        servers = {p.name: p.popen.pid for p in cp.processes if p.name in ("kube-apiserver", "etcd")}
-        return await measure_rounds(ctl, clock, row, repeat, profile, servers)
+        server = Server(cp, f"system:serviceaccount:{RELEASE_NS}:{creds.service_account}")
+        return await measure_rounds(ctl, clock, row, repeat, profile, server)
 
 
 @contextlib.asynccontextmanager
@@ -415,7 +443,7 @@ async def measure_kmock(n: int, repeat: int, extra: dict[str, Any]) -> list[Roun
                     return sum(1 for a in apps if (dict(a).get("status") or {}).get("phase"))
 
                 await populate(ctl, n, create, statused, f"N={n} kmock", row)
-                rows = await measure_rounds(ctl, clock, row, repeat, False, {})
+                rows = await measure_rounds(ctl, clock, row, repeat, False, None)
         finally:
             stop.set()
             await trimmer
@@ -479,6 +507,13 @@ def report(rows: list[Round]) -> None:
             f" {sum(r.calls.values())} calls ({_calls(r.calls)}); {r.events} events posted;"
             f" {r.status_writes} statuses written, {r.lease_apps} of them with changed leases;"
             f" {r.throttled} requests throttled (429; {r.setup_throttled} while the Apps arrived)"
+        )
+    print()
+    print("the operator ServiceAccount's requests in the round as the API server's audit log has them")
+    print("(from the clock's move until the round's events are posted; kopf's own requests included)")
+    for r in real:
+        print(
+            f"{r.n:>5} Apps: {sum(r.audited.values())} ({', '.join(f'{k} {c}' for k, c in sorted(r.audited.items()))})"
         )
     print()
     print("seconds in API calls by verb (summed latency; requests overlap, up to api_concurrency at once)")
