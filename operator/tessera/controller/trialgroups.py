@@ -166,9 +166,9 @@ class TrialGroupRecord:
         stopped it, e.g. an ASHA rung) or Failed is Stopped."""
         by_trial: dict[str, list[PodInfo]] = {}
         for p in pods:
-            t = p.labels.get(contract.LABEL_TRIAL)
-            if t in self.trials:
-                by_trial.setdefault(t, []).append(p)
+            label = p.labels.get(contract.LABEL_TRIAL)
+            if label in self.trials:
+                by_trial.setdefault(label, []).append(p)
         ended: list[tuple[str, str]] = []
         for t in self.live():
             st = self.trials[t.name]
