@@ -8,6 +8,7 @@ aiohttp client, built from the same credentials kopf logged in with. Every call 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -92,6 +93,10 @@ class KubeApi:
     # Built once: aiohttp pools connections per SSL context object, so a context made per request never
     # reused a connection and paid a TLS handshake (and a CA file read) on every call.
     _ssl: ssl.SSLContext | bool | None = None
+    # Events are best effort and come in bursts (hundreds in a 1000-App round). Unbounded, they filled the
+    # session's connection pool and the round's pod and status writes queued behind them.
+    events_in_flight: int = 4
+    _event_gate: asyncio.Semaphore | None = None
 
     def _headers(self) -> dict[str, str]:
         if self.conn.token:
@@ -210,7 +215,10 @@ class KubeApi:
             "lastTimestamp": now,
             "count": 1,
         }
+        if self._event_gate is None:
+            self._event_gate = asyncio.Semaphore(self.events_in_flight)
         try:
-            await self._call("create", EVENTS, "POST", EVENTS.path(ns), body=event)
+            async with self._event_gate:
+                await self._call("create", EVENTS, "POST", EVENTS.path(ns), body=event)
         except KubeError as err:  # an event is best effort: never fail a reconcile over it
             log.warning("event %s on %s/%s not posted: %s", reason, ns, meta.get("name"), err)

@@ -6,6 +6,7 @@ import asyncio
 import shutil
 import ssl
 import subprocess
+import time
 from pathlib import Path
 
 import kopf
@@ -61,3 +62,52 @@ def test_calls_over_tls_share_one_connection_and_are_timed(tmp_path: Path) -> No
     call = ("", "pods", "patch")
     assert api.counts[call] == 5
     assert 0 < api.busy_s <= api.seconds[call] + 1e-9
+
+
+def test_a_burst_of_events_leaves_room_for_the_rounds_writes() -> None:
+    # 150 events at once used to take all 100 connections of the session's pool; a pod create sent after
+    # them waited until events finished. Events now go a few at a time and the create goes straight out.
+    events_seen = peak = 0
+    in_flight = 0
+    release = asyncio.Event()
+
+    async def event(request: web.Request) -> web.Response:
+        nonlocal events_seen, peak, in_flight
+        events_seen += 1
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await release.wait()
+        in_flight -= 1
+        return web.json_response({}, status=201)
+
+    async def pod(request: web.Request) -> web.Response:
+        return web.json_response({}, status=201)
+
+    async def run() -> None:
+        app = web.Application()
+        app.router.add_post("/api/v1/namespaces/ns/events", event)
+        app.router.add_post("/api/v1/namespaces/ns/pods", pod)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        api = KubeApi(kopf.ConnectionInfo(server=f"http://127.0.0.1:{port}"))
+        owner = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "uid": "u"}}
+        try:
+            posts = [asyncio.create_task(api.post_event(owner, "Normal", "R", f"m{i}")) for i in range(150)]
+            deadline = time.monotonic() + 60
+            while events_seen < api.events_in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await asyncio.wait_for(api.create(PODS, "ns", {"metadata": {"name": "p"}}), timeout=60)
+            assert events_seen == api.events_in_flight  # the rest wait their turn
+            release.set()
+            await asyncio.wait_for(asyncio.gather(*posts), timeout=60)
+        finally:
+            release.set()
+            await api.close()
+            await runner.cleanup()
+
+    asyncio.run(run())
+    assert events_seen == 150
+    assert peak == KubeApi.events_in_flight
