@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,15 @@ from tessera.api import contract
 from tessera.api.resources import ManifestError
 from tessera.controller.apps import record_from_body, template_of
 from tessera.controller.arbiter import Arbiter
-from tessera.controller.conditions import Readiness, condition, generation_of, invalid_status, with_ready
+from tessera.controller.claims import Claim, app_claim, deployment_claim, trialgroup_claim, unloaded
+from tessera.controller.conditions import (
+    Readiness,
+    condition,
+    find,
+    generation_of,
+    invalid_status,
+    with_ready,
+)
 from tessera.controller.config import OperatorConfig
 from tessera.controller.deployments import ModelDeployments
 from tessera.controller.kube import PODS, KubeApi
@@ -32,6 +41,11 @@ from tessera.policy.themis import admit
 log = logging.getLogger(__name__)
 
 G, V = contract.GROUP, contract.VERSION
+CLAIM_INDICES = {
+    contract.KIND_APP: "app_claims",
+    contract.KIND_TRIALGROUP: "trialgroup_claims",
+    contract.KIND_MODELDEPLOYMENT: "deployment_claims",
+}
 
 
 @dataclass
@@ -44,6 +58,8 @@ class Controller:
     trialgroups: TrialGroups | None = None
     deployments: ModelDeployments | None = None
     connection: kopf.ConnectionInfo | None = None
+    # kind → kopf index of the GPUs each object claims in the API server (controller/claims.py)
+    claims: dict[str, Mapping[tuple[str, str], Iterable[Claim]]] = field(default_factory=dict)
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
     usage: UsageMetrics = field(init=False)
 
@@ -72,16 +88,35 @@ class Controller:
             return set()
         return {g for r in self.arbiter.records.values() if not r.done for g in r.held()}
 
+    def unloaded_gpus(self) -> set[str]:
+        """GPUs held by objects whose handlers have not run yet in this operator (just started or taken
+        over): their leases, pools and replicas as the API server holds them."""
+        loaded: dict[str, dict[tuple[str, str], str]] = {
+            contract.KIND_APP: {k: r.uid for k, r in self.arbiter.records.items()} if self.arbiter else {},
+            contract.KIND_TRIALGROUP: (
+                {k: r.uid for k, r in self.trialgroups.records.items()} if self.trialgroups else {}
+            ),
+            contract.KIND_MODELDEPLOYMENT: (
+                {k: r.uid for k, r in self.deployments.records.items()} if self.deployments else {}
+            ),
+        }
+        now = self.config.clock()
+        return {g for kind, index in self.claims.items() for g in unloaded(index, loaded[kind], now)}
+
     def reserved_by_others(self) -> set[str]:
-        """GPUs Themis must not auction: TrialGroup pools and serving replicas."""
+        """GPUs Themis must not auction: TrialGroup pools, serving replicas, and what objects not loaded
+        yet hold (Apps' leases among them)."""
         out = self.trialgroups.reserved() if self.trialgroups is not None else set()
-        return out | (self.deployments.reserved() if self.deployments is not None else set())
+        out |= self.deployments.reserved() if self.deployments is not None else set()
+        return out | self.unloaded_gpus()
 
     def serving_and_app_gpus(self) -> set[str]:
-        return self.app_gpus() | (self.deployments.reserved() if self.deployments is not None else set())
+        out = self.app_gpus() | (self.deployments.reserved() if self.deployments is not None else set())
+        return out | self.unloaded_gpus()
 
     def app_and_pool_gpus(self) -> set[str]:
-        return self.app_gpus() | (self.trialgroups.reserved() if self.trialgroups is not None else set())
+        out = self.app_gpus() | (self.trialgroups.reserved() if self.trialgroups is not None else set())
+        return out | self.unloaded_gpus()
 
     def need_deployments(self) -> ModelDeployments:
         if self.deployments is None:
@@ -120,7 +155,8 @@ def make_registry(
         return _login(ctl, **kwargs)
 
     @kopf.on.startup(registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+        ctl.claims = {kind: kwargs[index] for kind, index in CLAIM_INDICES.items()}
         settings.peering.standalone = config.standalone
         settings.peering.name = config.peering_name
         settings.peering.priority = config.priority
@@ -134,6 +170,36 @@ def make_registry(
     async def close(**_: Any) -> None:
         if ctl.api is not None:
             await ctl.api.close()
+
+    # --- what each object claims, known before any handler runs ----------------------------------
+    # kopf fills indices from its first listing and only then runs handlers: a handler that runs a round
+    # sees the leases, pools and replicas of objects whose own handlers have not run yet.
+
+    @kopf.index(G, V, contract.PLURAL_APP, id=CLAIM_INDICES[contract.KIND_APP], registry=registry)
+    def app_claims(
+        body: kopf.Body, namespace: str | None, name: str, **_: Any
+    ) -> dict[tuple[str, str], Claim]:
+        return {(namespace or "", name): app_claim(body)}
+
+    @kopf.index(
+        G, V, contract.PLURAL_TRIALGROUP, id=CLAIM_INDICES[contract.KIND_TRIALGROUP], registry=registry
+    )
+    def trialgroup_claims(
+        body: kopf.Body, namespace: str | None, name: str, **_: Any
+    ) -> dict[tuple[str, str], Claim]:
+        return {(namespace or "", name): trialgroup_claim(body)}
+
+    @kopf.index(
+        G,
+        V,
+        contract.PLURAL_MODELDEPLOYMENT,
+        id=CLAIM_INDICES[contract.KIND_MODELDEPLOYMENT],
+        registry=registry,
+    )
+    def deployment_claims(
+        body: kopf.Body, namespace: str | None, name: str, **_: Any
+    ) -> dict[tuple[str, str], Claim]:
+        return {(namespace or "", name): deployment_claim(body)}
 
     # --- the cluster view -------------------------------------------------------------------------
     # async: kopf runs a plain `def` handler in a worker thread, where it mutated the view while a round
@@ -183,7 +249,10 @@ def make_registry(
             patch.status.update(status)
             ctl.post_event(raw, "Warning", "InvalidSpec", msg)
             return
-        if rec.key not in arbiter.records:
+        admitted = find(stored, "Admitted")
+        # Admission is decided once: an App admitted before (by this operator before a restart, or by the
+        # peer it took over from) keeps bidding, whatever the order in which Apps load now.
+        if rec.key not in arbiter.records and not (admitted is not None and admitted.get("status") == "True"):
             total = len(ctl.view.cluster())
             if total and not admit(rec.demand(), arbiter.outstanding(), total, config.admission_threshold):
                 msg = f"{rec.demand()} GPUs would take outstanding demand past the admission threshold"

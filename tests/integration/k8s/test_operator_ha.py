@@ -1,0 +1,203 @@
+"""Restarts and two replicas of the operator on a real API server.
+
+A restarted operator rebuilds its state from what the API server holds (leases in App status, pods), so it
+keeps every lease as it was (node, GPUs, expiry) and creates no second pod. Two replicas peer through the
+chart's ClusterKopfPeering: only the higher-priority one acts; when it dies without a word (SIGKILL: no
+keep-alive, no farewell) the other waits out the dead peer's lifetime, takes over and allocates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from tessera.api import contract
+
+from .conftest import Credentials, ManualClock, Nodes, running_operator, wait_for
+from .controlplane import ControlPlane
+
+G, V = contract.GROUP, contract.VERSION
+TEMPLATE = {"spec": {"containers": [{"name": "main", "image": "trainer:1"}]}}
+LIFETIME = 10  # seconds a silent peer counts as alive (kopf's default is 60)
+
+
+def app(name: str, jobs: dict[str, int]) -> dict[str, Any]:
+    spec = [
+        {"name": j, "iterTotal": 100000, "iterTimeSerialSeconds": 1.0, "maxGPUs": n} for j, n in jobs.items()
+    ]
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_APP,
+        "metadata": {"name": name},
+        "spec": {"template": TEMPLATE, "jobs": spec},
+    }
+
+
+async def create(cluster: ControlPlane, ns: str, body: dict[str, Any]) -> None:
+    status, out = await asyncio.to_thread(
+        cluster.request, "POST", f"/apis/{G}/{V}/namespaces/{ns}/{contract.PLURAL_APP}", body
+    )
+    assert status == 201, out
+
+
+def status_of(cluster: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    return (cluster.get(f"/apis/{G}/{V}/namespaces/{ns}/{contract.PLURAL_APP}/{name}") or {}).get(
+        "status"
+    ) or {}
+
+
+def app_pods(cluster: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
+    """The App's pods as the API server lists them, those being deleted left out."""
+    got = cluster.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={contract.LABEL_APP}%3D{name}") or {}
+    return [p for p in got.get("items") or [] if not p["metadata"].get("deletionTimestamp")]
+
+
+def pods_by_job(cluster: ControlPlane, ns: str, name: str) -> dict[str, list[str]]:
+    """job → uids of its live pods."""
+    out: dict[str, list[str]] = {}
+    for p in app_pods(cluster, ns, name):
+        out.setdefault(p["metadata"]["labels"][contract.LABEL_JOB], []).append(p["metadata"]["uid"])
+    return out
+
+
+def leased(st: dict[str, Any]) -> set[tuple[str, str, int]]:
+    """(job, node, GPU index) of every lease in an App status."""
+    return {(le["job"], le["node"], i) for le in st.get("leases") or [] for i in le["gpuIndices"]}
+
+
+def settled(cluster: ControlPlane, ns: str, name: str, gpus: int) -> dict[str, Any] | None:
+    """The App's status once it leases `gpus` GPUs and its live pods are exactly one per leased job and
+    node, on the GPUs leased."""
+    st = status_of(cluster, ns, name)
+    if len(leased(st)) != gpus:
+        return None
+    want = sorted((le["job"], le["node"], sorted(le["gpuIndices"])) for le in st["leases"])
+    have = []
+    for p in app_pods(cluster, ns, name):
+        where = json.loads(p["metadata"]["annotations"][contract.ANN_PLACEMENT])
+        have.append((p["metadata"]["labels"][contract.LABEL_JOB], where["node"], sorted(where["gpuIndices"])))
+    return st if sorted(have) == want else None
+
+
+async def test_a_restart_keeps_every_lease_and_admission_and_creates_no_pod_twice(
+    cluster: ControlPlane, chart_rbac: dict[str, Credentials], nodes: Nodes, namespace: str
+) -> None:
+    # Four GPUs: b arrives first and takes the three it wants, a gets the one left and wants another, so
+    # a restarted operator that lost track of b's leases would hand one of them to a. The new operator
+    # also runs with a tighter admission threshold (4 GPUs of demand on 4 GPUs; a and b ask for 5): it
+    # applies to Apps that arrive from now on, not to a and b, admitted before.
+    nodes.add(f"{namespace}-n1", gpus=4)
+    clock = ManualClock()  # one clock for both runs: no lease expires across the restart
+    creds = chart_rbac["operator"]
+    async with running_operator(cluster, creds, clock=clock, lease_s=600.0):
+        await create(cluster, namespace, app("b", {"j1": 2, "j2": 1}))
+        await wait_for(lambda: settled(cluster, namespace, "b", 3), 90, "b on three GPUs")
+        await create(cluster, namespace, app("a", {"j1": 2}))
+        await wait_for(lambda: settled(cluster, namespace, "a", 1), 90, "a on the fourth")
+        before = {n: status_of(cluster, namespace, n) for n in ("a", "b")}
+        pods_before = {n: pods_by_job(cluster, namespace, n) for n in ("a", "b")}
+
+    async with running_operator(cluster, creds, clock=clock, lease_s=600.0, admission_threshold=1.0) as ctl:
+        await wait_for(
+            lambda: ctl.arbiter is not None and len(ctl.arbiter.records) == 2 and ctl.arbiter.rounds >= 1,
+            90,
+            "both Apps resumed and a round run",
+        )
+        # What kopf listed before any handler ran: every App's leases, whether loaded yet or not.
+        claims = ctl.claims[contract.KIND_APP]
+        assert {(namespace, "a"), (namespace, "b")} <= set(claims)
+        await create(cluster, namespace, app("c", {"j1": 1}))
+        refused = await wait_for(
+            lambda: (st := status_of(cluster, namespace, "c")).get("conditions") and st, 60, "c refused"
+        )
+        ctl.arbiter.dirty = True  # one more full round with everything loaded
+        rounds = ctl.arbiter.rounds
+        await wait_for(lambda: ctl.arbiter is not None and ctl.arbiter.rounds > rounds, 60, "a round")
+        after = {n: status_of(cluster, namespace, n) for n in ("a", "b")}
+        pods_after = {n: pods_by_job(cluster, namespace, n) for n in ("a", "b")}
+    for n in ("a", "b"):
+        # Same leases: job, node, GPU indices, expiry and source; still admitted.
+        assert after[n]["leases"] == before[n]["leases"], n
+        assert [c["status"] for c in after[n]["conditions"] if c["type"] == "Admitted"] == ["True"], n
+        # The very same pods (uids), one per job, none deleted or made twice.
+        assert pods_after[n] == pods_before[n], n
+        assert all(len(uids) == 1 for uids in pods_after[n].values()), pods_after[n]
+    assert [(c["type"], c["status"], c["reason"]) for c in refused["conditions"]] == [
+        ("Admitted", "False", "OverThreshold"),
+        ("Ready", "False", "NotAdmitted"),
+    ]
+    assert not app_pods(cluster, namespace, "c")
+
+
+def trialgroup(name: str, gpus: int) -> dict[str, Any]:
+    trials = [{"name": f"t{i}", "budgetIterations": 100000, "iterTimeSeconds": 1.0} for i in range(gpus)]
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_TRIALGROUP,
+        "metadata": {"name": name},
+        "spec": {"template": TEMPLATE, "trials": trials, "gpus": gpus},
+    }
+
+
+def pool_of(cluster: ControlPlane, ns: str, name: str) -> str | None:
+    tg = cluster.get(f"/apis/{G}/{V}/namespaces/{ns}/{contract.PLURAL_TRIALGROUP}/{name}") or {}
+    return ((tg.get("metadata") or {}).get("annotations") or {}).get(contract.ANN_GPU_POOL)
+
+
+def tg_ready(cluster: ControlPlane, ns: str, name: str) -> bool:
+    tg = cluster.get(f"/apis/{G}/{V}/namespaces/{ns}/{contract.PLURAL_TRIALGROUP}/{name}") or {}
+    conditions = (tg.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def pod_uids(cluster: ControlPlane, ns: str) -> dict[str, str]:
+    got = cluster.get(f"/api/v1/namespaces/{ns}/pods") or {}
+    return {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in got.get("items") or []
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+async def test_a_restart_keeps_a_trialgroups_pool_out_of_the_apps_auction(
+    cluster: ControlPlane, chart_rbac: dict[str, Credentials], nodes: Nodes, namespace: str
+) -> None:
+    # The group's pool is half the node; the App wants the whole node and holds the other half. After a
+    # restart the App's first round may run before the group's handler loaded its pool.
+    nodes.add(f"{namespace}-n1", gpus=4)
+    clock = ManualClock()
+    creds = chart_rbac["operator"]
+    async with running_operator(cluster, creds, clock=clock, lease_s=600.0):
+        status, out = await asyncio.to_thread(
+            cluster.request,
+            "POST",
+            f"/apis/{G}/{V}/namespaces/{namespace}/{contract.PLURAL_TRIALGROUP}",
+            trialgroup("tg", 2),
+        )
+        assert status == 201, out
+        pool = await wait_for(lambda: pool_of(cluster, namespace, "tg"), 90, "the group's pool")
+        await create(cluster, namespace, app("a", {"j1": 2, "j2": 2}))
+        before = await wait_for(lambda: settled(cluster, namespace, "a", 2), 90, "a on the other two GPUs")
+        await wait_for(lambda: tg_ready(cluster, namespace, "tg"), 90, "the group's trial pods")
+        pods_before = pod_uids(cluster, namespace)
+    async with running_operator(cluster, creds, clock=clock, lease_s=600.0) as ctl:
+        await wait_for(
+            lambda: (
+                ctl.arbiter is not None
+                and len(ctl.arbiter.records) == 1
+                and ctl.trialgroups is not None
+                and ctl.trialgroups.reconciles >= 3
+                and ctl.arbiter.rounds >= 1
+            ),
+            90,
+            "the App and the group resumed",
+        )
+        ctl.arbiter.dirty = True
+        rounds = ctl.arbiter.rounds
+        await wait_for(lambda: ctl.arbiter is not None and ctl.arbiter.rounds > rounds, 60, "a round")
+        after = status_of(cluster, namespace, "a")
+        pods_after = pod_uids(cluster, namespace)
+    assert after["leases"] == before["leases"]
+    assert pool_of(cluster, namespace, "tg") == pool
+    assert pods_after == pods_before
