@@ -14,8 +14,9 @@ are deleted, winners' created, every App's status written. That is repeated (--r
 settles again) and the median round reported with the spread: the machine is shared.
 
 Per round: wall time as the operator exports it (`tessera_auction_duration_seconds`), the auction
-(`Themis.allocate`, timed in the round), API calls by verb with their summed latency and the wall time with
-at least one request in flight (`KubeApi.counts`, `.seconds`, `.busy_s`), and the CPU seconds the operator,
+(`Themis.allocate`, timed in the round), API calls by verb with their summed latency and the wall time
+with at least one request in flight (`KubeApi.counts`, `.seconds`, `.busy_seconds()`), the operator
+ServiceAccount's requests as the API server's audit log has them, and the CPU seconds the operator,
 kube-apiserver and etcd spent in it (a client that is busy on its own CPU keeps its requests in flight
 too, so the in-flight share alone does not say who is slow). `--profile N` adds a cProfile of the
 operator's process during the first round at size N.
@@ -226,7 +227,7 @@ async def measure_round(
         calls0, secs0, busy0, writes0 = (
             Counter(api.counts),
             dict(api.seconds),
-            api.busy_s,
+            api.busy_seconds(),
             arbiter.status_writes,
         )
         hist0 = (samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0)
@@ -242,7 +243,7 @@ async def measure_round(
         row.round_s = hist1[1] - hist0[1]  # what the operator exports for this round
         calls = Counter(api.counts)
         calls.subtract(calls0)
-        row.calls, row.busy_s = +calls, api.busy_s - busy0
+        row.calls, row.busy_s = +calls, api.busy_seconds() - busy0
         row.call_s = {k: v - secs0.get(k, 0.0) for k, v in api.seconds.items() if v > secs0.get(k, 0.0)}
         row.cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
         row.status_writes = arbiter.status_writes - writes0

@@ -79,8 +79,9 @@ def _ssl_context(conn: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
 class KubeApi:
     """Typed calls over one aiohttp session; `calls` records (group, plural[/sub], verb) for RBAC checks
     and `counts` how many requests each of those made (the benchmark's API calls per round). `seconds`
-    sums each request's latency per call (overlapping requests both count) and `busy_s` is the wall time
-    with at least one request in flight, so a benchmark can tell a round's time waiting on the server."""
+    sums each request's latency per call (overlapping requests both count) and `busy_s` the wall time with
+    at least one request in flight (up to the last time none was; `busy_seconds()` up to now), so a
+    benchmark can tell a round's time waiting on the server."""
 
     conn: kopf.ConnectionInfo
     calls: set[tuple[str, str, str]] = field(default_factory=set)
@@ -97,6 +98,10 @@ class KubeApi:
     # session's connection pool and the round's pod and status writes queued behind them.
     events_in_flight: int = 4
     _event_gate: asyncio.Semaphore | None = None
+
+    def busy_seconds(self) -> float:
+        """`busy_s` with the stretch of requests in flight right now included."""
+        return self.busy_s + (time.perf_counter() - self._busy_since if self._in_flight else 0.0)
 
     def _headers(self) -> dict[str, str]:
         if self.conn.token:
