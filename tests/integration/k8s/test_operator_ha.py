@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import signal
+import time
+from datetime import datetime
 from typing import Any
 
+import yaml
 from tessera.api import contract
+from tessera.controller.handlers import Controller
 
-from .conftest import Credentials, ManualClock, Nodes, running_operator, wait_for
-from .controlplane import ControlPlane
+from .conftest import Credentials, ManualClock, Nodes, chart_objects, running_operator, wait_for
+from .controlplane import ROOT, ControlPlane, Process
 
+log = logging.getLogger(__name__)
 G, V = contract.GROUP, contract.VERSION
 TEMPLATE = {"spec": {"containers": [{"name": "main", "image": "trainer:1"}]}}
 LIFETIME = 10  # seconds a silent peer counts as alive (kopf's default is 60)
@@ -201,3 +209,105 @@ async def test_a_restart_keeps_a_trialgroups_pool_out_of_the_apps_auction(
     assert after["leases"] == before["leases"]
     assert pool_of(cluster, namespace, "tg") == pool
     assert pods_after == pods_before
+
+
+# --- two replicas --------------------------------------------------------------------------------------
+
+LOW = "tessera-standby"
+
+
+def chart_peering(cluster: ControlPlane) -> str:
+    """The chart's ClusterKopfPeering (default values: all namespaces), applied; its name."""
+    (obj,) = [o for o in chart_objects() if o["kind"] == "ClusterKopfPeering"]
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(obj))
+    return str(obj["metadata"]["name"])
+
+
+def peers(cluster: ControlPlane, peering: str) -> dict[str, dict[str, Any]]:
+    obj = cluster.get(f"/apis/kopf.dev/v1/clusterkopfpeerings/{peering}") or {}
+    return dict(obj.get("status") or {})
+
+
+def spawn_operator(cluster: ControlPlane, creds: Credentials, peering: str, priority: int) -> Process:
+    """`tessera operator` as its own process, as the chart runs it, with the operator's kubeconfig."""
+    argv = ["env", f"KUBECONFIG={creds.kubeconfig}", str(ROOT / ".venv" / "bin" / "tessera"), "--log-level",
+            "INFO", "operator", "--peering", peering, "--priority", str(priority), "--peering-lifetime-seconds",
+            str(LIFETIME), "--lease-seconds", "600", "--metrics-port", "0", "--liveness", ""]  # fmt: skip
+    return cluster.spawn(f"operator-{priority}-{os.getpid()}-{time.monotonic_ns()}", argv)
+
+
+def kill(proc: Process) -> None:
+    """SIGKILL: the process gets no chance to say goodbye (kopf would remove its peering record)."""
+    os.killpg(proc.popen.pid, signal.SIGKILL)
+    proc.popen.wait(30)
+
+
+def calls_of(ctl: Controller) -> set[tuple[str, str, str]]:
+    return set(ctl.api.calls) if ctl.api is not None else set()
+
+
+async def test_two_replicas_only_one_allocates_and_the_standby_takes_over_when_it_dies(
+    cluster: ControlPlane, chart_rbac: dict[str, Credentials], nodes: Nodes, namespace: str
+) -> None:
+    peering = await asyncio.to_thread(chart_peering, cluster)
+    nodes.add(f"{namespace}-n1", gpus=2)
+    creds = chart_rbac["operator"]
+    active = spawn_operator(cluster, creds, peering, priority=100)
+    try:
+        # The active replica announces itself first: kopf pauses a peer only once it has seen a
+        # higher-priority record, so this is the order in which "only one acts" is guaranteed.
+        active_id = await wait_for(
+            lambda: next((p for p, v in peers(cluster, peering).items() if v.get("priority") == 100), None),
+            90,
+            "the active replica's keep-alive",
+        )
+        async with running_operator(
+            cluster,
+            creds,
+            identity=LOW,
+            standalone=False,
+            peering_name=peering,
+            priority=10,
+            peering_lifetime_s=LIFETIME,
+            lease_s=600.0,
+            clock=time.time,  # the active replica's leases run on the wall clock too
+        ) as standby:
+            await wait_for(lambda: LOW in peers(cluster, peering), 60, "the standby's keep-alive")
+            record = peers(cluster, peering)
+            assert record[LOW]["lifetime"] == record[active_id]["lifetime"] == LIFETIME
+            await create(cluster, namespace, app("a", {"j1": 1}))
+            st_a = await wait_for(lambda: settled(cluster, namespace, "a", 1), 90, "a allocated")
+            # The standby did nothing: its client sent no request and kopf ran none of its handlers.
+            assert standby.arbiter is not None and not standby.arbiter.records
+            assert calls_of(standby) == set()
+
+            await asyncio.to_thread(kill, active)
+            lastseen = datetime.fromisoformat(str(peers(cluster, peering)[active_id]["lastseen"]))
+            expiry = lastseen.timestamp() + LIFETIME  # when kopf counts the silent peer as dead
+            killed = time.time()
+            await create(cluster, namespace, app("b", {"j1": 1}))
+            # As long as the dead replica's record is live, the standby must not act (no split brain):
+            # checked until a second before the expiry (clock skew between kopf's stamp and ours).
+            while time.time() < expiry - 1.0:
+                assert calls_of(standby) == set(), (
+                    "the standby acted while the active replica's record was live"
+                )
+                assert not await asyncio.to_thread(app_pods, cluster, namespace, "b")
+                await asyncio.sleep(0.2)
+            st_b = await wait_for(
+                lambda: settled(cluster, namespace, "b", 1), LIFETIME + 90, "b allocated by the standby"
+            )
+            took = time.time() - killed
+            log.info("standby allocated %.1f s after the kill (peer lifetime %d s)", took, LIFETIME)
+            assert ("", "pods", "create") in calls_of(standby)
+            assert active_id not in peers(cluster, peering)  # the standby cleared the dead record
+            # a's lease and pod were adopted as the dead replica left them; b got the other GPU.
+            assert status_of(cluster, namespace, "a")["leases"] == st_a["leases"]
+            assert len(app_pods(cluster, namespace, "a")) == 1
+            gpus_a = {(node, i) for _, node, i in leased(st_a)}
+            gpus_b = {(node, i) for _, node, i in leased(st_b)}
+            assert gpus_a.isdisjoint(gpus_b)
+            # Bounded: the lifetime, plus the standby's restart of its watches and one round.
+            assert took < LIFETIME + 60, took
+    finally:
+        active.stop()
