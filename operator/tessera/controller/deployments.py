@@ -59,7 +59,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
 
     def readiness(self, rec: ServingRecord) -> Readiness | None:
         wanted = self._wanted.get(rec.key)
-        if wanted is None or rec.key not in self._applied:
+        if wanted is None or (rec.gpus and rec.key not in self._applied):
             return None  # the pass stopped before deciding replicas or applying the gateway
         missing = self.missing_pods(rec, contract.LABEL_MODELDEPLOYMENT, rec.pod_plans())
         return deployment_readiness(rec, wanted, missing)
@@ -110,15 +110,18 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             )
         owner = Owner(contract.KIND_MODELDEPLOYMENT, rec.name, rec.namespace, rec.uid)
         await self._sync_workers(rec, owner)
-        try:
-            objects = rec.gateway_objects(owner, self.config.gateway_image)
-        except ValueError as err:
-            self._invalid(body, patch, invalid_status([("spec", f"gateway config: {err}")]))
-            return
-        if self._applied.get(rec.key) != [o for _, o in objects]:
-            for plural, obj in objects:
-                await self._apply(KINDS[plural], rec.namespace, obj)
-            self._applied[rec.key] = [o for _, o in objects]
+        # The gateway routes to workers: it is configured once a replica is placed. Without one the
+        # deployment waits for GPUs; its config (which wants a worker) is not a spec error.
+        if rec.gpus:
+            try:
+                objects = rec.gateway_objects(owner, self.config.gateway_image)
+            except ValueError as err:
+                self._invalid(body, patch, invalid_status([("spec", f"gateway config: {err}")]))
+                return
+            if self._applied.get(rec.key) != [o for _, o in objects]:
+                for plural, obj in objects:
+                    await self._apply(KINDS[plural], rec.namespace, obj)
+                self._applied[rec.key] = [o for _, o in objects]
         status = {
             "phase": "Serving" if rec.gpus else "Placing",
             "replicas": len(rec.gpus),

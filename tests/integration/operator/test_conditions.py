@@ -13,12 +13,14 @@ from tessera.api import contract
 
 from .conftest import (
     APPS,
+    MDS,
     NS,
     TGS,
     add_node,
     app_body,
     events,
     job,
+    md_body,
     pods,
     running_operator,
     status_of,
@@ -61,6 +63,13 @@ def status_patches(k: kmock.KubernetesEmulator, plural: str, name: str) -> int:
         for r in list(k)
         if r.method == "PATCH" and r.resource is not None and r.resource.plural == plural and r.name == name
     )
+
+
+def gateway(k: kmock.KubernetesEmulator, md: str) -> dict[str, Any] | None:
+    try:
+        return dict(k.objects["apps/v1/deployments", NS, f"{md}-gateway"])
+    except KeyError:
+        return None
 
 
 def node(name: str, gpus: int) -> dict[str, Any]:
@@ -143,3 +152,30 @@ async def test_app_ready_follows_leases_and_an_unchanged_state_is_not_rewritten(
         assert ctl.arbiter.rounds >= rounds + 3
         assert status_patches(api, "apps", "a") == writes
         assert cond(status_of(api, APPS, "a"), "Ready") == cond(st, "Ready")
+
+
+async def test_a_modeldeployment_waiting_for_gpus_is_not_ready_and_not_invalid(
+    api: kmock.KubernetesEmulator,
+) -> None:
+    # The only GPU is an App's: the deployment places no replica. It used to build the gateway's config
+    # anyway, which wants a worker, and report that as an invalid spec (phase Failed, InvalidSpec event).
+    add_node(api, "n1", 1)
+    api.objects[APPS, NS, "a"] = app_body("a", [job("j1", gpus=1)])
+    async with running_operator(api):
+        await wait_for(lambda: status_of(api, APPS, "a").get("leases"), what="a's lease")
+        await api.post(
+            f"/apis/{G}/{V}/namespaces/{NS}/modeldeployments", json=with_generation(md_body("m", 100), 1)
+        )
+        st = await wait_for(lambda: ready_is(api, MDS, "m", "False", "WaitingForGPUs"), what="m waiting")
+        assert st["phase"] == "Placing" and st["replicas"] == 0 and st["observedGeneration"] == 1
+        assert "0 of 1 replica placed" in cond(st, "Ready")["message"]
+        assert cond(st, "Scaled")["status"] == "False"
+        assert not events(api, "InvalidSpec") and not any(
+            r == "apps/v1/deployments" for r, _, _ in api.objects
+        )
+
+        await api.delete(f"/apis/{G}/{V}/namespaces/{NS}/apps/a")
+        st = await wait_for(
+            lambda: ready_is(api, MDS, "m", "True", "Serving"), what="m serving once a is gone"
+        )
+    assert st["replicas"] == 1 and gateway(api, "m") is not None
