@@ -234,3 +234,35 @@ async def test_an_app_over_the_admission_threshold_is_not_ready_with_the_reason(
     )
     assert "admission threshold" in ready["message"] and obj["status"]["observedGeneration"] == 1
     assert not pods(cluster, namespace, contract.LABEL_APP, "big")
+
+
+async def test_objects_the_operator_refuses_are_not_ready_with_invalid_spec(
+    cluster: ControlPlane, chart_rbac: dict[str, Credentials], nodes: Nodes, namespace: str
+) -> None:
+    # Names the API server accepts but the operator cannot derive its objects from: an App's or a
+    # TrialGroup's name is a label value on its pods (at most 63 characters), a ModelDeployment's names
+    # Services (a DNS-1035 label: no dots).
+    nodes.add(f"{namespace}-n1", gpus=2)
+    long = "x" * 64
+    refused = [
+        (app(long), f"app/{long}", contract.PLURAL_APP, long),
+        (trialgroup(long), f"tg/{long}", contract.PLURAL_TRIALGROUP, long),
+        (modeldeployment("resnet.v2", 100), "md/resnet.v2", contract.PLURAL_MODELDEPLOYMENT, "resnet.v2"),
+    ]
+    for body, _, _, _ in refused:
+        await kubectl(cluster, "apply", "-n", namespace, "-f", "-", stdin=json.dumps(body))
+    async with running_operator(cluster, chart_rbac["operator"]):
+        for _, ref, _, _ in refused:
+            await kubectl_wait(cluster, namespace, ref, "condition=Ready=False")
+    for _, ref, plural, name in refused:
+        obj = get(cluster, namespace, plural, name)
+        ready, valid = cond(obj, "Ready"), cond(obj, "Valid")
+        assert (ready["reason"], valid["status"], valid["reason"]) == (
+            "InvalidSpec",
+            "False",
+            "InvalidSpec",
+        ), ref
+        assert ready["message"] == valid["message"] and ready["message"].startswith("metadata.name: "), ref
+        assert obj["status"]["phase"] == "Failed" and obj["status"]["observedGeneration"] == 1, ref
+        assert ready["observedGeneration"] == valid["observedGeneration"] == 1, ref
+    assert not (cluster.get(f"/api/v1/namespaces/{namespace}/pods") or {}).get("items")
