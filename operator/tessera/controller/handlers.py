@@ -309,6 +309,7 @@ def make_registry(
     @kopf.on.delete(G, V, contract.PLURAL_TRIALGROUP, registry=registry)
     async def trialgroup_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
         await ctl.need_trialgroups().delete(namespace, name, dict(body))
+        ctl.need_trialgroups().discard(str(body.metadata.uid))
         if ctl.arbiter is not None:
             ctl.arbiter.dirty = True  # the pool's GPUs are free for Apps again
 
@@ -328,6 +329,7 @@ def make_registry(
     @kopf.on.delete(G, V, contract.PLURAL_MODELDEPLOYMENT, registry=registry)
     async def deployment_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
         await ctl.need_deployments().delete(namespace, name, dict(body))
+        ctl.need_deployments().discard(str(body.metadata.uid))
         if ctl.arbiter is not None:
             ctl.arbiter.dirty = True
 

@@ -76,6 +76,11 @@ class KindReconciler(abc.ABC, Generic[R]):
     @abc.abstractmethod
     async def _reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None: ...
 
+    def discard(self, uid: str) -> None:
+        """Forget what was reported about a deleted object (its Ready condition, an invalid spec)."""
+        self._ready.pop(uid, None)
+        self._reported.pop(uid, None)
+
     @abc.abstractmethod
     def readiness(self, rec: R) -> Readiness | None:
         """The Ready condition of `rec` after a pass over it; None leaves it as it is (not known yet)."""
