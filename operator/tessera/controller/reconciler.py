@@ -102,7 +102,8 @@ class KindReconciler(abc.ABC, Generic[R]):
             return
         status_in = body.get("status") or {}
         stored: list[dict[str, Any]] = list(status_in.get("conditions") or [])
-        own = list(patch.status.get("conditions") if "conditions" in patch.status else stored)
+        written: list[dict[str, Any]] = patch.status.get("conditions") or []
+        own = list(written if "conditions" in patch.status else stored)
         gen = generation_of(body)
         if gen is not None:  # the pass re-evaluated the kind's own conditions against this generation too
             own = [{**c, "observedGeneration": gen} for c in own]
