@@ -21,8 +21,8 @@ import yaml
 from tessera.api import contract
 from tessera.controller.handlers import Controller
 
-from .conftest import Credentials, ManualClock, Nodes, chart_objects, running_operator, wait_for
-from .controlplane import ROOT, ControlPlane, Process
+from .conftest import TESSERA, Credentials, ManualClock, Nodes, chart_objects, running_operator, wait_for
+from .controlplane import ControlPlane, Process
 
 log = logging.getLogger(__name__)
 G, V = contract.GROUP, contract.VERSION
@@ -230,7 +230,7 @@ def peers(cluster: ControlPlane, peering: str) -> dict[str, dict[str, Any]]:
 
 def spawn_operator(cluster: ControlPlane, creds: Credentials, peering: str, priority: int) -> Process:
     """`tessera operator` as its own process, as the chart runs it, with the operator's kubeconfig."""
-    argv = ["env", f"KUBECONFIG={creds.kubeconfig}", str(ROOT / ".venv" / "bin" / "tessera"), "--log-level",
+    argv = ["env", f"KUBECONFIG={creds.kubeconfig}", str(TESSERA), "--log-level",
             "INFO", "operator", "--peering", peering, "--priority", str(priority), "--peering-lifetime-seconds",
             str(LIFETIME), "--lease-seconds", "600", "--metrics-port", "0", "--liveness", ""]  # fmt: skip
     return cluster.spawn(f"operator-{priority}-{os.getpid()}-{time.monotonic_ns()}", argv)
