@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian packages the test suite runs for real: `etcd-server` (the store under the real
-# kube-apiserver of tests/integration/k8s) and `prometheus` (metrics and dashboard queries), then unpack
-# the Kubernetes test binaries (../shared/k8s, checked against SHA256SUMS) into the cache the tests use.
+# kube-apiserver of tests/integration/k8s), `prometheus` (metrics and dashboard queries) and `openssl`
+# (test keys and certificates), then unpack the Kubernetes test binaries (../shared/k8s, checked against
+# SHA256SUMS) into the cache the tests use.
 # Non-interactive and service-free: the tests start etcd and Prometheus themselves on loopback ports, so
 # the packages' own services must not start (policy-rc.d answers 101 = "action forbidden").
 # Usage: bash hack/install-test-deps.sh   (needs root or sudo for apt-get; installs only what is missing)
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the test API server's service-account key
 
 if ((${#missing[@]})); then
   SUDO=""

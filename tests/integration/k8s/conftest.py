@@ -28,6 +28,8 @@ from tessera.api.gpu_inventory import GpuInfo, dump_node_gpus
 from tessera.controller.config import OperatorConfig
 from tessera.controller.handlers import Controller, make_registry
 
+from tests.integration.clock import ManualClock
+
 from .controlplane import ROOT, ControlPlane, NoBinaries, Process, control_plane, free_port, wait_until
 
 
@@ -289,20 +291,6 @@ def scheduling(cluster: ControlPlane, chart_rbac: dict[str, Credentials]) -> Ite
 
 
 # --- the operator, in-process, as the chart's `operator` ServiceAccount -----------------------------------
-
-
-class ManualClock:
-    """A lease clock the test moves, so leases expire when the test says, whatever the machine's load."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> float:
-        self.now += seconds
-        return self.now
 
 
 @contextlib.asynccontextmanager

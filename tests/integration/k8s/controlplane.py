@@ -108,6 +108,8 @@ def find_assets() -> tuple[Path, Path]:
     etcd = (assets / "etcd") if (assets / "etcd").exists() else shutil.which("etcd")
     if not etcd:
         raise NoBinaries("no etcd on PATH: run `bash hack/install-test-deps.sh` (Debian's etcd-server)")
+    if not shutil.which("openssl"):
+        raise NoBinaries("no openssl on PATH (the service-account key): run `bash hack/install-test-deps.sh`")
     return assets, Path(etcd)
 
 

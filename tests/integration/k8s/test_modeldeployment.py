@@ -23,6 +23,7 @@ from .workloads import (
     call,
     cr_path,
     events,
+    modeldeployment,
     operator,
     placement_of,
     pods_with,
@@ -30,25 +31,6 @@ from .workloads import (
 )
 
 LANE = {contract.RESOURCE_GPU: "1", contract.RESOURCE_GPU_MEMORY: "4096", contract.RESOURCE_GPU_COMPUTE: "50"}
-
-
-def md_body(name: str, rps: float) -> dict[str, Any]:
-    return {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND_MODELDEPLOYMENT,
-        "metadata": {"name": name},
-        "spec": {
-            "template": {"spec": {"containers": [{"name": "worker", "image": "worker:1"}]}},
-            "model": {"name": "resnet", "dynamic": False},
-            "slo": {"latencyMs": 100},
-            "traffic": {"expectedRps": rps},
-            "batching": {
-                "supportedBatchSizes": [1, 2, 4, 8],
-                "latencyModel": {"type": "perBatchSize", "perBatchSizeMs": [10, 15, 25, 45]},
-            },
-            "gpu": {"lane": {"memoryMiB": 4096, "computePercent": 50}},
-        },
-    }
 
 
 def workers(cluster: ControlPlane, ns: str) -> list[dict[str, Any]]:
@@ -77,7 +59,9 @@ async def test_gateway_and_workers_on_lanes_then_replicas_follow_the_reported_lo
     async with operator(cluster, chart_rbac["operator"], namespace) as ctl:
         # Both nodes in the view first, or a pass between their watch events would put both replicas on one.
         await wait_for(lambda: {n1, n2} <= set(ctl.view.nodes), 60, "both nodes in the operator's view")
-        await call(cluster, "POST", cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace), md_body("m", 300))
+        await call(
+            cluster, "POST", cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace), modeldeployment("m", 300)
+        )
         got = await wait_for(
             lambda: (w := workers(cluster, namespace)) and len(w) == 2 and bound(w) and w,
             120,
@@ -191,7 +175,10 @@ async def test_a_modeldeployment_whose_name_cannot_name_its_services_is_refused(
     nodes.add(f"{namespace}-n1", gpus=2, slots_per_gpu=contract.DEFAULT_SLOTS_PER_GPU)
     async with operator(cluster, chart_rbac["operator"], namespace):
         await call(
-            cluster, "POST", cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace), md_body("resnet.v2", 100)
+            cluster,
+            "POST",
+            cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace),
+            modeldeployment("resnet.v2", 100),
         )
         st = await wait_for(
             lambda: (

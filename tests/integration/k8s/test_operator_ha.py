@@ -23,6 +23,7 @@ from tessera.controller.handlers import Controller
 
 from .conftest import TESSERA, Credentials, ManualClock, Nodes, chart_objects, running_operator, wait_for
 from .controlplane import ControlPlane, Process
+from .workloads import pods_with, status_of
 
 log = logging.getLogger(__name__)
 G, V = contract.GROUP, contract.VERSION
@@ -49,16 +50,13 @@ async def create(cluster: ControlPlane, ns: str, body: dict[str, Any]) -> None:
     assert status == 201, out
 
 
-def status_of(cluster: ControlPlane, ns: str, name: str) -> dict[str, Any]:
-    return (cluster.get(f"/apis/{G}/{V}/namespaces/{ns}/{contract.PLURAL_APP}/{name}") or {}).get(
-        "status"
-    ) or {}
+def app_status(cluster: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    return status_of(cluster, contract.PLURAL_APP, ns, name)
 
 
 def app_pods(cluster: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
     """The App's pods as the API server lists them, those being deleted left out."""
-    got = cluster.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={contract.LABEL_APP}%3D{name}") or {}
-    return [p for p in got.get("items") or [] if not p["metadata"].get("deletionTimestamp")]
+    return pods_with(cluster, ns, contract.LABEL_APP, name)
 
 
 def pods_by_job(cluster: ControlPlane, ns: str, name: str) -> dict[str, list[str]]:
@@ -77,7 +75,7 @@ def leased(st: dict[str, Any]) -> set[tuple[str, str, int]]:
 def settled(cluster: ControlPlane, ns: str, name: str, gpus: int) -> dict[str, Any] | None:
     """The App's status once it leases `gpus` GPUs and its live pods are exactly one per leased job and
     node, on the GPUs leased."""
-    st = status_of(cluster, ns, name)
+    st = app_status(cluster, ns, name)
     if len(leased(st)) != gpus:
         return None
     want = sorted((le["job"], le["node"], sorted(le["gpuIndices"])) for le in st["leases"])
@@ -103,7 +101,7 @@ async def test_a_restart_keeps_every_lease_and_admission_and_creates_no_pod_twic
         await wait_for(lambda: settled(cluster, namespace, "b", 3), 90, "b on three GPUs")
         await create(cluster, namespace, app("a", {"j1": 2}))
         await wait_for(lambda: settled(cluster, namespace, "a", 1), 90, "a on the fourth")
-        before = {n: status_of(cluster, namespace, n) for n in ("a", "b")}
+        before = {n: app_status(cluster, namespace, n) for n in ("a", "b")}
         pods_before = {n: pods_by_job(cluster, namespace, n) for n in ("a", "b")}
 
     async with running_operator(cluster, creds, clock=clock, lease_s=600.0, admission_threshold=1.0) as ctl:
@@ -117,12 +115,12 @@ async def test_a_restart_keeps_every_lease_and_admission_and_creates_no_pod_twic
         assert {(namespace, "a"), (namespace, "b")} <= set(claims)
         await create(cluster, namespace, app("c", {"j1": 1}))
         refused = await wait_for(
-            lambda: (st := status_of(cluster, namespace, "c")).get("conditions") and st, 60, "c refused"
+            lambda: (st := app_status(cluster, namespace, "c")).get("conditions") and st, 60, "c refused"
         )
         ctl.arbiter.dirty = True  # one more full round with everything loaded
         rounds = ctl.arbiter.rounds
         await wait_for(lambda: ctl.arbiter is not None and ctl.arbiter.rounds > rounds, 60, "a round")
-        after = {n: status_of(cluster, namespace, n) for n in ("a", "b")}
+        after = {n: app_status(cluster, namespace, n) for n in ("a", "b")}
         pods_after = {n: pods_by_job(cluster, namespace, n) for n in ("a", "b")}
     for n in ("a", "b"):
         # Same leases: job, node, GPU indices, expiry and source; still admitted.
@@ -204,7 +202,7 @@ async def test_a_restart_keeps_a_trialgroups_pool_out_of_the_apps_auction(
         ctl.arbiter.dirty = True
         rounds = ctl.arbiter.rounds
         await wait_for(lambda: ctl.arbiter is not None and ctl.arbiter.rounds > rounds, 60, "a round")
-        after = status_of(cluster, namespace, "a")
+        after = app_status(cluster, namespace, "a")
         pods_after = pod_uids(cluster, namespace)
     assert after["leases"] == before["leases"]
     assert pool_of(cluster, namespace, "tg") == pool
@@ -302,7 +300,7 @@ async def test_two_replicas_only_one_allocates_and_the_standby_takes_over_when_i
             assert ("", "pods", "create") in calls_of(standby)
             assert active_id not in peers(cluster, peering)  # the standby cleared the dead record
             # a's lease and pod were adopted as the dead replica left them; b got the other GPU.
-            assert status_of(cluster, namespace, "a")["leases"] == st_a["leases"]
+            assert app_status(cluster, namespace, "a")["leases"] == st_a["leases"]
             assert len(app_pods(cluster, namespace, "a")) == 1
             gpus_a = {(node, i) for _, node, i in leased(st_a)}
             gpus_b = {(node, i) for _, node, i in leased(st_b)}

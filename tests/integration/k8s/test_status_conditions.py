@@ -16,6 +16,7 @@ from tessera.api import contract
 
 from .conftest import Credentials, Nodes, running_operator, wait_for
 from .controlplane import ControlPlane
+from .workloads import events, modeldeployment, pods_with
 
 G, V = contract.GROUP, contract.VERSION
 TEMPLATE = {"spec": {"containers": [{"name": "main", "image": "trainer:1", "command": ["python", "t.py"]}]}}
@@ -33,25 +34,6 @@ def app(name: str, gpus: int = 2, template: dict[str, Any] = TEMPLATE) -> dict[s
 def trialgroup(name: str) -> dict[str, Any]:
     trials = [{"name": t, "budgetIterations": 100, "iterTimeSeconds": 1.0} for t in ("a", "b")]
     return manifest(contract.KIND_TRIALGROUP, name, {"template": TEMPLATE, "trials": trials, "gpus": 2})
-
-
-def modeldeployment(name: str, rps: float) -> dict[str, Any]:
-    """A static model with a measured ℓ(b) and a 100 ms SLO: one replica serves up to ~178 rps."""
-    return manifest(
-        contract.KIND_MODELDEPLOYMENT,
-        name,
-        {
-            "template": {"spec": {"containers": [{"name": "worker", "image": "worker:1"}]}},
-            "model": {"name": "resnet", "dynamic": False},
-            "slo": {"latencyMs": 100},
-            "traffic": {"expectedRps": rps},
-            "batching": {
-                "supportedBatchSizes": [1, 2, 4, 8],
-                "latencyModel": {"type": "perBatchSize", "perBatchSizeMs": [10, 15, 25, 45]},
-            },
-            "gpu": {"lane": {"memoryMiB": 4096, "computePercent": 50}},
-        },
-    )
 
 
 async def kubectl(cluster: ControlPlane, *args: str, stdin: str | None = None, check: bool = True) -> Any:
@@ -74,16 +56,6 @@ def cond(obj: dict[str, Any], type_: str) -> dict[str, Any]:
     found = [c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_]
     assert len(found) == 1, f"one {type_} condition expected: {obj.get('status')}"
     return found[0]
-
-
-def pods(cluster: ControlPlane, ns: str, label: str, name: str) -> list[dict[str, Any]]:
-    got = cluster.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={label}%3D{name}") or {}
-    return [p for p in got.get("items") or [] if not p["metadata"].get("deletionTimestamp")]
-
-
-def events(cluster: ControlPlane, ns: str, reason: str) -> list[dict[str, Any]]:
-    got = cluster.get(f"/api/v1/namespaces/{ns}/events") or {}
-    return [e for e in got.get("items") or [] if e.get("reason") == reason]
 
 
 def assert_reports_generation(obj: dict[str, Any], generation: int) -> dict[str, Any]:
@@ -119,7 +91,7 @@ async def test_app_is_ready_once_its_leases_pods_exist_and_reports_each_generati
         assert ready["reason"] == "Running" and "2 GPUs leased to job(s) j1" in ready["message"]
         assert cond(obj, "Admitted")["status"] == "True"
         assert obj["status"]["phase"] == "Running" and len(obj["status"]["leases"]) == 1
-        assert len(pods(cluster, namespace, contract.LABEL_APP, "a")) == 1  # one pod: 2 GPUs, one node
+        assert len(pods_with(cluster, namespace, contract.LABEL_APP, "a")) == 1  # one pod: 2 GPUs, one node
         assert printed_ready(cluster, namespace, "app/a") == "True"
 
         await change_spec(
@@ -152,7 +124,7 @@ async def test_trialgroup_is_ready_once_its_trials_are_planned_and_their_pods_ex
         ready = assert_reports_generation(obj, 1)
         assert ready["reason"] == "Running" and "2 trials planned on 2 GPUs" in ready["message"]
         assert [c["type"] for c in obj["status"]["conditions"]] == ["Valid", "Ready"]  # its own kept first
-        assert len(pods(cluster, namespace, contract.LABEL_TRIALGROUP, "tg")) == 2
+        assert len(pods_with(cluster, namespace, contract.LABEL_TRIALGROUP, "tg")) == 2
         assert printed_ready(cluster, namespace, "tg/tg") == "True"
 
         await change_spec(
@@ -184,7 +156,7 @@ async def test_modeldeployment_is_ready_at_the_wanted_replicas_with_gateway_and_
         assert after["status"]["replicas"] == 2
         workers = [
             p
-            for p in pods(cluster, namespace, contract.LABEL_MODELDEPLOYMENT, "m")
+            for p in pods_with(cluster, namespace, contract.LABEL_MODELDEPLOYMENT, "m")
             if p["metadata"]["labels"].get(contract.LABEL_ROLE) == "worker"
         ]
         assert len(workers) == 2
@@ -214,7 +186,7 @@ async def test_an_app_whose_pods_the_api_server_refuses_is_not_ready_and_says_wh
         assert ready["observedGeneration"] == obj["status"]["observedGeneration"] == 1
         failed = await wait_for(lambda: events(cluster, namespace, "GangFailed"), 60, "a GangFailed event")
         assert "spec.containers[0].image" in failed[0]["message"]
-        assert not pods(cluster, namespace, contract.LABEL_APP, "bad")
+        assert not pods_with(cluster, namespace, contract.LABEL_APP, "bad")
         assert printed_ready(cluster, namespace, "app/bad") == "False"
 
 
@@ -233,7 +205,7 @@ async def test_an_app_over_the_admission_threshold_is_not_ready_with_the_reason(
         "OverThreshold",
     )
     assert "admission threshold" in ready["message"] and obj["status"]["observedGeneration"] == 1
-    assert not pods(cluster, namespace, contract.LABEL_APP, "big")
+    assert not pods_with(cluster, namespace, contract.LABEL_APP, "big")
 
 
 async def test_objects_the_operator_refuses_are_not_ready_with_invalid_spec(

@@ -16,6 +16,8 @@ from tessera.api import contract
 from tessera.controller.config import OperatorConfig
 from tessera.controller.handlers import Controller, make_registry
 
+from tests.integration.clock import ManualClock
+
 NS = "ml"
 APPS = f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_APP}"
 TGS = f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_TRIALGROUP}"
@@ -105,20 +107,6 @@ async def wait_for(check: Callable[[], Any], timeout: float = 45.0, what: str = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.05)
-
-
-class ManualClock:
-    """A wall clock the test moves: leases expire when the test advances it, whatever the machine's load."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> float:
-        self.now += seconds
-        return self.now
 
 
 @contextlib.asynccontextmanager
