@@ -78,3 +78,33 @@ def test_clockwork_rejects_the_action_after_an_overrunning_batch() -> None:
     # The batch really took 0.3 (members longer than the mean): the worker is free at 0.3 > 0.21.
     assert s.next_batch(0.3, 0) is None
     assert [(d.request.rid, d.reason) for d in s.take_drops()] == [(2, DropReason.ACTION_REJECTED)]
+
+
+def test_clockwork_plans_at_the_time_its_timer_names() -> None:
+    # The controller's timer fires at exec_at − schedule_ahead: woken exactly then, it must plan. A strict
+    # `exec_at < now + schedule_ahead` never held at the wake-up time, so nothing was planned from the timer
+    # and the batch waited for the next arrival or completion.
+    s = ClockworkScheduler(LAT, 0.1, batch_sizes=(1,), schedule_ahead=0.01)
+    s.enqueue(_r(0, 0.0, 1.0), 0.0)
+    first = s.next_batch(0.0, 0)
+    assert first is not None and [r.rid for r in first.requests] == [0]
+    s.enqueue(_r(1, 0.02, 1.02), 0.02)
+    s.advance(0.02)
+    wake = s.next_wakeup(0.02)  # exec_at = 0.1 (after the first batch's estimate)
+    assert wake is not None
+    s.advance(wake)  # the timer fires: the action for r1 is planned now, not at the next event
+    assert s.next_wakeup(wake) is None  # r1 is planned: no live request waits for the timer again
+    b = s.next_batch(0.1, 0)
+    assert b is not None and [r.rid for r in b.requests] == [1]
+
+
+def test_clockwork_timer_wakeups_plan_in_the_simulator() -> None:
+    # Driven by the simulator alone (no other event near exec_at), the second request runs right after
+    # the first batch's predicted end, at exec_at, and is not left to the worker's completion.
+    import numpy as np
+    from tessera.sim.serving.worker_sim import simulate_workers
+
+    s = ClockworkScheduler(LAT, 0.1, batch_sizes=(1,), schedule_ahead=0.01)
+    reqs = [Request(0, "m", 0.0, 1.0, solo_time=0.05), Request(1, "m", 0.02, 0.3, solo_time=0.05)]
+    st = simulate_workers("clockwork", s, reqs, LAT, rng=np.random.default_rng(0), profile_rate=0.0)
+    assert st.finish_rate == 1.0, [(o.request.rid, o.finish, o.drop_reason) for o in st.outcomes]

@@ -159,7 +159,9 @@ class ClockworkScheduler(_Base):
 
     def _plan(self, now: float) -> None:
         self._exec_at = max(self._exec_at, now)
-        while self._exec_at < now + self.schedule_ahead:
+        # The same expression next_wakeup returns, compared with <=: woken by its own timer at exactly
+        # exec_at − schedule_ahead, the controller plans (a strict `exec_at < now + ahead` never held then).
+        while self._exec_at - self.schedule_ahead <= now:
             strategies = sorted(
                 (f[1] - self.estimate(b), b) for b in self.sizes if (f := self._front(b, now)) is not None
             )
@@ -193,9 +195,9 @@ class ClockworkScheduler(_Base):
         self._plan(now)
 
     def next_wakeup(self, now: float) -> float | None:
-        if any(self._live):
-            return self._exec_at - self.schedule_ahead
-        return None
+        # A wake-up at or before now has been planned from already; only an arrival can add an action.
+        wake = self._exec_at - self.schedule_ahead
+        return wake if self._live and wake > now else None
 
 
 class NexusScheduler(_Base):
