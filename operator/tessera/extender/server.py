@@ -27,6 +27,8 @@ from tessera.extender import metrics as m
 from tessera.extender.kube import KubeClient, KubeError
 from tessera.extender.metrics import ExtenderMetrics
 from tessera.extender.view import ClusterView, Holding, PodRequestError, PodSpec, pod_request, pod_spec
+from tessera.extender.wire import BadRequest, binding
+from tessera.extender.wire import pod_and_nodes as _pod_and_nodes
 from tessera.policy.lanes.placement import Choice, PlacementConfig, Request, choose_gpus, to_priority
 
 _BOUND_MEMORY = 100_000  # pods whose bind this extender remembers (a retry arrives within seconds)
@@ -35,8 +37,7 @@ log = logging.getLogger(__name__)
 JsonObj = dict[str, Any]
 
 
-class BadRequest(ValueError):
-    """The request body is not what kube-scheduler sends."""
+MAX_BODY = 64 << 20  # a non-nodeCacheCapable filter carries whole Node objects: 5,000 nodes fit
 
 
 class Extender:
@@ -290,10 +291,7 @@ class Extender:
         return result
 
     async def _bind(self, args: JsonObj) -> tuple[JsonObj, str, str]:
-        for field in ("PodName", "PodNamespace", "PodUID", "Node"):
-            if not isinstance(args.get(field), str) or not args[field]:
-                raise BadRequest(f"ExtenderBindingArgs needs a non-empty string {field}")
-        ns, name, uid, node = args["PodNamespace"], args["PodName"], args["PodUID"], args["Node"]
+        ns, name, uid, node = binding(args)
         pod = self.view.pods.get(f"{ns}/{name}")
         if pod is None and self.kube is not None:
             try:
@@ -423,22 +421,29 @@ class Extender:
                 raise KubeError(f"watch {path}: {obj.get('message', obj)}")
 
 
-def _pod_and_nodes(args: JsonObj) -> tuple[JsonObj, list[str], bool]:
-    pod = args.get("Pod")
-    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
-        raise BadRequest("ExtenderArgs needs a Pod object with metadata")
-    if args.get("NodeNames") is not None:
-        names = args["NodeNames"]
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise BadRequest("NodeNames must be a list of node names")
-        return pod, names, True
-    nodes = args.get("Nodes")
-    if isinstance(nodes, dict) and isinstance(nodes.get("items"), list):
-        return pod, [n.get("metadata", {}).get("name", "") for n in nodes["items"]], False
-    raise BadRequest("ExtenderArgs needs NodeNames (nodeCacheCapable) or Nodes.items")
+def _error(status: int, reason: str) -> web.Response:
+    """A refused request: the status and, as kube-scheduler's own answers do, the reason in `Error`."""
+    return web.Response(status=status, body=orjson.dumps({"Error": reason}), content_type="application/json")
 
 
-def make_app(extender: Extender) -> web.Application:
+@web.middleware
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """aiohttp's own refusals (unknown path, wrong method, body over MAX_BODY) as JSON with the reason;
+    anything unexpected is logged and answered 500 without the traceback."""
+    try:
+        return await handler(request)
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        return _error(err.status, err.reason if err.text is None else err.text.strip())
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return _error(500, "internal error in the extender (see its log)")
+
+
+def make_app(extender: Extender, max_body: int = MAX_BODY) -> web.Application:
     def handler(
         verb: str, fn: Callable[[JsonObj], Awaitable[Any]]
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -449,13 +454,13 @@ def make_app(extender: Extender) -> web.Application:
                 try:
                     body = orjson.loads(await request.read())
                 except orjson.JSONDecodeError as err:
-                    return web.Response(status=400, text=f"request body is not JSON: {err}\n")
+                    return _error(400, f"request body is not JSON: {err}")
                 if not isinstance(body, dict):
-                    return web.Response(status=400, text="request body must be a JSON object\n")
+                    return _error(400, "request body must be a JSON object")
                 try:
                     result = await fn(body)
                 except BadRequest as err:
-                    return web.Response(status=400, text=f"{err}\n")
+                    return _error(400, str(err))
                 # An extender answer carrying Error is a failed call to kube-scheduler too.
                 ok = not (isinstance(result, dict) and result.get("Error"))
                 return web.Response(body=orjson.dumps(result), content_type="application/json")
@@ -473,7 +478,7 @@ def make_app(extender: Extender) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    app = web.Application()
+    app = web.Application(client_max_size=max_body, middlewares=[_json_errors])
     app.router.add_post("/filter", handler("filter", do_filter))
     app.router.add_post("/prioritize", handler("prioritize", do_prioritize))
     app.router.add_post("/bind", handler("bind", extender.bind))
