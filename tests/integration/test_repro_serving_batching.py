@@ -29,3 +29,20 @@ def test_orloj_close_to_best_on_static_model() -> None:
         fr = {k: v.finish_rate for k, v in row.items()}
         best = max(fr[k] for k in ("clockwork", "nexus", "clipper", "timeout"))
         assert fr["orloj"] >= best - 0.05, (mult, fr)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="paper headline (+51-80 % finish rate over Clockwork, Nexus and Clipper, [P:L19, L396]) does not reproduce: the "
+    "idealised Nexus and Triton-style timeout batchers of this simulator reach 0.90-1.00 at >= 3x P99 "
+    "(Orloj 0.93-1.00); the lead holds only over Clockwork (+52 %/+61 % at 3x/5x) and Clipper",
+)
+def test_orloj_leads_every_baseline_by_half_at_3x_and_5x() -> None:
+    res = run_batching(
+        DynamicModel.evenly_spaced(2), slo_multiples=(3.0, 5.0), n_requests=2500, load=0.6, seed=2
+    )
+    for row in res.values():
+        fr = {k: v.finish_rate for k, v in row.items()}
+        for base in ("clockwork", "nexus", "clipper", "timeout"):
+            assert fr["orloj"] >= 1.51 * fr[base], (base, fr)
