@@ -24,6 +24,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tessera.api.contract import HEADER_APP
 from tessera.policy.serving.baselines.batching import (
     ClipperScheduler,
     ClockworkScheduler,
@@ -32,6 +33,7 @@ from tessera.policy.serving.baselines.batching import (
 )
 from tessera.policy.serving.common import BatchLatencyModel, BatchScheduler, LinearProfile
 from tessera.policy.serving.orloj import CandidateOrder, OrlojConfig, OrlojScheduler
+from tessera.policy.serving.orloj.batch_dist import MixMode
 from tessera.policy.serving.symphony import SymphonyScheduler
 
 Policy = Literal["orloj", "symphony", "timeout", "clockwork", "nexus", "clipper"]
@@ -60,7 +62,9 @@ class LatencyConfig(_Strict):
 
 
 class OrlojOptions(_Strict):
-    b: float = 0.1
+    b: float = Field(0.1, gt=0, description="anticipated-delay rate per second (the paper's 1e-4/ms)")
+    miss_cost: float = Field(1.0, ge=0, description="c: cost of a missed deadline (seed-orloj §2.1.1)")
+    mix_mode: Literal["round_robin", "iid_mixture", "weighted"] = "round_robin"
     drop_estimator: str = "mean"
     candidate_order: Literal["literal_desc", "edf_then_largest"] = "literal_desc"
     window_s: float = 600.0
@@ -97,6 +101,10 @@ class ModelConfig(_Strict):
     namespace: str = "default"
     policy: Policy
     slo_s: float = Field(gt=0, description="default latency budget when a request brings no deadline header")
+    app_header: str = Field(
+        HEADER_APP, min_length=1, description="request header naming the application (Orloj tags)"
+    )
+    default_app: str = Field("default", min_length=1, description="application of untagged requests")
     workers: list[str] = Field(min_length=1, description="worker base URLs, e.g. http://127.0.0.1:9001")
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     max_batch: int = Field(8, ge=1)
@@ -207,6 +215,8 @@ def build_scheduler(cfg: ModelConfig) -> BatchScheduler | SymphonyScheduler:
                 batch_sizes=cfg.batch_sizes,
                 latency=latency,
                 b=o.b,
+                miss_cost=o.miss_cost,
+                mix_mode=MixMode(o.mix_mode),
                 bin_width=o.bin_width_s,
                 candidate_order=CandidateOrder(o.candidate_order),
                 drop_estimator=o.drop_estimator,
