@@ -2,8 +2,9 @@
 
 Endpoints: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}``,
 ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` and ``GET /metrics`` (Prometheus).
-A request's application tag comes from the ``x-tessera-app`` header (default ``default``) and an optional
-latency budget in milliseconds from ``x-tessera-deadline-ms`` (default: the model's ``slo_s``).
+A request's application tag comes from its model's ``app_header`` (``x-tessera-app`` unless configured;
+untagged: ``default_app``) and an optional latency budget in milliseconds from ``x-tessera-deadline-ms``
+(default: the model's ``slo_s``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from tessera.api.contract import HEADER_APP, HEADER_DEADLINE_MS
+from tessera.api.contract import HEADER_DEADLINE_MS
 from tessera.gateway.config import ConfigError, GatewayConfig
 from tessera.gateway.metrics import ModelMetrics
 from tessera.gateway.protocol import ProtocolError, error_body, loads, validate_request
@@ -126,7 +127,7 @@ def make_gateway_app(gateway: Gateway) -> web.Application:
             budget = _budget(request)
         except ProtocolError as err:
             return _json_error(400, str(err), "bad-request")
-        app = request.headers.get(HEADER_APP) or DEFAULT_APP
+        app = request.headers.get(svc.cfg.app_header) or svc.cfg.default_app
         cid = body.get("id") if isinstance(body.get("id"), str) else None
         out = await svc.infer(raw, app=app, budget=budget, client_id=cid)
         headers = {}
