@@ -50,13 +50,18 @@ def identical_models(
 
 
 def make_scheduler(
-    policy: str, models: Sequence[ServedModel], n_gpus: int, *, timeout: float | None = None
+    policy: str,
+    models: Sequence[ServedModel],
+    n_gpus: int,
+    *,
+    timeout: float | None = None,
+    get_batch: str = "headGreedy",
 ) -> ClusterScheduler:
-    """``symphony`` (deferred, Alg. 1), ``eager`` (Alg. 1 with k = 0), ``timeout`` (k = ``timeout``),
-    ``shepherd`` or ``clockwork`` (A.11)."""
+    """``symphony`` (deferred, Alg. 1, GETBATCH ``get_batch``), ``eager`` (Alg. 1 with k = 0), ``timeout``
+    (k = ``timeout``), ``shepherd`` or ``clockwork`` (A.11)."""
     profiles = {m.name: m.profile for m in models}
     if policy == "symphony":
-        return SymphonyScheduler(profiles, n_gpus)
+        return SymphonyScheduler(profiles, n_gpus, get_batch=get_batch)
     if policy == "eager":
         return SymphonyScheduler(profiles, n_gpus, timeout=0.0)
     if policy == "timeout":
@@ -205,9 +210,10 @@ def run_policy(
     seed: int,
     cv: float = 1.0,
     timeout: float | None = None,
+    get_batch: str = "headGreedy",
 ) -> ClusterStats:
     reqs = make_cluster_requests(models, total_rate, duration, np.random.default_rng(seed), cv=cv)
-    sched = make_scheduler(policy, models, n_gpus, timeout=timeout)
+    sched = make_scheduler(policy, models, n_gpus, timeout=timeout, get_batch=get_batch)
     return simulate_cluster(policy, sched, reqs, models, n_gpus, duration=duration)
 
 
@@ -234,12 +240,23 @@ def max_goodput(
     cv: float = 1.0,
     iters: int = 9,
     timeout: float | None = None,
+    get_batch: str = "headGreedy",
 ) -> float:
     """The highest total rate (req/s) with bad rate ≤ ``bad_rate``, by bisection [S:L182]."""
     lo, hi = 0.0, 1.2 * staggered_capacity(models, n_gpus)
     for _ in range(iters):
         mid = 0.5 * (lo + hi)
-        st = run_policy(policy, models, n_gpus, mid, duration=duration, seed=seed, cv=cv, timeout=timeout)
+        st = run_policy(
+            policy,
+            models,
+            n_gpus,
+            mid,
+            duration=duration,
+            seed=seed,
+            cv=cv,
+            timeout=timeout,
+            get_batch=get_batch,
+        )
         if st.bad_rate <= bad_rate:
             lo = mid
         else:

@@ -6,7 +6,12 @@ Per model: a deadline-ordered queue and one candidate (B, exec, latest) with exe
 ``latest``. Comparisons use ``≤`` (A.3 decision 1; the §3.3 trace only reproduces with it). The timeout
 variant replaces the frontrun with ``a_head + k``; ``k = 0`` is eager dispatch (A.2, [S:L182]).
 GETBATCH is head-greedy and drops requests that cannot finish even alone (A.5 default); a candidate
-whose ``latest`` passes is recomputed (A.3 decision 4, optional).
+whose ``latest`` passes is recomputed (A.3 decision 4, optional). ``get_batch="earlyDropForTarget"`` adds
+the open-source code's early drop (A.5, ``GetBatchByExpandedWindow``): while the queue holds a target batch,
+a head that cannot finish in it is shed before dispatch, so under overload every GPU still runs target-size
+batches and goodput stays flat at the peak (A.8 [S:L217]) instead of collapsing into small late batches.
+The target is the staggered batch size, the largest b with (1 + 1/N)·ℓ(b) ≤ SLO (A.6 Eq. 1), the SLO being
+the head request's deadline − arrival.
 
 Cost (target ≥ 100,000 requests/s on one core, A.7 [S:L262]):
 
@@ -72,6 +77,7 @@ class SymphonyScheduler:
         "_cseq",
         "_csize",
         "_drops",
+        "_early",
         "_gseq",
         "_idle",
         "_in_idle",
@@ -86,6 +92,7 @@ class SymphonyScheduler:
         "_seq",
         "_solo",
         "_sseq",
+        "_targets",
         "_timers",
         "gpu_free",
         "profiles",
@@ -100,11 +107,16 @@ class SymphonyScheduler:
         *,
         timeout: float | None = None,
         refresh_stale: bool = True,
+        get_batch: str = "headGreedy",
     ) -> None:
         if n_gpus < 1:
             raise ValueError(f"Symphony needs at least one GPU, got {n_gpus}")
         if not profiles:
             raise ValueError("Symphony needs at least one model profile")
+        if get_batch not in ("headGreedy", "earlyDropForTarget"):
+            raise ValueError(f"get_batch must be headGreedy or earlyDropForTarget, got {get_batch!r}")
+        self._early = get_batch == "earlyDropForTarget"
+        self._targets: dict[tuple[int, float], int] = {}
         self.profiles = dict(profiles)
         self.timeout = timeout
         self.refresh_stale = refresh_stale
@@ -161,6 +173,8 @@ class SymphonyScheduler:
             for e in q[:k]:
                 drops.append(Drop(e[4], now, _CANNOT_MEET))
             del q[:k]
+        if q and self._early:
+            self._early_drop(i, q, now)
         if not q:
             self._csize[i] = 0
             self._cseq[i] = self._sseq[i] = -1
@@ -209,6 +223,34 @@ class SymphonyScheduler:
             _heappush(timers, (_nextafter(latest, _INF), s, self._m + i))
         else:
             self._sseq[i] = -1
+
+    def _target(self, i: int, slo: float) -> int:
+        """Staggered batch size for model ``i`` at this SLO: max b with (1 + 1/N)·ℓ(b) ≤ SLO (A.6 Eq. 1)."""
+        key = (i, slo)
+        t = self._targets.get(key)
+        if t is None:
+            f = 1 + 1 / len(self.gpu_free)
+            t, cap = 1, self._maxb[i]
+            if cap + 1 >= len(self._pmax[i]):
+                self._grow(i, cap + 1)
+            lat = self._lat[i]
+            while t < cap and f * lat[t + 1] <= slo:
+                t += 1
+            self._targets[key] = t
+        return t
+
+    def _early_drop(self, i: int, q: list[_Entry], now: float) -> None:
+        """Shed heads that cannot finish by their deadline in a batch of min(target, |Q|) started now."""
+        pmax, drops = self._pmax[i], self._drops
+        while q:
+            head = q[0]
+            n = self._target(i, head[0] - head[3])
+            if n > len(q):
+                n = len(q)
+            if n < 2 or head[0] - pmax[n] >= now:
+                return
+            drops.append(Drop(head[4], now, _CANNOT_MEET))
+            del q[0]
 
     def _dispatch(self, i: int, g: int, now: float) -> None:
         """DISPATCH (lines 9-14): refresh the candidate at ``now``, run it on GPU ``g``, prepare the next."""
