@@ -9,7 +9,13 @@ HTTP on a unix socket mounted into pods it allocates (or on a TCP port), and All
 
     POST <path>  {"iterations": n, "total": m | null, "loss": x?, "ts": unix seconds?}
       200 {"ok": true, "annotation": "<what was written>"}
-      400 / 404 / 403 {"ok": false, "error": "..."}: malformed report, pod not on this node, pod holds no lane
+      400 / 413 / 404 / 403 {"ok": false, "error": "..."}: malformed or oversized report, pod not on this
+      node, or the caller may not report for that pod
+
+Who may write: the socket is mode 0660, group `socket_group` (the group workload pods are given), and each
+request's peer process must run in the pod the path names (`tessera_agent.peers`: SO_PEERCRED pid → pod UID
+in its cgroup path), a pod that holds a Tessera lane on this node. A TCP port offers no peer credentials and
+is only for tests.
 
 The annotation value is JSON {"iterations": n, "total": m | null, "loss": x (only when reported), "ts": t};
 `ts` is the client's clock when given, else the agent's receipt time.
@@ -20,51 +26,57 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tessera.api import contract
 
-from .pods import PodSource
+from .peers import PeerRefused, PeerResolver, credentials_of_transport
+from .pods import PodInfo, PodSource
 
 log = logging.getLogger(__name__)
 
 ROUTE = "/v1/namespaces/{namespace}/pods/{name}/progress"
+MAX_BODY_BYTES = 4096  # a report is four numbers; anything larger is not one
+MAX_COUNT = 2**53  # iterations and totals beyond this lose precision in JSON readers (the operator's too)
 
 
 class ProgressError(ValueError):
     """A progress report that cannot be used, with the reason."""
 
 
-@dataclass(frozen=True)
-class ProgressReport:
-    iterations: int
-    total: int | None
-    loss: float | None
-    ts: float
+Count = Annotated[int, Field(strict=True, ge=0, le=MAX_COUNT)]
+
+
+class ProgressReport(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    iterations: Count
+    total: Count | None = None
+    loss: float | None = Field(default=None, allow_inf_nan=False)
+    ts: float | None = Field(default=None, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _within_total(self) -> ProgressReport:
+        if self.total is not None and self.iterations > self.total:
+            raise ValueError(f"iterations ({self.iterations}) exceed total ({self.total})")
+        return self
 
     @classmethod
     def from_json(cls, data: Any, *, now: float) -> ProgressReport:
+        """Validate a decoded JSON body; ProgressError names the first bad field. `ts` defaults to `now`."""
         if not isinstance(data, dict):
             raise ProgressError("a progress report must be a JSON object")
-        unknown = set(data) - {"iterations", "total", "loss", "ts"}
-        if unknown:
-            raise ProgressError(f"unknown fields {sorted(unknown)}; expected iterations, total, loss, ts")
-        iterations, total = data.get("iterations"), data.get("total")
-        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0:
-            raise ProgressError(f"iterations must be a whole number >= 0, got {iterations!r}")
-        if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
-            raise ProgressError(f"total must be a whole number >= 0 or null, got {total!r}")
-        if total is not None and iterations > total:
-            raise ProgressError(f"iterations ({iterations}) exceed total ({total})")
-        loss = _finite(data.get("loss"), "loss")
-        ts = _finite(data.get("ts"), "ts")
-        return cls(iterations, total, loss, now if ts is None else ts)
+        try:
+            report = cls.model_validate(data)
+        except ValidationError as err:
+            raise ProgressError(_first_error(err)) from None
+        return report if report.ts is not None else report.model_copy(update={"ts": now})
 
     def to_annotation(self) -> str:
         out: dict[str, Any] = {"iterations": self.iterations, "total": self.total}
@@ -74,12 +86,20 @@ class ProgressReport:
         return json.dumps(out, separators=(",", ":"))
 
 
-def _finite(value: Any, what: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ProgressError(f"{what} must be a finite number, got {value!r}")
-    return float(value)
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        return f"unknown field {loc!r}; expected iterations, total, loss, ts"
+    if not loc:
+        return msg
+    return f"{loc}: {msg}, got {_short(first.get('input'))}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _reply(status: int, **body: Any) -> web.Response:
@@ -87,7 +107,10 @@ def _reply(status: int, **body: Any) -> web.Response:
 
 
 class ProgressServer:
-    """Serves the endpoint for pods on `node`; only pods holding a Tessera lane may write."""
+    """Serves the endpoint for pods on `node`; a pod holding a Tessera lane may write its own progress only.
+
+    `peers` maps each connection to the caller's pod; None turns the check off (in-process tests and TCP).
+    """
 
     def __init__(
         self,
@@ -97,23 +120,32 @@ class ProgressServer:
         socket_path: Path | None = None,
         port: int | None = None,
         clock: Callable[[], float] = time.time,
+        peers: PeerResolver | None = None,
+        socket_group: int | None = None,
+        shutdown_timeout_s: float = 2.0,
     ) -> None:
         if (socket_path is None) == (port is None):
             raise ValueError("serve progress on exactly one of a unix socket or a TCP port")
+        if port is not None and peers is not None:
+            raise ValueError("a TCP port carries no peer credentials; serve on a unix socket to check them")
         self.node = node
         self.pods = pods
         self.socket_path = socket_path
         self.port = port
+        self.peers = peers
+        self.socket_group = socket_group
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.refusals = 0
         self._clock = clock
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post(ROUTE, self._post)
         return app
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=self.shutdown_timeout_s)
         await self._runner.setup()
         site: web.BaseSite
         if self.socket_path is not None:
@@ -122,11 +154,15 @@ class ProgressServer:
                 self.socket_path.unlink()
             site = web.UnixSite(self._runner, str(self.socket_path))
             await site.start()
-            self.socket_path.chmod(0o666)  # workloads run as arbitrary UIDs
+            restrict_socket(self.socket_path, self.socket_group)
         else:
             site = web.TCPSite(self._runner, port=self.port)
             await site.start()
-        log.info("progress endpoint on %s", self.socket_path or f"port {self.port}")
+        log.info(
+            "progress endpoint on %s (peer check %s)",
+            self.socket_path or f"port {self.port}",
+            "on" if self.peers is not None else "OFF",
+        )
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -139,14 +175,28 @@ class ProgressServer:
     async def _post(self, request: web.Request) -> web.Response:
         ns, name = request.match_info["namespace"], request.match_info["name"]
         try:
-            report = ProgressReport.from_json(await request.json(), now=self._clock())
-        except json.JSONDecodeError as err:
-            return _reply(400, error=f"the body is not JSON ({err})")
-        except ProgressError as err:
-            return _reply(400, error=str(err))
-        pod = next(
-            (p for p in await self.pods.pods_on_node(self.node) if p.namespace == ns and p.name == name), None
-        )
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _reply(413, error=f"a progress report is at most {MAX_BODY_BYTES} bytes")
+        try:
+            report = ProgressReport.from_json(json.loads(raw), now=self._clock())
+        except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors too
+            reason = str(err) if isinstance(err, ProgressError) else f"the body is not JSON ({err})"
+            return _reply(400, error=reason)
+        pod: PodInfo | None
+        if self.peers is not None:
+            try:
+                creds = credentials_of_transport(request.transport)
+                pod = await self.peers.pod_of(creds)
+            except PeerRefused as err:
+                return self._refuse(f"{ns}/{name}", str(err))
+            if (pod.namespace, pod.name) != (ns, name):
+                return self._refuse(f"{ns}/{name}", f"{creds} belongs to pod {pod.key}")
+        else:
+            pod = next(
+                (p for p in await self.pods.pods_on_node(self.node) if p.namespace == ns and p.name == name),
+                None,
+            )
         if pod is None:
             return _reply(404, error=f"pod {ns}/{name} is not on node {self.node}")
         if pod.assignment is None:
@@ -155,3 +205,15 @@ class ProgressServer:
         await self.pods.annotate(pod, {contract.ANN_PROGRESS: value})
         log.debug("pod %s progress %s", pod.key, value)
         return _reply(200, annotation=value)
+
+    def _refuse(self, target: str, reason: str) -> web.Response:
+        self.refusals += 1
+        log.warning("progress for %s refused: %s", target, reason)
+        return _reply(403, error=f"may not report progress for pod {target}: {reason}")
+
+
+def restrict_socket(path: Path, group: int | None) -> None:
+    """Owner and `group` only (0660): workloads reach the socket through the group their pods are given."""
+    if group is not None:
+        os.chown(path, -1, group)
+    path.chmod(0o660)
