@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import signal
+import ssl
+import sys
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +20,11 @@ from tessera.extender.server import Extender, make_app
 from tessera.policy.lanes.placement import STRATEGIES, PlacementConfig, PlacementError
 
 log = logging.getLogger(__name__)
+SHUTDOWN_SECONDS = 10.0
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
 
 
 def register(subparsers: Any) -> None:
@@ -29,12 +37,29 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("--port", type=int, default=8888, help="port to listen on (default 8888)")
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: kube-scheduler in the same pod). Any other address "
+        "needs --tls-cert-file, --tls-key-file and --tls-client-ca-file: /bind acts with the scheduler's "
+        "credentials, so only a client holding a certificate of that CA may call it",
+    )
+    parser.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--tls-key-file", help="private key of --tls-cert-file (PEM)")
+    parser.add_argument(
+        "--tls-client-ca-file",
+        help="require a client certificate signed by this CA (PEM): kube-scheduler's extender tlsConfig",
+    )
     parser.add_argument(
         "--metrics-port",
         type=int,
         default=9101,
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (default 9101; 0 disables)",
+        help="serve Prometheus metrics and /healthz at http://METRICS_HOST:PORT (default 9101; 0 disables)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        help="address of the metrics listener (default 0.0.0.0: read-only, for Prometheus and probes)",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
@@ -70,40 +95,103 @@ def placement_config(args: argparse.Namespace) -> PlacementConfig:
     return PlacementConfig(**kwargs)
 
 
+class ListenError(ValueError):
+    """A listener the flags do not allow or cannot set up."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The server's TLS context (client certificates required) from the --tls-* flags, or None without them.
+
+    Listening anywhere but loopback without TLS and client-certificate verification is refused: any pod
+    that reaches the port could otherwise bind pods wherever it likes with the scheduler's credentials."""
+    files = (args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+    if not any(files):
+        if not is_loopback(args.host):
+            raise ListenError(
+                f"--host {args.host} is not loopback: give --tls-cert-file, --tls-key-file and "
+                "--tls-client-ca-file so that only kube-scheduler (its extender tlsConfig) can call /bind"
+            )
+        return None
+    if not all(files):
+        raise ListenError("--tls-cert-file, --tls-key-file and --tls-client-ca-file go together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.verify_mode = ssl.CERT_REQUIRED
+    try:
+        context.load_cert_chain(args.tls_cert_file, args.tls_key_file)
+        context.load_verify_locations(cafile=args.tls_client_ca_file)
+    except (OSError, ssl.SSLError) as err:
+        raise ListenError(f"cannot load the TLS files: {err}") from None
+    return context
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = placement_config(args)
+        tls = tls_context(args)
         kube_config = (
             KubeConfig.from_kubeconfig(args.kubeconfig, args.context)
             if args.kubeconfig
             else KubeConfig.in_cluster()
         )
-    except (PlacementError, KubeError) as err:
+    except (PlacementError, KubeError, ListenError) as err:
         log.error("%s", err)
+        print(f"tessera extender: {err}", file=sys.stderr)
         return 2
-    if not 0 <= args.metrics_port <= 65535:
-        log.error("--metrics-port %d is outside 0..65535", args.metrics_port)
+    for flag, value in (("--port", args.port), ("--metrics-port", args.metrics_port)):
+        if not 0 <= value <= 65535:
+            print(f"tessera extender: {flag} {value} is outside 0..65535", file=sys.stderr)
+            return 2
+    try:
+        asyncio.run(
+            _serve(kube_config, config, args.host, args.port, args.metrics_port, tls, args.metrics_host)
+        )
+    except OSError as err:  # the address is taken or not on this machine
+        print(f"tessera extender: cannot listen: {err}", file=sys.stderr)
         return 2
-    asyncio.run(_serve(kube_config, config, args.host, args.port, args.metrics_port))
     return 0
 
 
 async def _serve(
-    kube_config: KubeConfig, config: PlacementConfig, host: str, port: int, metrics_port: int = 0
+    kube_config: KubeConfig,
+    config: PlacementConfig,
+    host: str,
+    port: int,
+    metrics_port: int = 0,
+    tls: ssl.SSLContext | None = None,
+    metrics_host: str = "0.0.0.0",
 ) -> None:
     kube = KubeClient(kube_config)
     extender = Extender(kube, config=config)
-    runner = web.AppRunner(make_app(extender))
+    # In-flight binds get this long to finish after SIGTERM (kube-scheduler's httpTimeout is a few seconds).
+    runner = web.AppRunner(make_app(extender), shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    log.info("extender listening on %s:%d", host, port)
     runners = [runner]
-    if metrics_port:
-        metrics_runner = web.AppRunner(make_metrics_app(extender.metrics, extender.view))
-        await metrics_runner.setup()
-        await web.TCPSite(metrics_runner, host, metrics_port).start()
-        runners.append(metrics_runner)
-        log.info("extender metrics on http://%s:%d/metrics", host, metrics_port)
+    try:
+        await web.TCPSite(runner, host, port, ssl_context=tls).start()
+        log.info("extender listening on %s://%s:%d", "https" if tls else "http", host, port)
+        if metrics_port:
+            metrics_app = make_metrics_app(extender.metrics, extender.view)
+            metrics_app.router.add_get("/healthz", _healthz)
+            metrics_runner = web.AppRunner(metrics_app, shutdown_timeout=1.0)
+            await metrics_runner.setup()
+            runners.append(metrics_runner)
+            await web.TCPSite(metrics_runner, metrics_host, metrics_port).start()
+            log.info("extender metrics on http://%s:%d/metrics", metrics_host, metrics_port)
+    except BaseException:
+        for r in runners:
+            await r.cleanup()
+        await kube.close()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
