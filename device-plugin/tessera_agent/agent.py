@@ -14,6 +14,7 @@ from .coordinator import LaneCoordinator
 from .inventory import InventoryPublisher, NodePatcher
 from .metrics_factory import AgentMetrics
 from .mps import MpsManager
+from .peers import PeerResolver
 from .plugin import DevicePlugin
 from .pods import PodSource
 from .progress import ProgressServer
@@ -41,22 +42,38 @@ class NodeAgent:
         if self.coordinator is not None:
             await self.coordinator.start()
         progress = (
-            ProgressServer(self.cfg.node_name, self.pods, socket_path=self.cfg.progress_socket)
+            ProgressServer(
+                self.cfg.node_name,
+                self.pods,
+                socket_path=self.cfg.progress_socket,
+                peers=peer_resolver(self.cfg, self.pods),
+                socket_group=self.cfg.socket_group,
+            )
             if self.cfg.progress_socket is not None
             else None
         )
         if progress is not None:
             await progress.start()
+
+        async def close_sockets() -> None:
+            # on stop, the sockets stop accepting first, while the device plugin winds down
+            await stop.wait()
+            await self._close(progress)
+
+        tasks.append(asyncio.create_task(close_sockets()))
         try:
             await asyncio.gather(*tasks)
         finally:
             for t in tasks:
                 t.cancel()
-            if self.coordinator is not None:
-                await self.coordinator.stop()
-            if progress is not None:
-                await progress.stop()
+            await self._close(progress)
             self.backend.close()
+
+    async def _close(self, progress: ProgressServer | None) -> None:
+        if self.coordinator is not None:
+            await self.coordinator.stop()
+        if progress is not None:
+            await progress.stop()
 
     async def _sample(self, stop: asyncio.Event) -> None:
         telemetry = LaneTelemetry(self.cfg.node_name, self.backend, self.metrics)
@@ -76,3 +93,11 @@ class NodeAgent:
                 log.exception("sampling round failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.sample_interval_s)
+
+
+def peer_resolver(cfg: AgentConfig, pods: PodSource) -> PeerResolver | None:
+    """What maps socket peers to pods, or None where the configuration turns the check off."""
+    if not cfg.peer_check:
+        log.warning("peer check is off: any process that can open the node sockets acts for any pod")
+        return None
+    return PeerResolver(cfg.node_name, pods, proc_root=cfg.proc_root)

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tessera.api import contract
 from tessera.policy.lanes.iteration import POLICIES
+
+if TYPE_CHECKING:
+    from .pods import PodInfo
+
+log = logging.getLogger("tessera_agent")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,9 +57,39 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"serve the progress endpoint here and inject {contract.ENV_PROGRESS_ENDPOINT} (opt-in)",
     )
     p.add_argument(
+        "--socket-group",
+        type=int,
+        default=None,
+        help="group id owning the coordinator and progress sockets (mode 0660); give workload pods this "
+        "supplemental group",
+    )
+    p.add_argument(
+        "--proc-root",
+        type=Path,
+        default=Path("/proc"),
+        help="where socket peers' <pid>/cgroup is read to find their pod (needs hostPID)",
+    )
+    p.add_argument(
+        "--no-peer-check",
+        action="store_true",
+        help="let any process that can open the sockets act for any pod (demos without pods only)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="seconds to finish in-flight work after SIGTERM before aborting it",
+    )
+    p.add_argument(
         "--lane-policy", choices=POLICIES, default="FAIR", help="coordinator's default lane policy"
     )
     p.add_argument("--fake-gpus", type=int, default=0, help="use N fake GPUs and no Kubernetes API (demos)")
+    p.add_argument(
+        "--fake-pods",
+        type=Path,
+        default=None,
+        help="with --fake-gpus: a JSON list of pod manifests standing in for the API server's pods",
+    )
     p.add_argument("-v", "--verbose", action="count", default=0)
     return p
 
@@ -63,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from prometheus_client import start_http_server
 
-    from .agent import NodeAgent
+    from .agent import NodeAgent, peer_resolver
     from .config import AgentConfig
     from .coordinator import LaneCoordinator
     from .inventory import KubernetesNodePatcher, NodePatcher
@@ -81,7 +119,15 @@ def main(argv: list[str] | None = None) -> int:
             extra_reserve_mib=args.extra_reserve_mib,
             coordinator_socket=args.coordinator_socket,
             progress_socket=args.progress_socket,
+            socket_group=args.socket_group,
+            peer_check=not args.no_peer_check,
+            proc_root=args.proc_root,
         )
+        if args.shutdown_timeout <= 0 or args.shutdown_timeout != args.shutdown_timeout:
+            raise ValueError(f"--shutdown-timeout must be a positive number, got {args.shutdown_timeout}")
+        if args.fake_pods is not None and not args.fake_gpus:
+            raise ValueError("--fake-pods needs --fake-gpus")
+        fake_pods = _read_fake_pods(args.fake_pods) if args.fake_pods is not None else []
     except ValueError as err:
         print(f"tessera-agent: {err}", file=sys.stderr)
         return 2
@@ -91,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         from .fake_backend import FakeGpuBackend
 
         backend: object = FakeGpuBackend.uniform(args.fake_gpus)
-        pods, patcher = StaticPodSource(), None
+        pods, patcher = StaticPodSource(fake_pods), None
     else:
         from .nvml_backend import NvmlGpuBackend, NvmlUnavailableError
 
@@ -111,7 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         patcher,
         metrics,
         mps=None if args.no_mps else MpsManager(cfg.mps_pipe_dir, cfg.mps_log_dir, binary=args.mps_binary),
-        coordinator=LaneCoordinator(args.coordinator_socket, policy=args.lane_policy)
+        coordinator=LaneCoordinator(
+            args.coordinator_socket,
+            policy=args.lane_policy,
+            peers=peer_resolver(cfg, pods),
+            socket_group=cfg.socket_group,
+        )
         if args.coordinator_socket
         else None,
         sample_interval_s=args.sample_interval,
@@ -122,10 +173,35 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await agent.run(stop)
+        task = asyncio.create_task(agent.run(stop))
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not task.done():
+            log.info("stopping: sockets closed to new work, %.0fs for in-flight work", args.shutdown_timeout)
+            try:
+                await asyncio.wait_for(asyncio.shield(task), args.shutdown_timeout)
+            except TimeoutError:
+                log.warning("in-flight work did not finish in %.0fs; aborting it", args.shutdown_timeout)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        task.result()
 
     asyncio.run(run())
     return 0
+
+
+def _read_fake_pods(path: Path) -> list[PodInfo]:
+    from .pods import pod_info_from_manifest
+
+    try:
+        items = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--fake-pods {path}: {err}") from None
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ValueError(f"--fake-pods {path}: expected a JSON list of pod manifests")
+    return [pod_info_from_manifest(i) for i in items]
 
 
 if __name__ == "__main__":

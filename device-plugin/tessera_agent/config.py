@@ -26,6 +26,13 @@ class AgentConfig:
     coordinator_container_dir: str = "/run/tessera/coordinator"
     progress_socket: Path | None = None  # host path of the progress endpoint; None = not offered
     progress_container_dir: str = "/run/tessera/progress"
+    # Node sockets (coordinator, progress): mode 0660 owned by this group, which workload pods are given as a
+    # supplemental group; None keeps the agent's own group (root), reachable by root-run workloads only.
+    socket_group: int | None = None
+    peer_check: bool = True  # map each socket connection to its pod; off only for demos without pods
+    proc_root: Path = Path(
+        "/proc"
+    )  # where peers' /proc/<pid>/cgroup is read (hostPID); tests use a fake tree
     extra_reserve_mib: int = 0  # margin kept off every GPU's usable memory beyond the driver reserve
     restart_poll_s: float = 1.0  # how often to look for a kubelet restart (§1.4)
 
@@ -34,6 +41,8 @@ class AgentConfig:
             raise ValueError("the node name is required (set NODE_NAME from the downward API or pass --node)")
         if self.slots_per_gpu < 1:
             raise ValueError(f"slots per GPU must be at least 1, got {self.slots_per_gpu}")
+        if self.socket_group is not None and not 0 <= self.socket_group < 2**32 - 1:
+            raise ValueError(f"socket group must be a group id in [0, 2^32-2], got {self.socket_group}")
         if self.extra_reserve_mib < 0:
             raise ValueError("extra reserve must not be negative")
 

@@ -318,6 +318,8 @@ class LaneCoordinator:
         if fut is None:  # not queued by a previous `end`
             fut = self._queue(state, job)
             self._dispatch(lane)
+        if not fut.done():
+            log.debug("job %s waits for lane %s", job, lane)
         await fut
         if state.grants.get(job) is fut:
             del state.grants[job]
