@@ -148,9 +148,6 @@ class LatencyModel(WireModel):
 class Batching(WireModel):
     """How requests are grouped (Orloj Alg. 1 input 𝒮; Symphony Alg. 1 and GETBATCH)."""
 
-    policy: Literal["auto", "orloj", "deferred", "eager", "timeout"] = Field(
-        default="auto", description="auto: orloj for dynamic models, Symphony deferred for static ones."
-    )
     supported_batch_sizes: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8, 16],
         min_length=1,
@@ -159,11 +156,14 @@ class Batching(WireModel):
     )
     latency_model: LatencyModel = Field(default_factory=LatencyModel)
     timeout_ms: float | None = Field(
-        default=None, ge=0, description="k for policy timeout: exec = max(now, a + k)."
+        default=None, ge=0, description="scheduler.policy timeout: dispatch once the oldest waited this long."
     )
-    get_batch: Literal["headGreedy", "earlyDropForTarget"] = "headGreedy"
-    drop_policy: Literal["failFast", "none"] = Field(
-        default="failFast", description="failFast drops a request once now + ℓ(1) passes its deadline."
+    get_batch: Literal["headGreedy", "earlyDropForTarget"] = Field(
+        default="earlyDropForTarget",
+        description=(
+            "Symphony GETBATCH: headGreedy grows the batch from the queue's head; earlyDropForTarget also drops "
+            "a head that cannot finish in a batch of the target size, which keeps goodput flat under overload."
+        ),
     )
 
     cross_field_rules = (
@@ -188,12 +188,6 @@ class Batching(WireModel):
                 or len(s.latency_model.per_batch_size_ms) == len(s.supported_batch_sizes)
             ),
             field_path=".latencyModel.perBatchSizeMs",
-        ),
-        CrossFieldRule(
-            cel="self.policy != 'timeout' || has(self.timeoutMs)",
-            message="policy timeout needs timeoutMs",
-            check=lambda s: s.policy != "timeout" or s.timeout_ms is not None,
-            field_path=".timeoutMs",
         ),
     )
 
@@ -262,15 +256,22 @@ class Application(WireModel):
     """A tagged request stream with its own latency distribution (Orloj §5 'applications')."""
 
     id: str = Field(min_length=1, max_length=63)
-    weight: float = Field(default=1.0, gt=0)
-    prior: Prior | None = None
+    prior: Prior | None = Field(
+        default=None, description="Seeds Orloj's histogram; measured times replace it."
+    )
 
 
 class Frontend(WireModel):
     """How the gateway tags requests (Orloj §5, engineering fields)."""
 
-    app_id_header: str = "X-App-Id"
-    default_app: str = "default"
+    app_id_header: str = Field(
+        default="x-tessera-app",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
+        description="Request header naming the application (HTTP header names are case-insensitive).",
+    )
+    default_app: str = Field(default="default", min_length=1, description="Application of untagged requests.")
 
 
 class Distribution(WireModel):
@@ -281,19 +282,24 @@ class Distribution(WireModel):
 
 
 class Scheduler(WireModel):
-    """Orloj scheduler knobs (seed-orloj.md §5)."""
+    """Which batch scheduler the gateway runs, and Orloj's knobs (seed-orloj.md §5)."""
 
-    anticipated_delay_rate_per_ms: float = Field(default=1e-4, ge=0, description="b in the priority score.")
-    base_time_reset: float = Field(default=100.0, gt=0, description="Reset base time when b·Δt exceeds this.")
+    policy: Literal["auto", "orloj", "symphony", "eager", "timeout"] = Field(
+        default="auto",
+        description=(
+            "auto: Orloj for a dynamic model (model.dynamic) with a latency distribution (application priors "
+            "or a batch profile to seed it), Symphony deferred batching for a static model with a batch "
+            "profile; eager: Symphony's framework dispatching at once; timeout: dispatch a full batch or once "
+            "the oldest request waited batching.timeoutMs."
+        ),
+    )
+    anticipated_delay_rate_per_ms: float = Field(default=1e-4, gt=0, description="b in the priority score.")
     candidate_order: Literal["literalDesc", "edfThenLargest"] = "literalDesc"
     drop_estimator: str = Field(
         default="mean",
         pattern=r"^(mean|min|quantile:(0(\.[0-9]+)?|1(\.0+)?))$",
         description="mean, min or quantile:q.",
     )
-    priority_queue: Literal["convexHull", "bruteForce"] = "convexHull"
-    schedule_ahead_ms: float = Field(default=0.0, ge=0, description="Lazily form a batch this early.")
-    max_queue_length: int = Field(default=10000, ge=1)
 
 
 class Profiler(WireModel):
@@ -343,20 +349,6 @@ class Placement(WireModel):
     )
 
 
-class Colocation(WireModel):
-    """Orion interference-aware sharing (seed-symphony-orion.md part B, D 'colocation')."""
-
-    kernel_profile_config_map: str | None = Field(
-        default=None,
-        description="ConfigMap with the kernel profile CSV (name, profile, sm_needed, duration_ns).",
-    )
-    dedicated_latency_ms: float | None = Field(default=None, gt=0, description="Latency alone on the GPU.")
-    dur_threshold_percent: float = Field(default=2.5, gt=0, le=100, description="Orion DUR_THRESHOLD.")
-    interference_budget_percent: float = Field(
-        default=15.0, ge=0, description="Allowed p99 inflation over dedicated ([OURS])."
-    )
-
-
 class ModelDeploymentSpec(WireModel):
     """Everything the serving policies need for one model."""
 
@@ -378,7 +370,6 @@ class ModelDeploymentSpec(WireModel):
     memory: ModelMemory | None = None
     network: Network = Field(default_factory=Network)
     placement: Placement = Field(default_factory=Placement)
-    colocation: Colocation = Field(default_factory=Colocation)
     gpu: GPUUsage = Field(default_factory=lambda: GPUUsage(workload_class="latency-critical"))
 
     cross_field_rules = (
@@ -402,6 +393,13 @@ class ModelDeploymentSpec(WireModel):
                 * s.gpus_per_replica
             ),
             field_path=".memory",
+        ),
+        CrossFieldRule(
+            cel="!has(self.scheduler) || self.scheduler.policy != 'timeout' "
+            "|| (has(self.batching) && has(self.batching.timeoutMs))",
+            message="scheduler.policy timeout needs batching.timeoutMs",
+            check=lambda s: s.scheduler.policy != "timeout" or s.batching.timeout_ms is not None,
+            field_path=".batching.timeoutMs",
         ),
         CrossFieldRule(
             cel="self.applications.all(a, self.applications.exists_one(b, b.id == a.id))",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,111 @@ def linear_fit(profile: Sequence[tuple[int, float]]) -> tuple[float, float]:
     alpha = sum((b - mx) * (ms - my) for b, ms in profile) / sxx if sxx else 0.0
     beta = my - alpha * mx
     return max(0.0, alpha) / 1000.0, max(0.0, beta) / 1000.0
+
+
+_MIX_MODES = {"roundRobin": "round_robin", "iidMixture": "iid_mixture", "weighted": "weighted"}
+_ORDERS = {"literalDesc": "literal_desc", "edfThenLargest": "edf_then_largest"}
+PRIOR_POINTS = 200  # samples a histogram or parametric prior is expanded to (quantiles, deterministic)
+
+
+class ServingSpecError(ValueError):
+    """A ModelDeployment whose scheduler cannot be configured from its spec; the message says why."""
+
+
+def orloj_priors(spec: ModelDeploymentSpec) -> dict[str, list[float]]:
+    """Solo execution-time samples (s) per application from spec.applications[].prior: samplesMs as given,
+    a histogram expanded to bin centres in proportion to mass, a parametric prior to its quantiles."""
+    out: dict[str, list[float]] = {}
+    for app in spec.applications:
+        p = app.prior
+        if p is None:
+            continue
+        if p.samples_ms:
+            ms = list(p.samples_ms)
+        elif p.histogram is not None:
+            h = p.histogram
+            total = sum(h.masses) or 1.0
+            ms = [
+                (i + 0.5) * h.bin_width_ms
+                for i, m in enumerate(h.masses)
+                for _ in range(round(PRIOR_POINTS * m / total))
+            ]
+        elif p.parametric is not None:
+            ms = _quantiles(p.parametric.type, p.parametric.mean_ms, p.parametric.std_ms)
+        else:
+            ms = []
+        ms = [x for x in ms if x > 0]
+        if ms:
+            out[app.id] = [x / 1000.0 for x in ms]
+    return out
+
+
+def _quantiles(kind: str, mean: float, std: float) -> list[float]:
+    qs = [(i + 0.5) / PRIOR_POINTS for i in range(PRIOR_POINTS)]
+    if std <= 0:
+        return [mean] * PRIOR_POINTS
+    if kind == "lognormal":  # mean/std of the distribution itself, not of its log
+        s2 = math.log(1 + (std / mean) ** 2)
+        nd = statistics.NormalDist(math.log(mean) - s2 / 2, math.sqrt(s2))
+        return [math.exp(nd.inv_cdf(q)) for q in qs]
+    nd = statistics.NormalDist(mean, std)
+    return [max(0.0, nd.inv_cdf(q)) for q in qs]
+
+
+def has_distribution(spec: ModelDeploymentSpec) -> bool:
+    """A data-dependent model: marked dynamic and with a distribution to seed Orloj (application priors, or
+    a batch profile whose batch-1 time seeds a histogram the gateway then learns from measured solo times)."""
+    return spec.model.dynamic and (bool(orloj_priors(spec)) or bool(batch_profile(spec)))
+
+
+def choose_policy(spec: ModelDeploymentSpec) -> str:
+    """spec.scheduler.policy, or for `auto`: Orloj for a model with a latency distribution, Symphony for a
+    static one with a batch profile, else timeout batching (nothing to plan with)."""
+    want = spec.scheduler.policy
+    profile = batch_profile(spec)
+    if want == "auto":
+        if has_distribution(spec):
+            return "orloj"
+        return "symphony" if profile else "timeout"
+    if want in ("symphony", "eager") and not profile:
+        raise ServingSpecError(
+            f"scheduler.policy {want} needs a batch profile: batching.latencyModel perBatchSize or latencyProfiles"
+        )
+    if want == "orloj" and not (orloj_priors(spec) or profile):
+        raise ServingSpecError(
+            "scheduler.policy orloj needs a distribution to start from: applications[].prior or a batch profile"
+        )
+    return want
+
+
+def resolve_slo_ms(
+    spec: ModelDeploymentSpec, profile: Sequence[tuple[int, float]], priors: Mapping[str, list[float]]
+) -> float:
+    """latencyMs; or p99Multiplier × the P99 solo time (priors, else ℓ(1)); or sloScale × ℓ(1)."""
+    slo = spec.slo
+    if slo.latency_ms is not None:
+        return slo.latency_ms
+    solo = sorted(x * 1000.0 for xs in priors.values() for x in xs)
+    base = solo[min(len(solo) - 1, int(0.99 * len(solo)))] if solo else profile[0][1] if profile else None
+    mult = slo.p99_multiplier if slo.p99_multiplier is not None else slo.slo_scale
+    if base is None or mult is None:
+        raise ServingSpecError(
+            "slo needs latencyMs, or a prior or batch profile to scale p99Multiplier/sloScale by"
+        )
+    return mult * base
+
+
+def orloj_latency(spec: ModelDeploymentSpec, profile: Sequence[tuple[int, float]]) -> dict[str, Any]:
+    """Batch time l_B(k) = a_k + s_k·max solo (seed-orloj Eq. 3-4): latencyModel linear gives Eq. 3
+    (a = c0, s_k = c1·k); a per-batch-size profile gives s_k = ℓ(k)/ℓ(1) ([OURS]: a batch costs its
+    longest member's solo time scaled as the profile scales); none: s_k = k (no batching gain assumed)."""
+    lm = spec.batching.latency_model
+    if lm.type == "linear" and lm.c0_ms is not None and lm.c1 is not None:
+        return {"a0": lm.c0_ms / 1000.0, "s0": 0.0, "s1": lm.c1}
+    if profile:
+        l1 = profile[0][1]
+        return {"a0": 0.0, "s0": 0.0, "s1": 0.0, "table": {str(b): [0.0, ms / l1] for b, ms in profile}}
+    return {"a0": 0.0, "s0": 0.0, "s1": 1.0}
 
 
 @dataclass(slots=True)
@@ -159,27 +265,65 @@ class ServingRecord:
         return f"http://{pod_name}.{self.workers_service}.{self.namespace}.svc:{WORKER_PORT}"
 
     def gateway_config(self) -> dict[str, Any]:
-        """The gateway's config (validated by tessera.gateway.config): Symphony deferred batching with
-        ℓ(b) = αb + β fitted to the profile for a static model, else timeout batching on the mean."""
-        profile = batch_profile(self.spec)
-        slo_ms = self.spec.slo.latency_ms or (
-            profile[0][1] * (self.spec.slo.slo_scale or 5.0) if profile else 100.0
-        )
+        """The gateway's config (validated by tessera.gateway.config) for the policy `choose_policy` picks."""
+        spec = self.spec
+        policy = choose_policy(spec)
+        profile = batch_profile(spec)
+        priors = orloj_priors(spec)
+        slo_ms = resolve_slo_ms(spec, profile, priors)
+        net = spec.network
         model: dict[str, Any] = {
-            "name": self.spec.model.name,
+            "name": spec.model.name,
             "namespace": self.namespace,
-            "slo_s": slo_ms / 1000.0,
+            # Symphony Fig. 18 / A.9: the response's trip back comes out of every request's budget.
+            "slo_s": max(1e-6, slo_ms - net.response_latency_us / 1000.0) / 1000.0,
             "workers": [self.worker_url(p.name) for p in self.pod_plans()],
-            "batch_sizes": list(self.spec.batching.supported_batch_sizes),
-            "max_batch": max(self.spec.batching.supported_batch_sizes),
+            "batch_sizes": list(spec.batching.supported_batch_sizes),
+            "max_batch": max(spec.batching.supported_batch_sizes),
+            "app_header": spec.frontend.app_id_header.lower(),
+            "default_app": spec.frontend.default_app,
+            "policy": "symphony" if policy == "eager" else policy,
         }
-        if profile:
+        if policy in ("symphony", "eager"):
             alpha, beta = linear_fit(profile)
-            model["policy"] = "symphony"
-            model["symphony"] = {"alpha": alpha, "beta": beta}
-        else:
-            model["policy"] = "timeout"
-            model["mean_solo_s"] = slo_ms / 1000.0 / 4
+            # delay(bs) = d_ctrl + d_data·bs is paid before the batch can start (Fig. 18): fold it into ℓ(b).
+            model["symphony"] = {
+                "alpha": alpha + net.data_latency_per_item_us / 1e6,
+                "beta": beta + net.ctrl_latency_us / 1e6,
+                "timeout": 0.0 if policy == "eager" else None,
+                "get_batch": spec.batching.get_batch,
+            }
+        elif policy == "orloj":
+            model["priors"] = priors or {spec.frontend.default_app: [profile[0][1] / 1000.0]}
+            model["latency"] = orloj_latency(spec, profile)
+            sch, dist, prof = spec.scheduler, spec.distribution, spec.profiler
+            model["orloj"] = {
+                "b": sch.anticipated_delay_rate_per_ms * 1000.0,
+                "miss_cost": spec.slo.miss_cost,
+                "mix_mode": _MIX_MODES[dist.batch_mix_mode],
+                "candidate_order": _ORDERS[sch.candidate_order],
+                "drop_estimator": sch.drop_estimator,
+                "window_s": prof.window_seconds,
+                "pickup_interval_s": prof.pickup_interval_seconds,
+                "min_samples": prof.min_samples_per_app,
+                "bin_width_s": dist.bin_width_ms / 1000.0 if dist.bin_width_ms is not None else None,
+            }
+            model["profiler"] = {
+                "sample_rate": prof.sample_rate,
+                "max_share": prof.max_gpu_share_percent / 100.0,
+            }
+        else:  # timeout: Triton-style max-queue-delay batching on the mean solo time
+            model["timeout"] = {"max_queue_delay_s": (spec.batching.timeout_ms or 0.0) / 1000.0}
+            samples = [x for xs in priors.values() for x in xs]
+            model["mean_solo_s"] = (
+                sum(samples) / len(samples)
+                if samples
+                else profile[0][1] / 1000.0
+                if profile
+                else slo_ms / 4000.0
+            )
+            if profile or priors:
+                model["latency"] = orloj_latency(spec, profile)
         config = {"host": "0.0.0.0", "port": GATEWAY_PORT, "models": [model]}
         GatewayConfig.model_validate(config)
         return config

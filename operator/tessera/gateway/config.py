@@ -86,6 +86,9 @@ class SymphonyOptions(_Strict):
     alpha: float = Field(ge=0, description="seconds per request in a batch (ℓ(b) = α·b + β)")
     beta: float = Field(ge=0, description="fixed seconds per batch")
     timeout: float | None = Field(None, ge=0, description="None: deferred (Symphony); k: timeout batching")
+    get_batch: Literal["headGreedy", "earlyDropForTarget"] = Field(
+        "headGreedy", description="earlyDropForTarget sheds heads that cannot make a target-size batch"
+    )
 
 
 class ProfilerOptions(_Strict):
@@ -230,7 +233,9 @@ def build_scheduler(cfg: ModelConfig) -> BatchScheduler | SymphonyScheduler:
         s = cfg.symphony
         assert s is not None  # checked by the model validator
         profile = LinearProfile(s.alpha, s.beta, max_batch=cfg.max_batch)
-        return SymphonyScheduler({cfg.name: profile}, len(cfg.workers), timeout=s.timeout)
+        return SymphonyScheduler(
+            {cfg.name: profile}, len(cfg.workers), timeout=s.timeout, get_batch=s.get_batch
+        )
     ms = cfg.mean_solo()
     if cfg.policy == "timeout":
         t = cfg.timeout

@@ -39,7 +39,7 @@ def test_paper_defaults() -> None:
     # Orloj §5 defaults.
     assert spec.scheduler.anticipated_delay_rate_per_ms == 1e-4
     assert spec.profiler.sample_rate == 0.02 and spec.profiler.window_seconds == 600
-    assert spec.scheduler.max_queue_length == 10000
+    assert spec.scheduler.policy == "auto" and spec.frontend.app_id_header == "x-tessera-app"
     assert ModelDeploymentSpec.model_fields["batching"].default_factory is not None
     assert spec.gpu.workload_class == "latency-critical"
     assert FluidSettings().enable_intra_gpu and FluidSettings().enable_inter_gpu
