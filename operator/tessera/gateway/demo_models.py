@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 
 
-def early_exit_model(path: str | Path, *, width: int = 256, seed: int = 0) -> Path:
+def early_exit_model(path: str | Path, *, width: int = 256, seed: int = 0, max_layers: int = 10_000) -> Path:
     """Write the early-exit model to ``path`` and return it.
 
-    Inputs: ``x`` float32 ``[batch, width]`` and ``n`` int64 ``[batch, 1]`` (layers per row, ≥ 0).
+    Inputs: ``x`` float32 ``[batch, width]`` and ``n`` int64 ``[batch, 1]`` (layers per row, 0 to
+    ``max_layers``, declared in the model's metadata so the worker refuses other values with a 400).
     Output: ``y`` float32 ``[batch, width]``.
     """
     try:
@@ -74,6 +75,7 @@ def early_exit_model(path: str | Path, *, width: int = 256, seed: int = 0) -> Pa
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
+    helper.set_model_props(model, {"tessera.range.n": f"0:{max_layers}"})
     onnx.checker.check_model(model)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,10 @@ class Result:
     on_time: bool
     reason: str | None = None
     retries: int = 0  # times the gateway re-queued it after a worker failure
+    # From a 200 answer's parameters: the gateway's own time on the request, and the round trip to the
+    # worker that ran it (seconds; None when the answer does not say).
+    overhead_s: float | None = None
+    worker_s: float | None = None
 
 
 def load_payloads(path: str | Path) -> list[dict[str, Any]]:
@@ -125,6 +129,8 @@ async def run_load(
             headers[HEADER_DEADLINE_MS] = f"{app.deadline_ms:g}"
         t0 = time.perf_counter()
         status, reason, slo_header, retries = 0, None, None, 0
+        overhead: float | None = None
+        worker: float | None = None
         try:
             async with session.post(endpoint, data=body, headers=headers) as resp:
                 status = resp.status
@@ -134,7 +140,10 @@ async def run_load(
                     reason = str(data.get("reason") or data.get("error")) if isinstance(data, dict) else None
                     retries = int(data.get("retries", 0)) if isinstance(data, dict) else 0
                 elif isinstance(data, dict):
-                    retries = int((data.get("parameters") or {}).get("tessera_retries", 0))
+                    params = data.get("parameters") or {}
+                    retries = int(params.get("tessera_retries", 0))
+                    overhead = params.get("tessera_overhead_seconds")
+                    worker = params.get("tessera_worker_seconds")
         except (aiohttp.ClientError, TimeoutError, ValueError) as err:
             reason = f"transport: {type(err).__name__}: {err}"
         lat = time.perf_counter() - t0
@@ -142,7 +151,7 @@ async def run_load(
             on_time = status == 200 and lat <= app.deadline_ms / 1000.0
         else:
             on_time = status == 200 and slo_header == "met"
-        r = Result(app.name, at, status, lat, on_time, reason, retries)
+        r = Result(app.name, at, status, lat, on_time, reason, retries, overhead, worker)
         results.append(r)
         if on_result is not None:
             on_result(r)

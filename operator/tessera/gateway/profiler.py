@@ -19,7 +19,8 @@ from tessera.policy.serving.common import Request
 @dataclass(frozen=True)
 class Sample:
     request: Request
-    body: bytes  # the request as the client sent it, to re-run alone
+    body: bytes  # the request as the client sent it (its JSON part), to re-run alone
+    blob: bytes = b""  # its binary tensor bytes, if it brought any
 
 
 class OnlineProfiler:

@@ -3,8 +3,16 @@
 The REST form of the protocol (kserve/open-inference-protocol, ``required_api.md``): a request is
 ``{"id"?, "parameters"?, "inputs": [{"name", "shape", "datatype", "data", "parameters"?}], "outputs"?}``;
 ``data`` holds the tensor in row-major order, flat or nested. A response is ``{"model_name", "id"?,
-"outputs": [...], "parameters"?}``; an error is ``{"error": "<message>"}``. BYTES tensors are not
-supported by the worker runtime (numeric models only) and are refused with a clear message.
+"outputs": [...], "parameters"?}``; an error is ``{"error": "<message>", "reason": "<cause>"}``, always
+written by the JSON encoder. BYTES tensors are not supported by the worker runtime (numeric models only)
+and are refused with a clear message.
+
+Binary tensor data extension (KServe v2 / Triton ``binary_data``): with the header
+``Inference-Header-Content-Length: n`` the first ``n`` bytes of the body are the JSON request and the rest
+holds, in input order, the raw little-endian bytes of every input whose ``parameters.binary_data_size``
+says how many it has (such inputs carry no ``data``). Outputs are asked for in binary with
+``outputs[i].parameters.binary_data`` or the request-level ``parameters.binary_data_output``; the answer
+then has the same layout, each binary output naming its ``binary_data_size``.
 
 JSON is parsed and written with orjson: numpy arrays are serialised straight from their buffer
 (``OPT_SERIALIZE_NUMPY``), which is what keeps the gateway's and the worker's per-request cost small.
@@ -59,14 +67,41 @@ def _to_list(obj: Any) -> Any:
     raise TypeError(f"cannot write {type(obj).__name__} as JSON")
 
 
+HEADER_LENGTH = "Inference-Header-Content-Length"
+MODEL_VERSIONS = ("1",)  # every served model has the one version its workers run
+
+
 class ProtocolError(ValueError):
     """A request that does not follow the v2 protocol; the message says what to fix (HTTP 400)."""
 
 
-def validate_request(body: Any) -> list[dict[str, Any]]:
+def split_body(raw: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """(JSON header, binary tail) of a request or answer body, per ``Inference-Header-Content-Length``."""
+    if header_length is None:
+        return raw, b""
+    try:
+        n = int(header_length)
+    except ValueError:
+        raise ProtocolError(f"header {HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+    if not 0 < n <= len(raw):
+        raise ProtocolError(f"header {HEADER_LENGTH} is {n}, but the body has {len(raw)} bytes")
+    return raw[:n], raw[n:]
+
+
+def binary_size(t: Mapping[str, Any]) -> int | None:
+    """The ``binary_data_size`` of a validated tensor, or None when it carries JSON ``data``."""
+    params = t.get("parameters")
+    if isinstance(params, dict) and "binary_data_size" in params:
+        return int(params["binary_data_size"])
+    return None
+
+
+def validate_request(body: Any, binary_len: int = 0) -> list[dict[str, Any]]:
     """Check the structure of a v2 inference request and return its ``inputs``.
 
     Cheap (no tensor decoding), so the gateway can refuse malformed requests before queueing them.
+    ``binary_len`` is the number of bytes after the JSON header (binary tensor data extension); the
+    inputs' ``binary_data_size`` must account for exactly those bytes.
     """
     if not isinstance(body, dict):
         raise ProtocolError("inference request must be a JSON object with an 'inputs' list")
@@ -74,6 +109,7 @@ def validate_request(body: Any) -> list[dict[str, Any]]:
     if not isinstance(inputs, list) or not inputs:
         raise ProtocolError("inference request needs a non-empty 'inputs' list")
     names: set[str] = set()
+    binary = 0
     for i, t in enumerate(inputs):
         where = f"inputs[{i}]"
         if not isinstance(t, dict):
@@ -96,8 +132,29 @@ def validate_request(body: Any) -> list[dict[str, Any]]:
             raise ProtocolError(f"input {name!r}: BYTES tensors are not supported; send numeric tensors")
         if dt not in DATATYPES:
             raise ProtocolError(f"input {name!r}: unknown datatype {dt!r}; use one of {sorted(DATATYPES)}")
-        if "data" not in t:
-            raise ProtocolError(f"input {name!r} has no 'data'")
+        params = t.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise ProtocolError(f"input {name!r}: 'parameters' must be an object")
+        if params and "binary_data_size" in params:
+            size = params["binary_data_size"]
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ProtocolError(f"input {name!r}: binary_data_size must be an integer >= 0, got {size!r}")
+            if "data" in t:
+                raise ProtocolError(f"input {name!r} has both 'data' and binary_data_size; send one")
+            binary += size
+        elif "data" not in t:
+            raise ProtocolError(f"input {name!r} has no 'data' (and no binary_data_size)")
+    if binary != binary_len:
+        raise ProtocolError(
+            f"the inputs' binary_data_size add up to {binary} bytes, but {binary_len} binary bytes follow "
+            f"the JSON header ({HEADER_LENGTH})"
+        )
+    outputs = body.get("outputs")
+    if outputs is not None and (
+        not isinstance(outputs, list)
+        or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs)
+    ):
+        raise ProtocolError("'outputs' must be a list of objects with a 'name'")
     return inputs
 
 
@@ -109,9 +166,17 @@ def rows(inputs: Sequence[Mapping[str, Any]]) -> int:
     return sizes.pop()
 
 
-def decode_tensor(t: Mapping[str, Any]) -> np.ndarray:
-    """A validated v2 input tensor as a numpy array of its shape and datatype."""
+def decode_tensor(t: Mapping[str, Any], blob: bytes | None = None) -> np.ndarray:
+    """A validated v2 input tensor as a numpy array of its shape and datatype; ``blob`` holds its raw
+    little-endian bytes when it came as binary data."""
     name, shape, dtype = t["name"], [int(d) for d in t["shape"]], DATATYPES[t["datatype"]]
+    if blob is not None:
+        need = math.prod(shape) * dtype.itemsize
+        if len(blob) != need:
+            raise ProtocolError(
+                f"input {name!r}: shape {shape} of {t['datatype']} needs {need} bytes, got {len(blob)}"
+            )
+        return np.frombuffer(blob, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
     try:
         arr = np.asarray(t["data"], dtype=dtype)
     except (TypeError, ValueError) as err:
@@ -137,9 +202,39 @@ def output_tensor(name: str, arr: np.ndarray) -> dict[str, Any]:
     return {"name": name, "shape": list(arr.shape), "datatype": dt, "data": np.ascontiguousarray(arr).ravel()}
 
 
-def error_body(message: str, reason: str | None = None) -> dict[str, Any]:
+REASON_BAD_REQUEST = "bad-request"
+
+
+def error_body(message: str, reason: str = REASON_BAD_REQUEST, **extra: Any) -> dict[str, Any]:
     """A v2 error object; ``reason`` is a machine-readable cause (e.g. a scheduler drop reason)."""
-    out: dict[str, Any] = {"error": message}
-    if reason is not None:
-        out["reason"] = reason
-    return out
+    return {"error": message, "reason": reason, **extra}
+
+
+def error_json(message: str, reason: str = REASON_BAD_REQUEST, **extra: Any) -> bytes:
+    """:func:`error_body` written by the JSON encoder (never by string formatting)."""
+    return dumps(error_body(message, reason, **extra))
+
+
+def binary_outputs(body: Mapping[str, Any], names: Sequence[str]) -> tuple[list[str], set[str]]:
+    """The outputs a request asks for (all of ``names`` when it names none) and which go back binary."""
+    params = body.get("parameters")
+    default = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
+    asked = body.get("outputs")
+    if not asked:
+        return list(names), set(names) if default else set()
+    chosen: list[str] = []
+    binary: set[str] = set()
+    for o in asked:
+        name = o["name"]
+        if name not in names:
+            raise ProtocolError(f"unknown output {name!r}; the model has {sorted(names)}")
+        chosen.append(name)
+        p = o.get("parameters")
+        if bool(p["binary_data"]) if isinstance(p, dict) and "binary_data" in p else default:
+            binary.add(name)
+    return chosen, binary
+
+
+def tensor_bytes(arr: np.ndarray) -> bytes:
+    """Raw little-endian row-major bytes of an array (binary tensor data extension)."""
+    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()

@@ -1,7 +1,11 @@
 """The gateway's HTTP front: Open Inference Protocol (KServe v2) REST endpoints over per-model services.
 
 Endpoints: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}``,
-``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` and ``GET /metrics`` (Prometheus).
+``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` (each model path also under
+``/v2/models/{name}/versions/{version}``) and ``GET /metrics`` (Prometheus). Inference takes JSON tensors
+or the binary tensor data extension (``Inference-Header-Content-Length``). Every error is a JSON object
+``{"error", "reason"}``, 404/405/413 included. :func:`Gateway.infer` is shared with the gRPC front
+(:mod:`tessera.gateway.grpc_server`), so both give the same answers and errors.
 A request's application tag comes from its model's ``app_header`` (``x-tessera-app`` unless configured;
 untagged: ``default_app``) and an optional latency budget in milliseconds from ``x-tessera-deadline-ms``
 (default: the model's ``slo_s``).
@@ -13,6 +17,8 @@ import itertools
 import logging
 import math
 import random
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -20,15 +26,42 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from tessera.api.contract import HEADER_DEADLINE_MS
+from tessera.gateway.batch_wire import CLIENT_MAX_BODY
 from tessera.gateway.config import ConfigError, GatewayConfig
+from tessera.gateway.http_errors import json_error, json_errors
 from tessera.gateway.metrics import ModelMetrics
-from tessera.gateway.protocol import ProtocolError, error_body, loads, validate_request
-from tessera.gateway.service import ModelService
+from tessera.gateway.protocol import (
+    HEADER_LENGTH,
+    MODEL_VERSIONS,
+    REASON_BAD_REQUEST,
+    ProtocolError,
+    dumps,
+    error_json,
+    loads,
+    split_body,
+    validate_request,
+)
+from tessera.gateway.service import ModelService, Outcome
 from tessera.metrics import ComponentMetrics
 
 log = logging.getLogger(__name__)
 
 DEFAULT_APP = "default"
+
+
+@dataclass(frozen=True)
+class GatewayError(Exception):
+    """A request refused before it reached a model's queue: HTTP status, message and reason."""
+
+    status: int
+    message: str
+    reason: str = REASON_BAD_REQUEST
+
+    def outcome(self) -> Outcome:
+        return Outcome(self.status, error_json(self.message, self.reason))
+
+
+SERVER_EXTENSIONS = ["binary_tensor_data"]
 
 
 class Gateway:
@@ -67,13 +100,60 @@ class Gateway:
         if self._session is not None:
             await self._session.close()
 
+    @property
+    def ready(self) -> bool:
+        return all(s.ready for s in self.services.values())
 
-def _json_error(status: int, message: str, reason: str | None = None) -> web.Response:
-    return web.json_response(error_body(message, reason), status=status)
+    def service(self, name: str, version: str | None = None) -> ModelService:
+        """The model ``name`` (at ``version``, when one is named); a 404 :class:`GatewayError` if none."""
+        svc = self.services.get(name)
+        if svc is None:
+            raise GatewayError(404, f"unknown model {name!r}; served: {sorted(self.services)}", "not-found")
+        if version not in (None, "", *MODEL_VERSIONS):
+            raise GatewayError(
+                404,
+                f"model {name!r} has no version {version!r}; versions: {list(MODEL_VERSIONS)}",
+                "not-found",
+            )
+        return svc
+
+    async def infer(
+        self,
+        name: str,
+        version: str | None,
+        head: bytes,
+        blob: bytes,
+        *,
+        app: str | None,
+        deadline_ms: str | None,
+        arrived: float,
+    ) -> Outcome:
+        """One inference request (its JSON ``head`` and binary bytes ``blob``), checked, queued on its
+        model and answered: the path HTTP and gRPC share."""
+        try:
+            svc = self.service(name, version)
+            try:
+                body: Any = loads(head)
+            except ValueError:
+                raise GatewayError(400, "request body is not valid JSON") from None
+            try:
+                validate_request(body, len(blob))  # structure only: the worker decodes the tensors, once
+                budget = _budget(deadline_ms)
+            except ProtocolError as err:
+                raise GatewayError(400, str(err)) from None
+        except GatewayError as err:
+            return err.outcome()
+        cid = body.get("id") if isinstance(body.get("id"), str) else None
+        return await svc.infer(
+            head, app=app or svc.cfg.default_app, budget=budget, client_id=cid, blob=blob, arrived=arrived
+        )
 
 
-def _budget(request: web.Request) -> float | None:
-    raw = request.headers.get(HEADER_DEADLINE_MS)
+GRPC_SERVER: web.AppKey[Any] = web.AppKey("grpc_server", object)
+GRPC_PORT: web.AppKey[int] = web.AppKey("grpc_port", int)
+
+
+def _budget(raw: str | None) -> float | None:
     if raw is None:
         return None
     try:
@@ -87,52 +167,66 @@ def _budget(request: web.Request) -> float | None:
     return ms / 1000.0
 
 
-def make_gateway_app(gateway: Gateway) -> web.Application:
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=dumps(obj), status=status, content_type="application/json")
+
+
+def make_gateway_app(
+    gateway: Gateway, *, grpc_port: int | None = None, grpc_host: str = "127.0.0.1"
+) -> web.Application:
+    """The HTTP application; with ``grpc_port`` it also serves the gRPC front on that port (0: any free
+    port, see ``app[GRPC_PORT]``) from the same event loop, over the same model queues."""
+
     def service(request: web.Request) -> ModelService:
-        name = request.match_info["name"]
-        svc = gateway.services.get(name)
-        if svc is None:
+        try:
+            return gateway.service(request.match_info["name"], request.match_info.get("version"))
+        except GatewayError as err:
             raise web.HTTPNotFound(
-                text=f'{{"error": "unknown model {name!r}; served: {sorted(gateway.services)}"}}',
-                content_type="application/json",
-            )
-        return svc
+                text=err.outcome().body.decode(), content_type="application/json"
+            ) from None
 
     async def server_meta(_: web.Request) -> web.Response:
-        return web.json_response({"name": "tessera-gateway", "version": "1", "extensions": []})
+        return _json({"name": "tessera-gateway", "version": "1", "extensions": SERVER_EXTENSIONS})
 
     async def live(_: web.Request) -> web.Response:
-        return web.json_response({"live": True})
+        return _json({"live": True})
 
     async def ready(_: web.Request) -> web.Response:
-        ok = all(s.ready for s in gateway.services.values())
-        return web.json_response({"ready": ok}, status=200 if ok else 503)
+        ok = gateway.ready
+        return _json({"ready": ok}, status=200 if ok else 503)
 
     async def model_meta(request: web.Request) -> web.Response:
-        return web.json_response(service(request).metadata())
+        return _json(service(request).metadata())
 
     async def model_ready(request: web.Request) -> web.Response:
         svc = service(request)
-        return web.json_response({"name": svc.cfg.name, "ready": svc.ready}, status=200 if svc.ready else 503)
+        return _json({"name": svc.cfg.name, "ready": svc.ready}, status=200 if svc.ready else 503)
 
     async def infer(request: web.Request) -> web.Response:
-        svc = service(request)
-        raw = await request.read()
+        arrived = time.perf_counter()
+        name = request.match_info["name"]
+        svc = gateway.services.get(name)
         try:
-            body: Any = loads(raw)
-        except ValueError:
-            return _json_error(400, "request body is not valid JSON", "bad-request")
-        try:
-            validate_request(body)  # structure only: the worker decodes the tensors, once
-            budget = _budget(request)
+            head, blob = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
         except ProtocolError as err:
-            return _json_error(400, str(err), "bad-request")
-        app = request.headers.get(svc.cfg.app_header) or svc.cfg.default_app
-        cid = body.get("id") if isinstance(body.get("id"), str) else None
-        out = await svc.infer(raw, app=app, budget=budget, client_id=cid)
+            return json_error(400, str(err), REASON_BAD_REQUEST)
+        out = await gateway.infer(
+            name,
+            request.match_info.get("version"),
+            head,
+            blob,
+            app=request.headers.get(svc.cfg.app_header) if svc is not None else None,
+            deadline_ms=request.headers.get(HEADER_DEADLINE_MS),
+            arrived=arrived,
+        )
         headers = {}
         if out.slo_met is not None:
             headers["x-tessera-slo"] = "met" if out.slo_met else "missed"
+        if out.header_length is not None:
+            headers[HEADER_LENGTH] = str(out.header_length)
+            return web.Response(
+                body=out.body, status=out.status, headers=headers, content_type="application/octet-stream"
+            )
         return web.Response(
             body=out.body, status=out.status, headers=headers, content_type="application/json"
         )
@@ -142,23 +236,36 @@ def make_gateway_app(gateway: Gateway) -> web.Application:
             body=generate_latest(gateway.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=CLIENT_MAX_BODY, middlewares=[json_errors])
+    routes = []
+    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        routes += [
+            web.get(base, model_meta),
+            web.get(f"{base}/ready", model_ready),
+            web.post(f"{base}/infer", infer),
+        ]
     app.add_routes(
         [
             web.get("/v2", server_meta),
             web.get("/v2/health/live", live),
             web.get("/v2/health/ready", ready),
-            web.get("/v2/models/{name}", model_meta),
-            web.get("/v2/models/{name}/ready", model_ready),
-            web.post("/v2/models/{name}/infer", infer),
+            *routes,
             web.get("/metrics", metrics),
         ]
     )
 
-    async def on_startup(_: web.Application) -> None:
+    async def on_startup(a: web.Application) -> None:
         await gateway.start()
+        if grpc_port is not None:
+            from tessera.gateway.grpc_server import start_grpc  # grpcio only when gRPC is served
 
-    async def on_cleanup(_: web.Application) -> None:
+            server, port = await start_grpc(gateway, grpc_host, grpc_port)
+            a[GRPC_SERVER], a[GRPC_PORT] = server, port
+
+    async def on_cleanup(a: web.Application) -> None:
+        server = a.get(GRPC_SERVER)
+        if server is not None:
+            await server.stop(grace=1.0)
         await gateway.close()
 
     app.on_startup.append(on_startup)

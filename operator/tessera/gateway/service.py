@@ -13,7 +13,14 @@ Every request ends in one :class:`Outcome`:
 * 503 ``worker-failed`` when its worker failed and no retry could save it (a failed batch's requests are
   re-queued up to ``max_retries`` times while their deadline is ahead);
 * 504 ``expired`` from the sweeper when it is still queued ``late_grace_s`` after its deadline, so no
-  request waits forever even if a policy holds on to it.
+  request waits forever even if a policy holds on to it;
+* the model's own 4xx (e.g. a tensor of the wrong shape) for that request alone: counted as
+  ``rejected``, neither a drop nor a worker failure, and the rest of its batch is served.
+
+A joined batch whose body would exceed what a worker accepts is sent in parts (one after another on the
+same worker); a 413 from a worker halves the part and lowers that worker's limit, and a lone request a
+worker still refuses gets the 413 itself. A worker counts as ready only while it answers its health
+check (every ``health_interval_s``, busy or not), so readiness follows the workers.
 
 Request bodies are kept as the bytes the client sent and spliced into the worker's batch request; the
 worker's framed answer is sliced back into per-member outputs (:mod:`tessera.gateway.batch_wire`), so no
@@ -27,6 +34,7 @@ import contextlib
 import itertools
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,11 +42,19 @@ from typing import Any
 
 import aiohttp
 
-from tessera.gateway.batch_wire import WorkerAnswer, WorkerFailure, post_batch
+from tessera.gateway.batch_wire import (
+    ENVELOPE_BYTES,
+    WORKER_MAX_BODY,
+    BatchTooLarge,
+    WorkerAnswer,
+    WorkerFailure,
+    batch_size_bytes,
+    post_batch,
+)
 from tessera.gateway.config import ModelConfig, build_scheduler
 from tessera.gateway.metrics import OUTCOME_DROPPED, OUTCOME_MET, OUTCOME_MISSED, ModelMetrics
 from tessera.gateway.profiler import OnlineProfiler, Sample
-from tessera.gateway.protocol import dumps, loads
+from tessera.gateway.protocol import dumps, error_json, loads
 from tessera.policy.serving.common import Batch, BatchTimings, Drop, DropReason, Request
 from tessera.policy.serving.symphony import SymphonyScheduler
 
@@ -48,6 +64,11 @@ REASON_WORKER_FAILED = "worker-failed"
 REASON_NO_WORKER = "no-healthy-worker"
 REASON_SHUTDOWN = "shutting-down"
 REASON_INTERNAL = "internal-error"
+REASON_TOO_LARGE = "too-large"
+OUTCOME_REJECTED = "rejected"  # the model refused the request's input: the caller's fault, not a drop
+# Consecutive failed health checks that take a worker out: a refused connection counts at once, a
+# timeout (a loaded machine) only when it repeats.
+TIMEOUTS_TO_UNHEALTHY = 2
 
 _DROP_TEXT = {
     DropReason.CANNOT_MEET_DEADLINE: "no batch the scheduler can form would finish it by its deadline",
@@ -60,21 +81,34 @@ _DROP_TEXT = {
 
 @dataclass(frozen=True)
 class Outcome:
-    """The answer to one request: HTTP status, JSON body, and for a 200 whether it met its SLO."""
+    """The answer to one request: HTTP status, body (JSON, then binary output bytes when
+    ``header_length`` says where the JSON ends), and for a 200 whether it met its SLO."""
 
     status: int
     body: bytes
     slo_met: bool | None = None
+    header_length: int | None = None
 
 
 @dataclass
 class Pending:
     request: Request
-    body: bytes  # the client's v2 request, validated, as received
+    body: bytes  # the client's v2 request (its JSON part), validated, as received
     future: asyncio.Future[Outcome]
     client_id: str | None = None
     retries: int = 0
     running: bool = False
+    blob: bytes = b""  # binary tensor bytes that followed the JSON
+    # perf_counter stamps: arrival at the gateway, batch formed, hand-off to the worker, answer back.
+    arrived: float = 0.0
+    queued: float = 0.0
+    formed: float = 0.0
+    handoff: float = 0.0
+    back: float = 0.0
+
+    @property
+    def wire_size(self) -> int:
+        return batch_size_bytes(self.body, self.blob)
 
 
 @dataclass
@@ -85,6 +119,8 @@ class WorkerSlot:
     busy: bool = False
     fifo: deque[Batch] = field(default_factory=deque)  # Symphony assigns batches ahead of time
     metadata: dict[str, Any] | None = None
+    max_body: int = WORKER_MAX_BODY  # lowered when the worker answers 413
+    timeouts: int = 0  # consecutive health checks that timed out
 
 
 class ModelService:
@@ -159,16 +195,34 @@ class ModelService:
 
     # -- requests --------------------------------------------------------------------------------
     async def infer(
-        self, body: bytes, *, app: str, budget: float | None, client_id: str | None = None
+        self,
+        body: bytes,
+        *,
+        app: str,
+        budget: float | None,
+        client_id: str | None = None,
+        blob: bytes = b"",
+        arrived: float | None = None,
     ) -> Outcome:
-        """Queue one validated v2 request (its raw JSON ``body``) and wait for its single answer."""
+        """Queue one validated v2 request (its raw JSON ``body`` and the binary tensor bytes ``blob``
+        after it) and wait for its single answer. ``arrived`` is the ``perf_counter`` time it reached
+        the gateway (for the overhead figures in the answer)."""
         if self.closed:
             return Outcome(503, _err("the gateway is shutting down", REASON_SHUTDOWN))
         now = self._now()
         slo = self.cfg.slo_s if budget is None else budget
         req = Request(self._next_rid(), self.cfg.name, now, now + slo, app)
         fut: asyncio.Future[Outcome] = self._loop.create_future()  # type: ignore[union-attr]
-        self.pending[req.rid] = Pending(req, body, fut, client_id)
+        queued = time.perf_counter()
+        self.pending[req.rid] = Pending(
+            req,
+            body,
+            fut,
+            client_id,
+            blob=blob,
+            arrived=queued if arrived is None else arrived,
+            queued=queued,
+        )
         self.scheduler.enqueue(req, now)
         self._pump()
         return await fut
@@ -262,8 +316,10 @@ class ModelService:
         if not live:
             return
         slot.busy = True
+        formed = time.perf_counter()
         for p in live:
             p.running = True
+            p.formed = formed
         self.batches += 1
         if self.metrics is not None:
             self.metrics.batch(len(live))
@@ -274,16 +330,67 @@ class ModelService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _post(self, slot: WorkerSlot, bodies: list[bytes], solo: bool) -> WorkerAnswer:
+    async def _post(self, slot: WorkerSlot, members: list[Pending], solo: bool) -> WorkerAnswer:
         return await post_batch(
-            self.session, slot.url, self.cfg.name, bodies, solo=solo, timeout_s=self.cfg.worker_timeout_s
+            self.session,
+            slot.url,
+            self.cfg.name,
+            [p.body for p in members],
+            blobs=[p.blob for p in members],
+            solo=solo,
+            timeout_s=self.cfg.worker_timeout_s,
         )
+
+    def _parts(self, members: list[Pending], limit: int) -> list[list[Pending]]:
+        """Consecutive parts of a batch whose bodies each fit ``limit`` bytes (a request too large on
+        its own is a part by itself, for the worker to refuse)."""
+        parts: list[list[Pending]] = [[]]
+        size = ENVELOPE_BYTES
+        for p in members:
+            if parts[-1] and size + p.wire_size > limit:
+                parts.append([])
+                size = ENVELOPE_BYTES
+            parts[-1].append(p)
+            size += p.wire_size
+        return parts
+
+    async def _post_fitting(
+        self, slot: WorkerSlot, members: list[Pending]
+    ) -> tuple[list[tuple[Pending, int, bytes, bytes]], float]:
+        """Run ``members`` on ``slot`` in as many parts as its body limit needs: (member, status, JSON,
+        binary) per member that ran or was refused, and the compute seconds of all parts."""
+        todo = self._parts(members, slot.max_body)
+        done: list[tuple[Pending, int, bytes, bytes]] = []
+        compute = 0.0
+        while todo:
+            part = todo.pop(0)
+            handoff = time.perf_counter()
+            for p in part:
+                p.handoff = handoff
+            try:
+                data = await self._post(slot, part, solo=False)
+            except BatchTooLarge:
+                size = ENVELOPE_BYTES + sum(p.wire_size for p in part)
+                slot.max_body = max(1, min(slot.max_body, size - 1))
+                if len(part) == 1:
+                    msg = f"the request ({size} bytes) is larger than worker {slot.url} accepts"
+                    done.append((part[0], 413, error_json(msg, REASON_TOO_LARGE), b""))
+                    continue
+                half = len(part) // 2
+                todo[:0] = [part[:half], part[half:]]
+                continue
+            back = time.perf_counter()
+            compute += data.compute_seconds
+            for p, (status, fragment, blob) in zip(part, data.members, strict=True):
+                p.back = back
+                done.append((p, status, fragment, blob))
+        return done, compute
 
     async def _run(self, slot: WorkerSlot, batch: Batch, live: list[Pending]) -> None:
         try:
-            data = await self._post(slot, [p.body for p in live], solo=False)
+            answers, compute = await self._post_fitting(slot, live)
         except (aiohttp.ClientError, TimeoutError, WorkerFailure, ValueError) as err:
-            self._worker_failed(slot, live, err)
+            self._worker_failed(slot, [p for p in live if not p.future.done()], err)
             return
         except Exception as err:  # a bug here must still answer every member
             log.exception("batch on %s failed unexpectedly", slot.url)
@@ -293,28 +400,32 @@ class ModelService:
             self._pump()
             return
         now = self._now()
-        compute = data.compute_seconds
-        for p, (status, fragment) in zip(live, data.members, strict=True):
-            self._answer(p, status, fragment, now, len(live), slot.index)
+        for p, status, fragment, blob in answers:
+            self._answer(p, status, fragment, blob, now, len(live), slot.index)
         if not isinstance(self.scheduler, SymphonyScheduler):
             self.scheduler.on_complete(batch, BatchTimings(now - compute, now, {}), now)
-        self.profiler.offer([Sample(p.request, p.body) for p in live], compute)
+        ran = [p for p, status, _, _ in answers if status == 200]
+        self.profiler.offer([Sample(p.request, p.body, p.blob) for p in ran], compute)
         slot.busy = False
         self._pump()
         if not slot.busy and slot.healthy:
             self._maybe_profile(slot)
 
     def _answer(
-        self, p: Pending, status: int, fragment: bytes, now: float, batch_size: int, worker: int
+        self, p: Pending, status: int, fragment: bytes, blob: bytes, now: float, batch_size: int, worker: int
     ) -> None:
-        """Wrap the worker's outputs fragment (JSON list, passed through unparsed) into a v2 answer."""
+        """Wrap the worker's outputs fragment (JSON list, passed through unparsed) and binary output
+        bytes into a v2 answer; a member the model refused gets its own 4xx."""
         r = p.request
         if status != 200:
             try:
-                msg = loads(fragment).get("error")
+                err = loads(fragment)
+                msg, reason = err.get("error"), err.get("reason")
             except (ValueError, AttributeError):
-                msg = None
-            self._fail(p, 400, "bad-request", str(msg or "the worker could not run this request"))
+                msg, reason = None, None
+            code = status if 400 <= status < 500 else 400
+            body = _err(str(msg or "the worker could not run this request"), str(reason or "bad-request"))
+            self._resolve(p, Outcome(code, body), OUTCOME_REJECTED, None)
             return
         latency = now - r.arrival
         on_time = now <= r.deadline
@@ -327,9 +438,17 @@ class ModelService:
             "tessera_batch_size": batch_size,
             "tessera_retries": p.retries,
             "tessera_worker": worker,
+            # Where the time went at the gateway: queued for the scheduler, at the worker (round trip),
+            # and the gateway's own work — arrival to hand-off less the queueing, and back to answer.
+            "tessera_queue_seconds": p.formed - p.queued,
+            "tessera_worker_seconds": p.back - p.handoff,
+            "tessera_overhead_seconds": 0.0,
         }
-        body = dumps(head)[:-1] + b',"outputs":' + fragment + b',"parameters":' + dumps(params) + b"}"
-        self._resolve(p, Outcome(200, body, on_time), OUTCOME_MET if on_time else OUTCOME_MISSED, latency)
+        head_json = dumps(head)[:-1] + b',"outputs":' + fragment + b',"parameters":'
+        params["tessera_overhead_seconds"] = _overhead(p)  # last, to cover building this answer
+        body = head_json + dumps(params) + b"}"
+        out = Outcome(200, body + blob, on_time, len(body) if blob else None)
+        self._resolve(p, out, OUTCOME_MET if on_time else OUTCOME_MISSED, latency)
 
     def _worker_failed(self, slot: WorkerSlot, live: list[Pending], err: BaseException) -> None:
         log.warning("worker %s failed a batch of %d: %s", slot.url, len(live), err or type(err).__name__)
@@ -368,9 +487,13 @@ class ModelService:
         """Re-run sampled requests alone and feed their solo times to the scheduler."""
         start = self._now()
         data: WorkerAnswer | None
+        probes = [
+            Pending(s.request, s.body, self._loop.create_future(), blob=s.blob)  # type: ignore[union-attr]
+            for s in samples
+        ]
         try:
-            data = await self._post(slot, [s.body for s in samples], solo=True)
-        except (aiohttp.ClientError, TimeoutError, WorkerFailure, ValueError) as err:
+            data = await self._post(slot, probes, solo=True)
+        except (aiohttp.ClientError, TimeoutError, WorkerFailure, BatchTooLarge, ValueError) as err:
             log.info("profiling on %s failed: %s", slot.url, err)
             slot.healthy = False
             data = None
@@ -390,26 +513,36 @@ class ModelService:
 
     # -- background --------------------------------------------------------------------------------
     async def _check(self, slot: WorkerSlot) -> None:
+        """One health check: the worker must say its model is ready (and, when newly ready, describe it)."""
+        timeout = aiohttp.ClientTimeout(total=1.0)
+        base = f"{slot.url}/v2/models/{self.cfg.name}"
+        timed_out = False
         try:
-            timeout = aiohttp.ClientTimeout(total=1.0)
-            async with self.session.get(f"{slot.url}/v2/models/{self.cfg.name}", timeout=timeout) as resp:
+            async with self.session.get(f"{base}/ready", timeout=timeout) as resp:
                 ok = resp.status == 200
-                if ok:
-                    slot.metadata = await resp.json()
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            if ok and (slot.metadata is None or not slot.healthy):
+                async with self.session.get(base, timeout=timeout) as resp:
+                    ok = resp.status == 200
+                    if ok:
+                        slot.metadata = await resp.json()
+        except TimeoutError:
+            ok, timed_out = False, True
+        except (aiohttp.ClientError, ValueError):
             ok = False
+        slot.timeouts = slot.timeouts + 1 if timed_out else 0
         if ok and not slot.healthy:
             log.info("worker %s for %s is ready", slot.url, self.cfg.name)
             slot.healthy = True
             if self._loop is not None and self._bg:
                 self._pump()
-        elif not ok and slot.healthy and not slot.busy:
+        elif not ok and slot.healthy and (not timed_out or slot.timeouts >= TIMEOUTS_TO_UNHEALTHY):
+            log.warning("worker %s for %s failed its health check", slot.url, self.cfg.name)
             slot.healthy = False
 
     async def _health_loop(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            await asyncio.gather(*(self._check(s) for s in self.slots if not s.healthy))
+            await asyncio.gather(*(self._check(s) for s in self.slots))
 
     async def _sweep_loop(self) -> None:
         grace = self.cfg.grace
@@ -429,4 +562,10 @@ class ModelService:
 
 def _err(message: str, reason: str, retries: int = 0) -> bytes:
     """An error answer; ``retries`` says how often a worker failure re-queued the request first."""
-    return dumps({"error": message, "reason": reason, "retries": retries})
+    return error_json(message, reason, retries=retries)
+
+
+def _overhead(p: Pending) -> float:
+    """The gateway's own time on a request: arrival to hand-off less the time it waited in the queue
+    for the scheduler, plus answer back to now (the answer is built)."""
+    return (p.queued - p.arrived) + (p.handoff - p.formed) + (time.perf_counter() - p.back)

@@ -40,16 +40,25 @@ from tessera.gateway.batch_wire import (
     MEMBERS_HEADER,
     QUEUE_HEADER,
     SOLO_HEADER,
+    WORKER_MAX_BODY,
     frame_members,
 )
+from tessera.gateway.http_errors import json_error, json_errors
 from tessera.gateway.protocol import (
     DATATYPES,
+    HEADER_LENGTH,
+    MODEL_VERSIONS,
     ProtocolError,
+    binary_outputs,
+    binary_size,
     decode_tensor,
     dumps,
     error_body,
+    error_json,
     loads,
     output_tensor,
+    split_body,
+    tensor_bytes,
     validate_request,
 )
 
@@ -107,17 +116,27 @@ class ModelledCost:
 class MemberResult:
     outputs: list[dict[str, Any]] | None = None
     error: str | None = None
+    blobs: list[bytes] | None = None  # raw bytes of the binary outputs, in output order
 
     def as_json(self) -> dict[str, Any]:
         if self.error is not None:
-            return {"error": self.error, "status": 400}
+            return error_body(self.error, status=400)
         return {"outputs": self.outputs}
 
-    def fragment(self) -> tuple[int, bytes]:
-        """(status, JSON) of this member for a framed answer: its outputs list, or its error object."""
+    def fragment(self) -> tuple[int, bytes, bytes]:
+        """(status, JSON, binary) of this member for a framed answer: its outputs list and the bytes of
+        its binary outputs, or its error object."""
         if self.error is not None:
-            return 400, dumps({"error": self.error, "status": 400})
-        return 200, dumps(self.outputs)
+            return 400, error_json(self.error, status=400), b""
+        return 200, dumps(self.outputs), b"".join(self.blobs or ())
+
+
+@dataclass(frozen=True)
+class Member:
+    """One request of a batch: its v2 JSON body and the binary bytes that followed it."""
+
+    body: Any
+    blob: bytes = b""
 
 
 @dataclass
@@ -171,6 +190,7 @@ class OnnxModel:
         self.inputs = [_spec(m) for m in self.session.get_inputs()]
         self.outputs = [_spec(m) for m in self.session.get_outputs()]
         self._input_names = {s.name: s for s in self.inputs}
+        self.ranges = _ranges(self.session.get_modelmeta().custom_metadata_map, self._input_names)
         if cost is not None:
             spec = self._input_names.get(cost.input)
             if spec is None or not spec.datatype.startswith(("INT", "UINT")):
@@ -190,8 +210,9 @@ class OnnxModel:
             "outputs": [s.as_json() for s in self.outputs],
         }
 
-    def decode(self, inputs: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-        """One request's inputs as arrays, checked against the model's inputs."""
+    def decode(self, inputs: Sequence[Mapping[str, Any]], blob: bytes = b"") -> dict[str, np.ndarray]:
+        """One request's inputs as arrays, checked against the model's inputs (``blob``: the bytes of
+        its binary inputs, in input order)."""
         given = {str(t["name"]): t for t in inputs}
         missing = sorted(set(self._input_names) - set(given))
         extra = sorted(set(given) - set(self._input_names))
@@ -199,12 +220,23 @@ class OnnxModel:
             raise ProtocolError(
                 f"model {self.name!r} takes inputs {sorted(self._input_names)}; missing {missing}, unknown {extra}"
             )
+        blobs: dict[str, bytes] = {}
+        at = 0
+        for t in inputs:
+            size = binary_size(t)
+            if size is not None:
+                blobs[str(t["name"])] = blob[at : at + size]
+                at += size
         out: dict[str, np.ndarray] = {}
         for name, spec in self._input_names.items():
             t = given[name]
             if t["datatype"] != spec.datatype:
                 raise ProtocolError(f"input {name!r} must be {spec.datatype}, got {t['datatype']}")
-            arr = decode_tensor(t)
+            arr = decode_tensor(t, blobs.get(name))
+            if name in self.ranges and arr.size:
+                lo, hi = self.ranges[name]
+                if float(arr.min()) < lo or float(arr.max()) > hi:
+                    raise ProtocolError(f"input {name!r}: values must lie in [{lo:g}, {hi:g}]")
             if arr.ndim != len(spec.shape) or any(
                 want not in (-1, got) for want, got in zip(spec.shape, arr.shape, strict=True)
             ):
@@ -223,15 +255,40 @@ class OnnxModel:
                 time.sleep(rest)
         return outs
 
-    def run_batch(self, members: Sequence[Sequence[Mapping[str, Any]]], *, solo: bool = False) -> BatchResult:
-        """Run every member's inputs; members with the same non-batch dimensions share one run."""
+    def _emit(
+        self, result: MemberResult, outs: Sequence[np.ndarray], want: tuple[list[str], set[str]]
+    ) -> None:
+        """Fill one member's outputs: those it asked for, binary ones as raw bytes."""
+        by_name = {o.name: a for o, a in zip(self.outputs, outs, strict=True)}
+        names, binary = want
+        tensors: list[dict[str, Any]] = []
+        blobs: list[bytes] = []
+        for name in names:
+            if name in binary:
+                raw = tensor_bytes(by_name[name])
+                t = output_tensor(name, by_name[name])
+                del t["data"]
+                t["parameters"] = {"binary_data_size": len(raw)}
+                tensors.append(t)
+                blobs.append(raw)
+            else:
+                tensors.append(output_tensor(name, by_name[name]))
+        result.outputs, result.blobs = tensors, blobs
+
+    def run_batch(self, members: Sequence[Member], *, solo: bool = False) -> BatchResult:
+        """Run every member; members with the same non-batch dimensions share one run. A member that
+        fails its checks gets its own error and the others still run."""
         results = [MemberResult() for _ in members]
         decoded: dict[int, dict[str, np.ndarray]] = {}
-        for i, inputs in enumerate(members):
+        wants: dict[int, tuple[list[str], set[str]]] = {}
+        names = [o.name for o in self.outputs]
+        for i, m in enumerate(members):
             try:
-                decoded[i] = self.decode(validate_request({"inputs": list(inputs)}))
+                inputs = validate_request(m.body, len(m.blob))
+                decoded[i] = self.decode(inputs, m.blob)
                 if len({a.shape[0] for a in decoded[i].values()}) != 1:
                     raise ProtocolError("all inputs of a request must share their first (batch) dimension")
+                wants[i] = binary_outputs(m.body, names)
             except ProtocolError as err:
                 results[i].error = str(err)
                 decoded.pop(i, None)
@@ -243,9 +300,7 @@ class OnnxModel:
                 s = time.perf_counter()
                 outs = self.run(feeds)
                 solo_times[i] = time.perf_counter() - s
-                results[i].outputs = [
-                    output_tensor(o.name, a) for o, a in zip(self.outputs, outs, strict=True)
-                ]
+                self._emit(results[i], outs, wants[i])
         else:
             groups: dict[tuple[tuple[str, tuple[int, ...]], ...], list[int]] = {}
             for i, feeds in decoded.items():
@@ -253,16 +308,43 @@ class OnnxModel:
                 groups.setdefault(key, []).append(i)
             for idx in groups.values():
                 feeds = {n: np.concatenate([decoded[i][n] for i in idx]) for n in decoded[idx[0]]}
-                outs = self.run(feeds)
+                try:
+                    outs = self.run(feeds)
+                except Exception as err:  # the runtime refused an input: find whose, run the rest
+                    log.warning("batch of %d failed (%s); running its members alone", len(idx), err)
+                    for i in idx:
+                        try:
+                            self._emit(results[i], self.run(decoded[i]), wants[i])
+                        except Exception as one:
+                            results[i].error = f"the model could not run this input: {one}"
+                    continue
                 start = 0
                 for i in idx:
                     k = next(iter(decoded[i].values())).shape[0]
-                    results[i].outputs = [
-                        output_tensor(o.name, a[start : start + k])
-                        for o, a in zip(self.outputs, outs, strict=True)
-                    ]
+                    self._emit(results[i], [a[start : start + k] for a in outs], wants[i])
                     start += k
         return BatchResult(results, time.perf_counter() - t0, solo_times)
+
+
+RANGE_PREFIX = "tessera.range."
+
+
+def _ranges(meta: Mapping[str, str], inputs: Mapping[str, TensorSpec]) -> dict[str, tuple[float, float]]:
+    """Value ranges a model declares for its inputs (ONNX metadata ``tessera.range.<input>`` =
+    ``"lo:hi"``), which the worker checks so that an input the model cannot take is a 400."""
+    out: dict[str, tuple[float, float]] = {}
+    for key, value in meta.items():
+        if not key.startswith(RANGE_PREFIX):
+            continue
+        name = key[len(RANGE_PREFIX) :]
+        try:
+            lo, hi = (float(v) for v in value.split(":"))
+        except ValueError:
+            raise ValueError(f"model metadata {key}={value!r} is not 'lo:hi'") from None
+        if name not in inputs:
+            raise ValueError(f"model metadata {key} names no input; inputs: {sorted(inputs)}")
+        out[name] = (lo, hi)
+    return out
 
 
 class Worker:
@@ -274,9 +356,7 @@ class Worker:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tessera-worker")
         self.batches = 0
 
-    async def execute(
-        self, members: Sequence[Sequence[Mapping[str, Any]]], solo: bool
-    ) -> tuple[BatchResult, float]:
+    async def execute(self, members: Sequence[Member], solo: bool) -> tuple[BatchResult, float]:
         arrived = time.perf_counter()
         async with self._lock:
             queued = time.perf_counter() - arrived
@@ -289,53 +369,79 @@ class Worker:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def make_worker_app(worker: Worker) -> web.Application:
+def _members(raw: bytes, header_length: str | None) -> tuple[list[Member], bool]:
+    """The members of a batch body (JSON ``{"requests", "solo"}`` and, with the binary extension, the
+    members' binary bytes back to back in member order) and its ``solo`` flag."""
+    head, tail = split_body(raw, header_length)
+    try:
+        body = loads(head)
+    except ValueError:
+        raise ProtocolError("batch body is not valid JSON") from None
+    reqs = body.get("requests") if isinstance(body, dict) else None
+    if not isinstance(reqs, list) or not reqs:
+        raise ProtocolError("batch body needs a non-empty 'requests' list")
+    members: list[Member] = []
+    at = 0
+    for r in reqs:
+        size = 0
+        inputs = r.get("inputs") if isinstance(r, dict) else None
+        for t in inputs if isinstance(inputs, list) else []:
+            n = binary_size(t) if isinstance(t, dict) else None
+            size += n if isinstance(n, int) and n > 0 else 0
+        members.append(Member(r, tail[at : at + size]))
+        at += size
+    if at != len(tail):
+        raise ProtocolError(f"the members' binary_data_size add up to {at} bytes, {len(tail)} were sent")
+    return members, bool(body.get("solo", False))
+
+
+def make_worker_app(worker: Worker, *, max_body: int = WORKER_MAX_BODY) -> web.Application:
     model = worker.model
 
     def check_name(request: web.Request) -> None:
         name = request.match_info["name"]
         if name != model.name:
-            raise web.HTTPNotFound(
-                text=f'{{"error": "model {name!r} is not served here; this worker serves {model.name!r}"}}',
-                content_type="application/json",
-            )
+            raise _NotServed(f"model {name!r} is not served here; this worker serves {model.name!r}")
+        version = request.match_info.get("version")
+        if version is not None and version not in MODEL_VERSIONS:
+            raise _NotServed(f"model {name!r} has no version {version!r}; versions: {list(MODEL_VERSIONS)}")
 
     def json(obj: Any, status: int = 200) -> web.Response:
         return web.Response(body=dumps(obj), status=status, content_type="application/json")
 
     async def live(_: web.Request) -> web.Response:
-        return web.json_response({"live": True})
+        return json({"live": True})
 
     async def server_meta(_: web.Request) -> web.Response:
-        return web.json_response({"name": "tessera-worker", "version": "1", "extensions": ["tessera_batch"]})
+        return json(
+            {"name": "tessera-worker", "version": "1", "extensions": ["binary_tensor_data", "tessera_batch"]}
+        )
 
     async def model_meta(request: web.Request) -> web.Response:
         check_name(request)
-        return web.json_response(model.metadata())
+        return json(model.metadata())
 
     async def model_ready(request: web.Request) -> web.Response:
         check_name(request)
-        return web.json_response({"name": model.name, "ready": True})
-
-    async def read_json(request: web.Request) -> Any:
-        try:
-            return loads(await request.read())
-        except ValueError:
-            raise web.HTTPBadRequest(
-                text='{"error": "request body is not valid JSON"}', content_type="application/json"
-            ) from None
+        return json({"name": model.name, "ready": True})
 
     async def infer(request: web.Request) -> web.Response:
         check_name(request)
-        body = await read_json(request)
         try:
-            inputs = validate_request(body)
+            head, blob = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
+            body = loads(head)
         except ProtocolError as err:
-            return web.json_response(error_body(str(err)), status=400)
-        result, queued = await worker.execute([inputs], solo=False)
+            return json_error(400, str(err))
+        except ValueError:
+            return json_error(400, "request body is not valid JSON")
+        try:
+            validate_request(body, len(blob))
+        except ProtocolError as err:
+            return json_error(400, str(err))
+        result, queued = await worker.execute([Member(body, blob)], solo=False)
         member = result.results[0]
         if member.error is not None:
-            return json(error_body(member.error), status=400)
+            return json_error(400, member.error)
         out: dict[str, Any] = {"model_name": model.name, "model_version": "1", "outputs": member.outputs}
         if isinstance(body.get("id"), str):
             out["id"] = body["id"]
@@ -343,16 +449,22 @@ def make_worker_app(worker: Worker) -> web.Application:
             "tessera_compute_seconds": result.compute_seconds,
             "tessera_queue_seconds": queued,
         }
-        return json(out)
+        header = dumps(out)
+        if not member.blobs:
+            return web.Response(body=header, content_type="application/json")
+        return web.Response(
+            body=header + b"".join(member.blobs),
+            headers={HEADER_LENGTH: str(len(header))},
+            content_type="application/octet-stream",
+        )
 
     async def batch(request: web.Request) -> web.Response:
         check_name(request)
-        body = await read_json(request)
-        reqs = body.get("requests") if isinstance(body, dict) else None
-        if not isinstance(reqs, list) or not reqs:
-            return web.json_response(error_body("batch body needs a non-empty 'requests' list"), status=400)
-        members = [r.get("inputs", []) if isinstance(r, dict) else [] for r in reqs]
-        result, queued = await worker.execute(members, solo=bool(body.get("solo", False)))
+        try:
+            members, solo = _members(await request.read(), request.headers.get(HEADER_LENGTH))
+        except ProtocolError as err:
+            return json_error(400, str(err))
+        result, queued = await worker.execute(members, solo=solo)
         if request.headers.get(FRAMING_HEADER) == FRAMING_MEMBERS:
             payload, spec = frame_members([m.fragment() for m in result.results])
             headers = {
@@ -373,15 +485,20 @@ def make_worker_app(worker: Worker) -> web.Application:
             }
         )
 
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=max_body, middlewares=[json_errors])
+    routes = []
+    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        routes += [
+            web.get(base, model_meta),
+            web.get(f"{base}/ready", model_ready),
+            web.post(f"{base}/infer", infer),
+        ]
     app.add_routes(
         [
             web.get("/v2", server_meta),
             web.get("/v2/health/live", live),
             web.get("/v2/health/ready", live),
-            web.get("/v2/models/{name}", model_meta),
-            web.get("/v2/models/{name}/ready", model_ready),
-            web.post("/v2/models/{name}/infer", infer),
+            *routes,
             web.post("/v2/models/{name}/batch", batch),
         ]
     )
@@ -393,9 +510,15 @@ def make_worker_app(worker: Worker) -> web.Application:
     return app
 
 
+class _NotServed(web.HTTPNotFound):
+    def __init__(self, message: str) -> None:
+        super().__init__(text=error_json(message, "not-found").decode(), content_type="application/json")
+
+
 __all__ = [
     "DATATYPES",
     "BatchResult",
+    "Member",
     "MemberResult",
     "ModelledCost",
     "OnnxModel",

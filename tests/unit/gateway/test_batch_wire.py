@@ -38,19 +38,26 @@ def body(x: list[float], n: int) -> dict[str, Any]:
 
 def test_batch_request_splices_raw_bodies_into_valid_json() -> None:
     raws = [dumps(body([0.5] * WIDTH, 3)), dumps(body([1.0] * WIDTH, 7))]
-    parsed = json.loads(batch_request(raws, solo=True))
+    data, header_length = batch_request(raws, solo=True)
+    assert header_length is None
+    parsed = json.loads(data)
     assert parsed["solo"] is True
     assert [r["inputs"][1]["data"] for r in parsed["requests"]] == [[3], [7]]
+    # Binary tensor bytes follow the JSON, member after member, and the header says where JSON ends.
+    data, header_length = batch_request(raws, solo=False, blobs=[b"ab", b"", b"cde"])
+    assert header_length is not None and data[header_length:] == b"abcde"
+    assert json.loads(data[:header_length])["solo"] is False
 
 
 def test_framed_members_round_trip_and_inconsistencies_fail_loudly() -> None:
-    frags = [(200, b'[{"name":"y"}]'), (400, b'{"error":"bad"}'), (200, b"[]")]
+    frags = [(200, b'[{"name":"y"}]', b"\x00\x01"), (400, b'{"error":"bad"}', b""), (200, b"[]", b"")]
     payload, spec = frame_members(frags)
+    assert spec == "200:14:2,400:15:0,200:2:0"
     answer = read_framed(payload, {MEMBERS_HEADER: spec, SOLO_HEADER: "0.5,-,0.25"}, 3)
     assert answer.members == frags
     assert answer.solo_seconds == [0.5, None, 0.25]
     with pytest.raises(WorkerFailure, match=r"2 members .* for 3 requests"):
-        read_framed(payload[:-2], {MEMBERS_HEADER: "200:14,400:15"}, 3)
+        read_framed(payload[:-2], {MEMBERS_HEADER: "200:14:2,400:15:0"}, 3)
     with pytest.raises(WorkerFailure, match="malformed"):
         read_framed(payload, {MEMBERS_HEADER: "200-14"}, 1)
     with pytest.raises(WorkerFailure, match="no x-tessera-members"):
@@ -114,11 +121,12 @@ def test_paced_worker_answers_framed_members_with_the_models_outputs(model_path:
         return batch, solo, elapsed
 
     batch, solo, elapsed = asyncio.run(go())
-    assert [st for st, _ in batch.members] == [200, 200, 400]
-    assert "missing ['n']" in loads(batch.members[2][1])["error"]
+    assert [st for st, _, _ in batch.members] == [200, 200, 400]
+    err = loads(batch.members[2][1])
+    assert "missing ['n']" in err["error"] and err["reason"] == "bad-request"
     # Two valid rows, the longest n = 5: 10 ms · 5 · (1 + 0·1) = 50 ms at least.
     assert batch.compute_seconds >= 0.05 and elapsed >= 0.05
-    for (_, frag), x, n in zip(batch.members[:2], xs, (2, 5), strict=True):
+    for (_, frag, _), x, n in zip(batch.members[:2], xs, (2, 5), strict=True):
         (y,) = loads(frag)
         want = early_exit_reference(x.reshape(1, WIDTH), np.array([[n]]), width=WIDTH)
         np.testing.assert_allclose(np.asarray(y["data"]).reshape(1, WIDTH), want, rtol=1e-5, atol=1e-5)
