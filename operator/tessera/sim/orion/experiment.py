@@ -1,0 +1,206 @@
+"""Orion's experiments on the kernel-level model: one HP client and BE clients on one GPU under each policy.
+
+Use cases [O:L258]: `inf-train` (HP inference, Poisson or uniform arrivals, BE training, closed loop) and
+`train-train` (both training). Metrics as in the paper: HP p50/p95/p99 latency (request latency, or iteration
+time for a training HP) and its ratio to the dedicated (ideal) run; BE throughput in iterations/s, its ratio
+to a dedicated GPU, and the cost saving `2·Throughput_collocated / Throughput_dedicated` [O:L316]; SM,
+compute and memory-bandwidth utilisation.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from tessera.policy.orion.cooperative import ThrottleRule
+from tessera.policy.orion.listing1 import OrionConfig
+from tessera.policy.orion.profiles import KernelShare, cost_saving, initial_be_percent
+
+from .gpu import ClientSpec, GpuSim, Scheduler
+from .kernels import Kernel, Role, mix
+from .schedulers import FreeForAll, Orion, Reef, Temporal, TesseraNode
+
+POLICIES = ("dedicated", "temporal", "mps", "streams", "reef", "orion", "tessera", "tessera-caps")
+ABLATION = ("streams", "priorities", "orion-profiles", "orion")  # §6.4, Fig. 14, in the paper's order
+
+
+class ExperimentError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Workload:
+    hp_model: str = "resnet50"
+    hp_role: Role = "inference"
+    be_models: tuple[str, ...] = ("resnet50",)
+    rate_rps: float = 15.0  # Table 3, inf-train Poisson, ResNet50
+    arrival: Literal["poisson", "uniform"] = "poisson"
+    requests: int = 400  # HP requests (inference) or iterations (training) measured
+    warmup_requests: int = 20
+    num_sms: int = 80
+    seed: int = 0
+    # Policy knobs.
+    dur_threshold: float = 0.025  # fraction of the HP latency [O:L165]
+    sm_threshold: int | None = None  # None: all SMs
+    be_percent: int | None = None  # Tessera's BE MPS cap; None: p_be0 from the HP profile
+    tessera_priority: bool = True  # whether MPS client priority is honoured
+    idle_depth: int = 12
+
+    def __post_init__(self) -> None:
+        if self.rate_rps <= 0 or self.requests < 10 or self.warmup_requests < 0:
+            raise ExperimentError("rate_rps must be positive and requests at least 10")
+        if not self.be_models:
+            raise ExperimentError("at least one BE model is needed")
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    hp_p50: float
+    hp_p95: float
+    hp_p99: float
+    hp_jobs: int
+    be_throughput: list[float]  # iterations/s per BE client
+    sm_util: float
+    compute_util: float
+    membw_util: float
+    events: int
+    ratio_p99: float = 0.0  # to dedicated
+    ratio_p95: float = 0.0
+    be_ratio: float = 0.0  # Σ BE throughput / Σ dedicated BE throughput (mean over clients)
+    cost_saving: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+@dataclass
+class ExperimentResult:
+    workload: Workload
+    hp_latency_dedicated: float
+    be_dedicated: list[float]
+    results: dict[str, PolicyResult] = field(default_factory=dict)
+    be_percent: int = 0
+
+
+def _arrivals(w: Workload, rng: random.Random, n: int) -> tuple[float, ...]:
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(w.rate_rps) if w.arrival == "poisson" else 1.0 / w.rate_rps
+        out.append(t)
+    return tuple(out)
+
+
+def _clients(w: Workload) -> tuple[ClientSpec, list[ClientSpec]]:
+    rng = random.Random(w.seed)
+    hp_k = mix(w.hp_model, w.hp_role, w.seed, w.num_sms)
+    n = w.requests + w.warmup_requests
+    arrivals = _arrivals(w, rng, n) if w.hp_role == "inference" else None
+    hp = ClientSpec(f"{w.hp_model}-{w.hp_role}", True, hp_k, arrivals)
+    be = [
+        ClientSpec(f"{m}-training-{i}", False, mix(m, "training", w.seed + 1 + i, w.num_sms))
+        for i, m in enumerate(w.be_models)
+    ]
+    return hp, be
+
+
+def _horizon(w: Workload, hp: ClientSpec) -> tuple[float, float]:
+    """(warmup, horizon): inference by the arrival times, training by HP iterations at dedicated speed."""
+    if hp.arrivals is not None:
+        return hp.arrivals[w.warmup_requests - 1] if w.warmup_requests else 0.0, hp.arrivals[-1] + 0.05
+    it = sum(k.duration for k in hp.kernels)
+    return w.warmup_requests * it, (w.warmup_requests + w.requests) * it
+
+
+def make_scheduler(policy: str, w: Workload, hp_latency: float, be_percent: int) -> Scheduler:
+    cfg = OrionConfig(w.num_sms, w.sm_threshold, w.dur_threshold)
+    rule = ThrottleRule.for_hp_latency(hp_latency, w.dur_threshold, w.idle_depth)
+    match policy:
+        case "dedicated" | "mps":
+            return FreeForAll(policy, priority=False)
+        case "streams":
+            return FreeForAll("streams", priority=True)  # GPU Streams: HP on a high-priority stream
+        case "priorities":
+            return FreeForAll("priorities", priority=True)
+        case "temporal":
+            return Temporal()
+        case "reef":
+            return Reef()
+        case "orion":
+            return Orion(hp_latency, cfg)
+        case "orion-profiles":
+            return Orion(hp_latency, OrionConfig(w.num_sms, w.sm_threshold, w.dur_threshold, use_sm_size=False),
+                         name="orion-profiles")  # fmt: skip
+        case "tessera":
+            return TesseraNode(be_percent, rule, priority=w.tessera_priority)
+        case "tessera-caps":
+            return TesseraNode(be_percent, None, priority=w.tessera_priority, name="tessera-caps")
+    raise ExperimentError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES + ABLATION)}")
+
+
+def _percentiles(c_lat: list[tuple[float, float]], warmup: float, pending: list[float], horizon: float
+                 ) -> tuple[float, float, float, int]:  # fmt: skip
+    lat = [x for a, x in c_lat if a >= warmup] + [horizon - a for a in pending if a >= warmup]
+    if not lat:
+        return float("inf"), float("inf"), float("inf"), 0
+    p50, p95, p99 = np.percentile(np.array(lat), [50, 95, 99])
+    return float(p50), float(p95), float(p99), len(lat)
+
+
+def run_one(policy: str, w: Workload, hp_latency: float = 0.0, be_percent: int = 50) -> PolicyResult:
+    hp, be = _clients(w)
+    clients = [hp] if policy == "dedicated" else [hp, *be]
+    sched = make_scheduler(policy, w, hp_latency or sum(k.duration for k in hp.kernels), be_percent)
+    sim = GpuSim(clients, sched, w.num_sms)
+    warmup, horizon = _horizon(w, hp)
+    sim.run(warmup, 0.0)
+    be_start = [c.progress() for c in sim.be]
+    sim.run(horizon, warmup)
+    span = horizon - warmup
+    h = sim.hp
+    assert h is not None
+    unfinished = list(h.pending) + ([h.job_arrival] if h.job_active else [])
+    if hp.arrivals is None:
+        unfinished = []  # a training HP is measured by completed iterations
+    p50, p95, p99, n = _percentiles(h.latencies, warmup, unfinished, horizon)
+    return PolicyResult(
+        policy, p50, p95, p99, n,
+        [(c.progress() - s) / span for c, s in zip(sim.be, be_start, strict=True)],
+        sim.usage.sm_s / span, sim.usage.compute_s / span, sim.usage.membw_s / span, sim.events,
+    )  # fmt: skip
+
+
+def run_experiment(w: Workload, policies: tuple[str, ...] = POLICIES) -> ExperimentResult:
+    hp, be = _clients(w)
+    hp_latency = sum(k.duration for k in hp.kernels)  # the HP request latency alone, from its profile
+    be_percent = w.be_percent or initial_be_percent(
+        [KernelShare(k.duration, min(1.0, k.sm_needed / w.num_sms)) for k in hp.kernels]
+    )
+    ded = run_one("dedicated", w, hp_latency, be_percent)
+    be_ded = []
+    for spec in be:
+        sim = GpuSim([spec], FreeForAll("dedicated"), w.num_sms)
+        it = sum(k.duration for k in spec.kernels)
+        sim.run(20 * it)
+        be_ded.append(spec_progress(sim) / (20 * it))
+    res = ExperimentResult(w, ded.hp_p99, be_ded, be_percent=be_percent)
+    for p in policies:
+        r = ded if p == "dedicated" else run_one(p, w, hp_latency, be_percent)
+        r.ratio_p99 = r.hp_p99 / ded.hp_p99
+        r.ratio_p95 = r.hp_p95 / ded.hp_p95
+        if r.be_throughput:
+            r.be_ratio = float(np.mean([x / d for x, d in zip(r.be_throughput, be_ded, strict=True)]))
+            r.cost_saving = cost_saving(r.be_throughput[0], be_ded[0])
+        res.results[p] = r
+    return res
+
+
+def spec_progress(sim: GpuSim) -> float:
+    return sim.clients[0].progress()
+
+
+def hp_kernels(w: Workload) -> tuple[Kernel, ...]:
+    return _clients(w)[0].kernels
