@@ -98,7 +98,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     pods,
                     self.cfg.node_name,
                 )
-            except AllocationError as err:
+            except (AllocationError, ValueError) as err:  # ValueError: a malformed device ID
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
             out.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return api_pb2.PreferredAllocationResponse(container_responses=out)
@@ -117,7 +117,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     pod = choose_pod(ids, await self._pending_pods(), self.cfg.node_name)
                     alloc = container_allocation(pod, self.cfg)
                     await self.pods.mark_allocated(pod, ids)
-                except AllocationError as err:
+                except (AllocationError, ValueError) as err:  # ValueError: a malformed device ID
                     log.warning("Allocate %s refused: %s", ids, err)
                     self._count("error")
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
