@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tessera.api import contract
 
@@ -106,6 +107,19 @@ def _reply(status: int, **body: Any) -> web.Response:
     return web.json_response({"ok": status == 200, **body}, status=status)
 
 
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own refusals (no such route, wrong method) in the endpoint's JSON shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        return _reply(
+            err.status, error=f"{err.reason}: {request.method} {request.path}; expected POST {ROUTE}"
+        )
+
+
 class ProgressServer:
     """Serves the endpoint for pods on `node`; a pod holding a Tessera lane may write its own progress only.
 
@@ -140,7 +154,7 @@ class ProgressServer:
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
         app.router.add_post(ROUTE, self._post)
         return app
 

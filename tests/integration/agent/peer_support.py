@@ -115,3 +115,50 @@ class Peer:
             except (TimeoutError, ConnectionResetError, BrokenPipeError):
                 self.proc.kill()
                 await self.proc.wait()
+
+
+class LoopThread:
+    """An event loop in a background thread, so synchronous tests (hypothesis) can drive async servers."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Any, timeout_s: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+class ErrorLog:
+    """Collects log records that carry a traceback or are errors, from every logger, while installed."""
+
+    def __init__(self) -> None:
+        import logging
+
+        self.records: list[logging.LogRecord] = []
+        collector = self
+
+        class _Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if record.exc_info or record.levelno >= logging.ERROR or "Traceback" in record.getMessage():
+                    collector.records.append(record)
+
+        self._handler = _Handler(level=logging.DEBUG)
+        self._root = logging.getLogger()
+
+    def __enter__(self) -> ErrorLog:
+        self._root.addHandler(self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._root.removeHandler(self._handler)
+
+    def messages(self) -> list[str]:
+        return [f"{r.name}: {r.getMessage()}" for r in self.records]
