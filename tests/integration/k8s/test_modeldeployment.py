@@ -197,3 +197,55 @@ async def test_a_modeldeployment_whose_name_cannot_name_its_services_is_refused(
         await wait_for(lambda: events(cluster, namespace, "InvalidSpec"), 60, "an InvalidSpec event")
         assert not (cluster.get(f"/api/v1/namespaces/{namespace}/pods") or {}).get("items")
         assert not (cluster.get(f"/apis/apps/v1/namespaces/{namespace}/deployments") or {}).get("items")
+
+
+async def test_a_dynamic_model_is_served_by_orloj_and_the_policy_rules_hold_on_the_api_server(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    # A data-dependent model with two applications' priors: the operator writes an Orloj gateway config
+    # with the priors, and the API server's defaulting gives the header the gateway reads.
+    nodes.add(f"{namespace}-n1", gpus=2, slots_per_gpu=contract.DEFAULT_SLOTS_PER_GPU)
+    md = modeldeployment("m", 50)
+    md["spec"]["model"] = {"name": "bart", "dynamic": True}
+    md["spec"]["applications"] = [
+        {"id": "news", "prior": {"samplesMs": [45, 50, 55]}},
+        {"id": "papers", "prior": {"parametric": {"type": "normal", "meanMs": 100, "stdMs": 5}}},
+    ]
+    # scheduler.policy timeout without batching.timeoutMs: refused by the CRD's CEL rule.
+    bad = json.loads(json.dumps(md))
+    bad["metadata"]["name"] = "t"
+    bad["spec"]["scheduler"] = {"policy": "timeout"}
+    status, out = cluster.request("POST", cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace), bad)
+    assert status == 422 and "scheduler.policy timeout needs batching.timeoutMs" in json.dumps(out)
+    async with operator(cluster, chart_rbac["operator"], namespace):
+        await call(cluster, "POST", cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace), md)
+        cfg = await wait_for(lambda: gateway_config(cluster, namespace), 60, "the gateway's ConfigMap")
+        model = cfg["models"][0]
+        assert model["policy"] == "orloj" and sorted(model["priors"]) == ["news", "papers"]
+        assert model["priors"]["news"] == [0.045, 0.05, 0.055]
+        assert model["app_header"] == contract.HEADER_APP and model["default_app"] == "default"
+        stored = cluster.get(cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace, "m"))
+        assert stored["spec"]["frontend"]["appIdHeader"] == contract.HEADER_APP
+        assert stored["spec"]["batching"]["getBatch"] == "earlyDropForTarget"
+
+        await call(
+            cluster,
+            "PATCH",
+            cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace, "m"),
+            {"spec": {"scheduler": {"policy": "timeout"}, "batching": {"timeoutMs": 5}}},
+            content_type="application/merge-patch+json",
+        )
+        model = (
+            await wait_for(
+                lambda: (
+                    (c := gateway_config(cluster, namespace)) and c["models"][0]["policy"] == "timeout" and c
+                ),
+                60,
+                "the gateway's config switched to timeout batching",
+            )
+        )["models"][0]
+        assert model["timeout"]["max_queue_delay_s"] == 0.005
