@@ -27,6 +27,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--host", help="address to listen on (default: the config's host, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default: the config's port, 8080)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the profiler's request sampling")
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        help="also serve the Open Inference Protocol over gRPC on this port (same host, same models)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -39,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     host = args.host or config.host
     port = args.port if args.port is not None else config.port
-    app = make_gateway_app(Gateway(config, seed=args.seed))
+    app = make_gateway_app(Gateway(config, seed=args.seed), grpc_port=args.grpc_port, grpc_host=host)
     try:
         web.run_app(app, host=host, port=port, print=None, access_log=None)
     except ConfigError as err:
