@@ -30,6 +30,9 @@ class PodInfo:
     assignment: Assignment | None
     allocated: bool = False
     assignment_error: str | None = None
+    workload: str = ""  # tessera.io/workload, "<kind>[:<class>]"
+    priority_class: str = ""  # spec.priorityClassName
+    checkpoints: bool = False  # tessera.io/checkpoints == "true"
 
     @property
     def key(self) -> str:
@@ -78,6 +81,9 @@ def pod_info_from_manifest(pod: dict[str, Any]) -> PodInfo:
         assignment=assignment,
         allocated=contract.ANN_ALLOCATED in annotations,
         assignment_error=error,
+        workload=str(annotations.get(contract.ANN_WORKLOAD, "")),
+        priority_class=str((pod.get("spec") or {}).get("priorityClassName") or ""),
+        checkpoints=str(annotations.get(contract.ANN_CHECKPOINTS, "")).lower() == "true",
     )
 
 

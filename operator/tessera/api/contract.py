@@ -61,6 +61,7 @@ ENV_MPS_PIPE_DIRECTORY: Final = "CUDA_MPS_PIPE_DIRECTORY"
 ENV_MPS_LOG_DIRECTORY: Final = "CUDA_MPS_LOG_DIRECTORY"
 ENV_MPS_ACTIVE_THREAD_PERCENTAGE: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 ENV_MPS_PINNED_DEVICE_MEM_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ENV_MPS_CLIENT_PRIORITY: Final = "CUDA_MPS_CLIENT_PRIORITY"  # 0 normal (HP lane), 1 below normal (BE lane)
 ENV_LANE_ID: Final = "TESSERA_LANE_ID"
 ENV_RANK: Final = "TESSERA_RANK"
 ENV_WORLD_SIZE: Final = "TESSERA_WORLD_SIZE"
@@ -87,6 +88,11 @@ METRIC_PREFIX: Final = "tessera_"
 ANN_PROFILE: Final = f"{GROUP}/profile"
 CLASS_LATENCY_CRITICAL: Final = "latency-critical"
 CLASS_BEST_EFFORT: Final = "best-effort"
+# A best-effort pod that checkpoints and may be restarted by the node agent to apply a new BE compute share
+# (Orion-style feedback): annotation value "true".
+ANN_CHECKPOINTS: Final = f"{GROUP}/checkpoints"
+# Path (in the container) of the node-local HP-busy flag file the agent publishes for BE lanes that throttle.
+ENV_HP_BUSY_FILE: Final = "TESSERA_HP_BUSY_FILE"
 
 # Serving gateway (Open Inference Protocol v2 over HTTP): request headers the gateway reads.
 HEADER_APP: Final = "x-tessera-app"  # application tag of a request (Orloj's per-application histograms)
