@@ -5,7 +5,7 @@ import warnings
 
 from . import api_pb2 as api__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class RegistrationStub:
+class RegistrationStub(object):
     """Registration is the service advertised by the Kubelet
     Only when Kubelet answers with a success code to a Register Request
     may Device Plugins start their service
@@ -47,7 +47,7 @@ class RegistrationStub:
                 _registered_method=True)
 
 
-class RegistrationServicer:
+class RegistrationServicer(object):
     """Registration is the service advertised by the Kubelet
     Only when Kubelet answers with a success code to a Register Request
     may Device Plugins start their service
@@ -78,7 +78,7 @@ def add_RegistrationServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Registration:
+class Registration(object):
     """Registration is the service advertised by the Kubelet
     Only when Kubelet answers with a success code to a Register Request
     may Device Plugins start their service
@@ -115,7 +115,7 @@ class Registration:
             _registered_method=True)
 
 
-class DevicePluginStub:
+class DevicePluginStub(object):
     """DevicePlugin is the service advertised by Device Plugins
     """
 
@@ -152,7 +152,7 @@ class DevicePluginStub:
                 _registered_method=True)
 
 
-class DevicePluginServicer:
+class DevicePluginServicer(object):
     """DevicePlugin is the service advertised by Device Plugins
     """
 
@@ -238,7 +238,7 @@ def add_DevicePluginServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class DevicePlugin:
+class DevicePlugin(object):
     """DevicePlugin is the service advertised by Device Plugins
     """
 

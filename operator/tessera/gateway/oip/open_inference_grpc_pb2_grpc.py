@@ -5,7 +5,7 @@ import warnings
 
 from . import open_inference_grpc_pb2 as open__inference__grpc__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class GRPCInferenceServiceStub:
+class GRPCInferenceServiceStub(object):
     """Inference Server GRPC endpoints.
     """
 
@@ -67,7 +67,7 @@ class GRPCInferenceServiceStub:
                 _registered_method=True)
 
 
-class GRPCInferenceServiceServicer:
+class GRPCInferenceServiceServicer(object):
     """Inference Server GRPC endpoints.
     """
 
@@ -161,7 +161,7 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class GRPCInferenceService:
+class GRPCInferenceService(object):
     """Inference Server GRPC endpoints.
     """
 
