@@ -9,7 +9,10 @@
 
 The coordinator (node agent, `tessera_agent.coordinator`) runs one iteration per lane at a time, chosen by
 the lane's FIFO/PACK/SRTF/FAIR policy (seed-salus-fluid.md part 1). The wire protocol is documented there:
-JSON lines over a unix socket.
+JSON lines over a unix socket. The agent serves both sockets to the pod's own processes only: it maps each
+connection to its pod (the process's cgroup), so a process reports progress only for its own pod and joins
+only the lane its pod was assigned; the sockets are group-only, so the pod needs the agent's socket group
+in `securityContext.supplementalGroups` unless it runs as root (docs/node-agent.md).
 
 Progress needs no coordinator: `report_progress(n, total=m, loss=x)` posts to `TESSERA_PROGRESS_ENDPOINT`
 (injected by the agent's Allocate; `tessera_agent.progress`), and the agent writes the pod's
@@ -125,28 +128,39 @@ class Lane:
             self._sock.close()
             raise LaneError(f"cannot reach the lane coordinator at {self.socket_path}: {err}") from err
         self._file = self._sock.makefile("rwb")
-        self.policy = str(
-            self._call(
-                {
-                    "op": "join",
-                    "lane": self.lane,
-                    "job": self.job,
-                    "remaining_seconds": remaining_seconds,
-                    "memory_mib": memory_mib,
-                    "priority": priority,
-                }
-            ).get("policy", "")
-        )
+        try:  # a refused join (another pod's lane, a process outside the pod) leaves nothing open
+            self.policy = str(
+                self._call(
+                    {
+                        "op": "join",
+                        "lane": self.lane,
+                        "job": self.job,
+                        "remaining_seconds": remaining_seconds,
+                        "memory_mib": memory_mib,
+                        "priority": priority,
+                    }
+                ).get("policy", "")
+            )
+        except LaneError:
+            self.close()
+            raise
 
     def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
-        self._file.write(json.dumps(msg).encode() + b"\n")
-        self._file.flush()
-        line = self._file.readline()
+        try:
+            self._file.write(json.dumps(msg, allow_nan=False).encode() + b"\n")
+            self._file.flush()
+            line = self._file.readline()
+        except (OSError, ValueError) as err:  # ValueError: NaN/inf in msg, or the connection was closed
+            raise LaneError(f"lane coordinator request {msg.get('op')!r} failed: {err}") from err
         if not line:
             raise LaneError("the lane coordinator closed the connection")
-        reply: dict[str, Any] = json.loads(line)
-        if not reply.get("ok"):
-            raise LaneError(f"lane coordinator refused {msg.get('op')!r}: {reply.get('error')}")
+        try:
+            reply = json.loads(line)
+        except ValueError as err:
+            raise LaneError(f"unreadable reply from the lane coordinator: {line[:80]!r}") from err
+        if not isinstance(reply, dict) or not reply.get("ok"):
+            error = reply.get("error") if isinstance(reply, dict) else reply
+            raise LaneError(f"lane coordinator refused {msg.get('op')!r}: {error}")
         return reply
 
     @contextmanager
