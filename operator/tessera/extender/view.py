@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from kubernetes.utils.quantity import parse_quantity
 
 from tessera.api import contract
 from tessera.api.assignment import Assignment, AssignmentError
@@ -22,6 +23,7 @@ from tessera.api.gpu_inventory import GpuInventoryError, parse_node_gpus
 from tessera.api.placement import Placement
 from tessera.api.placement import PlacementError as PlacementParseError
 from tessera.api.quantity import QuantityError, resource_quantity
+from tessera.policy.lanes.fragmentation import PackingState, Shape, ShapeDistribution
 from tessera.policy.lanes.placement import (
     Choice,
     FitIndex,
@@ -37,6 +39,74 @@ from tessera.policy.lanes.placement import (
 log = logging.getLogger(__name__)
 JsonObj = dict[str, Any]
 PROFILES = {"compute": 1.0, "memory": 0.0, "unknown": 0.5}
+# Pod annotation: the GPU models the pod may run on, `|`- or `,`-separated (Alibaba's gpu_spec); matched
+# against the `model` of each GPU in the node's tessera.io/gpus annotation. Absent: any model.
+ANN_GPU_MODELS = f"{contract.GROUP}/gpu-models"
+UNLIMITED = float("inf")  # a node without status.allocatable for CPU or memory: not a constraint
+
+
+def gpu_models(pod: JsonObj) -> frozenset[str] | None:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_GPU_MODELS)
+    if raw is None or not str(raw).strip():
+        return None
+    return frozenset(m.strip() for m in str(raw).replace(",", "|").split("|") if m.strip())
+
+
+def _quantity(value: object, scale: float) -> float:
+    """A CPU (scale 1000: milli) or memory (scale 1/2^20: MiB) quantity; bad ones raise PodRequestError."""
+    try:
+        return float(parse_quantity(value)) * scale  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError) as err:
+        raise PodRequestError(f"bad quantity {value!r}: {err}") from None
+
+
+def pod_cpu_memory(pod: JsonObj) -> tuple[float, float]:
+    """CPU (milli) and memory (MiB) the pod requests: the sum over its containers' requests (limits when no
+    request is given, as the API server defaults them)."""
+    cpu = mem = 0.0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        if "cpu" in merged:
+            cpu += _quantity(merged["cpu"], 1000.0)
+        if "memory" in merged:
+            mem += _quantity(merged["memory"], 1.0 / (1 << 20))
+    return cpu, mem
+
+
+def node_allocatable(node: JsonObj) -> tuple[float, float]:
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    try:
+        cpu = _quantity(alloc["cpu"], 1000.0) if "cpu" in alloc else UNLIMITED
+        mem = _quantity(alloc["memory"], 1.0 / (1 << 20)) if "memory" in alloc else UNLIMITED
+    except PodRequestError:
+        return UNLIMITED, UNLIMITED
+    return cpu, mem
+
+
+def shape_of(spec: PodSpec | None, pod: JsonObj, default_gpu_memory: int | None) -> Shape | None:
+    """The pod's shape for fragmentation scoring, or None when it has no fixed one (bad request, a placement
+    fixed by the operator). Memory not given is the whole GPU (as PodSpec.resolve); compute not given is the
+    memory's share of `default_gpu_memory` (the cluster's smallest GPU)."""
+    try:
+        cpu, mem = pod_cpu_memory(pod)
+    except PodRequestError:
+        return None
+    models = gpu_models(pod)
+    if spec is None:
+        return Shape(0, 0.0, cpu_milli=cpu, memory_mib=mem, models=None)
+    if spec.problem or spec.placement_problem or spec.placement is not None:
+        return None
+    if spec.memory_mib:
+        if spec.compute_percent:
+            compute = spec.compute_percent / 100.0
+        elif default_gpu_memory:
+            compute = min(100, max(1, math.ceil(100 * spec.memory_mib / default_gpu_memory))) / 100.0
+        else:
+            compute = 1.0
+        return Shape(spec.gpus, compute, float(spec.memory_mib), 0.0, cpu, mem, models)
+    compute = spec.compute_percent / 100.0 if spec.compute_percent else 1.0
+    return Shape(spec.gpus, compute, 0.0, 1.0, cpu, mem, models)
 
 
 class PodRequestError(ValueError):
@@ -208,11 +278,117 @@ class ClusterView:
         self._row: dict[str, int] = {}  # node → its FitIndex row (kept when the node goes, for its return)
         self._dirty: set[str] = set()  # nodes whose FitIndex row is stale
         self._names: tuple[list[str], npt.NDArray[np.intp]] | None = None  # last NodeNames and their rows
+        # CPU/memory, GPU model and the fragmentation-scoring arrays (policy.lanes.fragmentation)
+        self.allocatable: dict[str, tuple[float, float]] = {}
+        self.models: dict[str, str] = {}
+        self._usage: dict[str, tuple[str, float, float]] = {}  # pod uid → (node, CPU milli, memory MiB)
+        self._used: dict[str, list[float]] = {}  # node → [CPU milli, memory MiB] requested by its pods
+        self.packing = PackingState()
+        self._prow: dict[str, int] = {}
+        self._pcols: dict[str, list[int]] = {}  # node → GPU index of each packing column
+        self._pdirty: set[str] = set()
+        self._pnames: tuple[list[str], npt.NDArray[np.intp]] | None = None
+        self.distribution: ShapeDistribution | None = None  # set: every new pod seen is observed
+        self._seen: dict[str, None] = {}
 
     def _changed(self, node: str) -> None:
         self.generation += 1
         self._summaries.pop(node, None)
         self._dirty.add(node)
+        self._pdirty.add(node)
+
+    # -- CPU, memory, models and the packing arrays ------------------------------------------------------
+    def node_free(self, node: str) -> tuple[float, float]:
+        cpu, mem = self.allocatable.get(node, (UNLIMITED, UNLIMITED))
+        used = self._used.get(node, [0.0, 0.0])
+        return cpu - used[0], mem - used[1]
+
+    def why_not_node(self, node: str, shape: Shape) -> str | None:
+        """None when the node has the CPU, memory and GPU model `shape` asks for; else why not."""
+        if shape.models is not None and self.models.get(node, "") not in shape.models:
+            return f"node's GPUs are {self.models.get(node) or 'of no named model'}, pod wants {'|'.join(sorted(shape.models))}"
+        cpu, mem = self.node_free(node)
+        if shape.cpu_milli > cpu + 1e-9:
+            return f"node has {cpu:.0f}m CPU free, pod needs {shape.cpu_milli:.0f}m"
+        if shape.memory_mib > mem + 1e-9:
+            return f"node has {mem:.0f} MiB memory free, pod needs {shape.memory_mib:.0f} MiB"
+        return None
+
+    def reserve(self, uid: str, node: str, cpu: float, mem: float) -> None:
+        """Count a pod's CPU and memory on `node` (by uid: a second call for the pod replaces the first)."""
+        self.unreserve(uid)
+        if not cpu and not mem:
+            return
+        self._usage[uid] = (node, cpu, mem)
+        used = self._used.setdefault(node, [0.0, 0.0])
+        used[0] += cpu
+        used[1] += mem
+        self._changed(node)
+
+    def unreserve(self, uid: str) -> None:
+        old = self._usage.pop(uid, None)
+        if old is not None:
+            used = self._used[old[0]]
+            used[0] -= old[1]
+            used[1] -= old[2]
+            self._changed(old[0])
+
+    def observe(self, pod: JsonObj, shape: Shape | None) -> None:
+        """Teach the shape distribution a pod seen for the first time (by uid)."""
+        if self.distribution is None or shape is None:
+            return
+        uid = pod["metadata"].get("uid") or pod_key(pod)
+        if uid in self._seen:
+            return
+        self._seen[uid] = None
+        if len(self._seen) > 100_000:
+            del self._seen[next(iter(self._seen))]
+        self.distribution.observe(shape)
+
+    def packing_state(self) -> PackingState:
+        """The fragmentation-scoring arrays, rows of changed nodes rewritten first."""
+        st = self.packing
+        for node in self._pdirty:
+            row = self._prow.get(node)
+            if row is None:
+                if node not in self.nodes:
+                    continue
+                row = self._prow[node] = st.add_row()
+                self._pnames = None
+            gpus = [g for g in self.nodes.get(node) or () if g.healthy]
+            if node not in self.nodes:
+                st.clear_row(row)
+                continue
+            cpu, mem = self.node_free(node)
+            cap = self.allocatable.get(node, (UNLIMITED, UNLIMITED))
+            self._pcols[node] = [g.index for g in gpus]
+            st.set_row(
+                row,
+                model=self.models.get(node, ""),
+                gpu_memory_mib=[g.memory_mib for g in gpus],
+                free_compute=[(100 - g.used_compute) / 100.0 for g in gpus],
+                free_memory_mib=[g.memory_mib - g.used_memory for g in gpus],
+                cpu_free=cpu,
+                memory_free=mem,
+                cpu_capacity=cap[0],
+                memory_capacity=cap[1],
+            )
+        self._pdirty.clear()
+        return st
+
+    def packing_rows(self, names: list[str]) -> npt.NDArray[np.intp]:
+        """Packing rows of `names` (−1 for nodes without one); call after packing_state."""
+        last = self._pnames
+        if last is not None and last[0] == names:
+            return last[1]
+        get = self._prow.get
+        rows = np.fromiter((get(n, -1) for n in names), dtype=np.intp, count=len(names))
+        self._pnames = (list(names), rows)
+        return rows
+
+    def gpu_indices(self, node: str, columns: tuple[int, ...]) -> tuple[int, ...]:
+        cols = self._pcols[node]
+        return tuple(sorted(cols[c] for c in columns))
 
     def summary(self, node: str, cfg: PlacementConfig) -> NodeSummary | None:
         """The node's summary under `cfg`, or None for a node without a usable GPU inventory."""
@@ -269,6 +445,10 @@ class ClusterView:
         self._names = (list(names), rows)
         return rows
 
+    def min_memories(self) -> list[int]:
+        """Each node's smallest GPU memory (nodes with GPUs)."""
+        return [v for v in self._min_memory.values() if v is not None]
+
     def min_memory(self, node: str) -> int | None:
         """The node's smallest GPU memory (what a pod without a memory request defaults to)."""
         return self._min_memory.get(node)
@@ -290,6 +470,8 @@ class ClusterView:
             log.warning("%s", err)
             return
         self.node_errors.pop(name, None)
+        self.allocatable[name] = node_allocatable(node)
+        self.models[name] = next((g.model for g in inventory if g.model), "")
         self.nodes[name] = [GpuState(g.index, g.uuid, g.memory_mib, g.healthy) for g in inventory]
         self._min_memory[name] = min((g.memory_mib for g in inventory), default=None)
         for uid in self._on_node.get(name, ()):
@@ -311,7 +493,14 @@ class ClusterView:
         self.pods[pod_key(pod)] = pod
         if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") or meta.get("deletionTimestamp"):
             self.release(uid)
+            self.unreserve(uid)
             return
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            try:
+                self.reserve(uid, node, *pod_cpu_memory(pod))
+            except PodRequestError as err:
+                log.warning("%s: CPU/memory request unreadable: %s", pod_key(pod), err)
         raw = (meta.get("annotations") or {}).get(contract.ANN_ASSIGNMENT)
         if raw is None or uid in self.holdings:
             return
@@ -333,6 +522,7 @@ class ClusterView:
     def delete_pod(self, pod: JsonObj) -> None:
         self.pods.pop(pod_key(pod), None)
         self.release(pod["metadata"].get("uid", pod_key(pod)))
+        self.unreserve(pod["metadata"].get("uid", pod_key(pod)))
 
     def mark(self) -> int:
         """A point in the view's history, taken before a list is requested (see replace_pods)."""
@@ -356,6 +546,8 @@ class ClusterView:
             del self.pods[key]
         for uid in [u for u, at in self._held_at.items() if at <= mark and u not in listed_uids]:
             self.release(uid)
+        for uid in [u for u in self._usage if u not in listed_uids and self._held_at.get(u, 0) <= mark]:
+            self.unreserve(uid)
         for pod in pods:
             self.apply_pod(pod)
 

@@ -284,12 +284,19 @@ class PackingState:
         )
         return ok
 
-    def feasible(self, rows: npt.NDArray[np.intp], shape: Shape) -> npt.NDArray[np.bool_]:
-        """Which rows can host `shape` now: GPU model, CPU, memory and enough GPUs with room."""
-        ok = (self.cpu[rows] >= shape.cpu_milli - EPS) & (self.mem[rows] >= shape.memory_mib - EPS)
+    def node_fits(self, rows: npt.NDArray[np.intp], shape: Shape) -> npt.NDArray[np.bool_]:
+        """Which rows have the CPU, memory and GPU model `shape` asks for (GPUs aside)."""
+        ok: npt.NDArray[np.bool_] = (self.cpu[rows] >= shape.cpu_milli - EPS) & (
+            self.mem[rows] >= shape.memory_mib - EPS
+        )
         if shape.models is not None:
             allowed = np.array([m in shape.models for m in self.models] + [False])
             ok &= allowed[self.model[rows]]
+        return ok
+
+    def feasible(self, rows: npt.NDArray[np.intp], shape: Shape) -> npt.NDArray[np.bool_]:
+        """Which rows can host `shape` now: GPU model, CPU, memory and enough GPUs with room."""
+        ok = self.node_fits(rows, shape)
         if shape.gpus:
             ok &= np.count_nonzero(self.gpu_fits(rows, shape), axis=1) >= shape.gpus
         return ok

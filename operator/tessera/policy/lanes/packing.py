@@ -291,3 +291,33 @@ def make_policy(
     if name == "tessera":
         return Tessera(distribution or ShapeDistribution())
     raise ValueError(f"unknown packing policy {name!r}; expected one of {', '.join(POLICIES)}")
+
+
+@dataclass(frozen=True)
+class PackingConfig:
+    """How the extender scores plain GPU pods: FGD's rule over `measure`, against the shape distribution
+    learned from the pods it sees (decay per pod, the `max_shapes` heaviest scored), seeded from `prior`."""
+
+    measure: Measure = field(default_factory=Measure.tessera)
+    decay: float = 0.999
+    max_shapes: int = 64
+    prior: tuple[tuple[Shape, float], ...] = ()
+
+    def distribution(self) -> ShapeDistribution:
+        return ShapeDistribution(decay=self.decay, max_shapes=self.max_shapes, prior=self.prior)
+
+
+def priorities(scored: Scored) -> npt.NDArray[np.int64]:
+    """kube-scheduler priorities (0..10) for scored rows: 10 for the first in Tessera's order alone, the others
+    0..9 by their increase (the extender's weight should outweigh other score plugins for the pick to hold)."""
+    out = np.zeros(len(scored.rows), dtype=np.int64)
+    if not len(out):
+        return out
+    d = scored.delta
+    lo, hi = float(d.min()), float(d.max())
+    if hi - lo > EPS:
+        out[:] = np.rint(9.0 * (hi - d) / (hi - lo)).astype(np.int64)
+    else:
+        out[:] = 9
+    out[tessera_order(scored)[0]] = 10
+    return out
