@@ -23,13 +23,24 @@ from aiohttp import web
 
 from tessera.api import contract
 from tessera.api.assignment import Assignment
+from tessera.cluster.topology import Locality
 from tessera.extender import metrics as m
 from tessera.extender.kube import KubeClient, KubeError
 from tessera.extender.metrics import ExtenderMetrics
-from tessera.extender.view import ClusterView, Holding, PodRequestError, PodSpec, pod_request, pod_spec
+from tessera.extender.view import (
+    ClusterView,
+    Holding,
+    PodRequestError,
+    PodSpec,
+    pod_request,
+    pod_spec,
+    shape_of,
+)
 from tessera.extender.wire import BadRequest, binding
 from tessera.extender.wire import pod_and_nodes as _pod_and_nodes
-from tessera.policy.lanes.placement import Choice, PlacementConfig, Request, choose_gpus, to_priority
+from tessera.policy.lanes.fragmentation import Shape, score_rows
+from tessera.policy.lanes.packing import PackingConfig, priorities
+from tessera.policy.lanes.placement import Choice, PlacementConfig, Request, choose_gpus, to_priority, why_not
 
 _BOUND_MEMORY = 100_000  # pods whose bind this extender remembers (a retry arrives within seconds)
 
@@ -58,11 +69,17 @@ class Extender:
         view: ClusterView | None = None,
         config: PlacementConfig | None = None,
         metrics: ExtenderMetrics | None = None,
+        packing: PackingConfig | None = None,
     ) -> None:
         self.kube = kube
         self.view = view or ClusterView()
         self.config = config or PlacementConfig()
         self.metrics = metrics or ExtenderMetrics()
+        # packing: plain GPU pods are scored by FGD's rule (policy.lanes.packing), not by self.config's weights
+        self.packing = packing
+        if packing is not None and self.view.distribution is None:
+            self.view.distribution = packing.distribution()
+        self._shape: tuple[tuple[Any, ...], Shape | None] | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         # Binds of one pod run one at a time, and a pod this extender bound is never bound (or annotated)
         # again: when kube-scheduler's httpTimeout expires mid-bind it retries the pod on another node, and
@@ -127,6 +144,19 @@ class Extender:
             return (m.NO_FIT, out) if isinstance(out, str) else None
         return None
 
+    def shape(self, pod: JsonObj, spec: PodSpec | None) -> Shape | None:
+        """The pod's shape (CPU, memory, GPU models and GPU request), parsed once per pod version."""
+        meta = pod.get("metadata", {})
+        stamp = (meta.get("uid"), meta.get("resourceVersion"), id(spec))
+        if self._shape is None or self._shape[0] != stamp or not meta.get("uid"):
+            self._shape = (stamp, shape_of(spec, pod, min(self.view.min_memories(), default=None)))
+        return self._shape[1]
+
+    def _node_fit(self, pod: JsonObj, spec: PodSpec | None, node: str) -> tuple[str, str] | None:
+        shape = self.shape(pod, spec)
+        why = None if shape is None else self.view.why_not_node(node, shape)
+        return None if why is None else (m.NO_FIT, why)
+
     def _resolve(self, spec: PodSpec, node: str, resolved: dict[int | None, Request | str]) -> Request | str:
         size = self.view.min_memory(node)
         req = resolved.get(size)
@@ -154,6 +184,9 @@ class Extender:
                 only=spec.placement.gpu_indices,
                 summary=self.view.summary(node, self.config),
             )
+        picked = self._packing_choice(spec, node, req)
+        if picked is not None:
+            return picked
         memo = self.view.memo(node, self.config)
         key = self._key(req)
         out = memo.get(key) if memo is not None else None
@@ -197,7 +230,7 @@ class Extender:
 
     def _evaluate(self, pod: JsonObj, node: str) -> Choice | tuple[str, str]:
         spec = self.spec(pod)
-        rejected = self._check(spec, node, {})
+        rejected = self._check(spec, node, {}) or self._node_fit(pod, spec, node)
         if rejected is not None:
             return rejected
         assert spec is not None
@@ -225,10 +258,21 @@ class Extender:
                     code, failed[names[i]] = rejected
                     codes[code] = codes.get(code, 0) + 1
             ok = [names[i] for i in np.flatnonzero(passed).tolist()]
+            shape = self.shape(pod, spec)
+            if shape is not None and ok:
+                # CPU, memory and GPU model of the nodes that have the GPUs: all at once on the packing arrays
+                self.view.observe(pod, shape)
+                st = self.view.packing_state()
+                rows = self.view.packing_rows(ok)
+                fit = st.node_fits(np.maximum(rows, 0), shape) | (rows < 0)
+                for i in np.flatnonzero(~fit).tolist():
+                    code, failed[ok[i]] = m.NO_FIT, self.view.why_not_node(ok[i], shape) or "node is full"
+                    codes[code] = codes.get(code, 0) + 1
+                ok = [ok[i] for i in np.flatnonzero(fit).tolist()]
         else:
             ok = []
             for name in names:
-                rejected = self._check(spec, name, resolved)
+                rejected = self._check(spec, name, resolved) or self._node_fit(pod, spec, name)
                 if rejected is None:
                     ok.append(name)
                 else:
@@ -268,6 +312,9 @@ class Extender:
             memo is not None and memo[0] == self.view.generation and spec is not None and spec.problem is None
         )
         rejected = memo[1] if memo is not None and memo_ok else frozenset()
+        shape = self.shape(pod, spec) if self.packing is not None else None
+        if shape is not None and shape.gpus:
+            return self._prioritize_packing(pod, names, shape, rejected)
         resolved: dict[int | None, Request | str] = {}
         out = []
         for name in names:
@@ -283,6 +330,50 @@ class Extender:
                     score = to_priority(choice.score)
             out.append({"Host": name, "Score": score})
         return out
+
+    def _prioritize_packing(
+        self, pod: JsonObj, names: list[str], shape: Shape, rejected: frozenset[str]
+    ) -> list[JsonObj]:
+        """FGD's rule (policy.lanes.packing) over every candidate node at once on the packing arrays."""
+        assert self.packing is not None and self.view.distribution is not None
+        self.view.observe(pod, shape)
+        st = self.view.packing_state()
+        rows = self.view.packing_rows(names)
+        keep = rows >= 0
+        if rejected:
+            keep &= np.fromiter((n not in rejected for n in names), dtype=bool, count=len(names))
+        wl = self.view.distribution.workload(st.models)
+        scored = score_rows(st, rows[keep], shape, wl, self.packing.measure)
+        by_row = dict(zip(scored.rows.tolist(), priorities(scored).tolist(), strict=True))
+        return [{"Host": n, "Score": by_row.get(r, 0)} for n, r in zip(names, rows.tolist(), strict=True)]
+
+    def _packing_choice(self, spec: PodSpec, node: str, req: Request) -> Choice | None:
+        """The GPUs FGD's rule takes on `node` (None: not a packing-scored pod, or no fit by its arrays)."""
+        cached = self._shape
+        if (
+            self.packing is None
+            or self.view.distribution is None
+            or cached is None
+            or cached[0][2] != id(spec)
+        ):
+            return None
+        shape = cached[1]
+        if shape is None or not shape.gpus:
+            return None
+        st = self.view.packing_state()
+        rows = self.view.packing_rows([node])
+        if rows[0] < 0:
+            return None
+        scored = score_rows(st, rows, shape, self.view.distribution.workload(st.models), self.packing.measure)
+        if not len(scored.rows):
+            return None
+        gpus = self.view.gpu_indices(node, scored.gpus_of(0))
+        by_index = {g.index: g for g in self.view.nodes[node]}
+        if len(gpus) != req.gpus or any(why_not(by_index[i], req, self.config) for i in gpus):
+            return None  # a rule the arrays do not carry (latency-critical lanes): the per-node path decides
+        return Choice(
+            gpus, float(priorities(scored)[0]) / 10.0, Locality.GPU if len(gpus) == 1 else Locality.MACHINE
+        )
 
     async def bind(self, args: JsonObj) -> JsonObj:
         """Bind the pod, counting the outcome (ok, lost_race, error) with a fixed reason code."""
@@ -343,6 +434,9 @@ class Extender:
                 compute_percent=req.compute_percent,
             )
             self.view.hold(uid, Holding(node, choice.gpu_indices, assignment.lane_id, req.as_tenant()))
+            shape = self.shape(pod, self.spec(pod))
+            if shape is not None:
+                self.view.reserve(uid, node, shape.cpu_milli, shape.memory_mib)
             try:
                 if self.kube is not None:
                     await self.kube.patch_pod_annotations(
@@ -351,6 +445,7 @@ class Extender:
                     await self.kube.bind_pod(ns, name, uid, node)
             except KubeError as err:
                 self.view.release(uid)
+                self.view.unreserve(uid)
                 return {"Error": f"binding {ns}/{name} to {node} failed: {err}"}, m.ERROR, m.API_ERROR
             self._bound[uid] = node
             while len(self._bound) > _BOUND_MEMORY:
