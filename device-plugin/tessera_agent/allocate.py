@@ -15,6 +15,7 @@ from tessera.api import contract
 from tessera.api.assignment import Assignment
 
 from .config import AgentConfig
+from .lanes import LaneAdmissionError, LaneBook
 from .pods import PodInfo
 from .slots import gpu_of
 
@@ -61,8 +62,14 @@ def choose_pod(device_ids: Sequence[str], pods: Sequence[PodInfo], node: str) ->
     )
 
 
-def container_allocation(pod: PodInfo, cfg: AgentConfig) -> ContainerAllocation:
-    """The env and mounts that put the container in its lane (DESIGN.md "Env injected into containers")."""
+def container_allocation(
+    pod: PodInfo, cfg: AgentConfig, lanes: LaneBook | None = None
+) -> ContainerAllocation:
+    """The env and mounts that put the container in its lane (DESIGN.md "Env injected into containers").
+
+    With a `LaneBook` the lane is admitted as HP or BE (at most one HP per GPU, lanes' memory within the GPU
+    less its reserve) and gets its class's active-thread percentage and MPS client priority (`lanes.py`).
+    """
     a: Assignment | None = pod.assignment
     if a is None:
         raise AllocationError(f"pod {pod.key} has no {contract.ANN_ASSIGNMENT} annotation")
@@ -77,6 +84,12 @@ def container_allocation(pod: PodInfo, cfg: AgentConfig) -> ContainerAllocation:
         contract.ENV_MPS_PINNED_DEVICE_MEM_LIMIT: ",".join(f"{k}={a.memory_mib}M" for k in keys),
         contract.ENV_LANE_ID: a.lane_id,
     }
+    if lanes is not None:
+        try:
+            lanes.admit(pod)
+            envs.update(lanes.env(pod))
+        except LaneAdmissionError as err:
+            raise AllocationError(str(err)) from None
     mounts = [
         Mount(pipe_in_container, str(cfg.mps_pipe_dir)),
         Mount("/dev/shm", str(cfg.mps_root / "shm")),
