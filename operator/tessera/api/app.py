@@ -8,11 +8,21 @@ decided (§5.4).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from tessera.api.base import DNS_LABEL, Condition, CrossFieldRule, PodTemplateSpec, Timestamp, WireModel
+from tessera.api.base import (
+    DNS_LABEL,
+    MAX_GPUS,
+    MAX_ITERATIONS,
+    MAX_SECONDS,
+    Condition,
+    CrossFieldRule,
+    PodTemplateSpec,
+    Timestamp,
+    WireModel,
+)
 from tessera.api.gpu import GPUUsage
 
 MAX_JOBS = 256
@@ -43,20 +53,26 @@ class JobSpec(WireModel):
     name: str = Field(
         min_length=1, max_length=63, pattern=DNS_LABEL, description="Job name, unique in the App."
     )
-    iter_total: int = Field(ge=1, description="Iterations to run to completion (iter_total).")
-    iter_time_serial_seconds: float = Field(
-        gt=0, description="Seconds per iteration on one GPU (iter_time_serial)."
+    iter_total: int = Field(
+        ge=1, le=MAX_ITERATIONS, description="Iterations to run to completion (iter_total)."
     )
-    max_gpus: int = Field(ge=1, description="Most GPUs the job can use at once (job_demand_max).")
+    iter_time_serial_seconds: float = Field(
+        gt=0, le=MAX_SECONDS, description="Seconds per iteration on one GPU (iter_time_serial)."
+    )
+    max_gpus: int = Field(
+        ge=1, le=MAX_GPUS, description="Most GPUs the job can use at once (job_demand_max)."
+    )
     placement_sensitivity: PlacementSensitivity = Field(default_factory=PlacementSensitivity)
     checkpoint_seconds: float = Field(
         default=10.0,
         ge=0,
+        le=MAX_SECONDS,
         description="Cost of giving up GPUs: checkpoint and restart (§5.1, L1520: 5-10 s).",
     )
     predicted_stop_iteration: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_ITERATIONS,
         description="Pessimistic forecast of where a performance-curve tuner stops this job (§1.5b).",
     )
     template: PodTemplateSpec | None = Field(
@@ -76,14 +92,16 @@ class JobSpec(WireModel):
 class SuccessiveHalving(WireModel):
     """Successive-halving tuning (§1.5a, §6.2): n configs, halved by η each phase."""
 
-    num_configs: int = Field(ge=1, description="Jobs in the first phase (n).")
-    budget_gpu_seconds: float = Field(gt=0, description="Total GPU-seconds of the search (B).")
-    iters_per_phase: list[int] = Field(
+    num_configs: int = Field(ge=1, le=MAX_JOBS, description="Jobs in the first phase (n).")
+    budget_gpu_seconds: float = Field(
+        gt=0, le=MAX_GPUS * MAX_SECONDS, description="Total GPU-seconds of the search (B)."
+    )
+    iters_per_phase: list[Annotated[int, Field(le=MAX_ITERATIONS)]] = Field(
         default_factory=list,
         max_length=MAX_PHASES,
         description="Iterations each surviving job runs per phase, e.g. [8, 16, 36]; empty derives them from B.",
     )
-    eta: int = Field(default=2, ge=2, description="Halving factor η (the paper uses 2).")
+    eta: int = Field(default=2, ge=2, le=MAX_JOBS, description="Halving factor η (the paper uses 2).")
 
     cross_field_rules = (
         CrossFieldRule(
@@ -119,7 +137,10 @@ class AppSpec(WireModel):
     template: PodTemplateSpec = Field(description="Pod template of the App's training pods.")
     jobs: list[JobSpec] = Field(min_length=1, max_length=MAX_JOBS, description="The App's jobs.")
     max_gpus: int | None = Field(
-        default=None, ge=1, description="app_demand_max; defaults to the sum of the jobs' maxGPUs."
+        default=None,
+        ge=1,
+        le=MAX_GPUS,
+        description="app_demand_max; defaults to the sum of the jobs' maxGPUs.",
     )
     tuning: Tuning = Field(default_factory=Tuning)
     gpu: GPUUsage = Field(default_factory=GPUUsage)

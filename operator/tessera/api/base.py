@@ -24,6 +24,17 @@ _ACRONYM_RE = re.compile(r"(Gpus|Gpu|Mib|Slo|Uri|Mps)(?=[A-Z]|$)")
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 """RFC 1123 label: names of jobs and trials become parts of pod names."""
 
+# Upper bounds of sizes and durations, carried into the CRDs as `maximum`: far past any real workload, small
+# enough that every plan, sum and simulation over them stays finite and quick.
+MAX_GPUS = 4096
+"""GPUs one App, job, trial or group may ask for."""
+MAX_ITERATIONS = 10**12
+"""Iterations of one job or trial."""
+MAX_SECONDS = 10 * 365 * 86400
+"""Any duration in seconds (ten years)."""
+MAX_MIB = 1 << 24
+"""Memory of one GPU in MiB (16 TiB; the extender's bound too)."""
+
 
 def wire_name(field_name: str) -> str:
     """snake_case → camelCase with units and acronyms spelled as users expect (max_gpus → maxGPUs)."""
@@ -60,6 +71,8 @@ class WireModel(BaseModel):
         validate_default=True,
         # Like the API server: "4.06e8" (a YAML 1.1 string) is not a number, "true" is not a boolean.
         strict=True,
+        # NaN and infinity are refused at the field (JSON, and so the API server, cannot carry them).
+        allow_inf_nan=False,
     )
 
     cross_field_rules: ClassVar[tuple[CrossFieldRule, ...]] = ()

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from tessera.api.base import CrossFieldRule, WireModel
+from tessera.api.base import MAX_MIB, CrossFieldRule, WireModel
 
 DEFAULT_GPU_MEMORY_MIB = 16384
 """16 GiB: the P100/V100 cards of the Salus and AlpaServe evaluations."""
@@ -18,7 +18,9 @@ DEFAULT_RESERVED_MIB = 300
 class Lane(WireModel):
     """A fixed slice of one GPU (Salus lane §1.5), enforced with MPS memory and thread limits."""
 
-    memory_mib: int = Field(ge=1, description="Device memory of the lane in MiB (MPS pinned memory limit).")
+    memory_mib: int = Field(
+        ge=1, le=MAX_MIB, description="Device memory of the lane in MiB (MPS pinned memory limit)."
+    )
     compute_percent: int = Field(
         default=100, ge=1, le=100, description="Share of the GPU's SMs (MPS active thread percentage)."
     )
@@ -32,16 +34,28 @@ class GPUUsage(WireModel):
     """
 
     gpu_memory_mib: int = Field(
-        default=DEFAULT_GPU_MEMORY_MIB, ge=1, description="Memory of one GPU of the type to run on, in MiB."
+        default=DEFAULT_GPU_MEMORY_MIB,
+        ge=1,
+        le=MAX_MIB,
+        description="Memory of one GPU of the type to run on, in MiB.",
     )
     reserved_mib: int = Field(
-        default=DEFAULT_RESERVED_MIB, ge=0, description="Per-GPU headroom never handed to lanes, in MiB."
+        default=DEFAULT_RESERVED_MIB,
+        ge=0,
+        le=MAX_MIB,
+        description="Per-GPU headroom never handed to lanes, in MiB.",
     )
     persistent_mib: int | None = Field(
-        default=None, ge=0, description="P: persistent memory per job in MiB; measured when unset."
+        default=None,
+        ge=0,
+        le=MAX_MIB,
+        description="P: persistent memory per job in MiB; measured when unset.",
     )
     ephemeral_peak_mib: int | None = Field(
-        default=None, ge=0, description="E: peak ephemeral memory per iteration in MiB; measured when unset."
+        default=None,
+        ge=0,
+        le=MAX_MIB,
+        description="E: peak ephemeral memory per iteration in MiB; measured when unset.",
     )
     lane: Lane | None = Field(
         default=None, description="Pin the workload to a lane of this size; unset lets Salus choose."

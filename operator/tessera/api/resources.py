@@ -12,6 +12,7 @@ from tessera.api import contract
 from tessera.api.app import AppSpec, AppStatus
 from tessera.api.base import ObjectMeta, WireModel
 from tessera.api.modeldeployment import ModelDeploymentSpec, ModelDeploymentStatus
+from tessera.api.safe_load import value_problems
 from tessera.api.trialgroup import TrialGroupSpec, TrialGroupStatus
 
 SpecT = TypeVar("SpecT", bound=WireModel)
@@ -224,6 +225,10 @@ def manifest_errors(obj: object) -> list[tuple[str, str]]:
     kind = obj.get("kind")
     if kind not in KINDS:
         return [("kind", f"must be one of {', '.join(sorted(KINDS))}, got {kind!r}")]
+    # NaN, infinity and integers past int64 anywhere, free-form fields included: the API server refuses them.
+    problems = list(value_problems(obj))
+    if problems:
+        return problems
     try:
         KINDS[str(kind)].model.model_validate(obj)
     except ValidationError as exc:

@@ -11,7 +11,17 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from tessera.api.base import DNS_LABEL, Condition, CrossFieldRule, PodTemplateSpec, Timestamp, WireModel
+from tessera.api.base import (
+    DNS_LABEL,
+    MAX_GPUS,
+    MAX_ITERATIONS,
+    MAX_SECONDS,
+    Condition,
+    CrossFieldRule,
+    PodTemplateSpec,
+    Timestamp,
+    WireModel,
+)
 from tessera.api.gpu import GPUUsage
 
 MAX_TRIALS = 512
@@ -38,9 +48,14 @@ class TrialSpec(WireModel):
     config: dict[str, Any] = Field(
         default_factory=dict, description="Hyper-parameters, handed to the trial's pods."
     )
-    budget_iterations: int = Field(ge=1, description="Training budget of the trial in iterations.")
+    budget_iterations: int = Field(
+        ge=1, le=MAX_ITERATIONS, description="Training budget of the trial in iterations."
+    )
     iter_time_seconds: float | None = Field(
-        default=None, gt=0, description="Seconds per iteration on one GPU, if known; profiled otherwise."
+        default=None,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Seconds per iteration on one GPU, if known; profiled otherwise.",
     )
 
 
@@ -50,6 +65,7 @@ class FluidSettings(WireModel):
     max_pack_per_gpu: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_TRIALS,
         description="c: most trials packed on one GPU; unset derives it from O_th (Eq. 3.1).",
     )
     packing_benefit_threshold: float = Field(
@@ -59,14 +75,20 @@ class FluidSettings(WireModel):
         description="O_th: pack a p-th trial only while its marginal benefit O_p exceeds this ([GAP] default).",
     )
     max_workers_per_trial: int | None = Field(
-        default=None, ge=1, description="d: most GPUs per trial (w <= d); unset means the group's GPUs."
+        default=None,
+        ge=1,
+        le=MAX_GPUS,
+        description="d: most GPUs per trial (w <= d); unset means the group's GPUs.",
     )
     scaling_overhead_seconds: float = Field(
         default=0.0,
         ge=0,
+        le=MAX_SECONDS,
         description="ε: reconfiguration cost DynamicFluid weighs (Alg. 3.2) ([GAP] default).",
     )
-    profile_iterations: int = Field(default=5, ge=1, description="Iterations profiled per trial (§2.12).")
+    profile_iterations: int = Field(
+        default=5, ge=1, le=MAX_ITERATIONS, description="Iterations profiled per trial (§2.12)."
+    )
     profile_fraction: float = Field(
         default=0.1, gt=0, le=1, description="Share of the group's GPUs used for profiling (§2.12)."
     )
@@ -89,7 +111,10 @@ class TrialGroupSpec(WireModel):
     template: PodTemplateSpec = Field(description="Pod template of the trial pods.")
     trials: list[TrialSpec] = Field(min_length=1, max_length=MAX_TRIALS)
     gpus: int | None = Field(
-        default=None, ge=1, description="n: GPUs available to the group; unset takes what the cluster grants."
+        default=None,
+        ge=1,
+        le=MAX_GPUS,
+        description="n: GPUs available to the group; unset takes what the cluster grants.",
     )
     algorithm: TuningAlgorithm | None = None
     fluid: FluidSettings = Field(default_factory=FluidSettings)

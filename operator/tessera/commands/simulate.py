@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from tessera.api.safe_load import InputError, load_yaml_file
 from tessera.sim.scenario import KINDS, ScenarioError
 
 log = logging.getLogger(__name__)
@@ -50,9 +49,9 @@ def load_scenario(path: Path) -> tuple[Any, Any]:
     if not path.exists():
         raise ScenarioError(source, "file", "not found")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ScenarioError(source, "file", f"not valid YAML: {e}") from None
+        data = load_yaml_file(path)
+    except InputError as e:  # unreadable, too big, not UTF-8, too deep, not YAML, NaN/inf at a field
+        raise ScenarioError(source, e.field or "file", e.problem) from None
     if not isinstance(data, dict):
         raise ScenarioError(source, "file", "expected a mapping at the top level (kind, cluster, …)")
     kind = data.get("kind", "training")

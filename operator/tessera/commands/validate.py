@@ -7,9 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tessera.api.resources import manifest_errors
+from tessera.api.safe_load import InputError, load_yaml_documents, read_text
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +50,9 @@ def _describe(doc: Any) -> str:
 def validate_file(path: Path) -> list[str]:
     """Lines to print for one file; lines starting with 'OK ' are good documents."""
     try:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-    except OSError as exc:
-        return [f"{path}: cannot read: {exc.strerror or exc}"]
-    except yaml.YAMLError as exc:
-        return [f"{path}: not valid YAML: {exc}"]
+        docs = load_yaml_documents(read_text(path), str(path))
+    except InputError as exc:
+        return [str(exc)]
     if not docs:
         return [f"{path}: no YAML documents found"]
     lines: list[str] = []

@@ -22,6 +22,19 @@ KINDS: dict[str, str] = {
 }
 
 
+# Caps on a scenario's sizes, named in the error when passed: a simulation of this size runs in minutes on a
+# laptop; far past it, it would not finish (`apps: 1000000000000` used to run forever).
+MAX_APPS = 100_000
+MAX_GPUS = 100_000  # GPUs (or devices) of a simulated cluster
+MAX_MACHINES = 100_000
+MAX_TRIALS = 100_000
+MAX_REQUESTS = 10_000_000
+MAX_RUNS = 1_000
+MAX_BUDGET = 100_000  # a tuning trial's largest budget (Hyperband's R)
+MAX_SECONDS = 10 * 365 * 86400  # simulated durations and arrival times: ten years
+MAX_NUMBER = 1e12  # any other number a scenario gives
+
+
 class ScenarioError(ValueError):
     """A bad scenario file. The message names the file, the field path and what is wrong."""
 

@@ -34,7 +34,7 @@ from tessera.policy.baselines import BASELINES
 from tessera.policy.themis import Themis, ThemisConfig
 from tessera.policy.training import TrainingPolicy
 from tessera.progress import Progress
-from tessera.sim.scenario import ScenarioError
+from tessera.sim.scenario import MAX_GPUS, MAX_MACHINES, MAX_SECONDS, ScenarioError
 from tessera.sim.training.report import TrainingResult
 from tessera.sim.training.simulator import SimConfig, SimRun, simulate
 from tessera.sim.training.trace import GeneratorConfig, Trace, TraceError, generate, parse_apps, read_trace
@@ -137,7 +137,21 @@ def _cluster(source: str, data: Any) -> Cluster:
                 raise ScenarioError(
                     source, f"cluster.machines[{i}].{k}", f"expected a positive integer, got {v!r}"
                 )
+            if v > (MAX_MACHINES if k == "count" else MAX_GPUS):
+                cap = MAX_MACHINES if k == "count" else MAX_GPUS
+                raise ScenarioError(
+                    source,
+                    f"cluster.machines[{i}].{k}",
+                    f"{v} is more than {cap}, the most a scenario accepts",
+                )
             vals[k] = v
+        gpus = sum(s * g for s, g in shapes) + vals["count"] * vals["slots"] * vals["gpus_per_slot"]
+        if len(shapes) + vals["count"] > MAX_MACHINES or gpus > MAX_GPUS:
+            raise ScenarioError(
+                source,
+                "cluster.machines",
+                f"more than {MAX_MACHINES} machines or {MAX_GPUS} GPUs, the most a scenario accepts",
+            )
         shapes += [(vals["slots"], vals["gpus_per_slot"])] * vals["count"]
     return Cluster.build(shapes, machines_per_rack=mpr)
 
@@ -155,7 +169,7 @@ def _policies(source: str, data: Mapping[str, Any]) -> tuple[PolicySpec, ...]:
     except (ValueError, TypeError) as e:
         raise ScenarioError(source, "themis", str(e)) from None
     lease = data.get("lease_s", 600.0)
-    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or lease <= 0:
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease <= MAX_SECONDS:
         raise ScenarioError(source, "lease_s", f"expected a positive number of seconds, got {lease!r}")
     out: list[PolicySpec] = []
     for i, p in enumerate(raw):
@@ -175,8 +189,19 @@ def _policies(source: str, data: Mapping[str, Any]) -> tuple[PolicySpec, ...]:
             _unknown(source, where, knobs, _THEMIS_KEYS)
         else:
             _unknown(source, where, entry, {"lease_s", "placement"})
-            default_lease = math.inf if name == "drf" else float(lease)
-            knobs = {"lease_s": float(entry.get("lease_s", default_lease))}
+            default_lease = (
+                math.inf if name == "drf" else float(lease)
+            )  # drf: never preempts unless given one
+            own = entry.get("lease_s", default_lease)
+            if own is not default_lease and (
+                isinstance(own, bool) or not isinstance(own, (int, float)) or not 0 < own <= MAX_SECONDS
+            ):
+                raise ScenarioError(
+                    source,
+                    f"{where}.lease_s",
+                    f"expected a positive number of seconds up to {MAX_SECONDS}, got {own!r}",
+                )
+            knobs = {"lease_s": float(own)}
             if "placement" in entry:  # tight | any | random; default: the paper's rule per baseline
                 knobs["placement"] = entry["placement"]
         try:

@@ -29,6 +29,7 @@ the CV 10 % / NLP 60 % / Speech 30 % model mix of Table 4.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tessera.cluster import COMPUTE_INTENSIVE, NETWORK_INTENSIVE, Sensitivity
+from tessera.sim.scenario import MAX_APPS, MAX_NUMBER
 from tessera.sim.tuning.app_spec import TuningAppSpec, TuningSpecError
 
 
@@ -153,6 +155,8 @@ def _num(source: str, where: str, value: Any, *, positive: bool = True, integer:
         raise TraceError(
             source, where, f"expected a {'positive' if positive else 'non-negative'} number, got {value}"
         )
+    if value > MAX_NUMBER:
+        raise TraceError(source, where, f"{value:g} is more than {MAX_NUMBER:g}, the most a trace accepts")
     if integer and float(value) != int(value):
         raise TraceError(source, where, f"expected a whole number, got {value}")
     return float(value)
@@ -327,12 +331,12 @@ def read_trace(path: str | Path, cluster_gpus: int | None = None) -> Trace:
     if p.suffix.lower() == ".csv":
         return parse_apps(source, _csv_records(source, p), cluster_gpus)
     if p.suffix.lower() in (".yaml", ".yml"):
-        import yaml
+        from tessera.api.safe_load import InputError, load_yaml_file
 
         try:
-            data = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise TraceError(source, "trace", f"not valid YAML: {e}") from None
+            data = load_yaml_file(p)
+        except InputError as e:  # too big, not UTF-8, too deep, not YAML, NaN/inf at a field
+            raise TraceError(source, e.field or "trace", e.problem) from None
         if not isinstance(data, Mapping) or "apps" not in data:
             raise TraceError(source, "apps", "missing: a trace YAML has a top-level `apps:` list")
         return parse_apps(source, data["apps"], cluster_gpus)
@@ -354,7 +358,13 @@ _CSV_COLUMNS = (
 
 
 def _csv_records(source: str, p: Path) -> list[dict[str, Any]]:
-    with p.open(newline="") as fh:
+    from tessera.api.safe_load import InputError, read_text
+
+    try:
+        text = read_text(p)  # size and encoding checked: one line naming the file, not a traceback
+    except InputError as e:
+        raise TraceError(source, "trace", e.problem) from None
+    with io.StringIO(text, newline="") as fh:
         reader = csv.DictReader(fh)
         if reader.fieldnames is None or "app" not in reader.fieldnames or "arrival" not in reader.fieldnames:
             raise TraceError(
@@ -435,6 +445,13 @@ class GeneratorConfig:
     def __post_init__(self) -> None:
         if self.apps < 1:
             raise ValueError(f"apps must be >= 1, got {self.apps}")
+        if self.apps > MAX_APPS:
+            raise ValueError(f"apps: {self.apps} is more than {MAX_APPS}, the most a scenario accepts")
+        for name in ("mean_interarrival_s", "single_job_share", "jobs_per_app_median", "task_gpu_hours_median",
+                     "task_gpu_hours_sigma", "min_trial_s"):  # fmt: skip
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or abs(value) > MAX_NUMBER:
+                raise ValueError(f"{name} must be a finite number of at most {MAX_NUMBER:g}, got {value!r}")
         if self.workload not in ("w1", "w2"):
             raise ValueError(f"workload must be 'w1' or 'w2', got {self.workload!r}")
         lo, hi = self.jobs_per_app

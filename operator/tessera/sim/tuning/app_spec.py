@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.policy.fluid import FluidConfig
+from tessera.sim.scenario import MAX_BUDGET, MAX_GPUS, MAX_TRIALS
 from tessera.sim.tuning.experiments import ALGORITHMS
 from tessera.sim.tuning.workload import Workload
 
@@ -80,11 +81,11 @@ class TuningAppSpec:
         if algorithm not in ALGORITHMS:
             raise TuningSpecError("algorithm", f"unknown {algorithm!r}; known: {', '.join(ALGORITHMS)}")
         seed = check_int("seed", data.get("seed", 0), 0)
-        samples = check_int("samples", data.get("samples", 40), 1)
-        max_budget = check_int("max_budget", data.get("max_budget", 27), 2)
+        samples = check_int("samples", data.get("samples", 40), 1, MAX_TRIALS)
+        max_budget = check_int("max_budget", data.get("max_budget", 27), 2, MAX_BUDGET)
         max_gpus = None
         if data.get("max_gpus") is not None:
-            max_gpus = check_int("max_gpus", data["max_gpus"], 1)
+            max_gpus = check_int("max_gpus", data["max_gpus"], 1, MAX_GPUS)
             if cluster_gpus is not None and max_gpus > cluster_gpus:
                 raise TuningSpecError("max_gpus", f"{max_gpus} GPUs asked but the cluster has {cluster_gpus}")
         workload = parse_workload(data.get("workload", {}))
@@ -95,9 +96,11 @@ class TuningAppSpec:
         )
 
 
-def check_int(name: str, v: Any, minimum: int) -> int:
+def check_int(name: str, v: Any, minimum: int, maximum: int = (1 << 63) - 1) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
         raise TuningSpecError(name, f"expected an integer >= {minimum}, got {v!r}")
+    if v > maximum:
+        raise TuningSpecError(name, f"{v} is more than {maximum}, the most a scenario accepts")
     return v
 
 

@@ -28,7 +28,7 @@ from typing import Any, cast
 
 from tessera.policy.fluid import FluidConfig
 from tessera.progress import Progress
-from tessera.sim.scenario import ScenarioError
+from tessera.sim.scenario import MAX_BUDGET, MAX_GPUS, MAX_RUNS, MAX_TRIALS, ScenarioError
 from tessera.sim.tuning.app_spec import TuningSpecError, check_block, check_int, parse_fluid, parse_workload
 from tessera.sim.tuning.engine import Executor, Horizon, Observe, TuningResult
 from tessera.sim.tuning.experiments import ALGORITHMS, run_one
@@ -70,9 +70,9 @@ class TuningScenario:
     workload: Workload
 
 
-def _int(source: str, field: str, v: Any, minimum: int) -> int:
+def _int(source: str, field: str, v: Any, minimum: int, maximum: int = (1 << 63) - 1) -> int:
     try:
-        return check_int(field, v, minimum)
+        return check_int(field, v, minimum, maximum)
     except TuningSpecError as e:
         raise ScenarioError(source, e.field, e.problem) from None
 
@@ -102,10 +102,10 @@ def load(data: dict[str, Any], source: str) -> TuningScenario:
     for k in data:
         if k not in _TOP:
             raise ScenarioError(source, str(k), f"unknown field; known: {', '.join(sorted(_TOP))}")
-    gpus = _int(source, "gpus", data.get("gpus", 8), 1)
+    gpus = _int(source, "gpus", data.get("gpus", 8), 1, MAX_GPUS)
     budget = _mapping(source, "budget", data.get("budget", {}), {"max_budget", "samples"})
-    max_budget = _int(source, "budget.max_budget", budget.get("max_budget", 27), 2)
-    samples = _int(source, "budget.samples", budget.get("samples", 40), 1)
+    max_budget = _int(source, "budget.max_budget", budget.get("max_budget", 27), 2, MAX_BUDGET)
+    samples = _int(source, "budget.samples", budget.get("samples", 40), 1, MAX_TRIALS)
     try:
         fluid = parse_fluid(data.get("fluid", {}))
         workload = parse_workload(data.get("workload", {}))
@@ -125,7 +125,7 @@ def load(data: dict[str, Any], source: str) -> TuningScenario:
         name=str(name),
         source=source,
         seed=seed,
-        runs=_int(source, "runs", data.get("runs", 3), 1),
+        runs=_int(source, "runs", data.get("runs", 3), 1, MAX_RUNS),
         gpus=gpus,
         algorithms=_names(source, "algorithms", data.get("algorithms", list(ALGORITHMS)), ALGORITHMS),
         executors=cast(
