@@ -94,6 +94,8 @@ class SymphonyScheduler:
         "_sseq",
         "_targets",
         "_timers",
+        "_tslo",
+        "_tval",
         "gpu_free",
         "profiles",
         "refresh_stale",
@@ -132,6 +134,8 @@ class SymphonyScheduler:
         for i in range(m):
             self._grow(i, 2)
         self._solo = [lat[1] for lat in self._lat]
+        self._tslo = [math.nan] * m  # last SLO whose target batch was asked for, per model
+        self._tval = [1] * m
         # Candidate per model: size 0 = none; _cseq/_sseq = seq of its live model / stale timer (−1 none).
         self._csize = [0] * m
         self._cexec = [0.0] * m
@@ -174,7 +178,13 @@ class SymphonyScheduler:
                 drops.append(Drop(e[4], now, _CANNOT_MEET))
             del q[:k]
         if q and self._early:
-            self._early_drop(i, q, now)
+            # Fast path: the head fits a batch of min(target, |Q|); the loop only runs when it sheds.
+            head = q[0]
+            n = self._target(i, head[0] - head[3])
+            if n > len(q):
+                n = len(q)
+            if n >= 2 and head[0] - self._pmax[i][n] < now:
+                self._early_drop(i, q, now)
         if not q:
             self._csize[i] = 0
             self._cseq[i] = self._sseq[i] = -1
@@ -226,6 +236,8 @@ class SymphonyScheduler:
 
     def _target(self, i: int, slo: float) -> int:
         """Staggered batch size for model ``i`` at this SLO: max b with (1 + 1/N)·ℓ(b) ≤ SLO (A.6 Eq. 1)."""
+        if self._tslo[i] == slo:
+            return self._tval[i]
         key = (i, slo)
         t = self._targets.get(key)
         if t is None:
@@ -237,6 +249,7 @@ class SymphonyScheduler:
             while t < cap and f * lat[t + 1] <= slo:
                 t += 1
             self._targets[key] = t
+        self._tslo[i], self._tval[i] = slo, t
         return t
 
     def _early_drop(self, i: int, q: list[_Entry], now: float) -> None:
