@@ -49,7 +49,7 @@ async def _batch(
         )
     except WorkerFailure as err:
         raise RuntimeError(f"worker {url} refused the calibration batch: {err}") from None
-    for i, (status, fragment) in enumerate(answer.members):
+    for i, (status, fragment, _) in enumerate(answer.members):
         if status != 200:
             raise ValueError(f"calibration payload {i} was refused by the worker: {fragment.decode()}")
     return answer
