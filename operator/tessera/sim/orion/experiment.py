@@ -49,6 +49,12 @@ class Workload:
     be_percent: int | None = None  # Tessera's BE MPS cap; None: p_be0 from the HP profile
     tessera_priority: bool = True  # whether MPS client priority is honoured
     idle_depth: int = 12
+    # Training HP: Orion bisects SM_THRESHOLD against this multiple of the dedicated iteration time [O:L163]
+    # (unless sm_threshold is set). A knob: the paper reports HP within 16% of ideal in train-train.
+    hp_limit_factor: float = 1.15
+    # Host-side gap between a training job's iterations, as a fraction of its GPU time (data loading, Python):
+    # an assumption (the paper does not give it); during it a training HP leaves the GPU to BE work.
+    iteration_gap: float = 0.02
 
     def __post_init__(self) -> None:
         if self.rate_rps <= 0 or self.requests < 10 or self.warmup_requests < 0:
@@ -100,11 +106,16 @@ def _clients(w: Workload) -> tuple[ClientSpec, list[ClientSpec]]:
     hp_k = mix(w.hp_model, w.hp_role, w.seed, w.num_sms)
     n = w.requests + w.warmup_requests
     arrivals = _arrivals(w, rng, n) if w.hp_role == "inference" else None
-    hp = ClientSpec(f"{w.hp_model}-{w.hp_role}", True, hp_k, arrivals)
-    be = [
-        ClientSpec(f"{m}-training-{i}", False, mix(m, "training", w.seed + 1 + i, w.num_sms))
-        for i, m in enumerate(w.be_models)
-    ]
+
+    def gap(ks: tuple[Kernel, ...]) -> float:
+        return w.iteration_gap * sum(k.duration for k in ks)
+
+    hp_gap = gap(hp_k) if arrivals is None else 0.0
+    hp = ClientSpec(f"{w.hp_model}-{w.hp_role}", True, hp_k, arrivals, gap_s=hp_gap)
+    be = []
+    for i, m in enumerate(w.be_models):
+        ks = mix(m, "training", w.seed + 1 + i, w.num_sms)
+        be.append(ClientSpec(f"{m}-training-{i}", False, ks, gap_s=gap(ks)))
     return hp, be
 
 
@@ -112,7 +123,7 @@ def _horizon(w: Workload, hp: ClientSpec) -> tuple[float, float]:
     """(warmup, horizon): inference by the arrival times, training by HP iterations at dedicated speed."""
     if hp.arrivals is not None:
         return hp.arrivals[w.warmup_requests - 1] if w.warmup_requests else 0.0, hp.arrivals[-1] + 0.05
-    it = sum(k.duration for k in hp.kernels)
+    it = sum(k.duration for k in hp.kernels) + hp.gap_s
     return w.warmup_requests * it, (w.warmup_requests + w.requests) * it
 
 
@@ -131,7 +142,10 @@ def make_scheduler(policy: str, w: Workload, hp_latency: float, be_percent: int)
         case "reef":
             return Reef()
         case "orion":
-            return Orion(hp_latency, cfg)
+            limit = (
+                w.hp_limit_factor * hp_latency if w.hp_role == "training" and w.sm_threshold is None else None
+            )
+            return Orion(hp_latency, cfg, hp_limit=limit)
         case "orion-profiles":
             return Orion(hp_latency, OrionConfig(w.num_sms, w.sm_threshold, w.dur_threshold, use_sm_size=False),
                          name="orion-profiles")  # fmt: skip
@@ -157,7 +171,7 @@ def run_one(policy: str, w: Workload, hp_latency: float = 0.0, be_percent: int =
     sched = make_scheduler(policy, w, hp_latency or sum(k.duration for k in hp.kernels), be_percent)
     sim = GpuSim(clients, sched, w.num_sms)
     warmup, horizon = _horizon(w, hp)
-    sim.run(warmup, 0.0)
+    sim.run(warmup, warmup)
     be_start = [c.progress() for c in sim.be]
     sim.run(horizon, warmup)
     span = horizon - warmup
@@ -184,7 +198,7 @@ def run_experiment(w: Workload, policies: tuple[str, ...] = POLICIES) -> Experim
     be_ded = []
     for spec in be:
         sim = GpuSim([spec], FreeForAll("dedicated"), w.num_sms)
-        it = sum(k.duration for k in spec.kernels)
+        it = sum(k.duration for k in spec.kernels) + spec.gap_s
         sim.run(20 * it)
         be_ded.append(spec_progress(sim) / (20 * it))
     res = ExperimentResult(w, ded.hp_p99, be_ded, be_percent=be_percent)

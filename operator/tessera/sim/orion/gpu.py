@@ -46,6 +46,7 @@ class ClientSpec:
     arrivals: tuple[float, ...] | None = None  # request arrival times; None: closed loop (training)
     cap_percent: int = 100  # MPS active-thread percentage
     module_size: int = 4  # kernels per module, for module-granularity throttling
+    gap_s: float = 0.0  # closed loop: host-side time between iterations (data loading, Python), GPU unused
 
     def __post_init__(self) -> None:
         if not self.kernels:
@@ -83,6 +84,7 @@ class Client:
     outstanding_kernels: int = 0
     latencies: list[tuple[float, float]] = field(default_factory=list)  # (arrival, latency)
     jobs_done: int = 0
+    ready_at: float = 0.0  # closed loop: when the next iteration may start
 
     @property
     def hp(self) -> bool:
@@ -153,7 +155,7 @@ class GpuSim:
         for c in self.clients:
             arr = c.spec.arrivals
             if arr is None:
-                if not c.job_active:
+                if not c.job_active and t >= c.ready_at - EPS:
                     c.job_active, c.job_arrival, c.next_idx, c.done_idx = True, t, 0, 0
                 continue
             while c.next_arrival < len(arr) and arr[c.next_arrival] <= t + EPS:
@@ -223,6 +225,8 @@ class GpuSim:
             arr = c.spec.arrivals
             if arr is not None and c.next_arrival < len(arr):
                 nxt = min(nxt, arr[c.next_arrival])
+            elif arr is None and not c.job_active:
+                nxt = min(nxt, c.ready_at)
         return nxt
 
     def _complete(self, c: Client, t: float) -> None:
@@ -236,6 +240,7 @@ class GpuSim:
             c.jobs_done += 1
             c.job_active = False
             c.next_idx = c.done_idx = 0
+            c.ready_at = t + c.spec.gap_s
 
     def run(self, horizon: float, warmup: float = 0.0) -> None:
         """Simulate until `horizon`; usage counts from `warmup` on."""

@@ -103,7 +103,9 @@ class OrionResult:
     def table(self) -> str:
         w, ex = self.scenario.workload, self.experiment
         lines = [
-            f"{self.scenario.name}: HP {w.hp_model} {w.hp_role} ({w.arrival} {w.rate_rps:g} rps), "
+            f"{self.scenario.name}: HP {w.hp_model} {w.hp_role}"
+            + (f" ({w.arrival} {w.rate_rps:g} rps)" if w.hp_role == "inference" else " (closed loop)")
+            + ", "
             f"BE {', '.join(w.be_models)} training; {w.num_sms} SMs; SYNTHETIC kernel mixes (Table 1-shaped)",
             f"dedicated HP p99 {ex.hp_latency_dedicated * 1e3:.2f} ms; dedicated BE "
             + ", ".join(f"{x:.2f} it/s" for x in ex.be_dedicated)

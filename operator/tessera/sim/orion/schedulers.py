@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tessera.policy.orion.controller import SmThresholdBisection
 from tessera.policy.orion.cooperative import ThrottleRule
 from tessera.policy.orion.listing1 import BeKernel, OrionConfig, OrionPolicy
 
@@ -104,22 +105,42 @@ def _can_feed(c: Client) -> bool:
 @dataclass
 class Orion:
     """Listing 1 (`tessera.policy.orion.listing1`): HP kernels at once on a high-priority stream; each BE
-    head admitted by SM size, opposite profile and the DUR_THRESHOLD throttle; BE clients round-robin."""
+    head admitted by SM size, opposite profile and the DUR_THRESHOLD throttle; BE clients round-robin.
+
+    `hp_limit`: for a training HP, SM_THRESHOLD is bisected on [0, max BE sm_needed] from the middle, every
+    `window` HP iterations, against this iteration-time limit (seconds), as the authors' scheduler does."""
 
     hp_latency: float
     config: OrionConfig = field(default_factory=OrionConfig)
     name: str = "orion"
     priority: bool = True
+    hp_limit: float | None = None
+    window: int = 10
     _policy: OrionPolicy | None = None
+    _bisect: SmThresholdBisection | None = None
+    _seen: int = 0
     _rr: int = 0
 
     def cap_percent(self, client: ClientSpec) -> int:
         return 100
 
+    def _tune(self, sim: GpuSim, pol: OrionPolicy) -> None:
+        hp = sim.hp
+        if self.hp_limit is None or hp is None or hp.spec.arrivals is not None:
+            return
+        if self._bisect is None:
+            self._bisect = SmThresholdBisection(max(k.sm_needed for c in sim.be for k in c.spec.kernels))
+            pol.sm_threshold = int(self._bisect.threshold)
+        if len(hp.latencies) >= self._seen + self.window:
+            recent = [x for _, x in hp.latencies[self._seen : self._seen + self.window]]
+            self._seen += self.window
+            pol.sm_threshold = self._bisect.observe(sum(recent) / len(recent) > self.hp_limit)
+
     def release(self, sim: GpuSim, t: float) -> None:
         if self._policy is None:
             self._policy = OrionPolicy(self.config, self.hp_latency)
         pol = self._policy
+        self._tune(sim, pol)
         hp = sim.hp
         be = sim.be
         while True:
