@@ -12,6 +12,9 @@ from tessera.gateway.config import ConfigError, GatewayConfig
 from tessera.gateway.server import Gateway, make_gateway_app
 
 log = logging.getLogger(__name__)
+# On SIGTERM (or SIGINT) run_app stops accepting connections and gives requests in flight this long to
+# finish before cancelling them: inside kubelet's default 30 s grace period.
+SHUTDOWN_SECONDS = 10.0
 
 
 def register(subparsers: Any) -> None:
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else config.port
     app = make_gateway_app(Gateway(config, seed=args.seed), grpc_port=args.grpc_port, grpc_host=host)
     try:
-        web.run_app(app, host=host, port=port, print=None, access_log=None)
+        web.run_app(app, host=host, port=port, print=None, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
     except ConfigError as err:
         print(err)
         return 2
