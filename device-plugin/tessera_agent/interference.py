@@ -1,0 +1,174 @@
+"""The BE feedback loop on a GPU with an HP lane (Orion's SM_THRESHOLD search, as MPS allows it).
+
+Every `step(now)`, for each GPU that has an HP lane and BE lanes, the HP lane's p99 (serving latency, or
+iteration time from the progress socket, fed into a `WindowedLatency`) goes to the GPU's `PBeController`
+(`tessera.policy.orion.controller`), which bisects the BE active-thread percentage toward
+`p99_hp ≤ (1 + ε)·p99_dedicated` with a minimum interval and a hysteresis band. MPS reads the percentage only
+when a client starts, so a change is applied by restarting BE pods, and only those that checkpoint
+(`tessera.io/checkpoints: "true"`); the others keep their share until they end. Every change, and every
+change held back, is an event on the pods concerned, and the percentage and restarts are metrics.
+
+`p99_dedicated` per GPU is given, or measured by the loop itself while the GPU's HP lane runs alone.
+DESIGN.md lets the agent import only `tessera.api` and `tessera.cluster`; this module is the one exception,
+importing the pure, stdlib-only controller so that the simulator and the agent run the same bisection rather
+than two copies of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tessera.policy.orion.controller import PBeController
+
+from .lanes import Lane, LaneBook
+
+log = logging.getLogger(__name__)
+
+REASON_CHANGED = "BEComputeShareChanged"
+REASON_HELD = "BEComputeShareHeld"
+REASON_NOT_RESTARTED = "BENotRestarted"
+
+
+class Restarter(Protocol):
+    async def restart(self, lane: Lane, reason: str) -> None:
+        """Delete the BE pod so its controller recreates it (it resumes from its checkpoint)."""
+        ...
+
+
+class EventSink(Protocol):
+    async def event(self, pod: str, reason: str, message: str, *, warning: bool = False) -> None: ...
+
+
+class LatencySource(Protocol):
+    def p99(self, gpu: str, now: float) -> float | None: ...
+
+
+@dataclass
+class WindowedLatency:
+    """Latency samples of each GPU's HP lane over the last `window_s` seconds; p99 by nearest rank."""
+
+    window_s: float = 60.0
+    min_samples: int = 20
+    _samples: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+
+    def record(self, gpu: str, latency_s: float, now: float) -> None:
+        if not math.isfinite(latency_s) or latency_s < 0:
+            raise ValueError(f"latency must be a non-negative number, got {latency_s!r}")
+        self._samples.setdefault(gpu, deque()).append((now, latency_s))
+
+    def reset(self, gpu: str) -> None:
+        """Forget samples (after a change: what follows reflects the new share)."""
+        self._samples.pop(gpu, None)
+
+    def p99(self, gpu: str, now: float) -> float | None:
+        q = self._samples.get(gpu)
+        if not q:
+            return None
+        while q and q[0][0] < now - self.window_s:
+            q.popleft()
+        if len(q) < self.min_samples:
+            return None
+        xs = sorted(x for _, x in q)
+        return xs[max(0, math.ceil(0.99 * len(xs)) - 1)]
+
+
+@dataclass(frozen=True)
+class Change:
+    gpu: str
+    old: int
+    new: int
+    p99: float
+    target: float
+    restarted: tuple[str, ...]
+    kept: tuple[str, ...]
+
+
+@dataclass
+class InterferenceLoop:
+    book: LaneBook
+    latency: LatencySource
+    restarter: Restarter
+    events: EventSink
+    node: str = ""
+    p99_dedicated: dict[str, float] = field(default_factory=dict)
+    epsilon: float = 0.15
+    min_interval_s: float = 300.0
+    hysteresis: int = 5
+    p_min: int = 5
+    p_max: int = 100
+    on_metric: Callable[[str, Mapping[str, str], float], None] | None = None  # (name, labels, value)
+    controllers: dict[str, PBeController] = field(default_factory=dict)
+    _held: dict[str, int] = field(default_factory=dict)  # last proposal reported as held, per GPU
+
+    def _metric(self, name: str, gpu: str, value: float, **labels: str) -> None:
+        if self.on_metric is not None:
+            self.on_metric(name, {"node": self.node, "gpu": gpu, **labels}, value)
+
+    async def step(self, now: float) -> list[Change]:
+        changes = []
+        for gpu in sorted({ln.gpu for ln in self.book.lanes.values()}):
+            hp = self.book.hp_lane(gpu)
+            be = [ln for ln in self.book.on_gpu(gpu) if ln.klass == "BE"]
+            p99 = self.latency.p99(gpu, now)
+            if hp is None or p99 is None:
+                continue
+            if not be:
+                self.p99_dedicated.setdefault(gpu, p99)  # the HP lane alone: its dedicated latency
+                continue
+            if gpu not in self.p99_dedicated:
+                continue  # no baseline yet: never guess one from a shared GPU
+            ctl = self.controllers.get(gpu)
+            if ctl is None:
+                ctl = self.controllers[gpu] = PBeController(
+                    self.p99_dedicated[gpu],
+                    self.epsilon,
+                    self.p_min,
+                    self.p_max,
+                    max(self.p_min, min(self.p_max, self.book.be_percent_of(gpu))),
+                    self.min_interval_s,
+                    self.hysteresis,
+                )
+            old = ctl.applied
+            d = ctl.observe(now, p99)
+            self._metric("tessera_lane_be_compute_ratio", gpu, ctl.applied / 100)
+            why = f"HP {hp.pod} p99 {p99 * 1e3:.2f} ms vs target {ctl.target * 1e3:.2f} ms"
+            if d.apply is None:
+                if d.why_not and self._held.get(gpu) != d.proposed:
+                    self._held[gpu] = d.proposed
+                    for ln in be:
+                        await self.events.event(
+                            ln.pod,
+                            REASON_HELD,
+                            f"BE share stays {old}% (would be {d.proposed}%): {d.why_not}; {why}",
+                        )
+                continue
+            self._held.pop(gpu, None)
+            self.book.set_be_percent(gpu, d.apply)
+            restarted, kept = [], []
+            for ln in be:
+                if ln.compute_percent <= min(old, d.apply):
+                    continue  # its own assigned share is the binding cap either way: nothing to apply
+                msg = f"BE share {old}% → {d.apply}% ({d.reason}): {why}"
+                if ln.checkpoints:
+                    await self.events.event(ln.pod, REASON_CHANGED, msg + "; restarting to apply it")
+                    await self.restarter.restart(ln, msg)
+                    self._metric("tessera_lane_be_restarts_total", gpu, 1, reason=d.reason)
+                    restarted.append(ln.pod)
+                else:
+                    await self.events.event(
+                        ln.pod,
+                        REASON_NOT_RESTARTED,
+                        msg + "; not restarted: it does not checkpoint",
+                        warning=True,
+                    )
+                    kept.append(ln.pod)
+            if isinstance(self.latency, WindowedLatency):
+                self.latency.reset(gpu)
+            log.info("GPU %s: BE share %d%% -> %d%% (%s), restarted %s", gpu, old, d.apply, why, restarted)
+            changes.append(Change(gpu, old, d.apply, p99, ctl.target, tuple(restarted), tuple(kept)))
+        return changes
