@@ -470,6 +470,9 @@ class ClusterView:
             log.warning("%s", err)
             return
         self.node_errors.pop(name, None)
+        if name not in self._prow:  # packing rows in the order nodes appear (the rule's last tie-break)
+            self._prow[name] = self.packing.add_row()
+            self._pnames = None
         self.allocatable[name] = node_allocatable(node)
         self.models[name] = next((g.model for g in inventory if g.model), "")
         self.nodes[name] = [GpuState(g.index, g.uuid, g.memory_mib, g.healthy) for g in inventory]
@@ -496,6 +499,8 @@ class ClusterView:
             self.unreserve(uid)
             return
         node = (pod.get("spec") or {}).get("nodeName")
+        if not node and self.distribution is not None:  # a pending pod: part of the workload to pack for
+            self.observe(pod, shape_of(pod_spec(pod), pod, min(self.min_memories(), default=None)))
         if node:
             try:
                 self.reserve(uid, node, *pod_cpu_memory(pod))

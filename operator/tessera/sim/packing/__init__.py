@@ -1,0 +1,1 @@
+"""Trace-driven GPU packing experiment (FGD's method): `tessera simulate` kind `packing`."""

@@ -1,0 +1,303 @@
+"""Scenario kind ``packing`` for ``tessera simulate``: FGD's experiment (Weng et al., ATC'23, §6) for every
+packing policy, on Alibaba's trace or a synthetic cluster.
+
+    kind: packing
+    name: alibaba
+    trace: alibaba-gpu-v2023     # a folder with openb_node_list_gpu_node.csv and openb_pod_list_default.csv:
+                                 # a path (relative to this file), or a name under $TESSERA_TRACES or the
+                                 # checkout's ../shared/traces
+    # synthetic: {...}           # instead of trace: see tessera.sim.packing.synthetic
+    seeds: [0, 1, 2]
+    policies: [random, first-fit, best-fit, dot-product, gpu-packing, gpu-clustering, fgd, tessera]
+    node_sample: 1               # keep every k-th node (and so 1/k of the pods): a reduced run
+    tessera: {decay: 0.999, max_shapes: 64, prior: none}   # prior: none | trace (the pod list's distribution)
+    through_extender: true       # also replay the first seed through the extender's filter/prioritize/bind
+
+Example: ``tessera/sim/data/packing-default.yaml``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tessera.policy.lanes.fragmentation import Shape, workload_of
+from tessera.policy.lanes.packing import POLICIES, PackingConfig, Tessera, make_policy
+from tessera.progress import Progress
+from tessera.sim.packing import synthetic, through_extender
+from tessera.sim.packing.experiment import GRID, Curve, arrivals
+from tessera.sim.packing.experiment import run as run_policy
+from tessera.sim.packing.trace import NodeSpec, TraceError, read_nodes, read_pods
+from tessera.sim.scenario import ScenarioError
+
+NODE_FILE = "openb_node_list_gpu_node.csv"
+POD_FILE = "openb_pod_list_default.csv"
+REPORT_AT = (80, 90, 95, 100)
+# FGD's published share of GPU capacity unallocated at 100 % arrived on this trace (Fig. 9 / §6.2)
+PUBLISHED = {
+    "random": 13.7,
+    "best-fit": 7.1,
+    "dot-product": 9.4,
+    "gpu-packing": 8.2,
+    "gpu-clustering": 8.4,
+    "fgd": 4.8,
+}
+
+
+@dataclass(frozen=True)
+class PackingScenario:
+    source: str
+    name: str
+    nodes: list[NodeSpec]
+    pods: list[Shape]
+    seeds: list[int]
+    policies: list[str]
+    decay: float = 0.999
+    max_shapes: int = 64
+    prior: str = "none"
+    through_extender: bool = False
+    seed: int = 0  # `--seed` replaces the seeds with this one
+    origin: str = ""
+
+
+def trace_dir(name: str, source: str) -> Path:
+    """The trace folder: a path relative to the scenario file, else a name under $TESSERA_TRACES or the
+    checkout's ../shared/traces."""
+    here = Path(source).resolve().parent
+    candidates = [here / name, Path(name)]
+    if os.environ.get("TESSERA_TRACES"):
+        candidates.append(Path(os.environ["TESSERA_TRACES"]) / name)
+    for parent in Path(__file__).resolve().parents:
+        candidates.append(parent.parent / "shared" / "traces" / name)
+    for c in candidates:
+        if (c / NODE_FILE).is_file():
+            return c
+    raise ScenarioError(
+        source, "trace", f"no {NODE_FILE} found for {name!r} (set TESSERA_TRACES or give a path)"
+    )
+
+
+def load(data: dict[str, Any], source: str) -> PackingScenario:
+    """Validate a ``kind: packing`` scenario; errors name the file and field."""
+    name = str(data.get("name", "packing"))
+    if ("trace" in data) == ("synthetic" in data):
+        raise ScenarioError(source, "trace", "give exactly one of trace or synthetic")
+    seeds = data.get("seeds", [0, 1, 2])
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    ):
+        raise ScenarioError(source, "seeds", f"must be a non-empty list of integers, got {seeds!r}")
+    policies = data.get("policies", list(POLICIES))
+    if not isinstance(policies, list) or not policies:
+        raise ScenarioError(source, "policies", "must be a non-empty list")
+    for p in policies:
+        if p not in POLICIES:
+            raise ScenarioError(source, "policies", f"unknown policy {p!r}; known: {', '.join(POLICIES)}")
+    sample = data.get("node_sample", 1)
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        raise ScenarioError(source, "node_sample", f"must be a positive integer, got {sample!r}")
+    t = data.get("tessera") or {}
+    if not isinstance(t, dict):
+        raise ScenarioError(source, "tessera", "must be a mapping")
+    decay = t.get("decay", 0.999)
+    if isinstance(decay, bool) or not isinstance(decay, int | float) or not 0 < decay <= 1:
+        raise ScenarioError(source, "tessera.decay", f"must be in (0, 1], got {decay!r}")
+    max_shapes = t.get("max_shapes", 64)
+    if isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1:
+        raise ScenarioError(source, "tessera.max_shapes", f"must be a positive integer, got {max_shapes!r}")
+    prior = t.get("prior", "none")
+    if prior not in ("none", "trace"):
+        raise ScenarioError(source, "tessera.prior", f"must be none or trace, got {prior!r}")
+    if "trace" in data:
+        folder = trace_dir(str(data["trace"]), source)
+        try:
+            nodes, pods = read_nodes(folder / NODE_FILE), read_pods(folder / POD_FILE)
+        except TraceError as err:
+            raise ScenarioError(source, "trace", str(err)) from None
+        origin = str(folder)
+    else:
+        syn = data["synthetic"]
+        if not isinstance(syn, dict):
+            raise ScenarioError(source, "synthetic", "must be a mapping with nodes and pods")
+        nodes = synthetic.load_nodes(syn.get("nodes"), source)
+        pods = synthetic.population(synthetic.load_mix(syn.get("pods"), source), seed=int(seeds[0]))
+        origin = "synthetic"
+    if sample > 1:
+        nodes = nodes[::sample]
+    return PackingScenario(
+        source,
+        name,
+        nodes,
+        pods,
+        list(seeds),
+        list(policies),
+        float(decay),
+        max_shapes,
+        prior,
+        bool(data.get("through_extender", False)),
+        int(seeds[0]),
+        origin,
+    )
+
+
+@dataclass
+class PackingResult:
+    scenario: PackingScenario
+    curves: dict[str, list[Curve]]
+    pods_per_seed: list[int]
+    extender: dict[str, Any] = field(default_factory=dict)
+
+    def mean(self, policy: str, percent: int) -> tuple[float, float]:
+        i = GRID.index(percent)
+        cs = self.curves[policy]
+        return float(np.mean([c.unallocated[i] for c in cs])), float(np.mean([c.failed[i] for c in cs]))
+
+    def table(self) -> str:
+        sc = self.scenario
+        gpus = sum(n.gpus for n in sc.nodes)
+        lines = [
+            f"{sc.name}: {len(sc.nodes)} nodes, {gpus} GPUs, pods sampled from {len(sc.pods)} until the GPUs asked "
+            f"reach capacity ({', '.join(map(str, self.pods_per_seed))} pods); mean of seeds {sc.seeds}",
+            "GPU capacity unallocated (%) / failed pods, at arrived workload (% of capacity)",
+            f"{'policy':<15}" + "".join(f"{p:>15}" for p in REPORT_AT) + f"{'FGD paper @100':>16}",
+        ]
+        for policy in sc.policies:
+            cells = "".join(
+                f"{100 * u:>8.2f} / {f:>4.0f}" for u, f in (self.mean(policy, p) for p in REPORT_AT)
+            )
+            pub = PUBLISHED.get(policy)
+            lines.append(f"{policy:<15}{cells}{(f'{pub:.1f}' if pub is not None else '-'):>16}")
+        if self.extender:
+            lines.append(
+                f"through the extender (seed {self.extender['seed']}): {self.extender['unallocated_100']:.2f} % "
+                f"unallocated, {self.extender['failed']} failed; same placements as the simulated rule: "
+                f"{self.extender['same']} of {self.extender['pods']} pods"
+            )
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.scenario.name,
+            "nodes": len(self.scenario.nodes),
+            "gpus": sum(n.gpus for n in self.scenario.nodes),
+            "seeds": self.scenario.seeds,
+            "grid_percent": list(GRID),
+            "policies": {
+                p: {
+                    "unallocated": [c.unallocated for c in cs],
+                    "failed": [c.failed for c in cs],
+                    "at": {
+                        str(q): dict(zip(("unallocated", "failed"), self.mean(p, q), strict=True))
+                        for q in REPORT_AT
+                    },
+                    "published_unallocated_100": PUBLISHED.get(p),
+                }
+                for p, cs in self.curves.items()
+            },
+            "extender": self.extender,
+        }
+
+    def plots(self, directory: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        directory.mkdir(parents=True, exist_ok=True)
+        out = []
+        for what, label in (("unallocated", "GPU capacity unallocated (%)"), ("failed", "failed pods")):
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for p, cs in self.curves.items():
+                ys = np.mean([getattr(c, what) for c in cs], axis=0)
+                ax.plot(GRID, ys * (100 if what == "unallocated" else 1), label=p)
+            if what == "unallocated":
+                ax.plot(GRID, [100 - g for g in GRID], "k:", label="ideal", linewidth=0.8)
+                ax.set_xlim(70, 100)
+                ax.set_ylim(0, 32)
+            else:
+                ax.set_xlim(70, 100)
+            ax.set_xlabel("arrived workload (% of GPU capacity)")
+            ax.set_ylabel(label)
+            ax.set_title(self.scenario.name)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            path = directory / f"{self.scenario.name}-{what}.png"
+            fig.tight_layout()
+            fig.savefig(path, dpi=120)
+            plt.close(fig)
+            out.append(path)
+        return out
+
+
+def tessera_config(sc: PackingScenario) -> PackingConfig:
+    prior: tuple[tuple[Shape, float], ...] = ()
+    if sc.prior == "trace":
+        wl = workload_of(sc.pods, [])
+        prior = tuple((s, float(w) * 1000) for s, w in zip(wl.shapes, wl.weight.tolist(), strict=True))
+    return PackingConfig(decay=sc.decay, max_shapes=sc.max_shapes, prior=prior)
+
+
+def run(scenario: PackingScenario, *, progress: bool = False) -> PackingResult:
+    sc = scenario
+    if sc.seed != sc.seeds[0]:  # `tessera simulate --seed N`
+        sc = PackingScenario(**{**sc.__dict__, "seeds": [sc.seed]})
+    capacity = float(sum(n.gpus for n in sc.nodes))
+    models = sorted({n.model for n in sc.nodes})
+    target = workload_of(sc.pods, models)  # FGD's target workload: the pod list's distribution
+    streams = {seed: arrivals(sc.pods, capacity, seed) for seed in sc.seeds}
+    total = sum(len(s) for s in streams.values()) * len(sc.policies)
+    if sc.through_extender:
+        total += 2 * len(streams[sc.seeds[0]])
+    curves: dict[str, list[Curve]] = {p: [] for p in sc.policies}
+    cfg = tessera_config(sc)
+    done = 0
+    with Progress(total, "packing", enabled=progress) as bar:
+
+        def step(note: str) -> Callable[[int], None]:
+            start = done
+            return lambda k: bar.update(start + k + 1, note)
+
+        for seed, stream in streams.items():
+            for p in sc.policies:
+                policy = Tessera(cfg.distribution()) if p == "tessera" else make_policy(p, target)
+                curves[p].append(
+                    run_policy(
+                        sc.nodes,
+                        stream,
+                        policy,
+                        seed,
+                        step(f"{p} seed {seed}"),
+                    )
+                )
+                done += len(stream)
+        ext: dict[str, Any] = {}
+        if sc.through_extender:
+            seed = sc.seeds[0]
+            stream = through_extender.extender_shapes(streams[seed])
+            nodes = through_extender.nominal_nodes(sc.nodes)
+            sim = run_policy(
+                nodes,
+                stream,
+                Tessera(cfg.distribution()),
+                seed,
+                step("simulated rule"),
+            )
+            done += len(stream)
+            picks = through_extender.run(nodes, stream, cfg, step("through the extender"))
+            allocated = sum(s.gpu_share for s, pk in zip(stream, picks, strict=True) if pk is not None)
+            ext = {
+                "seed": seed,
+                "pods": len(stream),
+                "same": sum(a == b for a, b in zip(sim.picks, picks, strict=True)),
+                "failed": sum(pk is None for pk in picks),
+                "unallocated_100": 100 * (1 - allocated / capacity),
+                "simulated_unallocated_100": 100 * sim.unallocated[-1],
+            }
+    return PackingResult(sc, curves, [len(s) for s in streams.values()], ext)
