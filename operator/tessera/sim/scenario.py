@@ -18,6 +18,7 @@ KINDS: dict[str, str] = {
     "tuning": "tessera.sim.tuning.scenario",  # Fluid and the tuning algorithms
     "serving": "tessera.sim.serving.scenario",  # Orloj, Symphony and batching baselines
     "placement": "tessera.sim.serving.placement_scenario",  # AlpaServe and its baselines
+    "packing": "tessera.sim.packing.scenario",  # FGD and the GPU packing baselines on Alibaba's trace
     "orion": "tessera.sim.orion.scenario",  # one GPU shared by HP and BE clients (Orion, node policy)
 }
 
