@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import grpc
+import grpc  # type: ignore[import-untyped]
 import numpy as np
 
 from tessera.api.contract import HEADER_DEADLINE_MS
@@ -129,7 +129,7 @@ def to_response(out: Outcome) -> Any:
     return resp
 
 
-class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
 
@@ -202,7 +202,7 @@ async def start_grpc(gateway: Gateway, host: str, port: int) -> tuple[Any, int]:
         ("grpc.max_send_message_length", CLIENT_MAX_BODY),
     ]
     server = grpc.aio.server(options=options)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(gateway), server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(gateway), server)  # type: ignore[no-untyped-call]
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen for gRPC on {host}:{port}")
