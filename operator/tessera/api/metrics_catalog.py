@@ -276,6 +276,20 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         frozenset({_AGENT}),
     ),
     MetricSpec(
+        "tessera_lane_be_compute_ratio",
+        MetricType.GAUGE,
+        "Active-thread share the BE feedback loop gives best-effort lanes on a GPU with a high-priority lane.",
+        ("node", "uuid"),
+        frozenset({_AGENT}),
+    ),
+    MetricSpec(
+        "tessera_lane_be_restarts_total",
+        MetricType.COUNTER,
+        "Best-effort pods restarted to apply a new BE share, by the reason (over-target, under-target).",
+        ("node", "uuid", "reason"),
+        frozenset({_AGENT}),
+    ),
+    MetricSpec(
         "tessera_device_plugin_allocations_total",
         MetricType.COUNTER,
         "Device plugin Allocate calls answered, by result (ok, error).",
