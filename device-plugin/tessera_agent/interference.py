@@ -26,6 +26,7 @@ from typing import Protocol
 from tessera.policy.orion.controller import PBeController
 
 from .lanes import Lane, LaneBook
+from .metrics_factory import AgentMetrics
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,18 @@ class WindowedLatency:
         return xs[max(0, math.ceil(0.99 * len(xs)) - 1)]
 
 
+def agent_metrics_sink(metrics: AgentMetrics) -> Callable[[str, Mapping[str, str], float], None]:
+    """`on_metric` writing to the agent's catalogue metrics: gauges are set, counters incremented."""
+
+    def sink(name: str, labels: Mapping[str, str], value: float) -> None:
+        if name.endswith("_total"):
+            metrics.counter(name).labels(**labels).inc(value)
+        else:
+            metrics.gauge(name).labels(**labels).set(value)
+
+    return sink
+
+
 @dataclass(frozen=True)
 class Change:
     gpu: str
@@ -107,7 +120,7 @@ class InterferenceLoop:
 
     def _metric(self, name: str, gpu: str, value: float, **labels: str) -> None:
         if self.on_metric is not None:
-            self.on_metric(name, {"node": self.node, "gpu": gpu, **labels}, value)
+            self.on_metric(name, {"node": self.node, "uuid": gpu, **labels}, value)
 
     async def step(self, now: float) -> list[Change]:
         changes = []

@@ -15,8 +15,10 @@ from tessera_agent.interference import (
     REASON_NOT_RESTARTED,
     InterferenceLoop,
     WindowedLatency,
+    agent_metrics_sink,
 )
 from tessera_agent.lanes import Lane, LaneBook
+from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.pods import PodInfo
 
 U0 = "GPU-aaaa"
@@ -69,6 +71,8 @@ def setup(min_interval: float = 300.0) -> tuple[InterferenceLoop, Recorder, Wind
 
 def test_baseline_measured_alone_then_converges_without_flapping() -> None:
     loop, rec, lat, book = setup()
+    metrics = AgentMetrics()
+    loop.on_metric = agent_metrics_sink(metrics)
     book.admit(pod("hp", "serving:latency-critical"))
     run(loop, rec, lat, book, 2, 60)  # HP alone: the loop learns its dedicated p99
     assert loop.p99_dedicated[U0] == pytest.approx(0.010)
@@ -83,6 +87,14 @@ def test_baseline_measured_alone_then_converges_without_flapping() -> None:
     assert all(b - a >= 300 for a, b in itertools.pairwise(times))  # minimum interval
     assert all(p == "ns/be1" for _, p in rec.restarts)  # only the BE pod that checkpoints
     assert not [t for t in times if t > rec.now / 2]  # settled: nothing in the second half
+    reg = metrics.registry
+    share = reg.get_sample_value("tessera_lane_be_compute_ratio", {"node": "n", "uuid": U0})
+    assert share == pytest.approx(final / 100)
+    restarts = sum(
+        reg.get_sample_value("tessera_lane_be_restarts_total", {"node": "n", "uuid": U0, "reason": r}) or 0
+        for r in ("over-target", "under-target")
+    )
+    assert restarts == len(rec.restarts)
     reasons = {r for _, r, _ in rec.events}
     assert {REASON_CHANGED, REASON_NOT_RESTARTED, REASON_HELD} <= reasons
     assert all(p != "ns/hp" for p, _, _ in rec.events)
