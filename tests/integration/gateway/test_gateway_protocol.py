@@ -240,8 +240,10 @@ def test_readiness_follows_the_workers(demo_model: Path) -> None:
         wait_for(lambda: call("GET", ready)[0] == 200, 30, "ready with both workers")
         pa.kill()
         pa.wait(10)
-        time.sleep(0.5)  # several health intervals: the model stays ready on the other worker
-        assert call("GET", ready)[0] == 200
+        assert s.gateway is not None
+        first = s.gateway.services[MODEL].slots[0]
+        wait_for(lambda: not first.healthy, 10, "the killed worker taken out")
+        assert call("GET", ready)[0] == 200  # the model stays ready on the other worker
         pb.kill()
         pb.wait(10)
         took = wait_for(lambda: call("GET", ready)[0] == 503, 10, "not ready after every worker was killed")
