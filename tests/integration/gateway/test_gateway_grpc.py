@@ -17,7 +17,7 @@ from tessera.gateway.oip import open_inference_grpc_pb2_grpc as pb_grpc
 
 from .gateway_harness import MODEL, WIDTH, payloads
 from .inproc import Stack, stack
-from .test_gateway_protocol import gateway_config, infer_url, post_json, reference
+from .test_gateway_protocol import call, gateway_config, infer_url, post_json, reference
 
 HTTP_TO_GRPC = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -64,10 +64,9 @@ def test_health_and_metadata_match_http(served: Stack, stub: Any) -> None:
     assert stub.ModelReady(pb.ModelReadyRequest(name=MODEL, version="1")).ready
     assert "binary_tensor_data" in stub.ServerMetadata(pb.ServerMetadataRequest()).extensions
     meta = stub.ModelMetadata(pb.ModelMetadataRequest(name=MODEL))
-    _, http_meta = (
-        200,
-        json.loads(__import__("urllib.request").request.urlopen(f"{served.url}/v2/models/{MODEL}").read()),
-    )
+    status, _, raw = call("GET", f"{served.url}/v2/models/{MODEL}")
+    http_meta = json.loads(raw)
+    assert status == 200
     assert meta.name == http_meta["name"] and list(meta.versions) == http_meta["versions"]
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
         (t["name"], t["datatype"], t["shape"]) for t in http_meta["inputs"]
