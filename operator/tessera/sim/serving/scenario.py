@@ -219,9 +219,9 @@ class ServingResult:
                 f"{'load':>6} {'policy':<10} {'rate':>8} {'bad rate':>9} {'busy':>6} {'GPUs used':>9} "
                 f"{'med batch':>9} {'p99 ms':>7}"
             )
-            for frac, row in self.cluster.items():
+            for frac, crow in self.cluster.items():
                 for p in cs.policies:
-                    s = row[p]
+                    s = crow[p]
                     lines.append(
                         f"{frac:>6g} {p:<10} {frac * self.capacity:>8.0f} {s.bad_rate:>9.4f} "
                         f"{s.busy_fraction:>6.3f} {s.gpus_used:>9d} {s.median_batch:>9g} "
