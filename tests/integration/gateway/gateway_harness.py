@@ -107,12 +107,15 @@ def worker_process(
 
 
 @contextmanager
-def gateway_process(config: dict[str, Any], tmp: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def gateway_process(
+    config: dict[str, Any], tmp: Path, *, grpc_port: int | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     path = tmp / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
+    extra = ["--grpc-port", str(grpc_port)] if grpc_port is not None else []
     proc = subprocess.Popen(
-        _tessera("gateway", "--config", str(path), "--port", str(port)),
+        _tessera("gateway", "--config", str(path), "--port", str(port), *extra),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

@@ -141,3 +141,21 @@ def test_grpc_and_http_share_the_batching_queue(served: Stack, stub: Any) -> Non
     for (_, y), body in zip(got, bodies, strict=True):
         np.testing.assert_allclose(y, reference(body), rtol=1e-3, atol=1e-3)
     assert max(size for size, _ in got) > 1  # requests from both fronts joined one batch
+
+
+def test_tessera_gateway_serves_grpc_with_grpc_port(demo_model: Path, tmp_path: Path) -> None:
+    """The command line: `tessera gateway --grpc-port` beside its HTTP port, workers in processes."""
+    from .gateway_harness import free_port, gateway_process, worker_process
+
+    port = free_port()
+    body = payloads("short", 1, seed=14)[0]
+    with (
+        worker_process(demo_model) as (worker, _),
+        gateway_process(gateway_config([worker]), tmp_path, grpc_port=port),
+        grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        assert stub.ServerReady(pb.ServerReadyRequest(), timeout=30).ready
+        resp = stub.ModelInfer(grpc_request(body, raw=True), timeout=30)
+    got = np.frombuffer(resp.raw_output_contents[0], "<f4").reshape(1, WIDTH)
+    np.testing.assert_allclose(got, reference(body), rtol=1e-3, atol=1e-3)
