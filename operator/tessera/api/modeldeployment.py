@@ -277,7 +277,9 @@ class Frontend(WireModel):
 class Distribution(WireModel):
     """Histogram discretisation and batch mixing (Orloj §3, §2.2.5)."""
 
-    bin_width_ms: float | None = Field(default=None, gt=0, description="Unset: max(0.5, P99/200) ([GAP]).")
+    bin_width_ms: float | None = Field(
+        default=None, gt=0, description="Unset: about 100 bins up to the priors' largest P99 ([GAP])."
+    )
     batch_mix_mode: Literal["roundRobin", "iidMixture", "weighted"] = "roundRobin"
 
 
@@ -324,7 +326,8 @@ class ModelMemory(WireModel):
 
 
 class Network(WireModel):
-    """Per-batch network delay d_ctrl + d_data·bs budgeted into the deadline (Symphony Fig. 18)."""
+    """Network delay (Symphony Fig. 18, A.9): Symphony plans with ℓ(b) + d_ctrl + d_data·b, and every policy
+    takes the response latency out of each request's SLO budget."""
 
     ctrl_latency_us: float = Field(default=0.0, ge=0)
     data_latency_per_item_us: float = Field(default=0.0, ge=0)
