@@ -346,7 +346,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(
         "tessera_serving_requests_total",
         MetricType.COUNTER,
-        "Requests finished by a ModelDeployment's gateway, by outcome: slo_met, slo_missed, dropped.",
+        "Requests finished by a ModelDeployment's gateway, by outcome: slo_met, slo_missed, dropped, rejected (the model refused the input).",
         (*_NS_MD, "outcome"),
         frozenset({_GW, _SIM}),
     ),
