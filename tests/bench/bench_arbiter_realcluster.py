@@ -283,6 +283,8 @@ async def measure_round(
         stats.sort_stats("cumulative").print_stats(40)
         stats.sort_stats("tottime").print_stats(30)
         row.profile = out.getvalue()
+        if dump := os.environ.get("TESSERA_BENCH_PROFILE_OUT"):
+            profiler.dump_stats(dump)  # for pstats' callers view: python -m pstats FILE
 
 
 async def measure_rounds(
@@ -549,8 +551,8 @@ def main() -> None:
         type=float,
         default=None,
         metavar="S",
-        help="the operator's status_max_staleness_s (default: one lease period, so every round that"
-        " follows a lease period rewrites every App's status)",
+        help="the operator's status_max_staleness_s (default: one lease period; statuses due only to"
+        " age are refreshed between rounds, a tick's share at a time)",
     )
     parser.add_argument("--no-events", action="store_true", help="the operator posts no events")
     parser.add_argument("--repeat", type=int, default=3, help="rounds measured per size (default 3)")

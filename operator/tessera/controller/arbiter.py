@@ -80,6 +80,10 @@ class Arbiter:
         self._written: dict[tuple[str, str], Written] = {}
         self.rounds = 0
         self.status_writes = 0
+        self.heartbeats = 0
+        self._last_heartbeat = -math.inf
+        # A round's events, held to be posted as one per App and type when it ends (None: post at once).
+        self._held: dict[tuple[str, str], tuple[AppRecord, list[tuple[str, str, str]]]] | None = None
         # GPUs that TrialGroup pools and serving workers reserve: never offered in an auction.
         self.reserved: Callable[[], set[str]] = set
 
@@ -124,6 +128,13 @@ class Arbiter:
         return any(lease.expires <= now for r in self.records.values() for lease in r.leases)
 
     async def run_round(self, now: float) -> RoundReport:
+        self._held = {}
+        try:
+            return await self._run_round(now)
+        finally:
+            self._post_held()
+
+    async def _run_round(self, now: float) -> RoundReport:
         t0 = time.perf_counter()
         self.dirty = False
         self.last_round = now
@@ -203,8 +214,11 @@ class Arbiter:
         # loser's status still lists it (sequential writes in name order did not promise even that).
         keys = sorted(self.records)
         await self._each(self.sync(self.records[k]) for k in keys)
+        # Statuses due only to age are not the round's: `refresh_stale` spreads them between rounds.
         for batch in ([k for k in keys if k not in gained], [k for k in keys if k in gained]):
-            await self._each(self.write_status(self.records[k], now, force=k in changed) for k in batch)
+            await self._each(
+                self.write_status(self.records[k], now, force=k in changed, heartbeat=False) for k in batch
+            )
         report.seconds = time.perf_counter() - t0
         self.metrics.histogram("tessera_auction_duration_seconds").observe(report.seconds)
         self.rounds += 1
@@ -269,8 +283,33 @@ class Arbiter:
         for gang_name, why in result.failed_gangs.items():
             self._event(rec, "Warning", "GangFailed", f"job {gang_name}: no pods created: {why}")
 
-    async def write_status(self, rec: AppRecord, now: float, *, force: bool = False) -> None:
-        """Patch the App's status when `status_due` says so, or always with `force` (leases changed)."""
+    async def refresh_stale(self, now: float | None = None) -> int:
+        """Rewrite statuses due only to age (`status_max_staleness_s`: elapsed time, GPU-seconds), oldest
+        first, at most a tick's share of them per tick, so that every App is refreshed within the bound
+        without any one round carrying all N writes (Apps created together all go stale together).
+        Runs between rounds under the arbiter's lock; returns how many it wrote."""
+        now = self.config.clock() if now is None else now
+        if now - self._last_heartbeat < self.config.tick or self.lock.locked():
+            return 0
+        self._last_heartbeat = now
+        staleness = self.config.status_staleness
+        # Half the staleness window to catch up with a backlog, at one call per tick.
+        budget = max(1, math.ceil(len(self.records) * self.config.tick / (staleness / 2)))
+        due = sorted((w.at, k) for k, w in self._written.items() if now - w.at >= staleness)
+        async with self.lock:
+            now = max(now, self.last_round)
+            keys = [k for _, k in due[:budget] if k in self.records]
+            before = self.status_writes
+            await self._each(self.write_status(self.records[k], now) for k in keys)
+            wrote = self.status_writes - before
+        self.heartbeats += wrote
+        return wrote
+
+    async def write_status(
+        self, rec: AppRecord, now: float, *, force: bool = False, heartbeat: bool = True
+    ) -> None:
+        """Patch the App's status when `status_due` says so, or always with `force` (leases changed).
+        Without `heartbeat` a status due only to age is left to `refresh_stale`."""
         status = rec.status(now).to_wire()
         # Every App the arbiter holds is admitted; Ready says whether its leases' pods are there.
         pods = self.view.pods_with(contract.LABEL_APP, rec.name, rec.namespace)
@@ -282,7 +321,7 @@ class Arbiter:
             status,
             now,
             rho_tolerance=self.config.status_rho_tolerance,
-            max_staleness_s=self.config.status_staleness,
+            max_staleness_s=self.config.status_staleness if heartbeat else math.inf,
         )
         if not (force or due):
             return
@@ -301,6 +340,26 @@ class Arbiter:
         ).inc(n)
 
     def _event(self, rec: AppRecord, type_: str, reason: str, message: str) -> None:
+        if self._held is not None:
+            self._held.setdefault(rec.key, (rec, []))[1].append((type_, reason, message))
+            return
+        self._post(rec, type_, reason, message)
+
+    def _post_held(self) -> None:
+        """One event per App and type for a round (an App that won a lease got LeaseGranted and
+        PodsCreated, one that moved Preempted too): the first reason names it and the message carries the
+        others', as the Kubernetes event recorder folds similar events. Halves a round's event writes."""
+        held, self._held = self._held or {}, None
+        for rec, notes in held.values():
+            for type_ in ("Warning", "Normal"):
+                mine = [(reason, message) for t, reason, message in notes if t == type_]
+                if not mine:
+                    continue
+                reason, message = mine[0]
+                rest = "; ".join(f"{r}: {m}" for r, m in mine[1:])
+                self._post(rec, type_, reason, f"{message}; {rest}" if rest else message)
+
+    def _post(self, rec: AppRecord, type_: str, reason: str, message: str) -> None:
         body = {
             "apiVersion": contract.API_VERSION,
             "kind": contract.KIND_APP,

@@ -268,7 +268,8 @@ def make_registry(
         async with arbiter.lock:
             new = arbiter.upsert(rec)
             if not new:  # a spec change: the status says which generation it reflects without a round
-                await arbiter.write_status(arbiter.records[rec.key], max(now, arbiter.last_round))
+                rec_now = arbiter.records[rec.key]
+                await arbiter.write_status(rec_now, max(now, arbiter.last_round), heartbeat=False)
         if new:
             ctl.post_event(
                 raw, "Normal", "Admitted", f"demand {rec.demand()} GPUs; leases of {config.lease_s:g}s"
@@ -278,9 +279,11 @@ def make_registry(
     @kopf.timer(G, V, contract.PLURAL_APP, interval=config.tick, registry=registry)
     async def app_tick(**_: Any) -> None:
         # Every App's timer drives the one shared arbiter; a round runs only when due, so N timers make
-        # one round per lease period. kopf stops timers on a paused (lower-priority) peer.
+        # one round per lease period. kopf stops timers on a paused (lower-priority) peer. Between rounds
+        # the stale statuses are refreshed a tick's share at a time.
         if ctl.arbiter is not None:
             await ctl.arbiter.maybe_run()
+            await ctl.arbiter.refresh_stale()
 
     @kopf.on.delete(G, V, contract.PLURAL_APP, registry=registry)
     async def app_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:

@@ -29,7 +29,7 @@ def missing_pods(
     """The planned pods that neither the watch lists (alive) nor this controller just created."""
     have = {p.name for p in existing if not p.deleting}
     if recent is not None:
-        have |= recent.pending(namespace, {p.name for p in existing})
+        have |= recent.pending(namespace, {p.name for p in existing}, (p.name for p in plans))
     return [p for p in plans if p.name not in have]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +33,13 @@ class RecentCreates:
         self.ttl_s = ttl_s
         self.clock = clock
         self._since: dict[tuple[str, str], float] = {}
+        self._swept = clock()
 
     def add(self, namespace: str, names: Sequence[str]) -> None:
         now = self.clock()
+        if now - self._swept > self.ttl_s:  # entries no caller asks about any more expire here
+            self._since = {k: t for k, t in self._since.items() if now - t <= self.ttl_s}
+            self._swept = now
         for n in names:
             self._since[(namespace, n)] = now
 
@@ -43,14 +47,18 @@ class RecentCreates:
         for n in names:
             self._since.pop((namespace, n), None)
 
-    def pending(self, namespace: str, listed: set[str]) -> set[str]:
-        """Names in `namespace` still expected (not listed, not expired); forgets the others."""
+    def pending(self, namespace: str, listed: set[str], among: Iterable[str] | None = None) -> set[str]:
+        """Names in `namespace` still expected (not listed, not expired); forgets the others. With `among`
+        (the names a caller plans) only those are looked at: a round asks once per workload, and a scan of
+        every recent create each time made a round with N workloads cost N² (1000 Apps: 0.5 s)."""
         now = self.clock()
+        if among is None:
+            keys = [k for k in self._since if k[0] == namespace]
+        else:
+            keys = [(namespace, n) for n in among if (namespace, n) in self._since]
         out: set[str] = set()
-        for key, t in list(self._since.items()):
-            if key[0] != namespace:
-                continue
-            if key[1] in listed or now - t > self.ttl_s:
+        for key in keys:
+            if key[1] in listed or now - self._since[key] > self.ttl_s:
                 del self._since[key]
             else:
                 out.add(key[1])
@@ -96,7 +104,7 @@ async def sync_pods(
         out.deleted.append(name)
     have = {p.name for p in existing if not p.deleting}
     if recent is not None:
-        have |= recent.pending(owner.namespace, {p.name for p in existing})
+        have |= recent.pending(owner.namespace, {p.name for p in existing}, wanted)
     gangs: dict[str, list[PodPlan]] = {}
     for plan in plans:
         gangs.setdefault(gang_of(plan), []).append(plan)

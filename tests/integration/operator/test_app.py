@@ -161,3 +161,53 @@ async def test_restart_keeps_leases_and_creates_no_duplicates(api: kmock.Kuberne
     posted = [r for r in api if r.method == "POST" and r.resource and r.resource.plural == "pods"]
     assert {r.data["metadata"]["name"] for r in posted} == names
     assert creates == 2
+
+
+def status_patches(k: kmock.KubernetesEmulator, name: str) -> int:
+    return sum(
+        1 for r in k if r.method == "PATCH" and r.name == name and str(r.url).endswith(f"/apps/{name}/status")
+    )
+
+
+async def test_stale_statuses_are_refreshed_between_rounds_a_ticks_share_at_a_time(
+    api: kmock.KubernetesEmulator,
+) -> None:
+    # One GPU, five Apps: four wait. After a lease period every status is stale, but nothing a reader acts
+    # on changed for the waiting Apps: the round leaves them to the refresher, which writes at most
+    # ceil(5 Apps × tick / (staleness / 2)) = 1 per tick of the operator's clock, oldest first.
+    clock = ManualClock()
+    add_node(api, "n1", 1)
+    names = [f"a{i}" for i in range(5)]
+    for n in names:
+        api.objects[APPS, NS, n] = app_body(n, [job("j1", iters=10**6, gpus=1)])
+    async with running_operator(api, lease_s=100.0, tick_s=0.2, clock=clock) as ctl:
+        await wait_for(lambda: all(status(api, n).get("rho") for n in names), what="every status")
+        arbiter = ctl.arbiter
+        assert arbiter is not None
+        await wait_for(lambda: arbiter.lock.locked() is False and not arbiter.dirty, what="quiet")
+        before = {n: status_patches(api, n) for n in names}
+        rounds = arbiter.rounds
+        clock.advance(150.0)  # every lease expired, every status 150 s old (staleness: 100 s)
+        await wait_for(lambda: arbiter.rounds > rounds, what="the round after the expiry")
+        await wait_for(lambda: arbiter.heartbeats >= 1, what="a first refresh")
+        waiting = [n for n in names if not status(api, n).get("leases")]
+        for step in range(1, 10):
+            if all(status(api, n)["elapsedSeconds"] >= 150.0 for n in names):
+                break
+            # Per tick of the clock no more than the budget; the refresher runs on the Apps' timers.
+            assert arbiter.heartbeats <= step
+            clock.advance(0.2)
+            await wait_for(lambda s=step: arbiter.heartbeats >= min(s + 1, len(waiting)), what="next refresh")
+        assert all(status(api, n)["elapsedSeconds"] >= 150.0 for n in names)
+        # The waiting Apps' statuses were each written once since the expiry: by the refresher, not the round.
+        assert all(status_patches(api, n) - before[n] == 1 for n in waiting if status(api, n)["gpus"] == 0)
+
+
+async def test_a_rounds_events_are_folded_into_one_per_app(api: kmock.KubernetesEmulator) -> None:
+    add_node(api, "n1", 2)
+    api.objects[APPS, NS, "a"] = app_body("a", [job("j1", gpus=2)])
+    async with running_operator(api):
+        got = await wait_for(lambda: events(api, "LeaseGranted"), what="LeaseGranted")
+        await wait_for(lambda: pods(api, **{contract.LABEL_APP: "a"}), what="pods")
+    assert len(got) == 1 and not events(api, "PodsCreated")
+    assert "PodsCreated: a-j1-" in got[0]["message"]

@@ -29,3 +29,21 @@ def test_a_failed_create_is_not_expected() -> None:
     recent.add("ns", ["a-0", "a-1"])
     recent.discard("ns", ["a-1"])
     assert recent.pending("ns", set()) == {"a-0"}
+
+
+def test_pending_among_planned_names_only() -> None:
+    clock = _Clock()
+    recent = RecentCreates(ttl_s=30.0, clock=clock)
+    recent.add("ns", ["a-0", "b-0", "b-1"])
+    assert recent.pending("ns", set(), among=["b-0", "b-1", "c-0"]) == {"b-0", "b-1"}
+    assert recent.pending("ns", {"b-0"}, among=["b-0", "b-1"]) == {"b-1"}  # listed: forgotten
+    assert recent.pending("ns", set()) == {"a-0", "b-1"}
+
+
+def test_entries_nobody_asks_about_expire_on_a_later_add() -> None:
+    clock = _Clock()
+    recent = RecentCreates(ttl_s=30.0, clock=clock)
+    recent.add("ns", [f"old-{i}" for i in range(100)])
+    clock.t = 31.0
+    recent.add("ns", ["new-0"])
+    assert len(recent._since) == 1
