@@ -355,12 +355,12 @@ class ModelService:
         return parts
 
     async def _post_fitting(
-        self, slot: WorkerSlot, members: list[Pending]
-    ) -> tuple[list[tuple[Pending, int, bytes, bytes]], float]:
-        """Run ``members`` on ``slot`` in as many parts as its body limit needs: (member, status, JSON,
-        binary) per member that ran or was refused, and the compute seconds of all parts."""
+        self, slot: WorkerSlot, members: list[Pending], done: list[tuple[Pending, int, bytes, bytes]]
+    ) -> float:
+        """Run ``members`` on ``slot`` in as many parts as its body limit needs, appending (member,
+        status, JSON, binary) to ``done`` for each member that ran or was refused as its part returns;
+        the compute seconds of all parts."""
         todo = self._parts(members, slot.max_body)
-        done: list[tuple[Pending, int, bytes, bytes]] = []
         compute = 0.0
         while todo:
             part = todo.pop(0)
@@ -384,12 +384,16 @@ class ModelService:
             for p, (status, fragment, blob) in zip(part, data.members, strict=True):
                 p.back = back
                 done.append((p, status, fragment, blob))
-        return done, compute
+        return compute
 
     async def _run(self, slot: WorkerSlot, batch: Batch, live: list[Pending]) -> None:
+        answers: list[tuple[Pending, int, bytes, bytes]] = []
         try:
-            answers, compute = await self._post_fitting(slot, live)
+            compute = await self._post_fitting(slot, live, answers)
         except (aiohttp.ClientError, TimeoutError, WorkerFailure, ValueError) as err:
+            now = self._now()  # parts answered before the failure keep their answers
+            for p, status, fragment, blob in answers:
+                self._answer(p, status, fragment, blob, now, len(live), slot.index)
             self._worker_failed(slot, [p for p in live if not p.future.done()], err)
             return
         except Exception as err:  # a bug here must still answer every member
