@@ -80,7 +80,7 @@ def test_temporal_sharing_head_of_line_blocking(inf_train: ExperimentResult) -> 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the model's MPS inflates HP p99 by ~1.6-1.75x, short of the paper's 1.89-2.2x: its contention is only "
+    reason="the model's MPS inflates HP p99 by ~1.3-1.75x (by seed), short of the paper's 1.89-2.2x: its contention is only "
     "SM queueing and bandwidth overload, without cache/scheduler effects; not tuned to the paper's number",
 )
 def test_mps_hp_p99_about_twice_dedicated(inf_train: ExperimentResult) -> None:
