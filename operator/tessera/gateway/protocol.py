@@ -130,7 +130,7 @@ def validate_request(body: Any, binary_len: int = 0) -> list[dict[str, Any]]:
         dt = t.get("datatype")
         if dt == "BYTES":
             raise ProtocolError(f"input {name!r}: BYTES tensors are not supported; send numeric tensors")
-        if dt not in DATATYPES:
+        if not isinstance(dt, str) or dt not in DATATYPES:  # a list or object here is unhashable
             raise ProtocolError(f"input {name!r}: unknown datatype {dt!r}; use one of {sorted(DATATYPES)}")
         params = t.get("parameters")
         if params is not None and not isinstance(params, dict):
