@@ -290,6 +290,7 @@ class ClusterView:
         self._pnames: tuple[list[str], npt.NDArray[np.intp]] | None = None
         self.distribution: ShapeDistribution | None = None  # set: every new pod seen is observed
         self._seen: dict[str, None] = {}
+        self._smallest: tuple[int, int | None] | None = None
 
     def _changed(self, node: str) -> None:
         self.generation += 1
@@ -445,9 +446,12 @@ class ClusterView:
         self._names = (list(names), rows)
         return rows
 
-    def min_memories(self) -> list[int]:
-        """Each node's smallest GPU memory (nodes with GPUs)."""
-        return [v for v in self._min_memory.values() if v is not None]
+    def smallest_gpu_memory(self) -> int | None:
+        """The smallest GPU memory of any node (what a pod asking for memory but no compute is scored on)."""
+        if self._smallest is None or self._smallest[0] != len(self._min_memory):
+            values = [v for v in self._min_memory.values() if v is not None]
+            self._smallest = (len(self._min_memory), min(values, default=None))
+        return self._smallest[1]
 
     def min_memory(self, node: str) -> int | None:
         """The node's smallest GPU memory (what a pod without a memory request defaults to)."""
@@ -475,6 +479,7 @@ class ClusterView:
             self._pnames = None
         self.allocatable[name] = node_allocatable(node)
         self.models[name] = next((g.model for g in inventory if g.model), "")
+        self._smallest = None
         self.nodes[name] = [GpuState(g.index, g.uuid, g.memory_mib, g.healthy) for g in inventory]
         self._min_memory[name] = min((g.memory_mib for g in inventory), default=None)
         for uid in self._on_node.get(name, ()):
@@ -500,7 +505,7 @@ class ClusterView:
             return
         node = (pod.get("spec") or {}).get("nodeName")
         if not node and self.distribution is not None:  # a pending pod: part of the workload to pack for
-            self.observe(pod, shape_of(pod_spec(pod), pod, min(self.min_memories(), default=None)))
+            self.observe(pod, shape_of(pod_spec(pod), pod, self.smallest_gpu_memory()))
         if node:
             try:
                 self.reserve(uid, node, *pod_cpu_memory(pod))

@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 F64 = npt.NDArray[np.float64]
 EPS = 1e-9
+BIG = 1e15  # CPU milli or memory MiB standing for "no limit"
 
 
 class PackingInputError(ValueError):
@@ -247,8 +248,9 @@ class PackingState:
         self.comp[row, :n] = free_compute
         self.gfree[row, :n] = free_memory_mib
         self.gcap[row, :n] = gpu_memory_mib
-        self.cpu[row], self.mem[row] = cpu_free, memory_free
-        self.cpu_cap[row], self.mem_cap[row] = cpu_capacity, memory_capacity
+        # no limit (inf) becomes a finite "plenty", so states can be hashed and compared
+        self.cpu[row], self.mem[row] = min(cpu_free, BIG), min(memory_free, BIG)
+        self.cpu_cap[row], self.mem_cap[row] = min(cpu_capacity, BIG), min(memory_capacity, BIG)
         self.gpus[row] = n
         self.model[row] = self.model_id(model)
 
@@ -374,24 +376,53 @@ class Scored:
         return _same_gpus(self.state, int(self.rows[i]), self.rep_gpus[g], int(self.reps[g]))
 
 
-def candidate_gpus(
-    state: PackingState, row: int, shape: Shape, fits_row: npt.NDArray[np.bool_]
-) -> list[tuple[int, ...]]:
-    """GPU choices on one row worth scoring: for a one-GPU pod every fitting GPU of a distinct free state
-    (equal GPUs score equally); for k GPUs, the k fitting GPUs with the least free share (tightest), which for
-    whole-GPU pods are any k idle ones."""
-    cols = np.flatnonzero(fits_row)
+_PROJECTION = np.random.default_rng(20230710).uniform(0.5, 1.5, size=4096)
+
+
+def _groups(
+    state: PackingState, rows: npt.NDArray[np.intp]
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Rows in the same state (sorted free GPUs, GPU sizes, CPU, memory, model) score alike: (the first row of
+    each group, each row's group). States are told apart by a random projection (equal states, equal sums)."""
+    feats = np.concatenate(
+        [
+            np.sort(state.comp[rows], axis=1),
+            np.sort(state.gfree[rows] / state.gcap[rows], axis=1),
+            np.sort(state.gcap[rows], axis=1),
+            state.cpu[rows, None],
+            state.mem[rows, None],
+            state.model[rows, None].astype(np.float64),
+        ],
+        axis=1,
+    )
+    h = feats @ _PROJECTION[: feats.shape[1]]
+    _, first, group = np.unique(h, return_index=True, return_inverse=True)
+    return rows[first], group.reshape(-1)
+
+
+def _candidates(
+    state: PackingState, reps: npt.NDArray[np.intp], shape: Shape
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """GPU choices worth scoring on each representative row: (owner index into reps, chosen columns [C, k]).
+
+    One-GPU pods: every fitting GPU, less those in the same free state as a lower-index one (they score
+    alike). k GPUs: the k fitting GPUs with the least free compute (tightest; any k idle ones for whole-GPU
+    pods). CPU-only pods: one choice, no GPU.
+    """
+    u = len(reps)
+    if not shape.gpus:
+        return np.arange(u, dtype=np.intp), np.zeros((u, 0), dtype=np.intp)
+    fits = state.gpu_fits(reps, shape)
     if shape.gpus == 1:
-        seen: set[tuple[float, float]] = set()
-        out: list[tuple[int, ...]] = []
-        for c in cols.tolist():
-            key = (round(float(state.comp[row, c]), 9), round(float(state.gfree[row, c]), 6))
-            if key not in seen:
-                seen.add(key)
-                out.append((c,))
-        return out
-    order = sorted(cols.tolist(), key=lambda c: (float(state.comp[row, c]), c))
-    return [tuple(sorted(order[: shape.gpus]))]
+        comp, gfree = state.comp[reps], state.gfree[reps]
+        same = (comp[:, :, None] == comp[:, None, :]) & (gfree[:, :, None] == gfree[:, None, :])
+        earlier = np.tril(np.ones((comp.shape[1], comp.shape[1]), dtype=bool), k=-1)  # [j, j'] j' < j
+        dup = (same & earlier[None] & fits[:, None, :]).any(axis=2)
+        owner, col = np.nonzero(fits & ~dup)
+        return owner.astype(np.intp), col.astype(np.intp)[:, None]
+    key = np.where(fits, state.comp[reps], np.inf)
+    cols = np.argsort(key, axis=1, kind="stable")[:, : shape.gpus]
+    return np.arange(u, dtype=np.intp), np.sort(cols, axis=1).astype(np.intp)
 
 
 def score_rows(
@@ -403,76 +434,84 @@ def score_rows(
 ) -> Scored:
     """FGD's score for placing `shape` on each of `rows` that can host it (the others are left out).
 
-    For every row the candidate GPU choices are scored by fragmentation after minus before, and the least
-    increase (lowest GPU index on ties) is the row's. Rows in the same state are scored once.
+    For every row the candidate GPU choices are scored by fragmentation after minus before (§4.3), and the
+    least increase is the row's (the first candidate, in column order, on ties). Rows in the same state are
+    scored once. A choice changes a few GPUs of a node, so the state after is computed from the state before
+    GPU by GPU rather than from scratch: the cost is (rows × GPUs + choices) × shapes.
     """
     rows = rows[state.feasible(rows, shape)]
     if not len(rows):
         empty = np.zeros(0, dtype=np.intp)
         return Scored(state, rows, np.zeros(0), np.zeros(0), empty, empty, [])
-    # Rows with equal state score equally: group them (most nodes look alike early in a run).
-    key = np.concatenate(
-        [
-            np.sort(state.comp[rows], axis=1),
-            np.sort(state.gfree[rows] / state.gcap[rows], axis=1),
-            state.gcap[rows],
-            state.cpu[rows, None],
-            state.mem[rows, None],
-            state.model[rows, None].astype(np.float64),
-        ],
-        axis=1,
-    )
-    _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    reps = rows[first]
-    fits = state.gpu_fits(reps, shape) if shape.gpus else np.zeros((len(reps), state.comp.shape[1]), bool)
-    owner: list[int] = []
-    choices: list[tuple[int, ...]] = []
-    for i, r in enumerate(reps.tolist()):
-        for c in candidate_gpus(state, r, shape, fits[i]) if shape.gpus else [()]:
-            owner.append(i)
-            choices.append(c)
-    own = np.array(owner, dtype=np.intp)
-    crow = reps[own]
-    comp = state.comp[crow].copy()
-    gfree = state.gfree[crow].copy()
-    gcap = state.gcap[crow]
-    for j, c in enumerate(choices):
-        for g in c:
-            comp[j, g] -= shape.compute
-            gfree[j, g] -= shape.gpu_memory_mib + shape.gpu_memory_frac * gcap[j, g]
+    reps, group = _groups(state, rows)
+    owner, chosen = _candidates(state, reps, shape)
+    comp, gfree, gcap = state.comp[reps], state.gfree[reps], state.gcap[reps]
     mmap = model_map(state, wl)
-    before = fragmentation(
-        state.comp[reps],
-        state.gfree[reps],
-        state.gcap[reps],
-        state.cpu[reps],
-        state.mem[reps],
-        mmap[state.model[reps]],
-        wl,
-        measure,
+    known = mmap[state.model[reps]]
+    w_gpus = wl.gpus[None, :]
+
+    def amount(c: F64, m: F64, cap: F64) -> F64:
+        healthy = c >= 0.0
+        if measure.gpu_memory:
+            out: F64 = np.where(healthy, (np.clip(c, 0, None) + np.clip(m, 0, None) / cap) / 2.0, 0.0)
+        else:
+            out = np.where(healthy, np.clip(c, 0, None), 0.0)
+        return out
+
+    def gpu_fit(c: F64, m: F64, cap: F64) -> npt.NDArray[np.float64]:
+        """[..., S] 1.0 where a GPU (free compute c, memory m, size cap) fits each shape."""
+        ok = c[..., None] >= wl.compute - EPS
+        if measure.gpu_memory:
+            ok &= m[..., None] >= wl.mem_mib + wl.mem_frac * cap[..., None] - EPS
+        out: npt.NDArray[np.float64] = ok.astype(np.float64)
+        return out
+
+    def node_ok(cpu: F64, mem: F64, model: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
+        ok = (cpu[:, None] >= wl.cpu[None, :] - EPS) & wl.model_ok[model] & (w_gpus > 0)
+        if measure.node_memory:
+            ok &= mem[:, None] >= wl.memory[None, :] - EPS
+        return ok
+
+    def frag(total: F64, usable: F64, count: F64, ok: npt.NDArray[np.bool_]) -> F64:
+        hosted = ok & (count >= w_gpus - EPS)
+        out: F64 = (total[:, None] - np.where(hosted, usable, 0.0)) @ wl.weight
+        return out
+
+    a = amount(comp, gfree, gcap)  # [U, G]
+    fit = gpu_fit(comp, gfree, gcap)  # [U, G, S]
+    usable = np.einsum("ug,ugs->us", a, fit)
+    count = fit.sum(axis=1)
+    total = a.sum(axis=1)
+    before = (
+        frag(total, usable, count, node_ok(state.cpu[reps], state.mem[reps], known)) if len(wl) else total * 0
     )
-    after = fragmentation(
-        comp,
-        gfree,
-        gcap,
-        state.cpu[crow] - shape.cpu_milli,
-        state.mem[crow] - shape.memory_mib,
-        mmap[state.model[crow]],
-        wl,
-        measure,
-    )
-    delta_c = after - before[own]
-    free_c = np.clip(comp, 0, None).sum(axis=1)
-    # best candidate per representative: least delta, then the earliest (tightest listed first)
-    best = np.full(len(reps), -1, dtype=np.intp)
-    best_delta = np.full(len(reps), np.inf)
-    for j in range(len(own)):
-        i = own[j]
-        if delta_c[j] < best_delta[i] - EPS:
-            best_delta[i], best[i] = delta_c[j], j
-    rep_gpus = [choices[j] for j in best.tolist()]
-    return Scored(state, rows, best_delta[inverse], free_c[best][inverse], reps, inverse, rep_gpus)
+    # the state after each choice, from the state before, one changed GPU at a time
+    u_total, u_usable, u_count = total[owner].copy(), usable[owner].copy(), count[owner].copy()
+    for t in range(chosen.shape[1]):
+        g = chosen[:, t]
+        c_old, m_old, cap = comp[owner, g], gfree[owner, g], gcap[owner, g]
+        c_new = c_old - shape.compute
+        m_new = m_old - (shape.gpu_memory_mib + shape.gpu_memory_frac * cap)
+        a_old, a_new = a[owner, g], amount(c_new, m_new, cap)
+        f_old, f_new = fit[owner, g], gpu_fit(c_new, m_new, cap)
+        u_total += a_new - a_old
+        u_usable += a_new[:, None] * f_new - a_old[:, None] * f_old
+        u_count += f_new - f_old
+    if len(wl):
+        ok_after = node_ok(
+            state.cpu[reps][owner] - shape.cpu_milli, state.mem[reps][owner] - shape.memory_mib, known[owner]
+        )
+        after = frag(u_total, u_usable, u_count, ok_after)
+    else:
+        after = u_total * 0
+    delta_c = after - before[owner]
+    free_c = np.clip(comp, 0, None).sum(axis=1)[owner] - shape.compute * shape.gpus
+    # best choice per representative: least increase (equal up to float noise), then the first listed
+    order = np.lexsort((np.arange(len(owner)), np.round(delta_c / EPS), owner))
+    _, first = np.unique(owner[order], return_index=True)
+    best = order[first]
+    rep_gpus = [tuple(int(x) for x in chosen[j]) for j in best.tolist()]
+    return Scored(state, rows, delta_c[best][group], free_c[best][group], reps, group, rep_gpus)
 
 
 def _same_gpus(state: PackingState, row: int, rep_choice: tuple[int, ...], rep: int) -> tuple[int, ...]:
