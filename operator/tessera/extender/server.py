@@ -149,7 +149,7 @@ class Extender:
         meta = pod.get("metadata", {})
         stamp = (meta.get("uid"), meta.get("resourceVersion"), id(spec))
         if self._shape is None or self._shape[0] != stamp or not meta.get("uid"):
-            self._shape = (stamp, shape_of(spec, pod, min(self.view.min_memories(), default=None)))
+            self._shape = (stamp, shape_of(spec, pod, self.view.smallest_gpu_memory()))
         return self._shape[1]
 
     def _node_fit(self, pod: JsonObj, spec: PodSpec | None, node: str) -> tuple[str, str] | None:
@@ -257,18 +257,21 @@ class Extender:
                 else:
                     code, failed[names[i]] = rejected
                     codes[code] = codes.get(code, 0) + 1
-            ok = [names[i] for i in np.flatnonzero(passed).tolist()]
             shape = self.shape(pod, spec)
-            if shape is not None and ok:
+            if shape is not None:
                 # CPU, memory and GPU model of the nodes that have the GPUs: all at once on the packing arrays
                 self.view.observe(pod, shape)
                 st = self.view.packing_state()
-                rows = self.view.packing_rows(ok)
+                rows = self.view.packing_rows(names)
                 fit = st.node_fits(np.maximum(rows, 0), shape) | (rows < 0)
-                for i in np.flatnonzero(~fit).tolist():
-                    code, failed[ok[i]] = m.NO_FIT, self.view.why_not_node(ok[i], shape) or "node is full"
+                for i in np.flatnonzero(passed & ~fit).tolist():
+                    code, failed[names[i]] = (
+                        m.NO_FIT,
+                        self.view.why_not_node(names[i], shape) or "node is full",
+                    )
                     codes[code] = codes.get(code, 0) + 1
-                ok = [ok[i] for i in np.flatnonzero(fit).tolist()]
+                passed &= fit
+            ok = [names[i] for i in np.flatnonzero(passed).tolist()]
         else:
             ok = []
             for name in names:
@@ -344,8 +347,9 @@ class Extender:
             keep &= np.fromiter((n not in rejected for n in names), dtype=bool, count=len(names))
         wl = self.view.distribution.workload(st.models)
         scored = score_rows(st, rows[keep], shape, wl, self.packing.measure)
-        by_row = dict(zip(scored.rows.tolist(), priorities(scored).tolist(), strict=True))
-        return [{"Host": n, "Score": by_row.get(r, 0)} for n, r in zip(names, rows.tolist(), strict=True)]
+        by_row = np.zeros(st.rows + 1, dtype=np.int64)  # the last entry stands for rows -1 (no packing row)
+        by_row[scored.rows] = priorities(scored)
+        return [{"Host": n, "Score": p} for n, p in zip(names, by_row[rows].tolist(), strict=True)]
 
     def _packing_choice(self, spec: PodSpec, node: str, req: Request) -> Choice | None:
         """The GPUs FGD's rule takes on `node` (None: not a packing-scored pod, or no fit by its arrays)."""
