@@ -46,7 +46,9 @@ def bench_instance(n: int, duration: float = 30.0, seed: int = 0) -> tuple[list[
     return profs, w
 
 
-def mixed_instance(seed: int, n_models: int = 6, duration: float = 300.0) -> tuple[list[ModelProfile], Workload]:
+def mixed_instance(
+    seed: int, n_models: int = 6, duration: float = 300.0
+) -> tuple[list[ModelProfile], Workload]:
     """Heterogeneous latencies and sizes (several buckets), uniform random rates, CV 3."""
     rng = np.random.default_rng(seed)
     cfgs = all_configs(4, 2)
@@ -132,18 +134,28 @@ CASES: dict[str, Callable[[], Callable[[], dict[str, object]]]] = {
     "mixed-0": lambda: _place(mixed_instance(0), 8, 13 * GB, SMALL),
     "mixed-1": lambda: _place(mixed_instance(1), 8, 13 * GB, SMALL),
     "mixed-2-max-stage-overhead": lambda: _place(
-        mixed_instance(2, n_models=8), 8, 13 * GB,
-        SearchOptions(max_pp=4, max_op=2, devices_per_node=4, memory_rule="max_stage", fixed_overhead_s=0.011),
-    ),  # fmt: skip
+        mixed_instance(2, n_models=8),
+        8,
+        13 * GB,
+        SearchOptions(
+            max_pp=4, max_op=2, devices_per_node=4, memory_rule="max_stage", fixed_overhead_s=0.011
+        ),
+    ),
     "mixed-5-alg1-beam1": lambda: _place(
-        mixed_instance(5, n_models=4, duration=150.0), 4, 13 * GB,
+        mixed_instance(5, n_models=4, duration=150.0),
+        4,
+        13 * GB,
         SearchOptions(max_pp=4, max_op=2, devices_per_node=4, fast_heuristic=False),
-    ),  # fmt: skip
+    ),
     "mixed-6-alg1-beam3": lambda: _place(
-        mixed_instance(6, n_models=4, duration=150.0), 4, 13 * GB,
+        mixed_instance(6, n_models=4, duration=150.0),
+        4,
+        13 * GB,
         SearchOptions(max_pp=4, max_op=2, devices_per_node=4, fast_heuristic=False, beam_size=3),
-    ),  # fmt: skip
-    "uneven-0": lambda: _place(uneven_instance(0), 6, 8 * GB, SearchOptions(max_pp=4, max_op=2, devices_per_node=8)),
+    ),
+    "uneven-0": lambda: _place(
+        uneven_instance(0), 6, 8 * GB, SearchOptions(max_pp=4, max_op=2, devices_per_node=8)
+    ),
     "uneven-1-fast-pp2": lambda: _alg1(uneven_instance(1), [ParallelConfig(2)] * 3, 1, True),
     "uneven-2-beam2-pp1": lambda: _alg1(uneven_instance(2), [ParallelConfig(1)] * 4, 2, False),
     "sr-mixed-3": lambda: _sr(mixed_instance(3, n_models=8), 6),

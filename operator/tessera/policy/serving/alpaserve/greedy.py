@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tessera.policy.serving.alpaserve.placement import MemoryRule, Placement, fits
-from tessera.policy.serving.alpaserve.profiles import ModelProfile
+from tessera.policy.serving.alpaserve.incremental import ComponentCache
+from tessera.policy.serving.alpaserve.placement import Group, MemoryRule, Placement, stage_memory
+from tessera.policy.serving.alpaserve.profiles import ModelProfile, ParallelConfig
 from tessera.policy.serving.alpaserve.simulator import SimStats, simulate
 from tessera.policy.serving.alpaserve.workload import Workload
 
@@ -44,6 +45,48 @@ def evaluate(
     return Scored(placement, stats, stats.score(placement.num_replicas()), 1)
 
 
+class _Scorer:
+    """``evaluate`` for a run of placements that differ by a replica at a time: the simulation of every
+    component the step left alone is reused (``ComponentCache``); same scores as ``evaluate``."""
+
+    def __init__(
+        self, profiles: Mapping[str, ModelProfile], workload: Workload, fixed_overhead_s: float
+    ) -> None:
+        self._cache = ComponentCache(profiles, workload, fixed_overhead_s=fixed_overhead_s)
+
+    def __call__(self, placement: Placement, parent: tuple[Placement, int, str] | None = None) -> Scored:
+        stats = self._cache.simulate(placement, parent)
+        return Scored(placement, stats, stats.score(placement.num_replicas()), 1)
+
+
+class _Fits:
+    """``fits`` with each group's per-stage memory totals computed once (the totals are summed in the
+    group's model order, exactly as ``fits`` does, so the answers are the same)."""
+
+    def __init__(self, profiles: Mapping[str, ModelProfile], budget_bytes: float, rule: MemoryRule) -> None:
+        self.profiles, self.budget, self.rule = profiles, budget_bytes * (1 + 1e-12), rule
+        self._used: dict[tuple[ParallelConfig, tuple[str, ...]], list[float]] = {}
+        self._add: dict[tuple[str, ParallelConfig], list[float] | None] = {}
+
+    def __call__(self, group: Group, model: str) -> bool:
+        cfg = group.config
+        if (model, cfg) not in self._add:
+            prof = self.profiles[model]
+            w = prof.stages(cfg).stage_weight_bytes if prof.supports(cfg) else None
+            self._add[(model, cfg)] = (
+                None if w is None else list(w) if self.rule == "per_stage" else [max(w)] * len(w)
+            )
+        add = self._add[(model, cfg)]
+        if add is None or model in group.models:
+            return False
+        key = (cfg, group.models)
+        cur = self._used.get(key)
+        if cur is None:
+            cur = self._used[key] = stage_memory(group, self.profiles, self.rule)
+        budget = self.budget
+        return all(c + a <= budget for c, a in zip(cur, add, strict=True))
+
+
 def greedy_selection(
     models: Sequence[str],
     base: Placement,
@@ -58,7 +101,9 @@ def greedy_selection(
     """Algorithm 1. ``workload`` should hold only ``models``' requests (a bucket's share of W)."""
     if beam_size < 1:
         raise ValueError(f"beam size must be ≥ 1, got {beam_size}")
-    best = evaluate(base, profiles, workload, fixed_overhead_s=fixed_overhead_s)
+    score = _Scorer(profiles, workload, fixed_overhead_s)
+    fits = _Fits(profiles, budget_bytes, memory_rule)
+    best = score(base)
     sims = 1
     beam = [base]
     visited = {base.key()}
@@ -67,14 +112,14 @@ def greedy_selection(
         for sel in beam:
             for m in models:
                 for gi, g in enumerate(sel.groups):
-                    if not fits(g, m, profiles, budget_bytes, memory_rule):
+                    if not fits(g, m):
                         continue
                     cand = sel.with_model(gi, m)
                     key = cand.key()
                     if key in visited:
                         continue
                     visited.add(key)
-                    new.append(evaluate(cand, profiles, workload, fixed_overhead_s=fixed_overhead_s))
+                    new.append(score(cand, (sel, gi, m)))
                     sims += 1
         if not new:
             break
@@ -101,8 +146,10 @@ def fast_greedy_selection(
     requests) that has room for it. O((M+G)·R·S)."""
     names = workload.model_names
     index = {m: names.index(m) for m in models if m in names}
+    score = _Scorer(profiles, workload, fixed_overhead_s)
+    fits = _Fits(profiles, budget_bytes, memory_rule)
     sol = base
-    cur = evaluate(sol, profiles, workload, fixed_overhead_s=fixed_overhead_s)
+    cur = score(sol)
     best, sims = cur, 1
     while True:
         unserved = cur.stats.per_model_requests() - cur.stats.per_model_good()
@@ -111,18 +158,13 @@ def fast_greedy_selection(
         load = cur.stats.per_group_requests()
         groups = [int(i) for i in np.argsort(load, kind="stable")]
         pick = next(
-            (
-                (gi, m)
-                for gi in groups
-                for m in order
-                if fits(sol.groups[gi], m, profiles, budget_bytes, memory_rule)
-            ),
+            ((gi, m) for gi in groups for m in order if fits(sol.groups[gi], m)),
             None,
         )
         if pick is None:
             break
-        sol = sol.with_model(*pick)
-        cur = evaluate(sol, profiles, workload, fixed_overhead_s=fixed_overhead_s)
+        prev, sol = sol, sol.with_model(*pick)
+        cur = score(sol, (prev, *pick))
         sims += 1
         if cur.score > best.score:
             best = cur

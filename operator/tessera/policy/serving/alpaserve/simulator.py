@@ -78,12 +78,29 @@ def simulate(
     """Replay ``workload`` against ``placement``; a fresh dispatcher unless one is passed in."""
     d = dispatcher or ShortestQueueDispatcher(placement, profiles, fixed_overhead_s=fixed_overhead_s)
     names = workload.model_names
+    models = [names[i] for i in workload.models.tolist()]
+    group, finish, _ = d.replay(workload.arrivals.tolist(), models, workload.slos.tolist())
+    return SimStats(
+        workload, np.array(finish, dtype=np.float64), np.array(group, dtype=np.int64), len(placement.groups)
+    )
+
+
+def simulate_reference(
+    placement: Placement,
+    profiles: Mapping[str, ModelProfile],
+    workload: Workload,
+    *,
+    fixed_overhead_s: float = 0.0,
+) -> SimStats:
+    """``simulate`` one ``dispatch`` call per request, as the router runs it: the reference the faster
+    paths (``ShortestQueueDispatcher.replay``, the planner's per-component cache) are tested against."""
+    d = ShortestQueueDispatcher(placement, profiles, fixed_overhead_s=fixed_overhead_s)
+    names = workload.model_names
     n = len(workload)
     finish = np.empty(n, dtype=np.float64)
     group = np.empty(n, dtype=np.int64)
-    dispatch = d.dispatch
     for i, (t, mi, slo) in enumerate(
         zip(workload.arrivals.tolist(), workload.models.tolist(), workload.slos.tolist(), strict=True)
     ):
-        group[i], finish[i] = dispatch(t, names[mi], slo)
+        group[i], finish[i] = d.dispatch(t, names[mi], slo)
     return SimStats(workload, finish, group, len(placement.groups))

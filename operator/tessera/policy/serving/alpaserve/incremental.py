@@ -1,0 +1,334 @@
+"""Scoring many placements that differ by one replica, without re-simulating what did not change.
+
+Algorithm 1 and the fast heuristic score a placement, add one replica, score again (paper L3067–L3122):
+the search's cost is almost all simulation (O(S) per candidate, spec §2.4). The simulation splits
+exactly into *components*: groups linked by the models they share. A request for model m only ever looks
+at the clocks of the groups holding m, and a group's clocks only move with requests routed to it, so a
+component's outcome depends only on its own groups (their configs, models and order, which breaks
+shortest-queue ties) and its own models' requests. Adding m to g changes only the component that ends up
+holding g; every other component's outcome is reused from the previous candidate.
+
+The outcome arrays assembled from components are equal element for element to one whole simulation
+(``simulate``), so scores and therefore the chosen plan are unchanged; tests compare the two.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from operator import itemgetter
+
+import numpy as np
+import numpy.typing as npt
+
+from tessera.policy.serving.alpaserve.dispatch import NO_REPLICA, ShortestQueueDispatcher, advance
+from tessera.policy.serving.alpaserve.placement import Group, Placement
+from tessera.policy.serving.alpaserve.profiles import ModelProfile, ParallelConfig
+from tessera.policy.serving.alpaserve.simulator import SimStats
+from tessera.policy.serving.alpaserve.workload import Workload
+
+# one group of a component: its index in the placement (tie-break order), devices, config, model set
+GroupKey = tuple[int, tuple[int, ...], ParallelConfig, frozenset[str]]
+Clocks = tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One component's replay: per request (global index, ascending) the routed group, the finish (inf
+    when rejected) and the routed group's clocks after admitting it (None when rejected)."""
+
+    idx: npt.NDArray[np.int64]
+    group: npt.NDArray[np.int64]
+    finish: npt.NDArray[np.float64]
+    done: list[Clocks | None]
+
+
+class ComponentCache:
+    """Simulates ``workload`` against placements, one component at a time, caching components.
+
+    ``simulate(placement, parent=(p, g, m))`` says ``placement`` is ``p`` plus model ``m`` on group
+    ``g``; the one component that changed is then replayed incrementally from ``p``'s runs
+    (``_resume``). Holds about ``keep`` × |W| cached request outcomes, least recently used dropped first:
+    a greedy step reuses the previous candidate's components, a beam step its beam members'.
+    """
+
+    def __init__(
+        self,
+        profiles: Mapping[str, ModelProfile],
+        workload: Workload,
+        *,
+        fixed_overhead_s: float = 0.0,
+        keep: int = 8,
+        resume: bool = True,
+        resume_limit: float = 0.2,
+    ) -> None:
+        self.profiles = profiles
+        self.workload = workload
+        self.fixed_overhead_s = fixed_overhead_s
+        self.resume = resume
+        # give up resuming once this share of a component's requests needed re-dispatching
+        self.resume_limit = resume_limit
+        self._backoff = self._backoff_left = 0
+        names = workload.model_names
+        self._index = {m: i for i, m in enumerate(names)}
+        order = np.argsort(workload.models, kind="stable")  # request indices grouped by model, in time order
+        bounds = np.searchsorted(workload.models[order], np.arange(len(names) + 1))
+        self._requests = {m: order[bounds[i] : bounds[i + 1]] for i, m in enumerate(names)}
+        self._arrivals = workload.arrivals.tolist()
+        self._slos = workload.slos.tolist()
+        self._cache: OrderedDict[tuple[GroupKey, ...], _Run] = OrderedDict()
+        self._stored = 0
+        self._limit = keep * max(len(workload), 1)
+        # profiling the search: requests replayed in full, and requests re-evaluated when resuming
+        self.replayed = 0
+        self.reevaluated = 0
+
+    def simulate(self, placement: Placement, parent: tuple[Placement, int, str] | None = None) -> SimStats:
+        n = len(self.workload)
+        finish = np.full(n, np.inf)
+        group = np.full(n, NO_REPLICA, dtype=np.int64)
+        for comp in _components(placement.groups):
+            key = _key(placement, comp)
+            run = self._cache.get(key)
+            if run is None:
+                if self.resume and parent is not None and parent[1] in comp:
+                    if self._backoff_left:
+                        self._backoff_left -= 1
+                    else:
+                        run = self._resume(placement, comp, *parent)
+                        # after a failed try skip 1, 2, 4, ... tries: where changes spread, resuming only
+                        # costs time; the workload's state may change as replicas are added
+                        self._backoff = 0 if run is not None else max(1, 2 * self._backoff)
+                        self._backoff_left = self._backoff
+                if run is None:
+                    run = self._replay(placement, comp)
+                self._cache[key] = run
+                self._stored += len(run.idx)
+                while self._stored > self._limit and len(self._cache) > 1:
+                    _, old = self._cache.popitem(last=False)
+                    self._stored -= len(old.idx)
+            else:
+                self._cache.move_to_end(key)
+            group[run.idx] = run.group
+            finish[run.idx] = run.finish
+        return SimStats(self.workload, finish, group, len(placement.groups))
+
+    def _replay(self, placement: Placement, comp: list[int]) -> _Run:
+        groups = [placement.groups[gi] for gi in comp]
+        models = sorted({m for g in groups for m in g.models})
+        parts = [self._requests[m] for m in models if m in self._requests]
+        idx = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        d = ShortestQueueDispatcher(
+            Placement(tuple(groups)), self.profiles, fixed_overhead_s=self.fixed_overhead_s
+        )
+        names = self.workload.model_names
+        rel, fin, done = d.replay(
+            self.workload.arrivals[idx].tolist(),
+            [names[i] for i in self.workload.models[idx].tolist()],
+            self.workload.slos[idx].tolist(),
+        )
+        self.replayed += len(idx)
+        to_abs = np.array(comp, dtype=np.int64)
+        return _Run(idx, to_abs[np.array(rel, dtype=np.int64)], np.array(fin, dtype=np.float64), done)
+
+    def _resume(
+        self, placement: Placement, comp: list[int], parent: Placement, added_to: int, added: str
+    ) -> _Run | None:
+        """Replay component ``comp`` of ``placement`` = ``parent`` + ``added`` on group ``added_to``,
+        starting from the parent's runs of the components it merges (None if one is no longer cached).
+
+        Walk the requests in arrival order keeping, per group, whether its clocks differ from the
+        parent's run at that point ("dirty"). A request whose model is not ``added`` and whose candidate
+        groups are all clean is routed and served exactly as in the parent's run, so its outcome is
+        copied. Any other request is dispatched afresh; afterwards the group it went to, and the group the
+        parent's run sent it to, are compared with the parent's clocks after it and marked clean or dirty.
+        Bursty traffic leaves groups idle often, and a group that admits the same request into an idle
+        pipeline in both runs is clean again, so few requests are re-dispatched. While no group is dirty
+        the walk jumps to the next request for ``added``.
+        """
+        members = set(comp)
+        parent_runs: list[_Run] = []
+        holds_added = False
+        for pc in _components(parent.groups):
+            if members.isdisjoint(pc):
+                continue
+            run = self._cache.get(_key(parent, pc))
+            if run is None:
+                return None
+            parent_runs.append(run)
+            holds_added = holds_added or any(added in parent.groups[gi].models for gi in pc)
+        if not parent_runs:
+            return None
+        w = self.workload
+        idx_parts = [r.idx for r in parent_runs]
+        grp_parts = [r.group for r in parent_runs]
+        fin_parts = [r.finish for r in parent_runs]
+        done_all: list[Clocks | None] = [d for r in parent_runs for d in r.done]
+        if not holds_added and added in self._requests:
+            new_req = self._requests[added]
+            idx_parts.append(new_req)
+            grp_parts.append(np.full(len(new_req), NO_REPLICA, dtype=np.int64))
+            fin_parts.append(np.full(len(new_req), np.inf))
+            done_all.extend([None] * len(new_req))
+        if len(idx_parts) == 1:
+            idx, old_group, old_finish, old_done = idx_parts[0], grp_parts[0], fin_parts[0], done_all
+        else:
+            cat = np.concatenate(idx_parts)
+            perm = np.argsort(cat, kind="stable")
+            idx = cat[perm]
+            old_group = np.concatenate(grp_parts)[perm]
+            old_finish = np.concatenate(fin_parts)[perm]
+            pl = perm.tolist()
+            old_done = list(itemgetter(*pl)(done_all)) if len(pl) > 1 else [done_all[i] for i in pl]
+
+        groups = [placement.groups[gabs] for gabs in comp]
+        zeros = [(0.0,) * g.config.pp for g in groups]
+        cmask: dict[int, int] = {}
+        tables: dict[int, list[tuple[int, tuple[float, ...], tuple[float, ...] | None]]] = {}
+        for j, g in enumerate(groups):
+            for m in g.models:
+                mi = self._index.get(m)
+                if mi is None:
+                    continue
+                cmask[mi] = cmask.get(mi, 0) | (1 << j)
+                sp = self.profiles[m].stages(g.config)
+                comm = (*sp.stage_comm_s, 0.0) if sp.stage_comm_s else None
+                tables.setdefault(mi, []).append(
+                    (j, sp.stage_latency_s, comm if comm and any(comm) else None)
+                )
+        models_at = w.models[idx].tolist()
+        lut = np.full(
+            len(placement.groups) + 1, -1, dtype=np.int64
+        )  # absolute → local group; NO_REPLICA → -1
+        lut[comp] = np.arange(len(comp))
+        old_local = lut[old_group].tolist()
+        added_i = self._index.get(added, -1)
+        added_at = np.flatnonzero(w.models[idx] == added_i).tolist()
+        admitted_at: dict[int, list[int]] = {}
+
+        def old_before(j: int, p: int) -> Clocks:
+            """Group j's clocks in the parent's run just before request position p (by bisection)."""
+            a = admitted_at.get(j)
+            if a is None:
+                a = admitted_at[j] = np.flatnonzero((old_group == comp[j]) & np.isfinite(old_finish)).tolist()
+            k = bisect_left(a, p)
+            c = old_done[a[k - 1]] if k else zeros[j]
+            assert c is not None
+            return c
+
+        new_group = old_group.copy()
+        new_finish = old_finish.copy()
+        new_done = list(old_done)
+        olds = list(zeros)  # the parent's clocks per group at the walk's position, valid where `synced`
+        synced = 0
+        news: dict[int, Clocks] = {}  # this run's clocks of the dirty groups
+        dirty = 0
+        arr, slos, il = self._arrivals, self._slos, idx.tolist()
+        overhead, inf = self.fixed_overhead_s, np.inf
+        n, p, nxt, evaluated = len(il), 0, 0, 0
+        budget = n * self.resume_limit
+        while p < n:
+            if not dirty:
+                while nxt < len(added_at) and added_at[nxt] < p:
+                    nxt += 1
+                if nxt == len(added_at):
+                    break
+                if added_at[nxt] != p:
+                    p = added_at[nxt]
+                    synced = 0  # skipped requests moved the parent's clocks
+            mi = models_at[p]
+            if mi != added_i and not cmask[mi] & dirty:
+                d = old_done[p]
+                if d is not None:
+                    h = old_local[p]
+                    olds[h] = d
+                    synced |= 1 << h
+                p += 1
+                continue
+            evaluated += 1
+            if evaluated > budget:
+                self.reevaluated += evaluated
+                return None  # the change spreads: a full replay is cheaper than walking on
+            cands = tables[mi]
+            cur: dict[int, Clocks] = {}
+            for j, _, _ in cands:
+                if dirty >> j & 1:
+                    cur[j] = news[j]
+                else:
+                    if not synced >> j & 1:
+                        olds[j] = old_before(j, p)
+                        synced |= 1 << j
+                    cur[j] = olds[j]
+            gi, lat, comm = cands[0]
+            if len(cands) > 1:
+                best = cur[gi][-1]
+                for e in cands:
+                    v = cur[e[0]][-1]
+                    if v < best:
+                        best = v
+                        gi, lat, comm = e
+            t, slo = arr[il[p]], slos[il[p]]
+            new, x = advance(t, cur[gi], lat, comm)
+            finish = x + overhead
+            ok = not finish - t > slo
+            if ok:
+                new_group[p] = comp[gi]
+                new_finish[p] = finish
+                new_done[p] = new
+            else:
+                new_group[p] = comp[gi]
+                new_finish[p] = inf
+                new_done[p] = None
+            h = old_local[p]
+            d = old_done[p]
+            for j in (gi, h) if h != gi else (gi,):
+                if j < 0:
+                    continue
+                if not synced >> j & 1:
+                    olds[j] = old_before(j, p)
+                    synced |= 1 << j
+                now = new if j == gi and ok else news[j] if dirty >> j & 1 else olds[j]
+                then = d if j == h and d is not None else olds[j]
+                if now == then:
+                    dirty &= ~(1 << j)
+                    news.pop(j, None)
+                else:
+                    dirty |= 1 << j
+                    news[j] = now
+            if d is not None:
+                olds[h] = d
+            p += 1
+        self.reevaluated += evaluated
+        return _Run(idx, new_group, new_finish, new_done)
+
+
+def _key(placement: Placement, comp: list[int]) -> tuple[GroupKey, ...]:
+    gs = placement.groups
+    return tuple((gi, gs[gi].devices, gs[gi].config, frozenset(gs[gi].models)) for gi in comp)
+
+
+def _components(groups: tuple[Group, ...]) -> list[list[int]]:
+    """Indices of non-empty groups, split into sets linked by shared models, each in ascending order."""
+    parent = list(range(len(groups)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    holder: dict[str, int] = {}
+    for gi, g in enumerate(groups):
+        for m in g.models:
+            other = holder.setdefault(m, gi)
+            if other != gi:
+                a, b = root(other), root(gi)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    comps: dict[int, list[int]] = {}
+    for gi, g in enumerate(groups):
+        if g.models:
+            comps.setdefault(root(gi), []).append(gi)
+    return list(comps.values())
