@@ -60,6 +60,12 @@ def register(subparsers: Any) -> None:
         "--admission-threshold", type=float, default=None, help="reject Apps past this × cluster GPUs (off)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the leftover allocation's randomness")
+    parser.add_argument(
+        "--socket-group",
+        type=int,
+        default=0,
+        help="group id of the node agent's sockets, added to supplementalGroups of every pod created (0: none)",
+    )
     parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port (0 disables)")
     parser.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL ('' disables)"
@@ -81,6 +87,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         peering_name=args.peering,
         priority=args.priority,
         peering_lifetime_s=args.peering_lifetime_seconds,
+        socket_group=args.socket_group,
     )
 
 

@@ -269,6 +269,7 @@ class Arbiter:
             grace_seconds=self.config.preemption_grace_s,
             concurrency=self.config.api_concurrency,
             recent=self.recent,
+            socket_group=self.config.socket_group,
         )
         if result.deleted:
             self._event(

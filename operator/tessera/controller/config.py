@@ -26,6 +26,9 @@ class OperatorConfig:
     peering_lifetime_s: int = 60
     post_events: bool = True
     gateway_image: str = "tessera:latest"
+    # Group owning the node agent's sockets (chart: agent.sockets.groupId): every pod the operator creates
+    # gets it in supplementalGroups so its non-root processes can report progress and join lanes. 0: none.
+    socket_group: int = 0
     # App status writes (controller/status_writes.py): ρ alone re-writes status only when it moved by more
     # than this fraction of the value last written, or when the last write is older than the staleness
     # (None = one lease period). Leases, phase, GPUs, jobs and conditions are written whenever they change.
@@ -42,6 +45,8 @@ class OperatorConfig:
             raise ValueError(f"lease period must be positive, got {self.lease_s}")
         if self.starving_rank not in ("fair_share", "cap"):
             raise ValueError(f"starving rank must be 'fair_share' or 'cap', got {self.starving_rank!r}")
+        if not 0 <= self.socket_group <= 2**31 - 1:
+            raise ValueError(f"socket group must be a group id in [0, 2147483647], got {self.socket_group}")
         if self.tick_s is not None and not self.tick_s > 0:
             raise ValueError(f"tick must be positive, got {self.tick_s}")
         if self.preemption_grace_s < 0:

@@ -187,6 +187,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             workload_class=contract.CLASS_LATENCY_CRITICAL,
             grace_seconds=self.config.preemption_grace_s,
             recent=self.recent,
+            socket_group=self.config.socket_group,
         )
         if result.created:
             self._event(rec, "Normal", "WorkersCreated", ", ".join(result.created))

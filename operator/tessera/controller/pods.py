@@ -82,8 +82,12 @@ def _env_list(existing: Sequence[Mapping[str, Any]], extra: Mapping[str, str]) -
     return kept + [{"name": k, "value": v} for k, v in extra.items()]
 
 
-def build_pod(template: Mapping[str, Any], plan: PodPlan, owner: Owner, workload_class: str) -> JsonObj:
-    """The Pod manifest for `plan`, from a PodTemplateSpec (dict as in the custom resource)."""
+def build_pod(
+    template: Mapping[str, Any], plan: PodPlan, owner: Owner, workload_class: str, socket_group: int = 0
+) -> JsonObj:
+    """The Pod manifest for `plan`, from a PodTemplateSpec (dict as in the custom resource). With a
+    `socket_group` the pod's processes get that supplemental group: the node agent's progress and lane
+    sockets are mode 0660 in it."""
     tmpl = copy.deepcopy(dict(template))
     meta: JsonObj = dict(tmpl.get("metadata") or {})
     spec: JsonObj = dict(tmpl.get("spec") or {})
@@ -114,6 +118,12 @@ def build_pod(template: Mapping[str, Any], plan: PodPlan, owner: Owner, workload
             c["resources"] = res
         containers.append(c)
     spec["containers"] = containers
+    if socket_group:
+        security = dict(spec.get("securityContext") or {})
+        groups = list(security.get("supplementalGroups") or [])
+        if socket_group not in groups:
+            security["supplementalGroups"] = [*groups, socket_group]
+        spec["securityContext"] = security
     spec["schedulerName"] = contract.SCHEDULER_NAME
     spec.setdefault("restartPolicy", "Never")
     return {

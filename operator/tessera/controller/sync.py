@@ -88,6 +88,7 @@ async def sync_pods(
     grace_seconds: int,
     concurrency: int = 1,
     recent: RecentCreates | None = None,
+    socket_group: int = 0,
 ) -> SyncResult:
     """Delete unplanned pods (with `grace_seconds` to checkpoint after SIGTERM), then create planned gangs."""
     out = SyncResult()
@@ -114,7 +115,9 @@ async def sync_pods(
             recent.add(owner.namespace, [m.name for m in missing])
         creates = await gather_limited(
             (
-                api.create(PODS, owner.namespace, build_pod(template_of(m), m, owner, workload_class))
+                api.create(
+                    PODS, owner.namespace, build_pod(template_of(m), m, owner, workload_class, socket_group)
+                )
                 for m in missing
             ),
             concurrency,

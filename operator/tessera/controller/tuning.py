@@ -180,6 +180,7 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
             workload_class=contract.CLASS_BEST_EFFORT,
             grace_seconds=self.config.preemption_grace_s,
             recent=self.recent,
+            socket_group=self.config.socket_group,
         )
         if result.deleted:
             self._event(rec, "Normal", "TrialPodsDeleted", ", ".join(result.deleted))

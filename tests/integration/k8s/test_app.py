@@ -80,7 +80,7 @@ async def test_app_pods_are_bound_through_the_extender_and_status_is_written(
     namespace: str,
 ) -> None:
     node = nodes.add(f"{namespace}-n1", gpus=4)
-    async with operator(cluster, chart_rbac["operator"], namespace):
+    async with operator(cluster, chart_rbac["operator"], namespace, socket_group=7070):
         await call(cluster, "POST", app_path(namespace), app_body("a", [job("j1", 2), job("j2", 1)]))
         pods = await wait_for(
             lambda: (p := app_pods(cluster, namespace, "a")) and len(p) == 2 and bound(p) and p,
@@ -105,6 +105,7 @@ async def test_app_pods_are_bound_through_the_extender_and_status_is_written(
         assert (meta["labels"][contract.LABEL_JOB], node, tuple(placement["gpuIndices"])) in leased
         used.update(placement["gpuIndices"])
         assert spec["schedulerName"] == contract.SCHEDULER_NAME
+        assert spec["securityContext"]["supplementalGroups"] == [7070]  # the agent's socket group
         assert meta["ownerReferences"][0]["uid"] == app["metadata"]["uid"]
         assert spec["containers"][0]["resources"]["limits"][contract.RESOURCE_GPU] == str(
             len(placement["gpuIndices"])

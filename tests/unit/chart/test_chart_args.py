@@ -76,6 +76,9 @@ def test_every_container_command_line_parses_with_the_real_parser(values: str) -
                 themis["starvingRank"],
             )
             assert args.admission_threshold == themis.get("admissionThreshold")
+            # Pods the operator creates join the group the agent's sockets belong to.
+            sockets = ((VALUE_SETS[values] or {}).get("agent") or {}).get("sockets") or {}
+            assert args.socket_group == sockets.get("groupId", 7070)
         elif c["name"] == "extender":
             assert c["command"] == ["tessera"]
             args = _parse(cli.build_parser(), c["args"])
