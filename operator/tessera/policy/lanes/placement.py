@@ -144,6 +144,9 @@ class PlacementConfig:
     sliver_fraction: float = 0.0
     gpus_per_slot: int = 2  # GPUs sharing a slot (NVLink pair / PCIe switch), consecutive by index
     max_candidates: int = 3  # tightest-fitting GPUs scored per single-GPU request
+    # Plain GPU pods scored by FGD's rule over the extended measure (policy.lanes.packing) instead of the
+    # weights above; the extender builds its PackingConfig from this (`tessera extender --packing`).
+    packing: bool = False
 
     def __post_init__(self) -> None:
         for name, w in self.weights:
