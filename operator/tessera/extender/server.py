@@ -76,9 +76,9 @@ class Extender:
         self.config = config or PlacementConfig()
         self.metrics = metrics or ExtenderMetrics()
         # packing: plain GPU pods are scored by FGD's rule (policy.lanes.packing), not by self.config's weights
-        self.packing = packing
-        if packing is not None and self.view.distribution is None:
-            self.view.distribution = packing.distribution()
+        self.packing = packing if packing is not None or not self.config.packing else PackingConfig()
+        if self.packing is not None and self.view.distribution is None:
+            self.view.distribution = self.packing.distribution()
         self._shape: tuple[tuple[Any, ...], Shape | None] | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         # Binds of one pod run one at a time, and a pod this extender bound is never bound (or annotated)
