@@ -73,6 +73,13 @@ def register(subparsers: Any) -> None:
         "(default binpack=1 interference=1 fragmentation=1)",
     )
     parser.add_argument(
+        "--packing",
+        choices=("fgd", "weights"),
+        default="fgd",
+        help="how plain GPU pods are scored: fgd (least fragmentation growth against the pods seen, "
+        "docs/extender.md) or weights (the --score weights)",
+    )
+    parser.add_argument(
         "--best-effort-overcommit",
         type=float,
         default=1.0,
@@ -90,6 +97,7 @@ def placement_config(args: argparse.Namespace) -> PlacementConfig:
         except ValueError:
             raise PlacementError(f"--score wants STRATEGY=WEIGHT, got {item!r}") from None
     kwargs: dict[str, Any] = {"best_effort_overcommit": args.best_effort_overcommit}
+    kwargs["packing"] = getattr(args, "packing", "weights") == "fgd"
     if weights:
         kwargs["weights"] = tuple(weights)
     return PlacementConfig(**kwargs)
