@@ -66,6 +66,28 @@ class ComponentMetrics:
     def histogram(self, name: str) -> Histogram:
         return self._typed(name, Histogram)
 
+    def remove_series(self, **labels: str) -> int:
+        """Drop every series whose labels include `labels` (e.g. namespace and app of a deleted App) from
+        each metric that has all those label names; return how many went. A deleted object's series would
+        otherwise be exported with their last value until the process restarts."""
+        removed = 0
+        for name, metric in self.metrics.items():
+            names = catalog.get(name).labels
+            if not labels or not set(labels) <= set(names):
+                continue
+            # The series' label values come from the metric's own samples (Histograms add `le`, Counters
+            # a `_created` sample: only the metric's label names form the key `remove` takes).
+            keys = {
+                tuple(sample.labels[n] for n in names)
+                for family in metric.collect()
+                for sample in family.samples
+                if all(sample.labels.get(k) == v for k, v in labels.items())
+            }
+            for key in keys:
+                metric.remove(*key)
+            removed += len(keys)
+        return removed
+
     def _typed(self, name: str, kind: type[_M]) -> _M:
         metric = self.metrics.get(name)
         if metric is None:
