@@ -1,17 +1,28 @@
 """Runs the node agent's parts together until stopped: device plugin, MPS daemon, inventory, telemetry,
-and (opt-in) the lane coordinator and progress endpoint."""
+and (opt-in) the lane coordinator, the progress endpoint, HP/BE lanes and the BE feedback loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from .backend import GpuBackend
+from .backend import GpuBackend, usable_memory_mib
 from .config import AgentConfig
 from .coordinator import LaneCoordinator
+from .interference import (
+    EventSink,
+    InterferenceLoop,
+    ProgressLatency,
+    Restarter,
+    WindowedLatency,
+    agent_metrics_sink,
+)
 from .inventory import InventoryPublisher, NodePatcher
+from .lanes import LaneBook
 from .metrics_factory import AgentMetrics
 from .mps import MpsManager
 from .peers import PeerResolver
@@ -33,12 +44,47 @@ class NodeAgent:
     mps: MpsManager | None = None
     coordinator: LaneCoordinator | None = None
     sample_interval_s: float = 10.0
+    # The BE feedback loop's hands on Kubernetes (restarts.py); required when cfg.be_feedback is on.
+    restarter: Restarter | None = None
+    events: EventSink | None = None
+    clock: Callable[[], float] = time.time
+    lanes: LaneBook | None = field(init=False, default=None)
+    loop: InterferenceLoop | None = field(init=False, default=None)
+    _progress_latency: ProgressLatency | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if not self.cfg.hp_be_lanes:
+            return
+        self.lanes = LaneBook(
+            {g.uuid: usable_memory_mib(g, self.cfg.extra_reserve_mib) for g in self.backend.gpus()},
+            hp_priority_classes=self.cfg.hp_priority_classes,
+            default_be_percent=self.cfg.be_percent,
+        )
+        if not self.cfg.be_feedback:
+            return
+        if self.restarter is None or self.events is None:
+            raise ValueError("the BE feedback loop needs a pod restarter and an event sink (Kubernetes API)")
+        latency = WindowedLatency()
+        self._progress_latency = ProgressLatency(self.lanes, latency)
+        self.loop = InterferenceLoop(
+            self.lanes,
+            latency,
+            self.restarter,
+            self.events,
+            node=self.cfg.node_name,
+            epsilon=self.cfg.be_epsilon,
+            min_interval_s=self.cfg.be_min_interval_s,
+            hysteresis=self.cfg.be_hysteresis,
+            on_metric=agent_metrics_sink(self.metrics),
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
-        plugin = DevicePlugin(self.cfg, self.backend, self.pods, self.metrics)
+        plugin = DevicePlugin(self.cfg, self.backend, self.pods, self.metrics, self.lanes)
         tasks = [asyncio.create_task(plugin.run(stop)), asyncio.create_task(self._sample(stop))]
         if self.mps is not None:
             tasks.append(asyncio.create_task(self.mps.run(stop)))
+        if self.loop is not None:
+            tasks.append(asyncio.create_task(self._feedback(stop, self.loop)))
         if self.coordinator is not None:
             await self.coordinator.start()
         progress = (
@@ -48,6 +94,8 @@ class NodeAgent:
                 socket_path=self.cfg.progress_socket,
                 peers=peer_resolver(self.cfg, self.pods),
                 socket_group=self.cfg.socket_group,
+                clock=self.clock,
+                on_report=self._progress_latency.on_report if self._progress_latency else None,
             )
             if self.cfg.progress_socket is not None
             else None
@@ -88,11 +136,29 @@ class NodeAgent:
             try:
                 if inventory is not None:
                     await inventory.publish_if_changed()
-                telemetry.update(await self.pods.pods_on_node(self.cfg.node_name))
+                pods = await self.pods.pods_on_node(self.cfg.node_name)
+                telemetry.update(pods)
+                if self.lanes is not None:
+                    for problem in self.lanes.refresh(pods):
+                        log.warning("lane not recorded: %s", problem)
+                    if self._progress_latency is not None:
+                        self._progress_latency.forget({p.uid for p in pods})
             except Exception:  # keep the agent up through API hiccups; the next round retries
                 log.exception("sampling round failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.sample_interval_s)
+
+    async def _feedback(self, stop: asyncio.Event, loop: InterferenceLoop) -> None:
+        """Step the BE feedback loop every `be_step_interval_s` until stopped."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.cfg.be_step_interval_s)
+            if stop.is_set():
+                return
+            try:
+                await loop.step(self.clock())
+            except Exception:  # an API hiccup must not end the loop; the next step retries
+                log.exception("BE feedback step failed")
 
 
 def peer_resolver(cfg: AgentConfig, pods: PodSource) -> PeerResolver | None:

@@ -18,6 +18,7 @@ from tessera.policy.lanes.iteration import POLICIES
 
 if TYPE_CHECKING:
     from .pods import PodInfo
+    from .restarts import KubernetesEventSink, KubernetesPodRestarter
 
 log = logging.getLogger("tessera_agent")
 
@@ -83,6 +84,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lane-policy", choices=POLICIES, default="FAIR", help="coordinator's default lane policy"
     )
+    p.add_argument(
+        "--hp-be-lanes",
+        action="store_true",
+        help="HP/BE lanes: latency-critical lanes get 100%% active threads and MPS client priority 0, "
+        "best-effort ones the BE percentage and priority 1; at most one HP lane per GPU",
+    )
+    p.add_argument(
+        "--hp-priority-class",
+        action="append",
+        default=None,
+        help="a priorityClassName that makes a lane HP when its workload annotation names no class "
+        f"(repeatable; default {contract.CLASS_LATENCY_CRITICAL})",
+    )
+    p.add_argument("--be-percent", type=int, default=50, help="BE active-thread percentage to start from")
+    p.add_argument(
+        "--be-feedback",
+        action="store_true",
+        help="bisect the BE percentage on the HP lane's iteration times (progress socket), applied by "
+        f"deleting BE pods annotated {contract.ANN_CHECKPOINTS}=true; needs --hp-be-lanes, --progress-socket",
+    )
+    p.add_argument("--be-epsilon", type=float, default=0.15, help="target HP p99 <= (1+e) x alone")
+    p.add_argument(
+        "--be-min-interval",
+        type=float,
+        default=300.0,
+        help="seconds between BE share changes on a GPU and between deletions of one pod",
+    )
+    p.add_argument("--be-hysteresis", type=int, default=5, help="points a BE share change must exceed")
+    p.add_argument("--be-step-interval", type=float, default=30.0, help="seconds between loop steps")
     p.add_argument("--fake-gpus", type=int, default=0, help="use N fake GPUs and no Kubernetes API (demos)")
     p.add_argument(
         "--fake-pods",
@@ -122,7 +152,17 @@ def main(argv: list[str] | None = None) -> int:
             socket_group=args.socket_group,
             peer_check=not args.no_peer_check,
             proc_root=args.proc_root,
+            hp_be_lanes=args.hp_be_lanes,
+            hp_priority_classes=tuple(args.hp_priority_class or (contract.CLASS_LATENCY_CRITICAL,)),
+            be_percent=args.be_percent,
+            be_feedback=args.be_feedback,
+            be_epsilon=args.be_epsilon,
+            be_min_interval_s=args.be_min_interval,
+            be_hysteresis=args.be_hysteresis,
+            be_step_interval_s=args.be_step_interval,
         )
+        if args.be_feedback and args.fake_gpus:
+            raise ValueError("--be-feedback deletes pods through the Kubernetes API; --fake-gpus has none")
         if args.shutdown_timeout <= 0 or args.shutdown_timeout != args.shutdown_timeout:
             raise ValueError(f"--shutdown-timeout must be a positive number, got {args.shutdown_timeout}")
         if args.fake_pods is not None and not args.fake_gpus:
@@ -133,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     pods: PodSource
     patcher: NodePatcher | None
+    restarter: KubernetesPodRestarter | None = None
+    events: KubernetesEventSink | None = None
     if args.fake_gpus:
         from .fake_backend import FakeGpuBackend
 
@@ -146,7 +188,17 @@ def main(argv: list[str] | None = None) -> int:
         except NvmlUnavailableError as err:
             print(f"tessera-agent: {err} (use --fake-gpus N to try it without a GPU)", file=sys.stderr)
             return 1
-        pods, patcher = KubernetesPodSource(), KubernetesNodePatcher()
+        kube = KubernetesPodSource()
+        pods, patcher = kube, KubernetesNodePatcher(kube.api)
+        if cfg.be_feedback:
+            from .restarts import KubernetesEventSink, KubernetesPodRestarter
+
+            restarter = KubernetesPodRestarter(
+                kube.api,
+                min_interval_s=cfg.be_min_interval_s,
+                hp_priority_classes=cfg.hp_priority_classes,
+            )
+            events = KubernetesEventSink(kube.api, cfg.node_name)
     metrics = AgentMetrics()
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.registry)
@@ -166,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.coordinator_socket
         else None,
         sample_interval_s=args.sample_interval,
+        restarter=restarter,
+        events=events,
     )
 
     async def run() -> None:

@@ -27,6 +27,8 @@ from tessera.policy.orion.controller import PBeController
 
 from .lanes import Lane, LaneBook
 from .metrics_factory import AgentMetrics
+from .pods import PodInfo
+from .restarts import RestartRefused
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,36 @@ class WindowedLatency:
             return None
         xs = sorted(x for _, x in q)
         return xs[max(0, math.ceil(0.99 * len(xs)) - 1)]
+
+
+@dataclass
+class ProgressLatency:
+    """Iteration times of HP lanes from the progress endpoint, into a `WindowedLatency` per GPU.
+
+    Each accepted report (after the endpoint's peer and lane checks) gives (iterations, receipt time); the
+    time per iteration since the pod's previous report is one sample on each GPU where the pod holds the HP
+    lane. The agent's own receipt clock is used, not the report's `ts`, so a workload sets how often it
+    reports but not how long its iterations took. A pod that reports every k iterations yields the mean of
+    each k, so the p99 is over k-iteration means (a smoother signal than per-iteration times).
+    """
+
+    book: LaneBook
+    latency: WindowedLatency
+    _last: dict[str, tuple[int, float]] = field(default_factory=dict)  # pod UID → (iterations, time)
+
+    def on_report(self, pod: PodInfo, iterations: int, now: float) -> None:
+        gpus = [ln.gpu for ln in self.book.lanes.values() if ln.uid == pod.uid and ln.klass == "HP"]
+        prev = self._last.get(pod.uid)
+        self._last[pod.uid] = (iterations, now)
+        if not gpus or prev is None or iterations <= prev[0] or now <= prev[1]:
+            return  # not an HP lane, a first report, or a restart of the count: no interval to measure
+        per_iteration = (now - prev[1]) / (iterations - prev[0])
+        for gpu in gpus:
+            self.latency.record(gpu, per_iteration, now)
+
+    def forget(self, live_uids: set[str]) -> None:
+        for uid in [u for u in self._last if u not in live_uids]:
+            del self._last[uid]
 
 
 def agent_metrics_sink(metrics: AgentMetrics) -> Callable[[str, Mapping[str, str], float], None]:
@@ -168,8 +200,15 @@ class InterferenceLoop:
                     continue  # its own assigned share is the binding cap either way: nothing to apply
                 msg = f"BE share {old}% → {d.apply}% ({d.reason}): {why}"
                 if ln.checkpoints:
-                    await self.events.event(ln.pod, REASON_CHANGED, msg + "; restarting to apply it")
-                    await self.restarter.restart(ln, msg)
+                    try:
+                        await self.restarter.restart(ln, msg)
+                    except RestartRefused as err:
+                        await self.events.event(
+                            ln.pod, REASON_NOT_RESTARTED, f"{msg}; not restarted: {err}", warning=True
+                        )
+                        kept.append(ln.pod)
+                        continue
+                    await self.events.event(ln.pod, REASON_CHANGED, msg + "; restarted to apply it")
                     self._metric("tessera_lane_be_restarts_total", gpu, 1, reason=d.reason)
                     restarted.append(ln.pod)
                 else:

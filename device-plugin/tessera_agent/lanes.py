@@ -122,6 +122,21 @@ class LaneBook:
         gone = [k for k, ln in self.lanes.items() if ln.uid not in live]
         return [self.lanes.pop(k) for k in gone]
 
+    def refresh(self, pods: Iterable[PodInfo]) -> list[str]:
+        """Match the book to the node's pods: drop lanes of pods gone, and record lanes of pods allocated
+        before the agent (re)started. Returns why any allocated pod could not be recorded."""
+        pods = list(pods)
+        self.sync(p.uid for p in pods)
+        known = {ln.uid for ln in self.lanes.values()}
+        problems = []
+        for p in pods:
+            if p.allocated and p.assignment is not None and p.uid not in known:
+                try:
+                    self.admit(p)
+                except LaneAdmissionError as err:
+                    problems.append(str(err))
+        return problems
+
     def env(self, pod: PodInfo) -> dict[str, str]:
         """The MPS env of the pod's lane class (on top of the lane env Allocate already builds)."""
         a = pod.assignment

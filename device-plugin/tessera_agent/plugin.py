@@ -19,6 +19,7 @@ import grpc
 from .allocate import AllocationError, choose_pod, container_allocation, preferred_slots
 from .backend import GpuBackend
 from .config import AgentConfig
+from .lanes import LaneBook
 from .metrics_factory import AgentMetrics
 from .pods import PodSource
 from .proto import api_pb2, api_pb2_grpc
@@ -33,11 +34,17 @@ UNHEALTHY = "Unhealthy"
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def __init__(
-        self, cfg: AgentConfig, backend: GpuBackend, pods: PodSource, metrics: AgentMetrics | None = None
+        self,
+        cfg: AgentConfig,
+        backend: GpuBackend,
+        pods: PodSource,
+        metrics: AgentMetrics | None = None,
+        lanes: LaneBook | None = None,
     ) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.pods = pods
+        self.lanes = lanes  # HP/BE lanes: class env and per-GPU admission (None: off)
         self._health = {g.uuid: g.healthy for g in backend.gpus()}
         self._version = 0
         self._changed = asyncio.Condition()
@@ -115,7 +122,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     if unhealthy:
                         raise AllocationError(f"devices {', '.join(unhealthy)} are unhealthy or unknown")
                     pod = choose_pod(ids, await self._pending_pods(), self.cfg.node_name)
-                    alloc = container_allocation(pod, self.cfg)
+                    alloc = container_allocation(pod, self.cfg, self.lanes)
                     await self.pods.mark_allocated(pod, ids)
                 except (AllocationError, ValueError) as err:  # ValueError: a malformed device ID
                     log.warning("Allocate %s refused: %s", ids, err)
@@ -157,11 +164,16 @@ class DevicePlugin:
     """Owns the gRPC server's lifecycle: serve, register, watch for kubelet restarts, shut down cleanly."""
 
     def __init__(
-        self, cfg: AgentConfig, backend: GpuBackend, pods: PodSource, metrics: AgentMetrics | None = None
+        self,
+        cfg: AgentConfig,
+        backend: GpuBackend,
+        pods: PodSource,
+        metrics: AgentMetrics | None = None,
+        lanes: LaneBook | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
-        self.servicer = DevicePluginServicer(cfg, backend, pods, metrics)
+        self.servicer = DevicePluginServicer(cfg, backend, pods, metrics, lanes)
         self._server: grpc.aio.Server | None = None
         self._kubelet_inode: int | None = None
         self.registrations = 0

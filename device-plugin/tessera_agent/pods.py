@@ -101,6 +101,11 @@ class KubernetesPodSource(PodSource):
             api = client.CoreV1Api()
         self._api = api
 
+    @property
+    def api(self) -> Any:
+        """The CoreV1Api it uses (the BE restarter and event sink share it)."""
+        return self._api
+
     async def pods_on_node(self, node: str) -> list[PodInfo]:
         def fetch() -> list[dict[str, Any]]:
             resp = self._api.list_pod_for_all_namespaces(

@@ -137,6 +137,7 @@ class ProgressServer:
         peers: PeerResolver | None = None,
         socket_group: int | None = None,
         shutdown_timeout_s: float = 2.0,
+        on_report: Callable[[PodInfo, int, float], None] | None = None,
     ) -> None:
         if (socket_path is None) == (port is None):
             raise ValueError("serve progress on exactly one of a unix socket or a TCP port")
@@ -150,6 +151,8 @@ class ProgressServer:
         self.socket_group = socket_group
         self.shutdown_timeout_s = shutdown_timeout_s
         self.refusals = 0
+        # (pod, iterations, receipt time) of each accepted report: the HP lane's iteration times
+        self.on_report = on_report
         self._clock = clock
         self._runner: web.AppRunner | None = None
 
@@ -192,8 +195,9 @@ class ProgressServer:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _reply(413, error=f"a progress report is at most {MAX_BODY_BYTES} bytes")
+        received = self._clock()
         try:
-            report = ProgressReport.from_json(json.loads(raw), now=self._clock())
+            report = ProgressReport.from_json(json.loads(raw), now=received)
         except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors too
             reason = str(err) if isinstance(err, ProgressError) else f"the body is not JSON ({err})"
             return _reply(400, error=reason)
@@ -218,6 +222,8 @@ class ProgressServer:
         value = report.to_annotation()
         await self.pods.annotate(pod, {contract.ANN_PROGRESS: value})
         log.debug("pod %s progress %s", pod.key, value)
+        if self.on_report is not None:
+            self.on_report(pod, report.iterations, received)
         return _reply(200, annotation=value)
 
     def _refuse(self, target: str, reason: str) -> web.Response:

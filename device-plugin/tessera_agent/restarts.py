@@ -1,0 +1,136 @@
+"""Applying a BE share change on Kubernetes: delete BE pods that checkpoint, and say so in events.
+
+MPS reads a client's active-thread percentage only when its CUDA context starts, so the BE feedback loop
+(`interference.py`) applies a new share by deleting BE pods; their controller recreates them and Allocate
+gives the new pods the new share. Deleting is the agent's most destructive act, so the restarter checks
+again, against the API server and not only the agent's lane book:
+- the pod is still the one that holds the lane (delete precondition on its UID);
+- it still says `tessera.io/checkpoints: "true"` and is not latency-critical;
+- it was not deleted by this agent within `min_interval_s` (a per-pod limit beside the loop's per-GPU one).
+A refusal is a `RestartRefused` with the reason; the loop turns it into an event on the pod.
+
+Events are core/v1 Events on the pod (`reportingComponent: tessera-agent`); a failed event write is logged
+and never stops the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from tessera.api import contract
+
+from .lanes import Lane, LaneAdmissionError, lane_class
+from .pods import pod_info_from_manifest
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "tessera-agent"
+
+
+class RestartRefused(RuntimeError):
+    """A BE pod the restarter will not delete, with the reason."""
+
+
+class KubernetesPodRestarter:
+    def __init__(
+        self,
+        api: Any,
+        *,
+        min_interval_s: float,
+        hp_priority_classes: tuple[str, ...] = (contract.CLASS_LATENCY_CRITICAL,),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not min_interval_s >= 0:
+            raise ValueError(f"minimum restart interval must be non-negative, got {min_interval_s}")
+        self._api = api
+        self.min_interval_s = min_interval_s
+        self.hp_priority_classes = hp_priority_classes
+        self._clock = clock
+        self._last: dict[str, float] = {}  # namespace/name → when this agent last deleted it
+        self.deleted: list[str] = []
+
+    async def restart(self, lane: Lane, reason: str) -> None:
+        now = self._clock()
+        last = self._last.get(lane.pod)
+        if last is not None and now - last < self.min_interval_s:
+            raise RestartRefused(
+                f"deleted {now - last:.0f}s ago, within the {self.min_interval_s:.0f}s minimum interval"
+            )
+        namespace, name = lane.pod.split("/", 1)
+
+        def read() -> dict[str, Any]:
+            resp = self._api.read_namespaced_pod(name, namespace, _preload_content=False)
+            return dict(json.loads(resp.data))
+
+        try:
+            pod = pod_info_from_manifest(await asyncio.to_thread(read))
+        except Exception as err:  # gone, or the API is unreachable: nothing is deleted
+            raise RestartRefused(f"cannot read the pod: {_short(err)}") from None
+        if pod.uid != lane.uid:
+            raise RestartRefused(f"the pod was replaced (UID {pod.uid}, lane held by {lane.uid})")
+        if not pod.checkpoints:
+            raise RestartRefused(f'it does not say {contract.ANN_CHECKPOINTS}: "true"')
+        try:
+            klass = lane_class(pod, self.hp_priority_classes)
+        except LaneAdmissionError as err:
+            raise RestartRefused(str(err)) from None
+        if klass != "BE":
+            raise RestartRefused("it is latency-critical")
+        body = {"preconditions": {"uid": lane.uid}}
+
+        def delete() -> None:
+            self._api.delete_namespaced_pod(name, namespace, body=body, _preload_content=False)
+
+        try:
+            await asyncio.to_thread(delete)
+        except Exception as err:
+            raise RestartRefused(f"delete failed: {_short(err)}") from None
+        self._last[lane.pod] = now
+        self.deleted.append(lane.pod)
+        log.info("deleted BE pod %s to apply a new share: %s", lane.pod, reason)
+
+
+class KubernetesEventSink:
+    """core/v1 Events on pods, from this node's agent."""
+
+    def __init__(self, api: Any, node: str) -> None:
+        self._api = api
+        self.node = node
+
+    async def event(self, pod: str, reason: str, message: str, *, warning: bool = False) -> None:
+        namespace, name = pod.split("/", 1)
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace},
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": COMPONENT, "host": self.node},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": f"{COMPONENT}-{self.node}",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+
+        def create() -> None:
+            self._api.create_namespaced_event(namespace, body, _preload_content=False)
+
+        try:
+            await asyncio.to_thread(create)
+        except Exception as err:  # an event lost is logged; the loop goes on
+            log.warning("event %s on pod %s not written: %s (%s)", reason, pod, _short(err), message)
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
