@@ -108,6 +108,7 @@ class Arbiter:
             self.records.pop(key, None)
             self._written.pop(key, None)
             self.dirty = True
+            self.metrics.remove_series(namespace=key[0], app=key[1])
 
     # --- rounds -----------------------------------------------------------------------------------
 

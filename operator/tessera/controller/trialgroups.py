@@ -76,6 +76,7 @@ class TrialState:
     width: Fraction | None = None
     iterations_done: int = 0
     result: float | None = None  # latest reported metric (status.trials[].result)
+    failed: bool = False  # Stopped because a pod of its gang failed: state="failed" in the metrics
 
 
 @dataclass(slots=True)
@@ -202,6 +203,7 @@ class TrialGroupRecord:
                 ended.append((t.name, st.phase))
             elif any(p.phase == "Failed" for p in gang):
                 st.phase = "Stopped"
+                st.failed = True
                 ended.append((t.name, "Stopped"))
         return ended
 

@@ -77,6 +77,7 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
     async def forget(self, key: tuple[str, str]) -> None:
         async with self.lock:
             self.records.pop(key, None)
+            self.metrics.remove_series(namespace=key[0], trialgroup=key[1])
 
     async def _reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
         meta = body.get("metadata") or {}
@@ -204,6 +205,7 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
             state = {"Completed": "completed", "Stopped": "stopped", "Running": "running"}.get(
                 st.phase, "pending"
             )
+            state = "failed" if st.failed else state
             counts[state] += 1
             labels = {**base, "trial": t.name}
             width = float(st.width) if st.width is not None and st.phase not in ENDED else 0.0
