@@ -223,7 +223,7 @@ def manifest_errors(obj: object) -> list[tuple[str, str]]:
     if not isinstance(obj, Mapping):
         return [("", f"a manifest must be a mapping, got {type(obj).__name__}")]
     kind = obj.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:  # a list or mapping here is unhashable
         return [("kind", f"must be one of {', '.join(sorted(KINDS))}, got {kind!r}")]
     # NaN, infinity and integers past int64 anywhere, free-form fields included: the API server refuses them.
     problems = list(value_problems(obj))

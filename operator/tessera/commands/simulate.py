@@ -55,13 +55,20 @@ def load_scenario(path: Path) -> tuple[Any, Any]:
     if not isinstance(data, dict):
         raise ScenarioError(source, "file", "expected a mapping at the top level (kind, cluster, …)")
     kind = data.get("kind", "training")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:  # a list or mapping here is unhashable
         raise ScenarioError(source, "kind", f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
     try:
         module = importlib.import_module(KINDS[kind])
     except ImportError as e:
         raise ScenarioError(source, "kind", f"kind {kind!r} is not available in this build ({e})") from None
-    return module, module.load(data, source)
+    try:
+        return module, module.load(data, source)
+    except ScenarioError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+        # A loader that missed a check: still one line naming the file, with the traceback at debug level.
+        log.debug("loading %s", source, exc_info=True)
+        raise ScenarioError(source, "file", f"malformed {kind} scenario ({type(e).__name__}: {e})") from None
 
 
 def main(args: argparse.Namespace) -> int:

@@ -23,7 +23,16 @@ from tessera.policy.serving.alpaserve import (
     synthetic_profile,
 )
 from tessera.progress import Progress
-from tessera.sim.scenario import ScenarioError
+from tessera.sim.scenario import (
+    MAX_GPUS,
+    MAX_NUMBER,
+    MAX_SECONDS,
+    ScenarioError,
+    integer,
+    names,
+    real,
+    section,
+)
 from tessera.sim.serving.placement_sim import (
     POLICIES,
     PolicyReport,
@@ -65,24 +74,35 @@ class PlacementScenario:
     sweep_values: list[float] = field(default_factory=list)
 
 
-def _num(data: dict[str, Any], key: str, where: str, source: str, default: float | None = None) -> float:
+def _num(
+    data: dict[str, Any],
+    key: str,
+    where: str,
+    source: str,
+    default: float | None = None,
+    maximum: float = MAX_NUMBER,
+) -> float:
     v = data.get(key, default)
     if v is None:
         raise ScenarioError(source, f"{where}.{key}", "is required")
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
         raise ScenarioError(source, f"{where}.{key}", f"must be a positive number, got {v!r}")
+    if v > maximum:
+        raise ScenarioError(
+            source, f"{where}.{key}", f"{v!r} is more than {maximum:g}, the most a scenario accepts"
+        )
     return float(v)
 
 
 def load(data: dict[str, Any], source: str) -> PlacementScenario:
     """Validate a ``kind: placement`` scenario; errors name the file and field."""
-    cl = data.get("cluster") or {}
+    cl = section(source, data, "cluster")
     units = cl.get("memory_units", "GB")
     if units not in ("GB", "GiB"):
         raise ScenarioError(source, "cluster.memory_units", f"must be GB or GiB, got {units!r}")
     budget = _num(cl, "memory_budget", "cluster", source, 13) * (GB if units == "GB" else GIB)
-    devices = int(_num(cl, "devices", "cluster", source))
-    per_node = int(_num(cl, "devices_per_node", "cluster", source, 8))
+    devices = int(_num(cl, "devices", "cluster", source, maximum=MAX_GPUS))
+    per_node = int(_num(cl, "devices_per_node", "cluster", source, 8, maximum=MAX_GPUS))
     raw = data.get("models")
     if not isinstance(raw, list) or not raw:
         raise ScenarioError(
@@ -95,17 +115,14 @@ def load(data: dict[str, Any], source: str) -> PlacementScenario:
         models.append(
             ModelSpec(
                 str(m["name"]),
-                int(_num(m, "count", f"models[{i}]", source, 1)),
+                int(_num(m, "count", f"models[{i}]", source, 1, maximum=MAX_GPUS)),
                 _num(m, "latency_ms", f"models[{i}]", source) / 1000,
                 _num(m, "size_gb", f"models[{i}]", source) * GB,
             )
         )
-    wl = data.get("workload") or {}
-    policies = data.get("policies", list(POLICIES))
-    bad = [p for p in policies if p not in POLICIES]
-    if bad:
-        raise ScenarioError(source, "policies", f"unknown {bad}; choose from {list(POLICIES)}")
-    se = data.get("search") or {}
+    wl = section(source, data, "workload")
+    policies = names(source, "policies", data.get("policies", list(POLICIES)), POLICIES)
+    se = section(source, data, "search")
     try:
         opts = SearchOptions(
             max_pp=int(se.get("max_pp", 8)),
@@ -118,33 +135,36 @@ def load(data: dict[str, Any], source: str) -> PlacementScenario:
         )
     except (TypeError, ValueError) as e:
         raise ScenarioError(source, "search", str(e)) from e
-    prof = data.get("profile") or {}
+    prof = section(source, data, "profile")
     sweep = data.get("sweep")
     param, values = None, []
     if sweep is not None:
         param = sweep.get("param") if isinstance(sweep, dict) else None
         if param not in SWEEPABLE:
             raise ScenarioError(source, "sweep.param", f"must be one of {list(SWEEPABLE)}, got {param!r}")
-        values = [float(v) for v in sweep.get("values") or []]
+        raw_values = sweep.get("values") or []
+        if not isinstance(raw_values, list):
+            raise ScenarioError(source, "sweep.values", "must be a non-empty list of positive numbers")
+        values = [real(source, f"sweep.values[{k}]", v) for k, v in enumerate(raw_values)]
         if not values or any(v <= 0 for v in values):
             raise ScenarioError(source, "sweep.values", "must be a non-empty list of positive numbers")
     return PlacementScenario(
         source=source,
         name=str(data.get("name", Path(source).stem)),
-        seed=int(data.get("seed", 0)),
+        seed=integer(source, "seed", data.get("seed", 0)),
         devices=devices,
         budget_bytes=budget,
         models=models,
         total_rate=_num(wl, "total_rate", "workload", source),
         cv=_num(wl, "cv", "workload", source, 1.0),
         slo_scale=_num(wl, "slo_scale", "workload", source, 5.0),
-        duration_s=_num(wl, "duration_s", "workload", source, 600.0),
-        rate_exponent=float(wl.get("rate_exponent", 0.0)),
+        duration_s=_num(wl, "duration_s", "workload", source, 600.0, maximum=MAX_SECONDS),
+        rate_exponent=real(source, "workload.rate_exponent", wl.get("rate_exponent", 0.0)),
         policies=list(policies),
         options=opts,
         clockwork_window_s=_num(data, "clockwork_window_s", "scenario", source, 60.0),
-        inter_op_overhead=float(prof.get("inter_op_overhead", 0.009)),
-        intra_op_comm=float(prof.get("intra_op_comm", 0.1)),
+        inter_op_overhead=real(source, "profile.inter_op_overhead", prof.get("inter_op_overhead", 0.009)),
+        intra_op_comm=real(source, "profile.intra_op_comm", prof.get("intra_op_comm", 0.1)),
         sweep_param=param,
         sweep_values=values,
     )

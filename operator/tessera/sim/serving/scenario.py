@@ -23,7 +23,17 @@ from typing import Any
 
 from tessera.policy.serving.common import BatchLatencyModel
 from tessera.progress import Progress
-from tessera.sim.scenario import ScenarioError
+from tessera.sim.scenario import (
+    MAX_GPUS,
+    MAX_NUMBER,
+    MAX_REQUESTS,
+    MAX_SECONDS,
+    ScenarioError,
+    integer,
+    names,
+    real,
+    section,
+)
 from tessera.sim.serving.batching_experiment import POLICIES as BATCHING_POLICIES
 from tessera.sim.serving.batching_experiment import run_batching
 from tessera.sim.serving.cluster_sim import (
@@ -86,12 +96,17 @@ def _num(
     default: float | None = None,
     *,
     integer: bool = False,
+    maximum: float = MAX_NUMBER,
 ) -> float:
     v = d.get(key, default)
     if v is None:
         raise ScenarioError(source, f"{where}.{key}", "is required")
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
         raise ScenarioError(source, f"{where}.{key}", f"must be a positive number, got {v!r}")
+    if v > maximum:
+        raise ScenarioError(
+            source, f"{where}.{key}", f"{v!r} is more than {maximum:g}, the most a scenario accepts"
+        )
     if integer and int(v) != v:
         raise ScenarioError(source, f"{where}.{key}", f"must be a whole number, got {v!r}")
     return float(v)
@@ -110,13 +125,7 @@ def _nums(d: dict[str, Any], key: str, where: str, source: str, default: list[fl
 
 
 def _policies(d: dict[str, Any], where: str, source: str, allowed: tuple[str, ...]) -> list[str]:
-    v = d.get("policies", list(allowed))
-    if not isinstance(v, list) or not v:
-        raise ScenarioError(source, f"{where}.policies", f"must be a non-empty list from {list(allowed)}")
-    bad = [p for p in v if p not in allowed]
-    if bad:
-        raise ScenarioError(source, f"{where}.policies", f"unknown {bad}; choose from {list(allowed)}")
-    return [str(p) for p in v]
+    return names(source, f"{where}.policies", d.get("policies", list(allowed)), allowed)
 
 
 def _section(data: dict[str, Any], key: str, source: str) -> dict[str, Any] | None:
@@ -144,18 +153,18 @@ def load(data: dict[str, Any], source: str) -> ServingScenario:
         high = _num(b, "high_ms", "batching", source, 100) / 1000
         if high < low:
             raise ScenarioError(source, "batching.high_ms", f"must be >= low_ms ({low * 1000:g})")
-        lat = b.get("latency") or {}
+        lat = section(source, b, "latency", "batching.")
         batching = BatchingSection(
             modes=int(_num(b, "modes", "batching", source, 2, integer=True)),
             sigma=_num(b, "sigma_ms", "batching", source, 5) / 1000,
             low=low,
             high=high,
             load=_num(b, "load", "batching", source, 0.6),
-            requests=int(_num(b, "requests", "batching", source, 1500, integer=True)),
+            requests=int(_num(b, "requests", "batching", source, 1500, integer=True, maximum=MAX_REQUESTS)),
             cv=_num(b, "cv", "batching", source, 1.0),
             slo_multiples=_nums(b, "slo_multiples", "batching", source, [1.5, 2, 3, 5]),
             policies=_policies(b, "batching", source, BATCHING_POLICIES),
-            s0=float(lat.get("s0", 0.8)),
+            s0=real(source, "batching.latency.s0", lat.get("s0", 0.8)),
             s1=_num(lat, "s1", "batching.latency", source, 0.2),
         )
     if c is not None:
@@ -165,9 +174,9 @@ def load(data: dict[str, Any], source: str) -> ServingScenario:
             alpha=_num(c, "alpha_ms", "cluster", source) / 1000,
             beta=_num(c, "beta_ms", "cluster", source) / 1000,
             slo=_num(c, "slo_ms", "cluster", source) / 1000,
-            gpus=int(_num(c, "gpus", "cluster", source, integer=True)),
+            gpus=int(_num(c, "gpus", "cluster", source, integer=True, maximum=MAX_GPUS)),
             loads=_nums(c, "loads", "cluster", source, [0.2, 0.5, 0.8]),
-            duration=_num(c, "duration_s", "cluster", source, 2.0),
+            duration=_num(c, "duration_s", "cluster", source, 2.0, maximum=MAX_SECONDS),
             cv=_num(c, "cv", "cluster", source, 1.0),
             policies=_policies(c, "cluster", source, CLUSTER_POLICIES),
             goodput=bool(c.get("goodput", True)),
@@ -180,7 +189,7 @@ def load(data: dict[str, Any], source: str) -> ServingScenario:
     return ServingScenario(
         source=source,
         name=str(data.get("name", Path(source).stem)),
-        seed=int(data.get("seed", 0)),
+        seed=integer(source, "seed", data.get("seed", 0)),
         batching=batching,
         cluster=cluster,
     )
