@@ -39,9 +39,9 @@ def _name(value: Any, where: str, optional: bool = False) -> None:
         raise BadRequest(f"{where} must be a non-empty string of at most {MAX_NAME} characters")
 
 
-def check_pod(pod: Any) -> JsonObj:
+def check_pod(value: Any) -> JsonObj:
     """The Pod of ExtenderArgs, checked in every field the extender reads."""
-    pod = _mapping(pod, "Pod")
+    pod = _mapping(value, "Pod")
     meta = _mapping(pod.get("metadata"), "Pod.metadata")
     for key in ("name", "namespace", "uid"):
         _name(meta.get(key), f"Pod.metadata.{key}", optional=key != "name")
