@@ -1,0 +1,74 @@
+"""The agent DaemonSet's HP/BE lane settings: off by default with no extra RBAC; on, the arguments the
+agent's own parser reads back, and the BE feedback loop's grants (pods get/delete, events create) only when
+the loop is on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tessera_agent import cli as agent_cli
+
+from tests.unit.chart.chart_render import find, objects, render
+
+FEEDBACK = {
+    "agent": {
+        "lanes": {
+            "hpBe": True,
+            "hpPriorityClasses": ["inference-high", "latency-critical"],
+            "bePercent": 40,
+            "feedback": {
+                "enabled": True,
+                "epsilon": 0.2,
+                "minIntervalSeconds": 600,
+                "hysteresis": 3,
+                "stepIntervalSeconds": 15,
+            },
+        }
+    }
+}
+
+
+def _args(objs: list[dict[str, Any]]) -> Any:
+    pod = find(objs, "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    return agent_cli.build_parser().parse_args(pod["containers"][0]["args"])
+
+
+def _agent_rules(objs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    role = find(objs, "ClusterRole", "-agent")
+    return {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
+def test_lanes_off_by_default_and_no_delete_grant() -> None:
+    objs = objects(render())
+    args = _args(objs)
+    assert not args.hp_be_lanes and not args.be_feedback
+    rules = _agent_rules(objs)
+    assert ("", "pods", "delete") not in rules and ("", "events", "create") not in rules
+
+
+def test_feedback_on_passes_its_settings_and_grants_delete_and_events() -> None:
+    objs = objects(render(FEEDBACK))
+    args = _args(objs)
+    assert args.hp_be_lanes and args.be_feedback and args.be_percent == 40
+    assert args.hp_priority_class == ["inference-high", "latency-critical"]
+    assert (args.be_epsilon, args.be_min_interval, args.be_hysteresis, args.be_step_interval) == (
+        0.2,
+        600,
+        3,
+        15,
+    )
+    assert str(args.progress_socket).endswith("progress.sock")  # the loop's latency signal
+    assert {("", "pods", "get"), ("", "pods", "delete"), ("", "events", "create")} <= _agent_rules(objs)
+
+
+def test_feedback_without_lanes_is_refused_at_render() -> None:
+    values = {"agent": {"lanes": {**FEEDBACK["agent"]["lanes"], "hpBe": False}}}
+    with pytest.raises(Exception, match=r"needs agent\.lanes\.hpBe"):
+        render(values)
