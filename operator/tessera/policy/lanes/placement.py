@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tessera.cluster.topology import Locality
+from tessera.policy.orion.profiles import Profile
 
 WorkloadClass = Literal["latency-critical", "best-effort"]
 Strategy = Literal["binpack", "spread", "interference", "fragmentation"]
@@ -173,6 +174,12 @@ class PlacementConfig:
         total = sum(w for _, w in self.weights)
         w = [sum(v for n, v in self.weights if n == name) / total if total else 0.0 for name in STRATEGIES]
         return (w[0], w[1], w[2], w[3])
+
+
+# Orion's kernel profiles (§4.1) as the compute-bound fraction the scores use: the extender and the node
+# share one vocabulary. With these, complementarity >= 0.5 exactly when Listing 1's
+# `have_different_profiles` lets the pair run together (unknown is neutral, 0.5, on either side).
+PROFILE_FRACTION: dict[Profile, float] = {Profile.COMPUTE: 1.0, Profile.MEMORY: 0.0, Profile.UNKNOWN: 0.5}
 
 
 def complementarity(a: float, b: float) -> float:
