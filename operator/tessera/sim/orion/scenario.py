@@ -137,10 +137,9 @@ class OrionResult:
         }
 
     def plots(self, directory: Path) -> list[Path]:
-        import matplotlib
+        from tessera.sim.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         directory.mkdir(parents=True, exist_ok=True)
         rs = list(self.experiment.results.values())

@@ -248,10 +248,9 @@ class TuningScenarioResult:
 
     def plots(self, directory: Path) -> list[Path]:
         """One grouped bar chart per metric: algorithms on x, one bar per executor."""
-        import matplotlib
+        from tessera.sim.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         directory.mkdir(parents=True, exist_ok=True)
         s = self.scenario
