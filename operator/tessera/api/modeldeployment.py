@@ -13,12 +13,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from tessera.api.base import Condition, CrossFieldRule, PodTemplateSpec, Timestamp, WireModel
+from tessera.api.base import Condition, CrossFieldRule, PodTemplateSpec, WireModel
 from tessera.api.gpu import GPUUsage
 
 MAX_BATCH_SIZES = 64
 MAX_APPLICATIONS = 64
-MAX_STEPS = 32
 MAX_BINS = 4096
 
 
@@ -50,29 +49,13 @@ def _cel_strictly_increasing(items: str, key: str | None = None) -> str:
 class Model(WireModel):
     """What to serve (Orloj §5 'model', Symphony D 'model', AlpaServe §5.1 identity)."""
 
-    name: str = Field(min_length=1, description="Model name, reported in metrics.")
-    artifact_uri: str | None = Field(default=None, description="Where the weights live, e.g. s3://... .")
-    framework: str | None = Field(default=None, description="Runtime, e.g. pytorch, tensorrt, onnxruntime.")
-    family: str | None = Field(default=None, description="Architecture family; AlpaServe buckets by it.")
-    parameters: float | None = Field(default=None, gt=0, description="Parameter count, e.g. 1.3e9.")
+    name: str = Field(
+        min_length=1, description="Model name: the name the gateway serves it under and reports."
+    )
     dynamic: bool = Field(
         default=True,
         description="Execution time varies per request (Orloj batching); false uses Symphony deferred batching.",
     )
-
-
-class CostStep(WireModel):
-    """Piece-wise step cost: a request finishing `afterMs` past its deadline costs `cost` (Orloj §2.1.5)."""
-
-    after_ms: float = Field(ge=0)
-    cost: float = Field(ge=0)
-
-
-class ApplicationSLO(WireModel):
-    """A per-application deadline overriding the model's SLO (Orloj §5)."""
-
-    app_id: str = Field(min_length=1)
-    latency_ms: float = Field(gt=0)
 
 
 class SLO(WireModel):
@@ -85,10 +68,7 @@ class SLO(WireModel):
     slo_scale: float | None = Field(
         default=None, gt=0, description="SLO = scale · single-device latency (AlpaServe)."
     )
-    percentile: float = Field(default=99.0, gt=0, le=100, description="Goodput counts p-th percentile ≤ SLO.")
     miss_cost: float = Field(default=1.0, ge=0, description="c: cost of a missed deadline (Orloj §2.1.1).")
-    cost_steps: list[CostStep] = Field(default_factory=list, max_length=MAX_STEPS)
-    per_application: list[ApplicationSLO] = Field(default_factory=list, max_length=MAX_APPLICATIONS)
 
     cross_field_rules = (
         CrossFieldRule(
@@ -96,30 +76,21 @@ class SLO(WireModel):
             message="set exactly one of latencyMs, p99Multiplier, sloScale",
             check=lambda s: sum(v is not None for v in (s.latency_ms, s.p99_multiplier, s.slo_scale)) == 1,
         ),
-        CrossFieldRule(
-            cel=_cel_strictly_increasing("self.costSteps", "afterMs"),
-            message="costSteps[].afterMs must be strictly increasing",
-            check=lambda s: _strictly_increasing([c.after_ms for c in s.cost_steps]),
-            field_path=".costSteps",
-        ),
     )
 
 
 class Traffic(WireModel):
-    """Expected load: the planner's forecast (Symphony r_i; AlpaServe rate and CV, §5.1)."""
+    """Expected load: Symphony's r_i, what replicas are sized for until the gateway's load is reported."""
 
     expected_rps: float = Field(default=0.0, ge=0, description="Mean requests per second.")
-    cv: float = Field(
-        default=1.0, gt=0, description="Coefficient of variation of inter-arrivals (Gamma; 1 = Poisson)."
-    )
-    popularity_weight: float = Field(default=1.0, gt=0)
 
 
 class LatencyModel(WireModel):
     """Batch execution time ℓ(k) (Orloj Eq. 3; Symphony ℓ(b) = αb + β)."""
 
     type: Literal["linear", "perBatchSize", "profile"] = Field(
-        default="profile", description="linear: c0Ms + c1·k·(solo); perBatchSize: table; profile: measure it."
+        default="profile",
+        description="linear: c0Ms + c1·k·(solo); perBatchSize: the perBatchSizeMs table; profile: latencyProfiles.",
     )
     c0_ms: float | None = Field(default=None, ge=0, description="Fixed cost per batch, ms (linear).")
     c1: float | None = Field(default=None, ge=0, description="Per-item factor (linear).")
@@ -202,12 +173,19 @@ class LatencyPoint(WireModel):
 class LatencyProfile(WireModel):
     """ℓ_M(b) for one GPU type (Symphony D 'latencyProfiles')."""
 
-    gpu_type: str = Field(min_length=1, description="GPU model, e.g. nvidia-a100-40gb.")
-    source: Literal["measured", "emulated"] = "measured"
+    gpu_type: str = Field(
+        min_length=1,
+        description=(
+            "GPU model as the node agent reports it, e.g. nvidia-a100-40gb; the profile of the first "
+            "placement.gpuTypes entry that has one is used, else the first profile."
+        ),
+    )
     points: list[LatencyPoint] = Field(min_length=1, max_length=MAX_BATCH_SIZES)
     preprocess_ms: float = Field(default=0.0, ge=0)
     postprocess_ms: float = Field(default=0.0, ge=0)
-    force_monotonic: bool = Field(default=True, description="Raise ℓ(b) to its running max before fitting.")
+    force_monotonic: bool = Field(
+        default=True, description="Raise ℓ(b) to its running maximum over batch size before it is used."
+    )
 
     cross_field_rules = (
         CrossFieldRule(
@@ -335,12 +313,15 @@ class Network(WireModel):
 
 
 class Placement(WireModel):
-    """Bounds on GPUs for load-proportional allocation (Symphony §A.7) and AlpaServe grouping."""
+    """Where and on how many GPUs workers run: load-proportional bounds (Symphony §A.7) and GPU models."""
 
-    gpu_types: list[str] = Field(default_factory=list, max_length=16)
+    gpu_types: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="GPU models (the node agent's names) workers may be placed on; empty: any.",
+    )
     min_gpus: int = Field(default=1, ge=1)
     max_gpus: int = Field(default=64, ge=1)
-    profile_ref: str | None = Field(default=None, description="Name of a shared AlpaServe model profile.")
 
     cross_field_rules = (
         CrossFieldRule(
@@ -413,29 +394,6 @@ class ModelDeploymentSpec(WireModel):
     )
 
 
-class BatchLatency(WireModel):
-    """E[L_B(bs)]: expected latency of a batch of size bs (Orloj status)."""
-
-    batch_size: int = Field(ge=1)
-    latency_ms: float = Field(ge=0)
-
-
-class ApplicationStats(WireModel):
-    """Per-application histogram summary (Orloj status)."""
-
-    id: str
-    samples: int = Field(default=0, ge=0)
-    mean_ms: float | None = Field(default=None, ge=0)
-    p99_ms: float | None = Field(default=None, ge=0)
-
-
-class AutoscalerAdvice(WireModel):
-    """Flat-top autoscaler advice: add N·r/(1−r), remove N·f GPUs (Symphony §A.8)."""
-
-    add: int = Field(default=0, ge=0)
-    remove: int = Field(default=0, ge=0)
-
-
 class ModelDeploymentStatus(WireModel):
     """What the serving controller reports (Orloj §5 status, Symphony D status, AlpaServe §5.2)."""
 
@@ -445,32 +403,46 @@ class ModelDeploymentStatus(WireModel):
     )
     replicas: int = Field(default=0, ge=0, description="Groups or replicas holding the model.")
     gpus_assigned: int = Field(default=0, ge=0)
-    groups: list[str] = Field(default_factory=list, description="AlpaServe groups that hold the model.")
-    slo_latency_ms: float | None = Field(default=None, gt=0, description="The resolved SLO in ms.")
-    slo_attainment_percent: float | None = Field(default=None, ge=0, le=100, description="Observed.")
-    predicted_slo_attainment_percent: float | None = Field(default=None, ge=0, le=100)
-    finish_rate_percent: float | None = Field(default=None, ge=0, le=100)
-    goodput_rps: float | None = Field(default=None, ge=0)
+    groups: list[str] = Field(
+        default_factory=list, description="Per replica, its GPUs (node/index, comma-separated)."
+    )
+    slo_latency_ms: float | None = Field(
+        default=None, gt=0, description="The resolved SLO in ms (latencyMs, or the multiple of solo latency)."
+    )
+    policy: str | None = Field(
+        default=None,
+        description="The batch scheduler the gateway runs: scheduler.policy, or what auto chose.",
+    )
+    fitted_alpha_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="Symphony's ℓ(b) = αb + β fit of the batch profile, α (ms per request).",
+    )
+    fitted_beta_ms: float | None = Field(
+        default=None, ge=0, description="ℓ(b) = αb + β fit, β (ms per batch)."
+    )
+    # Inputs, not outputs: the operator reads these three to size replicas and never writes them. They are
+    # for a reporter outside the operator (e.g. from the gateway's tessera_serving_requests_total by outcome).
+    slo_attainment_percent: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Share of requests that met the SLO, as reported from the gateway; read by the operator.",
+    )
+    goodput_rps: float | None = Field(
+        default=None, ge=0, description="Requests/s that met the SLO, as reported; read by the operator."
+    )
+    gpu_idle_percent: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Idle share of the workers' GPUs, as reported; read by the operator.",
+    )
     observed_load_rps: float | None = Field(
         default=None,
         ge=0,
-        description="Offered load the gateway reported (goodput / SLO attainment); what replicas follow.",
+        description="Offered load goodputRps / sloAttainmentPercent, when both are reported; what replicas follow.",
     )
-    timeouts: int = Field(default=0, ge=0)
-    late_completions: int = Field(default=0, ge=0)
-    mean_batch_size: float | None = Field(default=None, ge=0)
-    batch_size_p50: float | None = Field(default=None, ge=0)
-    queue_length: int = Field(default=0, ge=0)
-    queueing_delay_p99_ms: float | None = Field(default=None, ge=0)
-    p99_latency_ms: float | None = Field(default=None, ge=0)
-    gpu_idle_percent: float | None = Field(default=None, ge=0, le=100)
-    fitted_alpha_ms: float | None = Field(default=None, description="ℓ(b) = αb + β fit, α.")
-    fitted_beta_ms: float | None = Field(default=None, description="ℓ(b) = αb + β fit, β.")
-    autoscaler_advice: AutoscalerAdvice | None = None
-    expected_batch_latency: list[BatchLatency] = Field(default_factory=list)
-    applications: list[ApplicationStats] = Field(default_factory=list)
-    last_profiler_pickup: Timestamp | None = None
-    last_base_time_reset: Timestamp | None = None
     conditions: list[Condition] = Field(
         default_factory=list,
         description=(

@@ -28,9 +28,10 @@ from tessera.controller.serving import (
     ServingRecord,
     desired_replicas,
     record_from_body,
+    spec_status,
 )
 from tessera.controller.sync import sync_pods
-from tessera.controller.view import ClusterView, healthy_gpus
+from tessera.controller.view import ClusterView
 from tessera.metrics import ComponentMetrics
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,12 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             rec.gpus = rec.gpus[: decision.replicas]
         elif decision.replicas > before:
             taken = self.reserved() | self.held_elsewhere() | self.view.used_by_pods()
-            free = [g for g in healthy_gpus(cluster) if g not in taken]
+            models = set(rec.spec.placement.gpu_types)  # empty: any GPU model
+            free = [
+                g.id
+                for g in cluster.gpus
+                if g.healthy and g.id not in taken and (not models or g.model in models)
+            ]
             per = rec.spec.gpus_per_replica
             by_node: dict[str, list[str]] = {}
             for g in free:
@@ -103,7 +109,10 @@ class ModelDeployments(KindReconciler[ServingRecord]):
                 by_node[nodes[0]] = by_node[nodes[0]][per:]
         if len(rec.gpus) != before:
             short = (
-                "" if len(rec.gpus) == decision.replicas else f" (only {len(rec.gpus)} placed: no free GPUs)"
+                ""
+                if len(rec.gpus) == decision.replicas
+                else f" (only {len(rec.gpus)} placed: no free GPUs"
+                + (f" of {', '.join(rec.spec.placement.gpu_types)})" if rec.spec.placement.gpu_types else ")")
             )
             self._event(
                 rec, "Normal", "Scaled", f"{before} → {len(rec.gpus)} replicas: {decision.reason}{short}"
@@ -122,14 +131,13 @@ class ModelDeployments(KindReconciler[ServingRecord]):
                 for plural, obj in objects:
                     await self._apply(KINDS[plural], rec.namespace, obj)
                 self._applied[rec.key] = [o for _, o in objects]
-        status = {
+        status: dict[str, Any] = {
             "phase": "Serving" if rec.gpus else "Placing",
             "replicas": len(rec.gpus),
             "gpusAssigned": sum(len(g) for g in rec.gpus),
             "groups": [",".join(g) for g in rec.gpus],
         }
-        if rec.spec.slo.latency_ms is not None:
-            status["sloLatencyMs"] = rec.spec.slo.latency_ms
+        status.update(spec_status(rec.spec))
         if decision.observed:
             status["observedLoadRps"] = round(decision.load_rps, 3)
         if any(status_in.get(k) != v for k, v in status.items()):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.api import contract
-from tessera.api.modeldeployment import ModelDeploymentSpec
+from tessera.api.modeldeployment import LatencyProfile, ModelDeploymentSpec
 from tessera.api.resources import parse_modeldeployment
 from tessera.controller.apps import check_name, manifest_of
 from tessera.controller.pods import Owner, PodPlan
@@ -36,15 +36,32 @@ GATEWAY_SUFFIX = "-gateway"  # <name>-gateway: the gateway's Deployment, Service
 WORKERS_SUFFIX = "-workers"  # <name>-workers: the headless Service naming the worker pods
 
 
+def latency_profile(spec: ModelDeploymentSpec) -> LatencyProfile | None:
+    """The latency profile for the GPUs workers run on: the first placement.gpuTypes entry that has one,
+    else the first profile."""
+    by_type = {p.gpu_type: p for p in spec.latency_profiles}
+    for t in spec.placement.gpu_types:
+        if t in by_type:
+            return by_type[t]
+    return spec.latency_profiles[0] if spec.latency_profiles else None
+
+
 def batch_profile(spec: ModelDeploymentSpec) -> list[tuple[int, float]]:
-    """(batch size, ℓ(b) ms) from latencyModel.perBatchSizeMs or the first latency profile."""
+    """(batch size, ℓ(b) ms) from latencyModel.perBatchSizeMs or `latency_profile` (pre- and post-processing
+    added; with forceMonotonic, ℓ(b) raised to its running maximum: a bigger batch never plans as faster)."""
     lm = spec.batching.latency_model
     if lm.type == "perBatchSize" and lm.per_batch_size_ms:
         return list(zip(spec.batching.supported_batch_sizes, lm.per_batch_size_ms, strict=True))
-    if spec.latency_profiles:
-        p = spec.latency_profiles[0]
-        return [(pt.batch_size, pt.latency_ms + p.preprocess_ms + p.postprocess_ms) for pt in p.points]
-    return []
+    p = latency_profile(spec)
+    if p is None:
+        return []
+    out: list[tuple[int, float]] = []
+    for pt in p.points:
+        ms = pt.latency_ms + p.preprocess_ms + p.postprocess_ms
+        if p.force_monotonic and out:
+            ms = max(ms, out[-1][1])
+        out.append((pt.batch_size, ms))
+    return out
 
 
 def replica_capacity_rps(spec: ModelDeploymentSpec) -> float | None:
@@ -174,6 +191,26 @@ def orloj_latency(spec: ModelDeploymentSpec, profile: Sequence[tuple[int, float]
         l1 = profile[0][1]
         return {"a0": 0.0, "s0": 0.0, "s1": 0.0, "table": {str(b): [0.0, ms / l1] for b, ms in profile}}
     return {"a0": 0.0, "s0": 0.0, "s1": 1.0}
+
+
+def spec_status(spec: ModelDeploymentSpec) -> dict[str, Any]:
+    """Status the spec alone determines: the resolved SLO, the scheduler the gateway runs and, for Symphony,
+    its ℓ(b) = αb + β fit in ms. Empty where the spec cannot be configured (the gateway pass reports why)."""
+    try:
+        policy = choose_policy(spec)
+        profile = batch_profile(spec)
+        out: dict[str, Any] = {
+            "sloLatencyMs": round(resolve_slo_ms(spec, profile, orloj_priors(spec)), 6),
+            "policy": policy,
+            "fittedAlphaMs": None,  # None: removed by the merge patch once the policy is not Symphony
+            "fittedBetaMs": None,
+        }
+    except ServingSpecError:
+        return {}
+    if policy in ("symphony", "eager"):
+        alpha, beta = linear_fit(profile)
+        out["fittedAlphaMs"], out["fittedBetaMs"] = round(alpha * 1000.0, 6), round(beta * 1000.0, 6)
+    return out
 
 
 @dataclass(slots=True)

@@ -8,12 +8,13 @@ import json
 from typing import Any
 
 import kmock
+import pytest
 from tessera.api import contract
 from tessera.gateway.config import GatewayConfig, build_scheduler
 from tessera.policy.serving.orloj import OrlojScheduler
 from tessera.policy.serving.symphony import SymphonyScheduler
 
-from .conftest import NS, add_node, md_body, running_operator, wait_for
+from .conftest import MDS, NODES, NS, add_node, md_body, running_operator, wait_for
 
 CONFIGMAPS = "v1/configmaps"
 DEPLOYMENTS = "apps/v1/deployments"
@@ -71,3 +72,55 @@ async def test_dynamic_model_is_served_by_orloj_and_scheduler_policy_overrides(
             build_scheduler(GatewayConfig.model_validate({"models": [model]}).models[0]), SymphonyScheduler
         )
         await wait_for(lambda: digest(api) != before, what="gateway rolled out with the new config")
+
+
+def set_gpu_model(k: kmock.KubernetesEmulator, node: str, model: str) -> None:
+    """add_node's GPUs are V100s; relabel one node's inventory (before the operator starts)."""
+    obj = dict(k.objects[NODES, None, node])
+    meta = dict(obj["metadata"])
+    inv = json.loads(meta["annotations"][contract.ANN_NODE_GPUS])
+    meta["annotations"] = {contract.ANN_NODE_GPUS: json.dumps([{**g, "model": model} for g in inv])}
+    k.objects[NODES, None, node] = {**obj, "metadata": meta}
+
+
+async def test_gpu_types_place_workers_and_pick_the_profile_the_gateway_plans_with(
+    api: kmock.KubernetesEmulator,
+) -> None:
+    add_node(api, "n1", 4)  # V100s
+    add_node(api, "n2", 1)
+    set_gpu_model(api, "n2", "a100")
+    body = md_body(
+        "m",
+        0,
+        replicas=2,
+        batching={"supportedBatchSizes": [1, 2]},
+        latencyProfiles=[
+            {
+                "gpuType": "V100",
+                "points": [{"batchSize": 1, "latencyMs": 8}, {"batchSize": 2, "latencyMs": 12}],
+            },
+            {
+                "gpuType": "a100",
+                "points": [{"batchSize": 1, "latencyMs": 2}, {"batchSize": 2, "latencyMs": 3}],
+            },
+        ],
+        placement={"gpuTypes": ["a100"], "minGPUs": 1, "maxGPUs": 4},
+    )
+    async with running_operator(api) as ctl:
+        await wait_for(lambda: len(ctl.view.nodes) == 2, what="both nodes in the view")
+        await api.post(PATH, json=body)
+        model = await wait_for(lambda: gateway_model(api), what="gateway config")
+        # ℓ(b) of the A100 profile: α = β = 1 ms (the V100's would give α = 4 ms, β = 4 ms).
+        assert model["policy"] == "symphony"
+        assert model["symphony"]["alpha"] == pytest.approx(0.001) and model["symphony"][
+            "beta"
+        ] == pytest.approx(0.001)
+        st = await wait_for(
+            lambda: (s := api.objects[MDS, NS, "m"].get("status") or {}).get("policy") and s,
+            what="status written",
+        )
+        # Two replicas wanted, one A100 in the cluster: one placed, none on the V100 node.
+        assert st["replicas"] == 1 and st["groups"] == ["n2/0"]
+        assert st["sloLatencyMs"] == 100 and st["policy"] == "symphony"
+        assert st["fittedAlphaMs"] == pytest.approx(1.0) and st["fittedBetaMs"] == pytest.approx(1.0)
+        assert len(model["workers"]) == 1

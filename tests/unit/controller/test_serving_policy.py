@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 from tessera.api.resources import parse_modeldeployment
-from tessera.controller.serving import ServingRecord, ServingSpecError, choose_policy
+from tessera.controller.serving import (
+    ServingRecord,
+    ServingSpecError,
+    batch_profile,
+    choose_policy,
+    spec_status,
+)
 from tessera.gateway.config import GatewayConfig, build_scheduler
 from tessera.policy.serving.baselines.batching import TimeoutScheduler
 from tessera.policy.serving.orloj import OrlojScheduler
@@ -124,3 +130,53 @@ def test_a_policy_without_what_it_needs_is_a_spec_error() -> None:
 def test_p99_multiplier_scales_the_priors_p99() -> None:
     m = config_of(body(**{**DYNAMIC, "applications": DYNAMIC["applications"][1:2]}, slo={"p99Multiplier": 2}))
     assert m["slo_s"] == pytest.approx(0.21)
+
+
+def profiles_body(gpu_types: list[str], **profile: Any) -> dict[str, Any]:
+    """A static model with no perBatchSizeMs table and two measured profiles; ℓ(b) dips at b=4 on the T4."""
+    b = body(
+        latencyProfiles=[
+            {
+                "gpuType": "a100",
+                "points": [{"batchSize": 1, "latencyMs": 2}, {"batchSize": 2, "latencyMs": 3}],
+            },
+            {
+                "gpuType": "t4",
+                "points": [
+                    {"batchSize": 1, "latencyMs": 10},
+                    {"batchSize": 2, "latencyMs": 20},
+                    {"batchSize": 4, "latencyMs": 18},
+                ],
+                **profile,
+            },
+        ],
+        placement={"gpuTypes": gpu_types, "minGPUs": 1, "maxGPUs": 8},
+    )
+    b["spec"]["batching"] = {"supportedBatchSizes": [1, 2, 4]}
+    return b
+
+
+def test_profile_follows_placement_gpu_types_and_force_monotonic() -> None:
+    spec = parse_modeldeployment(profiles_body(["h100", "t4"])).spec
+    assert batch_profile(spec) == [(1, 10.0), (2, 20.0), (4, 20.0)]  # T4's, the dip at 4 raised to 20
+    raw = parse_modeldeployment(profiles_body(["t4"], forceMonotonic=False, preprocessMs=1)).spec
+    assert batch_profile(raw) == [(1, 11.0), (2, 21.0), (4, 19.0)]
+    assert batch_profile(parse_modeldeployment(profiles_body([])).spec) == [(1, 2.0), (2, 3.0)]  # the first
+    # What the gateway plans with changes with the chosen profile: Symphony's α, β (ms) in the status too.
+    st = spec_status(spec)
+    assert st["policy"] == "symphony" and st["sloLatencyMs"] == 100
+    # least squares over (1, 10), (2, 20), (4, 20): α = 20/7 ms, β = 10 ms
+    assert st["fittedAlphaMs"] == pytest.approx(20 / 7, abs=1e-5) and st["fittedBetaMs"] == pytest.approx(
+        10.0
+    )
+    a100 = config_of(profiles_body(["a100"]))["symphony"]
+    assert a100["alpha"] == pytest.approx(0.001) and a100["beta"] == pytest.approx(0.001)
+
+
+def test_status_reports_the_resolved_slo_for_every_slo_form() -> None:
+    papers = {**DYNAMIC, "applications": DYNAMIC["applications"][1:2]}  # solo P99 105 ms
+    st = spec_status(parse_modeldeployment(body(**papers, slo={"p99Multiplier": 2})).spec)
+    assert st["policy"] == "orloj" and st["sloLatencyMs"] == pytest.approx(210.0)
+    assert st["fittedAlphaMs"] is None  # a merge patch removes a Symphony fit left from an earlier policy
+    scaled = parse_modeldeployment(body(slo={"sloScale": 3})).spec
+    assert spec_status(scaled)["sloLatencyMs"] == pytest.approx(30.0)  # 3 × ℓ(1) = 10 ms
