@@ -13,6 +13,7 @@ from pathlib import Path
 from tessera.cluster import Cluster
 from tessera.policy.fluid import FluidConfig
 from tessera.progress import Progress
+from tessera.sim.plotting import PlotsUnavailable, pyplot
 from tessera.sim.tuning.engine import TuningSim
 from tessera.sim.tuning.experiments import (
     ALGORITHMS,
@@ -68,10 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("directory", type=Path, help="where to write fluid-*.png")
     args = p.parse_args(argv)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    try:
+        plt = pyplot()
+    except PlotsUnavailable as e:
+        p.exit(2, f"error: {e}\n")
     from matplotlib.patches import Rectangle
 
     out: Path = args.directory
