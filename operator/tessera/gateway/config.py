@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tessera.api.contract import HEADER_APP
+from tessera.api.safe_load import InputError, load_yaml_file, read_text, value_problems
 from tessera.policy.serving.baselines.batching import (
     ClipperScheduler,
     ClockworkScheduler,
@@ -193,16 +193,18 @@ class GatewayConfig(_Strict):
     @classmethod
     def load(cls, path: str | Path) -> GatewayConfig:
         p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as err:
-            raise ConfigError(f"cannot read gateway configuration {p}: {err}") from None
-        try:
-            data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as err:
-            raise ConfigError(
-                f"{p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {err}"
-            ) from None
+        try:  # size, UTF-8, nesting depth and NaN/infinity checked: one line naming the file
+            if p.suffix == ".json":  # not through YAML 1.1, which reads the JSON number 1e-05 as a string
+                try:
+                    data = json.loads(read_text(p))
+                except (json.JSONDecodeError, RecursionError) as err:
+                    raise InputError(str(p), f"not valid JSON: {err}") from None
+                for field, problem in value_problems(data):
+                    raise InputError(str(p), problem, field)
+            else:
+                data = load_yaml_file(p)
+        except InputError as err:
+            raise ConfigError(f"gateway configuration {err}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: the configuration must be a mapping with a 'models' list")
         return cls.parse(data)

@@ -145,3 +145,19 @@ def test_validate_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(120) == 1 and err == "", err
+
+
+def test_gateway_config_errors_are_one_line_naming_the_file(tmp_path: Path) -> None:
+    from tessera.gateway.config import ConfigError, GatewayConfig
+
+    latin1 = tmp_path / "gateway.yaml"
+    latin1.write_bytes("models: [{name: caf\xe9}]\n".encode("latin-1"))
+    nan = tmp_path / "gateway.json"
+    nan.write_text('{"models": [{"name": "m", "slo_s": NaN}]}')
+    for path, why in (
+        (latin1, "not UTF-8 text (byte 0xe9 at offset 19)"),
+        (nan, "models[0].slo_s: nan is not a finite"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            GatewayConfig.load(path)
+        assert str(err.value).startswith(f"gateway configuration {path}: {why}"), str(err.value)
