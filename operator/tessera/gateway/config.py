@@ -35,6 +35,7 @@ from tessera.policy.serving.common import BatchLatencyModel, BatchScheduler, Lin
 from tessera.policy.serving.orloj import CandidateOrder, OrlojConfig, OrlojScheduler
 from tessera.policy.serving.orloj.batch_dist import MixMode
 from tessera.policy.serving.symphony import SymphonyScheduler
+from tessera.policy.serving.symphony.colocation import colocated_profile
 
 Policy = Literal["orloj", "symphony", "timeout", "clockwork", "nexus", "clipper"]
 POLICIES: tuple[str, ...] = ("orloj", "symphony", "timeout", "clockwork", "nexus", "clipper")
@@ -88,6 +89,13 @@ class SymphonyOptions(_Strict):
     timeout: float | None = Field(None, ge=0, description="None: deferred (Symphony); k: timeout batching")
     get_batch: Literal["headGreedy", "earlyDropForTarget"] = Field(
         "headGreedy", description="earlyDropForTarget sheds heads that cannot make a target-size batch"
+    )
+    colocation_inflation: float = Field(
+        1.0,
+        ge=1.0,
+        allow_inf_nan=False,
+        description="workers share GPUs with best-effort lanes: plan with ℓ(b) times this (the observed "
+        "HP p99 colocated / dedicated); 1 = dedicated GPUs",
     )
 
 
@@ -234,7 +242,9 @@ def build_scheduler(cfg: ModelConfig) -> BatchScheduler | SymphonyScheduler:
     if cfg.policy == "symphony":
         s = cfg.symphony
         assert s is not None  # checked by the model validator
-        profile = LinearProfile(s.alpha, s.beta, max_batch=cfg.max_batch)
+        profile = colocated_profile(
+            LinearProfile(s.alpha, s.beta, max_batch=cfg.max_batch), s.colocation_inflation
+        )
         return SymphonyScheduler(
             {cfg.name: profile}, len(cfg.workers), timeout=s.timeout, get_batch=s.get_batch
         )
