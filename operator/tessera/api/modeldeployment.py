@@ -397,7 +397,10 @@ class ModelDeploymentSpec(WireModel):
 class ModelDeploymentStatus(WireModel):
     """What the serving controller reports (Orloj §5 status, Symphony D status, AlpaServe §5.2)."""
 
-    phase: Literal["Pending", "Placing", "Serving", "Degraded", "Failed"] = "Pending"
+    phase: Literal["Pending", "Placing", "Serving", "Failed"] = Field(
+        default="Pending",
+        description="Placing: no replica on a GPU yet; Serving: at least one placed; Failed: the spec is refused.",
+    )
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation of the spec this status reflects."
     )
