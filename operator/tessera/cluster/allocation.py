@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -16,13 +16,6 @@ class Allocation:
 
     _owner: dict[str, str] = field(default_factory=dict)
     _held: dict[str, set[str]] = field(default_factory=dict)
-
-    @staticmethod
-    def from_mapping(held: Mapping[str, Iterable[str]]) -> Allocation:
-        a = Allocation()
-        for owner, gpus in held.items():
-            a.grant(owner, gpus)
-        return a
 
     def owner(self, gpu_id: str) -> str | None:
         return self._owner.get(gpu_id)

@@ -46,11 +46,3 @@ class RuntimeModel:
                 f"beta={self.beta} makes {d} workers per trial slower than fewer (Lemma 6 needs beta < 1 + 1/d "
                 f"= {1 + 1 / d:.4g}); lower d"
             )
-
-    def max_useful_workers(self) -> int | None:
-        """Largest d allowed by Lemma 6 (w < 1/(β−1)); None when β = 1 (no limit)."""
-        if self.beta <= 1.0:
-            return None
-        limit = 1.0 / (self.beta - 1.0)
-        d = int(limit)
-        return max(1, d - 1 if d == limit else d)

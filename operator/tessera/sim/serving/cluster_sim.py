@@ -13,7 +13,7 @@ binary search [S:L182]), the minimum-GPU search for a fixed load, and an autosca
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -337,8 +337,3 @@ def autoscale(
         out.append(AutoscaleStep(n, st.bad_rate, idle, adv))
         n = max(min_gpus_, n + adv)
     return out
-
-
-def loads_by_gpu(stats: ClusterStats) -> Mapping[int, float]:
-    """Busy fraction per GPU id (consolidation onto low ids, A.7)."""
-    return {g: b / stats.duration for g, b in enumerate(stats.busy)}

@@ -59,13 +59,6 @@ def run_one(
     return TuningSim(c, c.gpu_ids[:gpus], w, alg, executor, fluid, horizon=horizon, observe=observe).run()
 
 
-def mean_of(results: list[TuningResult], metric: str) -> float:
-    vals: list[float] = [float(v) for r in results if (v := getattr(r, metric)) is not None]
-    if not vals:
-        raise ValueError(f"no run reached the target for {metric}; lower the workload target")
-    return sum(vals) / len(vals)
-
-
 @dataclass(frozen=True, slots=True)
 class Speedup:
     """A baseline over another executor on the same seeds (FIFO over Fluid: > 1 means Fluid is faster):

@@ -78,9 +78,6 @@ class Placement:
         """Normalised form for de-duplication: models sorted within each group (spec §2.3)."""
         return tuple((g.devices, g.config, tuple(sorted(g.models))) for g in self.groups)
 
-    def concat(self, other: Placement) -> Placement:
-        return Placement(self.groups + other.groups)
-
     def describe(self) -> str:
         return "; ".join(f"{g.config}@{list(g.devices)}:{','.join(g.models) or '-'}" for g in self.groups)
 
