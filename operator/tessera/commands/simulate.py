@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.api.safe_load import InputError, load_yaml_file
+from tessera.sim.plotting import PlotsUnavailable, require_matplotlib
 from tessera.sim.scenario import KINDS, ScenarioError
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,12 @@ def load_scenario(path: Path) -> tuple[Any, Any]:
 
 def main(args: argparse.Namespace) -> int:
     path = Path(args.scenario) if args.scenario else DEFAULT_SCENARIO
+    if args.plots:
+        try:  # before the run, not after it
+            require_matplotlib()
+        except PlotsUnavailable as e:
+            print(f"error: --plots: {e}", file=sys.stderr)
+            return 2
     try:
         module, scenario = load_scenario(path)
     except ScenarioError as e:
