@@ -209,6 +209,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             self.records.pop((namespace, name), None)
             self._applied.pop((namespace, name), None)
             self._wanted.pop((namespace, name), None)
+            self.metrics.remove_series(namespace=namespace, modeldeployment=name)
         pods = self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, name, namespace)
         for pod in pods:
             await self.api.delete(PODS, namespace, pod.name, grace_seconds=self.config.preemption_grace_s)
