@@ -1,4 +1,4 @@
-"""A deleted App's and TrialGroup's series leave the operator's /metrics (the others' stay), and a trial
+"""A deleted App's, TrialGroup's and ModelDeployment's series leave the operator's /metrics (the others' stay), and a trial
 whose pod failed is counted under tessera_trialgroup_trials{state="failed"}."""
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ from tessera.controller.handlers import Controller
 
 from .conftest import (
     APPS,
+    MDS,
     NS,
     TGS,
     add_node,
     app_body,
     job,
+    md_body,
     pods,
     running_operator,
     set_pod_phase,
@@ -96,6 +98,24 @@ async def test_a_trial_whose_pod_failed_counts_as_failed(api: kmock.KubernetesEm
         text = scrape(ctl)
         assert f"{trials('stopped')} 0.0" in text
         assert f"{trials('running')} 1.0" in text
+
+
+async def test_deleting_a_modeldeployment_removes_its_replica_series(api: kmock.KubernetesEmulator) -> None:
+    add_node(api, "n1", 4)
+    api.objects[MDS, NS, "m"] = md_body("m", 100)
+    api.objects[MDS, NS, "keep"] = md_body("keep", 100)
+    async with running_operator(api) as ctl:
+        for name in ("m", "keep"):
+            await wait_for(
+                lambda n=name: any(
+                    s.startswith("tessera_serving_replicas{") for s in series_of(ctl, "modeldeployment", n)
+                ),
+                what=f"replicas of {name}",
+            )
+        await api.delete(f"{API}/modeldeployments/m")
+        await wait_for(lambda: (MDS, NS, "m") not in api.objects, what="ModelDeployment gone")
+        await wait_for(lambda: not series_of(ctl, "modeldeployment", "m"), what="m's series removed")
+        assert series_of(ctl, "modeldeployment", "keep")
 
 
 def scrape(ctl: Controller) -> str:
