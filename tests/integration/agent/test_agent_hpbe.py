@@ -200,3 +200,22 @@ def test_feedback_needs_lanes_and_the_progress_socket() -> None:
         AgentConfig(node_name=NODE, hp_be_lanes=True, be_feedback=True)
     with pytest.raises(ValueError, match=r"1\.\.100"):
         AgentConfig(node_name=NODE, hp_be_lanes=True, be_percent=0)
+
+
+def test_cli_refuses_feedback_without_its_prerequisites(capsys: pytest.CaptureFixture[str]) -> None:
+    from tessera_agent import cli
+
+    assert cli.main(["--node", NODE, "--be-feedback", "--progress-socket", "/tmp/p.sock"]) == 2
+    assert "needs HP/BE lanes" in capsys.readouterr().err
+    argv = [
+        "--node",
+        NODE,
+        "--fake-gpus",
+        "1",
+        "--hp-be-lanes",
+        "--be-feedback",
+        "--progress-socket",
+        "/tmp/p",
+    ]
+    assert cli.main(argv) == 2
+    assert "--fake-gpus has none" in capsys.readouterr().err
