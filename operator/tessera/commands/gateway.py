@@ -33,7 +33,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--grpc-port",
         type=int,
-        help="also serve the Open Inference Protocol over gRPC on this port (same host, same models)",
+        help="also serve the Open Inference Protocol over gRPC on this port (same host, same models; "
+        "default: the config's grpc_port, none)",
     )
     parser.set_defaults(func=run)
 
@@ -47,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     host = args.host or config.host
     port = args.port if args.port is not None else config.port
-    app = make_gateway_app(Gateway(config, seed=args.seed), grpc_port=args.grpc_port, grpc_host=host)
+    grpc_port = args.grpc_port if args.grpc_port is not None else config.grpc_port
+    app = make_gateway_app(Gateway(config, seed=args.seed), grpc_port=grpc_port, grpc_host=host)
     try:
         web.run_app(app, host=host, port=port, print=None, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
     except ConfigError as err:

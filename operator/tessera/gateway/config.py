@@ -180,6 +180,9 @@ class ModelConfig(_Strict):
 class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    grpc_port: int | None = Field(
+        None, ge=0, le=65535, description="also serve gRPC on this port (same host); None: HTTP only"
+    )
     health_interval_s: float = Field(0.5, gt=0)
     models: list[ModelConfig] = Field(min_length=1)
 
