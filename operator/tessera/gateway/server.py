@@ -2,7 +2,8 @@
 
 Endpoints: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}``,
 ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` (each model path also under
-``/v2/models/{name}/versions/{version}``) and ``GET /metrics`` (Prometheus). Inference takes JSON tensors
+``/v2/models/{name}/versions/{version}``), ``GET /metrics`` (Prometheus) and ``GET /stats`` (JSON counters
+since start per model, for the operator's goodput and attainment report). Inference takes JSON tensors
 or the binary tensor data extension (``Inference-Header-Content-Length``). Every error is a JSON object
 ``{"error", "reason"}``, 404/405/413 included. :func:`Gateway.infer` is shared with the gRPC front
 (:mod:`tessera.gateway.grpc_server`), so both give the same answers and errors.
@@ -18,6 +19,7 @@ import logging
 import math
 import random
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +76,18 @@ class Gateway:
         self.seed = seed
         self.services: dict[str, ModelService] = {}
         self._session: aiohttp.ClientSession | None = None
+        # Who is counting, and since when: a reader that sees another instance knows the counters restarted.
+        self.instance = uuid.uuid4().hex
+        self.started = time.monotonic()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since this gateway started, per model; ``uptime_s`` on the gateway's monotonic clock,
+        so a reader takes rates from two reads without trusting its own clock or the network delay."""
+        return {
+            "instance": self.instance,
+            "uptime_s": time.monotonic() - self.started,
+            "models": {name: svc.stats() for name, svc in self.services.items()},
+        }
 
     async def start(self) -> None:
         # No per-host connection cap: a worker runs one batch at a time, the gateway never has more in
@@ -236,6 +250,9 @@ def make_gateway_app(
             body=generate_latest(gateway.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
+    async def stats(_: web.Request) -> web.Response:
+        return _json(gateway.stats())
+
     app = web.Application(client_max_size=CLIENT_MAX_BODY, middlewares=[json_errors])
     routes = []
     for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
@@ -251,6 +268,7 @@ def make_gateway_app(
             web.get("/v2/health/ready", ready),
             *routes,
             web.get("/metrics", metrics),
+            web.get("/stats", stats),
         ]
     )
 

@@ -152,6 +152,12 @@ class ModelService:
         self.closed = False
         self.batches = 0
         self.retried = 0
+        # Counters since start for the operator's stats reader (GET /stats): answers by outcome, and the
+        # seconds workers spent computing this model's batches and profiling runs, as they report them.
+        self.outcomes: dict[str, int] = dict.fromkeys(
+            (OUTCOME_MET, OUTCOME_MISSED, OUTCOME_DROPPED, OUTCOME_REJECTED), 0
+        )
+        self.busy_seconds = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, health_interval: float) -> None:
@@ -188,6 +194,17 @@ class ModelService:
         if meta is not None:
             out["inputs"], out["outputs"] = meta.get("inputs", []), meta.get("outputs", [])
         return out
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start (never reset): answers by outcome and the workers' busy seconds."""
+        return {
+            "namespace": self.cfg.namespace,
+            "slo_s": self.cfg.slo_s,
+            "workers": len(self.slots),
+            "healthy_workers": sum(1 for s in self.slots if s.healthy),
+            "requests": dict(self.outcomes),
+            "busy_seconds": self.busy_seconds,
+        }
 
     def _now(self) -> float:
         assert self._loop is not None, "ModelService.start() was not called"
@@ -232,6 +249,7 @@ class ModelService:
             return
         p.future.set_result(out)
         self.pending.pop(p.request.rid, None)
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         if self.metrics is not None:
             self.metrics.finished(outcome, latency)
             self.metrics.queue_length(self.queued)
@@ -404,6 +422,7 @@ class ModelService:
             self._pump()
             return
         now = self._now()
+        self.busy_seconds += compute
         for p, status, fragment, blob in answers:
             self._answer(p, status, fragment, blob, now, len(live), slot.index)
         if not isinstance(self.scheduler, SymphonyScheduler):
@@ -507,6 +526,7 @@ class ModelService:
             solo = data.solo_seconds or []
             times = {s.request.rid: float(t) for s, t in zip(samples, solo, strict=False) if t is not None}
             now = self._now()
+            self.busy_seconds += data.compute_seconds
             self.profiler.record(sum(times.values()), len(times))
             if times and not isinstance(self.scheduler, SymphonyScheduler):
                 reqs = [s.request for s in samples if s.request.rid in times]
