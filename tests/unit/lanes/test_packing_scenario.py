@@ -118,3 +118,10 @@ def test_trace_reader_errors(tmp_path: Path) -> None:
         read_pods(tmp_path / "p.csv")
     with pytest.raises(TraceError, match="No such file"):
         read_pods(tmp_path / "absent.csv")
+
+
+def test_synthetic_node_names_unique() -> None:
+    nodes = synthetic.load_nodes(
+        [{"count": 3, "gpus": 1, "model": "A", "cpu_milli": 1, "memory_mib": 1}] * 2, "s.yaml"
+    )
+    assert len({n.name for n in nodes}) == 6

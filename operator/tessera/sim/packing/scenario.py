@@ -172,7 +172,7 @@ class PackingResult:
             cells = "".join(
                 f"{100 * u:>8.2f} / {f:>4.0f}" for u, f in (self.mean(policy, p) for p in REPORT_AT)
             )
-            pub = PUBLISHED.get(policy)
+            pub = PUBLISHED.get(policy) if sc.origin != "synthetic" else None
             lines.append(f"{policy:<15}{cells}{(f'{pub:.1f}' if pub is not None else '-'):>16}")
         if self.extender:
             lines.append(

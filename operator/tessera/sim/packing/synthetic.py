@@ -70,7 +70,8 @@ def load_nodes(data: Any, source: str) -> list[NodeSpec]:
         model = str(g.get("model", "GPU"))
         if len(out) + count > 100_000:
             raise ScenarioError(source, where, "more than 100000 nodes in all")
-        out.extend(NodeSpec(f"{model.lower()}-{len(out) + k}", cpu, mem, gpus, model) for k in range(count))
+        base = len(out)
+        out.extend(NodeSpec(f"{model.lower()}-{base + k}", cpu, mem, gpus, model) for k in range(count))
     return out
 
 
