@@ -215,10 +215,9 @@ class PlacementResult:
         }
 
     def plots(self, directory: Path) -> list[Path]:
-        import matplotlib
+        from tessera.sim.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         directory.mkdir(parents=True, exist_ok=True)
         fig, ax = plt.subplots(figsize=(5, 3.5))

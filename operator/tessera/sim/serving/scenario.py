@@ -301,10 +301,9 @@ class ServingResult:
         return out
 
     def plots(self, directory: Path) -> list[Path]:
-        import matplotlib
+        from tessera.sim.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         directory.mkdir(parents=True, exist_ok=True)
         paths: list[Path] = []
