@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import shutil
 import tempfile
@@ -38,6 +39,7 @@ from tessera_agent.pods import KubernetesPodSource
 from tessera_agent.proto import api_pb2, api_pb2_grpc
 
 from tests.integration.agent.agent_fake_kubelet import FakeKubelet
+from tests.integration.agent.peer_support import FakeProc
 from tests.unit.chart.chart_render import objects, render
 
 from .conftest import (
@@ -174,8 +176,15 @@ async def test_node_agent_allocates_and_publishes_under_its_service_account(
     api = agent_api(creds)
     kubelet = FakeKubelet(sock_dir)
     await kubelet.start()
+    # The agent maps each socket peer to its pod through /proc/<pid>/cgroup; the workload here is this test
+    # process, put in the pod's cgroup in a fake /proc tree as kubelet would.
+    proc = FakeProc(sock_dir / "proc")
     cfg = AgentConfig(
-        node_name=node, device_plugin_dir=sock_dir, slots_per_gpu=4, progress_socket=sock_dir / "p.sock"
+        node_name=node,
+        device_plugin_dir=sock_dir,
+        slots_per_gpu=4,
+        progress_socket=sock_dir / "p.sock",
+        proc_root=proc.root,
     )
     agent = NodeAgent(
         cfg,
@@ -223,6 +232,7 @@ async def test_node_agent_allocates_and_publishes_under_its_service_account(
         assert pod["metadata"]["annotations"][contract.ANN_ALLOCATED] == f"{uuid}::1"
 
         # The workload reports progress through the agent's socket; the agent writes it on the pod.
+        proc.place(os.getpid(), pod["metadata"]["uid"])
         endpoint = progress_endpoint(str(cfg.progress_socket), namespace, "train")
         await asyncio.to_thread(report_progress, 5, 10, endpoint=endpoint)
         pod = cluster.get(f"/api/v1/namespaces/{namespace}/pods/train")
