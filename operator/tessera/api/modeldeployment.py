@@ -240,7 +240,7 @@ class Application(WireModel):
 
 
 class Frontend(WireModel):
-    """How the gateway tags requests (Orloj §5, engineering fields)."""
+    """How the gateway tags requests (Orloj §5, engineering fields) and the ports it serves on."""
 
     app_id_header: str = Field(
         default="x-tessera-app",
@@ -250,6 +250,15 @@ class Frontend(WireModel):
         description="Request header naming the application (HTTP header names are case-insensitive).",
     )
     default_app: str = Field(default="default", min_length=1, description="Application of untagged requests.")
+    grpc_port: int = Field(
+        default=8001,
+        ge=0,
+        le=65535,
+        description=(
+            "Port the gateway also serves the Open Inference Protocol on over gRPC (the gateway container's "
+            "port and the gateway Service's port `grpc`); 0: HTTP only."
+        ),
+    )
 
 
 class Distribution(WireModel):
@@ -424,22 +433,37 @@ class ModelDeploymentStatus(WireModel):
     fitted_beta_ms: float | None = Field(
         default=None, ge=0, description="ℓ(b) = αb + β fit, β (ms per batch)."
     )
-    # Inputs, not outputs: the operator reads these three to size replicas and never writes them. They are
-    # for a reporter outside the operator (e.g. from the gateway's tessera_serving_requests_total by outcome).
+    # Written by the operator from the gateway's counters (GET /stats) over the window between two reads
+    # (statsWindowSeconds); read back to size replicas. Absent while the gateway cannot be read.
     slo_attainment_percent: float | None = Field(
         default=None,
         ge=0,
         le=100,
-        description="Share of requests that met the SLO, as reported from the gateway; read by the operator.",
+        description=(
+            "Share of the window's requests that met the SLO: met / (met + missed + dropped), a request the "
+            "model refused as bad input counting on neither side. Absent when no request finished."
+        ),
     )
     goodput_rps: float | None = Field(
-        default=None, ge=0, description="Requests/s that met the SLO, as reported; read by the operator."
+        default=None, ge=0, description="Requests/s answered within their SLO over the window."
     )
     gpu_idle_percent: float | None = Field(
         default=None,
         ge=0,
         le=100,
-        description="Idle share of the workers' GPUs, as reported; read by the operator.",
+        description=(
+            "Share of the window the workers ran neither a batch nor a profiling run (by the compute "
+            "time the workers report), over all configured workers."
+        ),
+    )
+    stats_window_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Length of the window goodputRps, sloAttainmentPercent and gpuIdlePercent cover "
+        "(the gateway's clock between the operator's last two reads).",
+    )
+    stats_requests: int | None = Field(
+        default=None, ge=0, description="Requests answered in that window (the model's refusals excluded)."
     )
     observed_load_rps: float | None = Field(
         default=None,
@@ -449,7 +473,9 @@ class ModelDeploymentStatus(WireModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         description=(
-            "Scaled (whether the replicas wanted for the load are placed), Valid (False for a refused spec) and "
+            "Scaled (whether the replicas wanted for the load are placed), GatewayStats (True: the gateway's "
+            "counters were read and the stats fields cover the last window; False: Baseline, a first read, or "
+            "Unreachable, with why), Valid (False for a refused spec) and "
             "Ready: True when every replica wanted (Symphony's load-proportional count) is placed on GPUs with "
             "its worker pod created, and the gateway's ConfigMap, Deployment and Services are applied (reason "
             "Serving); False while its spec is refused (InvalidSpec), wanted replicas wait for free GPUs "

@@ -124,9 +124,16 @@ KINDS: dict[str, ResourceKind] = {
             PrinterColumn("Phase", "string", ".status.phase", "Lifecycle phase."),
             _READY,
             PrinterColumn("Replicas", "integer", ".status.replicas", "Replicas serving."),
+            PrinterColumn("Policy", "string", ".status.policy", "Batch scheduler the gateway runs."),
             PrinterColumn("SLO-ms", "number", ".status.sloLatencyMs", "Resolved latency SLO in ms."),
             PrinterColumn(
-                "Attainment", "number", ".status.sloAttainmentPercent", "Observed SLO attainment, %."
+                "Attainment",
+                "number",
+                ".status.sloAttainmentPercent",
+                "SLO attainment (%) the gateway measured over the last stats window.",
+            ),
+            PrinterColumn(
+                "Goodput", "number", ".status.goodputRps", "Requests/s within the SLO over that window."
             ),
             _AGE,
         ),

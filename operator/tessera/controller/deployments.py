@@ -4,6 +4,8 @@ Runs in kopf handlers of the ModelDeployment (create/resume/update and a timer, 
 peer). A pass: parse; decide replicas (tessera.controller.serving.desired_replicas, Symphony's rule);
 keep the GPUs of replicas that stay, take free GPUs for new ones, release the last ones on scale-down;
 make worker pods match (one gang per replica), apply the gateway objects; write status when it changed.
+Once the gateway is applied, its counters are read (controller/serving_stats.py, rate-limited) and the
+window's goodput, attainment and idleness go to status, where the next pass's replica decision reads them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import kopf
 
 from tessera.api import contract
 from tessera.controller.arbiter import PostEvent
-from tessera.controller.conditions import Readiness, condition, invalid_status
+from tessera.controller.conditions import Cond, Readiness, carry, condition, find, invalid_status
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind, KubeApi
 from tessera.controller.pods import Owner, PodPlan
@@ -27,9 +29,11 @@ from tessera.controller.serving import (
     WORKERS_SUFFIX,
     ServingRecord,
     desired_replicas,
+    gateway_service_url,
     record_from_body,
     spec_status,
 )
+from tessera.controller.serving_stats import StatsReader
 from tessera.controller.sync import sync_pods
 from tessera.controller.view import ClusterView
 from tessera.metrics import ComponentMetrics
@@ -37,6 +41,8 @@ from tessera.metrics import ComponentMetrics
 log = logging.getLogger(__name__)
 
 KINDS: dict[str, Kind] = {"configmaps": CONFIGMAPS, "deployments": DEPLOYMENTS, "services": SERVICES}
+STATS_FIELDS = ("goodputRps", "sloAttainmentPercent", "gpuIdlePercent", "statsWindowSeconds", "statsRequests")
+GATEWAY_STATS = "GatewayStats"  # condition: whether the gateway's counters could be read
 
 
 class ModelDeployments(KindReconciler[ServingRecord]):
@@ -54,6 +60,8 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         super().__init__(config, view, api, metrics, post_event, held_elsewhere)
         self._applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._wanted: dict[tuple[str, str], int] = {}  # replicas the last pass decided on
+        self.stats = StatsReader(config.serving_stats_interval_s, config.gateway_url or gateway_service_url)
+        self._stats_cond: dict[tuple[str, str], Cond] = {}  # the GatewayStats condition last decided
 
     def reserved(self) -> set[str]:
         return {g for r in self.records.values() for g in r.held()}
@@ -73,6 +81,9 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             return
         rec = self.records.get(key)
         if rec is None or rec.uid != fresh.uid:
+            if rec is not None:  # the name was reused by a new object: its gateway starts from nothing
+                self.stats.forget(key)
+                self._stats_cond.pop(key, None)
             rec = self.records[key] = fresh
         else:
             rec.spec, rec.body = fresh.spec, body
@@ -80,7 +91,8 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         if not len(cluster):
             return
         status_in = body.get("status") or {}
-        decision = desired_replicas(rec.spec, status_in, len(rec.gpus))
+        measured = await self._read_stats(rec, status_in)
+        decision = desired_replicas(rec.spec, {**status_in, **measured}, len(rec.gpus))
         self._wanted[rec.key] = decision.replicas
         before = len(rec.gpus)
         if decision.replicas < before:
@@ -138,18 +150,21 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             "groups": [",".join(g) for g in rec.gpus],
         }
         status.update(spec_status(rec.spec))
-        if decision.observed:
-            status["observedLoadRps"] = round(decision.load_rps, 3)
-        if any(status_in.get(k) != v for k, v in status.items()):
+        status.update(measured)
+        status["observedLoadRps"] = round(decision.load_rps, 3) if decision.observed else None
+        scaled = condition(
+            "Scaled",
+            len(rec.gpus) == decision.replicas,
+            "LoadProportional",
+            f"{decision.replicas} replicas for {decision.load_rps:g} rps: {decision.reason}",
+        )
+        stored = list(status_in.get("conditions") or [])
+        conditions = carry([scaled, *([c] if (c := self._stats_cond.get(rec.key)) else [])], stored)
+        if any(status_in.get(k) != v for k, v in status.items()) or any(
+            _differs(c, find(stored, c["type"])) for c in conditions
+        ):
             patch.status.update(status)
-            patch.status["conditions"] = [
-                condition(
-                    "Scaled",
-                    len(rec.gpus) == decision.replicas,
-                    "LoadProportional",
-                    f"{decision.replicas} replicas for {decision.load_rps:g} rps: {decision.reason}",
-                )
-            ]
+            patch.status["conditions"] = conditions
         self.metrics.gauge("tessera_serving_replicas").labels(
             namespace=rec.namespace, modeldeployment=rec.name, state="desired"
         ).set(decision.replicas)
@@ -161,6 +176,34 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         self.metrics.gauge("tessera_serving_replicas").labels(
             namespace=rec.namespace, modeldeployment=rec.name, state="ready"
         ).set(ready)
+
+    async def _read_stats(self, rec: ServingRecord, status_in: dict[str, Any]) -> dict[str, Any]:
+        """Status fields from the gateway's counters when a read is due (else {}): the window's figures;
+        None for each (removed) when the gateway cannot be read, so replicas fall back to
+        spec.traffic.expectedRps. The GatewayStats condition and, on a change to unreadable, an event."""
+        if not rec.gpus or rec.key not in self._applied:
+            return {}  # no gateway yet
+        poll = await self.stats.poll(rec.key, rec.spec.model.name)
+        if poll is None:
+            return {}
+        before = self._stats_cond.get(rec.key) or find(status_in.get("conditions"), GATEWAY_STATS)
+        if poll.error is not None:
+            self._stats_cond[rec.key] = condition(GATEWAY_STATS, False, "Unreachable", poll.error)
+            if before is None or before.get("status") != "False":
+                self._event(rec, "Warning", "GatewayStatsUnavailable", poll.error)
+            return dict.fromkeys(STATS_FIELDS)
+        w = poll.stats
+        if w is None:  # a first read of this gateway: the baseline the next window starts from
+            if before is None or before.get("status") != "True":
+                self._stats_cond[rec.key] = condition(
+                    GATEWAY_STATS, False, "Baseline", "first read of the gateway's counters; rates follow"
+                )
+            return {}
+        att = f"{w.attainment_percent:.1f}% within SLO" if w.attainment_percent is not None else "no requests"
+        self._stats_cond[rec.key] = condition(
+            GATEWAY_STATS, True, "Measured", f"{w.requests} requests in {w.seconds:.1f}s: {att}"
+        )
+        return w.status()
 
     async def _apply(self, kind: Kind, namespace: str, obj: dict[str, Any]) -> None:
         """Create, or merge-patch what is there (a repeated reconcile is a no-op patch)."""
@@ -209,6 +252,8 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             self.records.pop((namespace, name), None)
             self._applied.pop((namespace, name), None)
             self._wanted.pop((namespace, name), None)
+            self._stats_cond.pop((namespace, name), None)
+            self.stats.forget((namespace, name))
             self.metrics.remove_series(namespace=namespace, modeldeployment=name)
         pods = self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, name, namespace)
         for pod in pods:
@@ -222,3 +267,8 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         ):
             await self.api.delete(kind, namespace, obj)
         self.post_event(body, "Normal", "Cleanup", f"deleted {len(pods)} worker pod(s) and the gateway")
+
+
+def _differs(new: Cond, old: Any) -> bool:
+    """Whether a condition says something other than the one stored (its time aside)."""
+    return old is None or any(new.get(k) != old.get(k) for k in ("status", "reason", "message"))

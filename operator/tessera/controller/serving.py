@@ -31,9 +31,15 @@ from tessera.policy.serving.symphony import autoscale_advice
 
 WORKER_PORT = 9001
 GATEWAY_PORT = 8080
+SERVICE_PORT = 80  # the gateway Service's HTTP port (→ GATEWAY_PORT); gRPC keeps frontend.grpcPort on both
 CONFIG_PATH = "/etc/tessera/gateway.json"
 GATEWAY_SUFFIX = "-gateway"  # <name>-gateway: the gateway's Deployment, Service and ConfigMap
 WORKERS_SUFFIX = "-workers"  # <name>-workers: the headless Service naming the worker pods
+
+
+def gateway_service_url(namespace: str, name: str) -> str:
+    """The HTTP base URL of ModelDeployment ``name``'s gateway Service (cluster DNS)."""
+    return f"http://{name}{GATEWAY_SUFFIX}.{namespace}.svc:{SERVICE_PORT}"
 
 
 def latency_profile(spec: ModelDeploymentSpec) -> LatencyProfile | None:
@@ -361,7 +367,9 @@ class ServingRecord:
             )
             if profile or priors:
                 model["latency"] = orloj_latency(spec, profile)
-        config = {"host": "0.0.0.0", "port": GATEWAY_PORT, "models": [model]}
+        config: dict[str, Any] = {"host": "0.0.0.0", "port": GATEWAY_PORT, "models": [model]}
+        if spec.frontend.grpc_port:
+            config["grpc_port"] = spec.frontend.grpc_port
         GatewayConfig.model_validate(config)
         return config
 
@@ -375,6 +383,14 @@ class ServingRecord:
             contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE,
         }
         meta = {"namespace": self.namespace, "labels": labels, "ownerReferences": [owner.reference()]}
+        grpc = self.spec.frontend.grpc_port
+        ports = [{"containerPort": GATEWAY_PORT, "name": "http"}]
+        service_ports: list[dict[str, Any]] = [
+            {"name": "http", "port": SERVICE_PORT, "targetPort": GATEWAY_PORT}
+        ]
+        if grpc:  # the gateway serves it from its config's grpc_port
+            ports.append({"containerPort": grpc, "name": "grpc"})
+            service_ports.append({"name": "grpc", "port": grpc, "targetPort": grpc, "appProtocol": "grpc"})
         config = json.dumps(self.gateway_config(), sort_keys=True)
         # A new config rolls the gateway out. sha256, not hash(): str hashes differ between processes, so
         # every operator restart rolled out every gateway for an unchanged config.
@@ -414,7 +430,7 @@ class ServingRecord:
                                         "name": "gateway",
                                         "image": image,
                                         "args": ["gateway", "--config", CONFIG_PATH],
-                                        "ports": [{"containerPort": GATEWAY_PORT, "name": "http"}],
+                                        "ports": ports,
                                         "volumeMounts": [{"name": "config", "mountPath": "/etc/tessera"}],
                                     }
                                 ],
@@ -435,7 +451,7 @@ class ServingRecord:
                             contract.LABEL_MODELDEPLOYMENT: self.name,
                             contract.LABEL_ROLE: "gateway",
                         },
-                        "ports": [{"name": "http", "port": 80, "targetPort": GATEWAY_PORT}],
+                        "ports": service_ports,
                     },
                 },
             ),
