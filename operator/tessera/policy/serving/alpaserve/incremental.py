@@ -62,7 +62,7 @@ class ComponentCache:
         fixed_overhead_s: float = 0.0,
         keep: int = 8,
         resume: bool = True,
-        resume_limit: float = 0.2,
+        resume_limit: float = 0.35,
     ) -> None:
         self.profiles = profiles
         self.workload = workload
@@ -218,8 +218,9 @@ class ComponentCache:
             assert c is not None
             return c
 
-        new_group = old_group.copy()
-        new_finish = old_finish.copy()
+        ev_pos: list[int] = []  # positions re-dispatched, with their new group and finish
+        ev_group: list[int] = []
+        ev_finish: list[float] = []
         new_done = list(old_done)
         olds = list(zeros)  # the parent's clocks per group at the walk's position, valid where `synced`
         synced = 0
@@ -252,35 +253,32 @@ class ComponentCache:
                 self.reevaluated += evaluated
                 return None  # the change spreads: a full replay is cheaper than walking on
             cands = tables[mi]
-            cur: dict[int, Clocks] = {}
+            cur: list[Clocks] = []
             for j, _, _ in cands:
                 if dirty >> j & 1:
-                    cur[j] = news[j]
+                    cur.append(news[j])
                 else:
                     if not synced >> j & 1:
                         olds[j] = old_before(j, p)
                         synced |= 1 << j
-                    cur[j] = olds[j]
+                    cur.append(olds[j])
             gi, lat, comm = cands[0]
+            c = cur[0]
             if len(cands) > 1:
-                best = cur[gi][-1]
-                for e in cands:
-                    v = cur[e[0]][-1]
-                    if v < best:
-                        best = v
+                best = c[-1]
+                for e, ce in zip(cands, cur, strict=True):
+                    if ce[-1] < best:
+                        best = ce[-1]
                         gi, lat, comm = e
+                        c = ce
             t, slo = arr[il[p]], slos[il[p]]
-            new, x = advance(t, cur[gi], lat, comm)
+            new, x = advance(t, c, lat, comm)
             finish = x + overhead
             ok = not finish - t > slo
-            if ok:
-                new_group[p] = comp[gi]
-                new_finish[p] = finish
-                new_done[p] = new
-            else:
-                new_group[p] = comp[gi]
-                new_finish[p] = inf
-                new_done[p] = None
+            ev_pos.append(p)
+            ev_group.append(comp[gi])
+            ev_finish.append(finish if ok else inf)
+            new_done[p] = new if ok else None
             h = old_local[p]
             d = old_done[p]
             for j in (gi, h) if h != gi else (gi,):
@@ -289,7 +287,7 @@ class ComponentCache:
                 if not synced >> j & 1:
                     olds[j] = old_before(j, p)
                     synced |= 1 << j
-                now = new if j == gi and ok else news[j] if dirty >> j & 1 else olds[j]
+                now = (new if ok else c) if j == gi else news[j] if dirty >> j & 1 else olds[j]
                 then = d if j == h and d is not None else olds[j]
                 if now == then:
                     dirty &= ~(1 << j)
@@ -301,6 +299,10 @@ class ComponentCache:
                 olds[h] = d
             p += 1
         self.reevaluated += evaluated
+        new_group = old_group.copy()
+        new_finish = old_finish.copy()
+        new_group[ev_pos] = ev_group
+        new_finish[ev_pos] = ev_finish
         return _Run(idx, new_group, new_finish, new_done)
 
 
