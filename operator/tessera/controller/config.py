@@ -38,6 +38,7 @@ class OperatorConfig:
     api_concurrency: int = 16
     # ModelDeployment stats (controller/serving_stats.py): the gateway's counters are read at most this
     # often (on the ModelDeployment timer); goodput, attainment and idleness cover the time between reads.
+    # 0: not read; the status fields are then left to whatever else writes them.
     serving_stats_interval_s: float = 30.0
     # (namespace, ModelDeployment name) → the gateway's base URL; None: its Service's cluster DNS name.
     # Tests point it at a gateway on loopback.
@@ -61,8 +62,10 @@ class OperatorConfig:
             raise ValueError(f"status ρ tolerance must be >= 0 (a fraction), got {self.status_rho_tolerance}")
         if self.status_max_staleness_s is not None and not self.status_max_staleness_s > 0:
             raise ValueError(f"status staleness must be positive seconds, got {self.status_max_staleness_s}")
-        if not self.serving_stats_interval_s > 0:
-            raise ValueError(f"serving stats interval must be positive, got {self.serving_stats_interval_s}")
+        if not self.serving_stats_interval_s >= 0:
+            raise ValueError(
+                f"serving stats interval must be >= 0 (0: off), got {self.serving_stats_interval_s}"
+            )
         if self.api_concurrency < 1:
             raise ValueError(f"API concurrency must be >= 1 request in flight, got {self.api_concurrency}")
         if self.peering_lifetime_s < 1:
