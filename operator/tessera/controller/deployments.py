@@ -181,8 +181,8 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         """Status fields from the gateway's counters when a read is due (else {}): the window's figures;
         None for each (removed) when the gateway cannot be read, so replicas fall back to
         spec.traffic.expectedRps. The GatewayStats condition and, on a change to unreadable, an event."""
-        if not rec.gpus or rec.key not in self._applied:
-            return {}  # no gateway yet
+        if not rec.gpus or rec.key not in self._applied or not self.config.serving_stats_interval_s:
+            return {}  # no gateway yet, or reading it is off
         poll = await self.stats.poll(rec.key, rec.spec.model.name)
         if poll is None:
             return {}
