@@ -56,7 +56,10 @@ async def test_gateway_and_workers_on_lanes_then_replicas_follow_the_reported_lo
     n1 = nodes.add(f"{namespace}-n1", gpus=4, slots_per_gpu=contract.DEFAULT_SLOTS_PER_GPU)
     n2 = nodes.add(f"{namespace}-n2", gpus=4, slots_per_gpu=contract.DEFAULT_SLOTS_PER_GPU)
     path = cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace, "m")
-    async with operator(cluster, chart_rbac["operator"], namespace) as ctl:
+    # The gateway pod never runs here: the operator does not read it (serving_stats_interval_s 0) and the
+    # test writes the figures into status as the reader would (tests/integration/gateway/
+    # test_operator_stats_e2e.py reads a real gateway).
+    async with operator(cluster, chart_rbac["operator"], namespace, serving_stats_interval_s=0) as ctl:
         # Both nodes in the view first, or a pass between their watch events would put both replicas on one.
         await wait_for(lambda: {n1, n2} <= set(ctl.view.nodes), 60, "both nodes in the operator's view")
         await call(
@@ -86,11 +89,20 @@ async def test_gateway_and_workers_on_lanes_then_replicas_follow_the_reported_lo
             lambda: cluster.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/m-gateway"), 60, "gateway"
         )
         assert dep["metadata"]["ownerReferences"][0]["uid"] == md["metadata"]["uid"]
-        assert dep["spec"]["template"]["spec"]["containers"][0]["args"][:1] == ["gateway"]
+        container = dep["spec"]["template"]["spec"]["containers"][0]
+        assert container["args"][:1] == ["gateway"]
+        # gRPC beside HTTP (frontend.grpcPort, default 8001): the container's port and the Service's.
+        assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8080, "grpc": 8001}
         gw_svc = cluster.get(f"/api/v1/namespaces/{namespace}/services/m-gateway")
+        assert {p["name"]: (p["port"], p["targetPort"]) for p in gw_svc["spec"]["ports"]} == {
+            "http": (80, 8080),
+            "grpc": (8001, 8001),
+        }
         workers_svc = cluster.get(f"/api/v1/namespaces/{namespace}/services/m-workers")
         assert gw_svc["spec"]["clusterIP"] not in ("", "None") and workers_svc["spec"]["clusterIP"] == "None"
-        model = gateway_config(cluster, namespace)["models"][0]  # type: ignore[index]
+        config = gateway_config(cluster, namespace)
+        assert config is not None and config["grpc_port"] == 8001
+        model = config["models"][0]
         assert model["policy"] == "symphony" and model["slo_s"] == 0.1
         assert sorted(model["workers"]) == sorted(
             f"http://{p['metadata']['name']}.m-workers.{namespace}.svc:9001" for p in got
