@@ -141,7 +141,8 @@ class PlacementConfig:
     max_latency_critical_per_gpu: int = 1
     best_effort_overcommit: float = 1.0  # ≥ 1: how far BE-only GPUs' compute shares may add up past 100%
     # Slivers below this GPU fraction are penalised; 0 (off) by default: at 0.1 (the smallest common request)
-    # the penalty steers pods away from the tightest fits and cost 0.5-1% packing (bench_packing.py).
+    # the penalty steers pods away from the tightest fits and cost 0.5-1% packing (measured with the synthetic
+    # stream bench_packing.py ran before it became the trace experiment).
     sliver_fraction: float = 0.0
     gpus_per_slot: int = 2  # GPUs sharing a slot (NVLink pair / PCIe switch), consecutive by index
     max_candidates: int = 3  # tightest-fitting GPUs scored per single-GPU request
