@@ -41,7 +41,7 @@ from tessera.policy.serving.alpaserve.search import (
     place_bucket,
     prune_device_partitions,
 )
-from tessera.policy.serving.alpaserve.simulator import SimStats, simulate
+from tessera.policy.serving.alpaserve.simulator import SimStats, simulate, simulate_reference
 from tessera.policy.serving.alpaserve.workload import Workload
 
 __all__ = [
@@ -74,6 +74,7 @@ __all__ = [
     "place_bucket",
     "prune_device_partitions",
     "simulate",
+    "simulate_reference",
     "stage_memory",
     "synthetic_profile",
     "synthetic_stage_profile",
