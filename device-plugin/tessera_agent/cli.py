@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tessera import logs
 from tessera.api import contract
 from tessera.policy.lanes.iteration import POLICIES
 
@@ -120,15 +121,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --fake-gpus: a JSON list of pod manifests standing in for the API server's pods",
     )
-    p.add_argument("-v", "--verbose", action="count", default=0)
+    logs.add_arguments(p)
+    p.add_argument(
+        "-v", "--verbose", action="count", default=0, help="-v: INFO, -vv: DEBUG (lowers --log-level)"
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `tessera-agent --help | head -1`
+        return logs.reader_went_away()
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2), format="%(asctime)s %(name)s %(message)s"
-    )
+    level = min(logging.getLevelNamesMapping()[args.log_level], logging.WARNING - 10 * min(args.verbose, 2))
+    logs.setup(logging.getLevelName(level), args.log_format)
     from prometheus_client import start_http_server
 
     from .agent import NodeAgent, peer_resolver

@@ -1,0 +1,80 @@
+"""Logging for every Tessera command line (`tessera`, `tessera-agent`): the same flags, the same records,
+and the same quiet end when stdout's reader goes away.
+
+`--log-level` (any case; default WARNING, so a command is quiet unless something is wrong) and
+`--log-format json|text` (default json: one JSON object per line on stderr, what a log collector reads).
+JSON records are written by python-json-logger, so a message holding quotes, backslashes or newlines is
+still one valid JSON object; the keys are `ts`, `level`, `logger`, `msg` (and `exc_info` with a traceback
+when one is logged, plus any `extra=` fields).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Final, TextIO
+
+from pythonjsonlogger.json import JsonFormatter
+
+LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+FORMATS: Final = ("json", "text")
+DEFAULT_LEVEL: Final = "WARNING"
+DEFAULT_FORMAT: Final = "json"
+
+_TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_RENAME = {"asctime": "ts", "levelname": "level", "name": "logger", "message": "msg"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `--log-level` and `--log-format` to a command's parser; a bad value is a usage error (exit 2)."""
+    parser.add_argument(
+        "--log-level",
+        default=DEFAULT_LEVEL,
+        type=str.upper,
+        choices=LEVELS,
+        metavar="LEVEL",
+        help=f"log level, one of {', '.join(LEVELS)} (any case); default {DEFAULT_LEVEL}",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=DEFAULT_FORMAT,
+        type=str.lower,
+        choices=FORMATS,
+        metavar="FORMAT",
+        help=f"log records as json (one object per line) or text; default {DEFAULT_FORMAT}",
+    )
+
+
+def formatter(fmt: str) -> logging.Formatter:
+    """The formatter for `fmt` (json or text)."""
+    if fmt == "json":
+        return JsonFormatter(
+            "{asctime}{levelname}{name}{message}", style="{", rename_fields=_RENAME, json_ensure_ascii=False
+        )
+    if fmt == "text":
+        return logging.Formatter(_TEXT)
+    raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def setup(level: str = DEFAULT_LEVEL, fmt: str = DEFAULT_FORMAT, stream: TextIO | None = None) -> None:
+    """Route the root logger to one handler on `stream` (default stderr) at `level` in `fmt`.
+
+    Replaces the root's handlers, so calling it twice (tests, a command that re-parses) never doubles lines."""
+    if level.upper() not in LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(formatter(fmt))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+def reader_went_away() -> int:
+    """Exit status after a BrokenPipeError on stdout (`tessera validate ... | head`): stop quietly, as cat
+    does. stdout is pointed at /dev/null so that the interpreter's own flush at exit does not raise again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
