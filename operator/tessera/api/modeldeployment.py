@@ -83,6 +83,15 @@ class Traffic(WireModel):
     """Expected load: Symphony's r_i, what replicas are sized for until the gateway's load is reported."""
 
     expected_rps: float = Field(default=0.0, ge=0, description="Mean requests per second.")
+    cv: float = Field(
+        default=1.0,
+        gt=0,
+        le=100,
+        description=(
+            "Coefficient of variation of inter-arrival times (a Gamma process; 1 = Poisson): the burstiness "
+            "a serving pool's planner simulates (AlpaServe §1.4)."
+        ),
+    )
 
 
 class LatencyModel(WireModel):
@@ -331,6 +340,17 @@ class Placement(WireModel):
     )
     min_gpus: int = Field(default=1, ge=1)
     max_gpus: int = Field(default=64, ge=1)
+    pool: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=40,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description=(
+            "Serving pool (AlpaServe): ModelDeployments of one namespace naming the same pool are placed "
+            "jointly on groups of GPUs, each group serving several models; each member brings "
+            "replicas × gpusPerReplica GPUs to the pool."
+        ),
+    )
 
     cross_field_rules = (
         CrossFieldRule(
@@ -403,6 +423,19 @@ class ModelDeploymentSpec(WireModel):
     )
 
 
+class PoolGroupStatus(WireModel):
+    """One group of a serving pool's plan: its GPUs, parallel config and models (AlpaServe §5.2)."""
+
+    id: str = Field(description="Group name: <pool>-g<index>.")
+    gpus: int = Field(ge=1, description="GPUs of the group (pp · op), on one node.")
+    pp: int = Field(ge=1, description="Inter-op (pipeline) stages.")
+    op: int = Field(ge=1, description="Intra-op degree of each stage.")
+    models: list[str] = Field(default_factory=list, description="Models the group serves.")
+    placed: str | None = Field(
+        default=None, description="Its GPUs (node/index, comma-separated) once placed."
+    )
+
+
 class ModelDeploymentStatus(WireModel):
     """What the serving controller reports (Orloj §5 status, Symphony D status, AlpaServe §5.2)."""
 
@@ -469,6 +502,24 @@ class ModelDeploymentStatus(WireModel):
         default=None,
         ge=0,
         description="Offered load goodputRps / sloAttainmentPercent, when both are reported; what replicas follow.",
+    )
+    pool: str | None = Field(default=None, description="The serving pool this deployment is placed in.")
+    pool_groups: list[str] = Field(
+        default_factory=list, description="Pool groups holding this model (ids in poolPlan)."
+    )
+    predicted_slo_attainment_percent: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="The pool planner's simulated SLO attainment for this model under its plan.",
+    )
+    profile_synthetic: bool | None = Field(
+        default=None,
+        description="The planner's per-config profiles are synthetic (α-model from the batch-1 latency), not measured.",
+    )
+    pool_plan: list[PoolGroupStatus] = Field(
+        default_factory=list,
+        description="The pool's whole plan: group partition, parallel config and model set per group.",
     )
     conditions: list[Condition] = Field(
         default_factory=list,

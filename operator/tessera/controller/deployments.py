@@ -10,6 +10,7 @@ window's goodput, attainment and idleness go to status, where the next pass's re
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -22,12 +23,22 @@ from tessera.controller.conditions import Cond, Readiness, carry, condition, fin
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind, KubeApi
 from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.pools import (
+    POOL_LABEL,
+    PoolState,
+    allocate,
+    member_of,
+    plan_pool,
+    pool_gateway_url,
+    replan_reason,
+)
 from tessera.controller.readiness import deployment_readiness
 from tessera.controller.reconciler import KindReconciler
 from tessera.controller.serving import (
     GATEWAY_SUFFIX,
     WORKERS_SUFFIX,
     ServingRecord,
+    ServingSpecError,
     desired_replicas,
     gateway_service_url,
     record_from_body,
@@ -62,9 +73,22 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         self._wanted: dict[tuple[str, str], int] = {}  # replicas the last pass decided on
         self.stats = StatsReader(config.serving_stats_interval_s, config.gateway_url or gateway_service_url)
         self._stats_cond: dict[tuple[str, str], Cond] = {}  # the GatewayStats condition last decided
+        self.pools: dict[tuple[str, str], PoolState] = {}  # (namespace, pool) → plan and placed groups
+        self._pool_applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        url = config.gateway_url or gateway_service_url
+        # Pool members are read at their pool's gateway (one for the pool), under their model's name.
+        self.stats = StatsReader(
+            config.serving_stats_interval_s,
+            lambda ns, name: (
+                pool_gateway_url(ns, p)
+                if (r := self.records.get((ns, name))) is not None and (p := r.spec.placement.pool)
+                else url(ns, name)
+            ),
+        )
 
     def reserved(self) -> set[str]:
-        return {g for r in self.records.values() for g in r.held()}
+        own = {g for r in self.records.values() if not r.spec.placement.pool for g in r.held()}
+        return own | {g for p in self.pools.values() for g in p.held()}
 
     def readiness(self, rec: ServingRecord) -> Readiness | None:
         wanted = self._wanted.get(rec.key)
@@ -91,6 +115,9 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         if not len(cluster):
             return
         status_in = body.get("status") or {}
+        if rec.spec.placement.pool:
+            await self._reconcile_pool_member(rec, body, patch, status_in)
+            return
         measured = await self._read_stats(rec, status_in)
         decision = desired_replicas(rec.spec, {**status_in, **measured}, len(rec.gpus))
         self._wanted[rec.key] = decision.replicas
@@ -177,6 +204,116 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             namespace=rec.namespace, modeldeployment=rec.name, state="ready"
         ).set(ready)
 
+    async def _reconcile_pool_member(
+        self, rec: ServingRecord, body: dict[str, Any], patch: kopf.Patch, status_in: dict[str, Any]
+    ) -> None:
+        """A pool member's pass: (re-)plan the pool when its inputs moved past the hysteresis, place its
+        groups, keep one worker per group and the pool gateway, and write this member's share of the
+        plan to status. The pool's objects are owned by its first member by name."""
+        pool = rec.spec.placement.pool
+        assert pool is not None
+        key = (rec.namespace, pool)
+        members = sorted(
+            (
+                r
+                for r in self.records.values()
+                if r.namespace == rec.namespace and r.spec.placement.pool == pool
+            ),
+            key=lambda r: r.name,
+        )
+        cluster = self.view.cluster()
+        per_node: dict[str, int] = {}
+        for g in cluster.gpus:
+            if g.healthy:
+                per_node[g.node] = per_node.get(g.node, 0) + 1
+        dpn = max(per_node.values(), default=1)
+        state = self.pools.get(key)
+        try:
+            inputs = [member_of(r) for r in members]
+            why = replan_reason(state.plan if state else None, inputs, dpn)
+            if why is not None:
+                plan = await asyncio.to_thread(plan_pool, pool, inputs, dpn)
+        except ServingSpecError as err:
+            self._invalid(body, patch, invalid_status([("spec", f"pool {pool}: {err}")]))
+            return
+        if why is not None:
+            taken = self.reserved() | self.held_elsewhere() | self.view.used_by_pods(exclude_label=POOL_LABEL)
+            if state is not None:
+                taken -= state.held()  # the old groups' GPUs go to the new plan (see docs: no overlap yet)
+            by_node: dict[str, list[str]] = {}
+            for g in cluster.gpus:
+                if g.healthy and g.id not in taken:
+                    by_node.setdefault(g.node, []).append(g.id)
+            state = self.pools[key] = PoolState(
+                rec.namespace, plan, allocate(plan, by_node), members[0].name, why
+            )
+            self._event(
+                rec, "Normal", "PoolPlanned",
+                f"pool {pool} ({why}): {len(plan.groups)} groups, predicted attainment "
+                f"{100 * plan.attainment:.1f}%, search {plan.search_seconds:.2f}s",
+            )  # fmt: skip
+        assert state is not None
+        owner_rec = self.records.get((rec.namespace, state.owner)) or members[0]
+        state.owner = owner_rec.name
+        owner = Owner(contract.KIND_MODELDEPLOYMENT, owner_rec.name, owner_rec.namespace, owner_rec.uid)
+        labels = {contract.LABEL_MODELDEPLOYMENT: owner_rec.name, contract.LABEL_ROLE: "worker"}
+        plans = state.pod_plans(labels, contract.WORKLOAD_SERVING)
+        existing = [
+            p
+            for p in self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, owner_rec.name, rec.namespace)
+            if p.labels.get(contract.LABEL_ROLE) == "worker" and p.labels.get(POOL_LABEL) == pool
+        ]
+        template = dict((owner_rec.body.get("spec") or {}).get("template") or {})
+
+        def with_dns(p: PodPlan) -> dict[str, Any]:
+            t = dict(template)
+            t["spec"] = {**dict(t.get("spec") or {}), "hostname": p.name, "subdomain": state.workers_service}
+            return t
+
+        result = await sync_pods(
+            self.api, owner, plans, existing,
+            gang_of=lambda p: p.env[contract.ENV_REPLICA], template_of=with_dns,
+            workload_class=contract.CLASS_LATENCY_CRITICAL, grace_seconds=self.config.preemption_grace_s,
+            recent=self.recent, socket_group=self.config.socket_group,
+        )  # fmt: skip
+        if result.created:
+            self._event(rec, "Normal", "WorkersCreated", ", ".join(result.created))
+        if plans:
+            objects = state.gateway_objects(
+                owner, self.config.gateway_image, labels, contract.WORKLOAD_SERVING
+            )
+            if self._pool_applied.get(key) != [o for _, o in objects]:
+                for plural, obj in objects:
+                    await self._apply(KINDS[plural], rec.namespace, obj)
+                self._pool_applied[key] = [o for _, o in objects]
+            self._applied[rec.key] = []
+        model = rec.spec.model.name
+        mine = [g for g in state.plan.groups_of(model) if g.id in state.placed]
+        rec.gpus = [state.placed[g.id] for g in mine]
+        self._wanted[rec.key] = len(state.plan.groups_of(model))
+        measured = await self._read_stats(rec, status_in)
+        pred = state.plan.predicted.get(model)
+        status: dict[str, Any] = {
+            "phase": "Serving" if mine else "Placing",
+            "replicas": len(mine),
+            "gpusAssigned": sum(len(g) for g in rec.gpus),
+            "groups": [",".join(g) for g in rec.gpus],
+            "pool": pool,
+            "poolGroups": [g.id for g in state.plan.groups_of(model)],
+            "predictedSloAttainmentPercent": round(100 * pred, 3) if pred is not None else None,
+            "profileSynthetic": state.plan.synthetic,
+            "poolPlan": state.status_plan(),
+        }
+        status.update(spec_status(rec.spec))
+        status.update(measured)
+        stored = list(status_in.get("conditions") or [])
+        conditions = carry([c] if (c := self._stats_cond.get(rec.key)) else [], stored)
+        if any(status_in.get(k) != v for k, v in status.items()) or any(
+            _differs(c, find(stored, c["type"])) for c in conditions
+        ):
+            patch.status.update(status)
+            patch.status["conditions"] = conditions
+
     async def _read_stats(self, rec: ServingRecord, status_in: dict[str, Any]) -> dict[str, Any]:
         """Status fields from the gateway's counters when a read is due (else {}): the window's figures;
         None for each (removed) when the gateway cannot be read, so replicas fall back to
@@ -255,6 +392,18 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             self._stats_cond.pop((namespace, name), None)
             self.stats.forget((namespace, name))
             self.metrics.remove_series(namespace=namespace, modeldeployment=name)
+            for key, state in list(self.pools.items()):
+                if key[0] != namespace:
+                    continue
+                if not any(
+                    r.spec.placement.pool == key[1] for r in self.records.values() if r.namespace == namespace
+                ):
+                    self.pools.pop(key)  # no member left: its objects go with their owner
+                    self._pool_applied.pop(key, None)
+                elif (
+                    state.owner == name
+                ):  # its objects are garbage-collected with it: the next pass re-applies
+                    self._pool_applied.pop(key, None)
         pods = self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, name, namespace)
         for pod in pods:
             await self.api.delete(PODS, namespace, pod.name, grace_seconds=self.config.preemption_grace_s)

@@ -177,6 +177,63 @@ class ModelConfig(_Strict):
         return sum(samples) / len(samples)
 
 
+class PoolModelConfig(_Strict):
+    name: str = Field(min_length=1)
+    slo_s: float = Field(gt=0, description="latency budget when a request brings no deadline header")
+    deployment: str | None = Field(None, description="the ModelDeployment serving it (for reports)")
+
+
+class PoolGroupConfig(_Strict):
+    """One group of an AlpaServe pool: its worker, parallel config and the models it holds with their
+    profiled stage latencies (s), which the router's admission check replays."""
+
+    id: str = Field(min_length=1)
+    worker: str = Field(description="the group's worker base URL")
+    pp: int = Field(1, ge=1)
+    op: int = Field(1, ge=1)
+    models: dict[str, list[float]] = Field(
+        min_length=1, description="model → stage latencies (s), pp of them"
+    )
+
+    @field_validator("worker")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"worker URL {v!r} must start with http:// or https://")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _stages(self) -> PoolGroupConfig:
+        for m, lat in self.models.items():
+            if len(lat) != self.pp or any(not x > 0 for x in lat):
+                raise ValueError(f"group {self.id}: model {m} needs pp = {self.pp} positive stage latencies")
+        return self
+
+
+class PoolConfig(_Strict):
+    """Models served by an AlpaServe placement: routed to the group holding them with the shortest queue,
+    admitted only if they can meet their SLO (seed-alpaserve §3.1)."""
+
+    name: str = Field(min_length=1)
+    namespace: str = "default"
+    models: list[PoolModelConfig] = Field(min_length=1)
+    groups: list[PoolGroupConfig] = Field(default_factory=list)
+    worker_timeout_s: float = Field(30.0, gt=0)
+    fixed_overhead_s: float = Field(0.0, ge=0, description="added to every predicted finish time")
+
+    @model_validator(mode="after")
+    def _known(self) -> PoolConfig:
+        names = {m.name for m in self.models}
+        for g in self.groups:
+            unknown = sorted(set(g.models) - names)
+            if unknown:
+                raise ValueError(f"group {g.id} holds models the pool does not serve: {unknown}")
+        ids = [g.id for g in self.groups]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"group ids must be unique: {ids}")
+        return self
+
+
 class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -184,11 +241,14 @@ class GatewayConfig(_Strict):
         None, ge=0, le=65535, description="also serve gRPC on this port (same host); None: HTTP only"
     )
     health_interval_s: float = Field(0.5, gt=0)
-    models: list[ModelConfig] = Field(min_length=1)
+    models: list[ModelConfig] = Field(default_factory=list)
+    pool: PoolConfig | None = None
 
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
-        names = [m.name for m in self.models]
+        if not self.models and self.pool is None:
+            raise ValueError("the gateway needs 'models' or a 'pool'")
+        names = [m.name for m in self.models] + ([m.name for m in self.pool.models] if self.pool else [])
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"model names must be unique, repeated: {dup}")

@@ -1,0 +1,390 @@
+"""Serving pools: ModelDeployments naming the same ``spec.placement.pool`` placed jointly by AlpaServe.
+
+A thin adapter from ModelDeployment specs to the planner of ``tessera.policy.serving.alpaserve``
+(Algorithm 2 over the fast heuristic, scored by the shortest-queue FCFS simulator; paper §4, spec §2, §5):
+
+* **Pool GPUs**: each member brings ``replicas × gpusPerReplica`` GPUs, so a pool uses exactly the GPUs its
+  members would have used on dedicated replicas. Groups stay on one node: group sizes are powers of two up
+  to the largest number of healthy GPUs one node has (at most 8); intra-op ``op ≤ 4`` (REF default).
+* **Memory budget** per GPU: the smallest ``gpu.gpuMemoryMiB − reservedMiB`` (or lane size) among members;
+  a model's weights are ``memory.staticMiB`` (0 when not given).
+* **Profiles**: measured stage profiles are not in the spec yet, so each model's per-config profile is the
+  α-model of spec §5.4 from its batch-1 latency ℓ(1) (``synthetic_profile``) and is marked synthetic.
+* **Workload**: per member a Gamma(rate = ``traffic.expectedRps``, cv = ``traffic.cv``) stream, seeded,
+  over ``max(60 s, 3000 / Σ rate)`` capped at 600 s (REF's ``gen_train_workload`` shape, shorter).
+* **Hysteresis** (re-planning is not per reconcile): a pool is re-planned when its members, SLOs,
+  profiles, CVs or GPUs change, or when a member's rate moved more than ``RATE_HYSTERESIS`` (relative)
+  from the rate the plan was made for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tessera.api import contract
+from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.serving import (
+    CONFIG_PATH,
+    GATEWAY_PORT,
+    SERVICE_PORT,
+    WORKER_PORT,
+    ServingRecord,
+    ServingSpecError,
+    batch_profile,
+    resolve_slo_ms,
+)
+from tessera.controller.view import split_gpu_id
+from tessera.gateway.config import GatewayConfig
+from tessera.policy.serving.alpaserve import (
+    SearchOptions,
+    Workload,
+    all_configs,
+    evaluate,
+    place,
+    synthetic_profile,
+)
+
+POOL_LABEL = "tessera.io/pool"
+POOL_SUFFIX = "-pool"  # <pool>-pool: the pool gateway's Deployment, Service and ConfigMap
+RATE_HYSTERESIS = 0.25  # re-plan when a rate moved this much from what the plan assumed
+MAX_GROUP = 8
+MIB = float(1 << 20)
+
+
+@dataclass(frozen=True)
+class PoolMember:
+    """What the planner needs of one ModelDeployment in a pool (spec §5.1)."""
+
+    deployment: str
+    model: str
+    rate: float
+    cv: float
+    slo_s: float
+    latency_s: float  # single-device, batch 1
+    weight_bytes: float
+    gpus: int  # what it brings to the pool
+    budget_bytes: float  # per-GPU weight budget of its GPUs
+
+    def shape(self) -> tuple[object, ...]:
+        """Everything but the rate: a change here always re-plans."""
+        return (
+            self.deployment,
+            self.model,
+            self.cv,
+            self.slo_s,
+            self.latency_s,
+            self.weight_bytes,
+            self.gpus,
+        )
+
+
+def member_of(rec: ServingRecord) -> PoolMember:
+    """The planner's view of a pool member; ServingSpecError when its spec lacks what planning needs."""
+    spec = rec.spec
+    profile = batch_profile(spec)
+    if not profile or profile[0][0] != 1:
+        raise ServingSpecError(
+            "a pool member needs its batch-1 latency: latencyProfiles or latencyModel perBatchSize with batch 1"
+        )
+    slo_ms = resolve_slo_ms(spec, profile, {})
+    gpu = spec.gpu
+    budget_mib = gpu.lane.memory_mib if gpu.lane is not None else gpu.gpu_memory_mib - gpu.reserved_mib
+    weights = spec.memory.static_mib if spec.memory is not None else 0
+    return PoolMember(
+        deployment=rec.name,
+        model=spec.model.name,
+        rate=spec.traffic.expected_rps,
+        cv=spec.traffic.cv,
+        slo_s=slo_ms / 1000.0,
+        latency_s=profile[0][1] / 1000.0,
+        weight_bytes=weights * MIB,
+        gpus=spec.replicas * spec.gpus_per_replica,
+        budget_bytes=budget_mib * MIB,
+    )
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    id: str
+    pp: int
+    op: int
+    models: tuple[str, ...]
+
+    @property
+    def gpus(self) -> int:
+        return self.pp * self.op
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The planner's answer: the paper's placement (groups, config per group, models per group) with the
+    simulated attainment per model (spec §5.2)."""
+
+    pool: str
+    groups: tuple[GroupPlan, ...]
+    predicted: dict[str, float]  # model → simulated attainment in [0, 1]
+    attainment: float
+    synthetic: bool
+    members: tuple[PoolMember, ...]
+    devices_per_node: int
+    search_seconds: float
+    stage_latency_s: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # group → model → stages
+
+    def groups_of(self, model: str) -> list[GroupPlan]:
+        return [g for g in self.groups if model in g.models]
+
+    def digest(self) -> str:
+        doc = [(g.id, g.pp, g.op, g.models) for g in self.groups]
+        return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:12]
+
+
+def group_sizes(devices_per_node: int) -> tuple[int, ...]:
+    top = max(1, min(MAX_GROUP, devices_per_node))
+    return tuple(1 << i for i in range(top.bit_length()) if (1 << i) <= top)
+
+
+def workload(members: Sequence[PoolMember], seed: int = 0) -> Workload:
+    """Gamma arrivals per member (spec §1.4: shape 1/cv², scale cv²/rate), one generator per model."""
+    total = sum(m.rate for m in members)
+    duration = min(600.0, max(60.0, 3000.0 / total)) if total > 0 else 60.0
+    streams: dict[str, np.ndarray] = {}
+    for i, m in enumerate(members):
+        if m.rate <= 0:
+            streams[m.model] = np.zeros(0)
+            continue
+        rng = np.random.default_rng(seed + i)
+        shape, scale = 1.0 / m.cv**2, m.cv**2 / m.rate
+        n = int(m.rate * duration * 1.5) + 16
+        t = np.cumsum(rng.gamma(shape, scale, n))
+        streams[m.model] = t[t < duration]
+    return Workload.from_streams(streams, {m.model: m.slo_s for m in members})
+
+
+def plan_pool(pool: str, members: Sequence[PoolMember], devices_per_node: int, seed: int = 0) -> PoolPlan:
+    """AlpaServe's placement for the pool's members on the GPUs they bring."""
+    if not members:
+        raise ServingSpecError(f"pool {pool} has no members")
+    models = [m.model for m in members]
+    dup = sorted({m for m in models if models.count(m) > 1})
+    if dup:
+        raise ServingSpecError(f"pool {pool}: model names must be unique in a pool, repeated: {dup}")
+    sizes = group_sizes(devices_per_node)
+    opts = SearchOptions(
+        max_pp=max(sizes), max_op=min(4, max(sizes)), devices_per_node=max(sizes), group_sizes=sizes
+    )
+    configs = all_configs(opts.max_pp, opts.max_op)
+    profiles = [synthetic_profile(m.model, m.latency_s, m.weight_bytes, configs) for m in members]
+    devices = sum(m.gpus for m in members)
+    budget = min(m.budget_bytes for m in members)
+    w = workload(members, seed)
+    start = time.perf_counter()
+    result = place(profiles, devices, w, budget, opts)
+    seconds = time.perf_counter() - start
+    by_name = {p.name: p for p in profiles}
+    stats = evaluate(result.placement, by_name, w).stats
+    req, good = stats.per_model_requests(), stats.per_model_good()
+    predicted = {name: (float(good[i] / req[i]) if req[i] else 1.0) for i, name in enumerate(w.model_names)}
+    groups = tuple(
+        GroupPlan(f"{pool}-g{i}", g.config.pp, g.config.op, tuple(sorted(g.models)))
+        for i, g in enumerate(result.placement.groups)
+    )
+    stages = {
+        gp.id: {m: list(by_name[m].stages(g.config).stage_latency_s) for m in gp.models}
+        for gp, g in zip(groups, result.placement.groups, strict=True)
+    }
+    return PoolPlan(
+        pool, groups, predicted, result.attainment, any(p.synthetic for p in profiles),
+        tuple(members), devices_per_node, seconds, stages,
+    )  # fmt: skip
+
+
+def replan_reason(plan: PoolPlan | None, members: Sequence[PoolMember], devices_per_node: int) -> str | None:
+    """Why the pool needs a new plan, or None to keep the current one (the hysteresis)."""
+    if plan is None:
+        return "no plan yet"
+    if devices_per_node != plan.devices_per_node:
+        return f"GPUs per node {plan.devices_per_node} → {devices_per_node}"
+    old = {m.deployment: m for m in plan.members}
+    new = {m.deployment: m for m in members}
+    if set(old) != set(new):
+        return f"members {sorted(old)} → {sorted(new)}"
+    for name, m in new.items():
+        o = old[name]
+        if m.shape() != o.shape():
+            return f"{name}: SLO, profile, CV or GPUs changed"
+        if abs(m.rate - o.rate) > RATE_HYSTERESIS * max(o.rate, 1e-9) and not (m.rate == o.rate == 0):
+            return f"{name}: rate {o.rate:g} → {m.rate:g} rps (> {RATE_HYSTERESIS:.0%})"
+    return None
+
+
+def member_status(plan: PoolPlan, model: str) -> dict[str, object]:
+    """Status fields of one member under the pool's plan."""
+    pred = plan.predicted.get(model)
+    return {
+        "pool": plan.pool,
+        "poolGroups": [g.id for g in plan.groups_of(model)],
+        "predictedSloAttainmentPercent": round(100 * pred, 3)
+        if pred is not None and math.isfinite(pred)
+        else None,
+        "profileSynthetic": plan.synthetic,
+    }
+
+
+ENV_STAGES = "TESSERA_PIPELINE_STAGES"  # a pool worker runs each model in this many pipeline stages
+ENV_GROUP = "TESSERA_POOL_GROUP"
+
+
+def allocate(plan: PoolPlan, free_by_node: dict[str, list[str]]) -> dict[str, list[str]]:
+    """GPUs for each group, all on one node: widest groups first, each on the node with the fewest free
+    GPUs that still fit it (best fit keeps whole nodes for wide groups). Groups that do not fit are
+    left out (they wait for GPUs)."""
+    free = {n: list(gs) for n, gs in free_by_node.items()}
+    out: dict[str, list[str]] = {}
+    for g in sorted(plan.groups, key=lambda g: (-g.gpus, g.id)):
+        nodes = sorted((n for n, gs in free.items() if len(gs) >= g.gpus), key=lambda n: (len(free[n]), n))
+        if not nodes:
+            continue
+        out[g.id] = free[nodes[0]][: g.gpus]
+        free[nodes[0]] = free[nodes[0]][g.gpus :]
+    return out
+
+
+@dataclass
+class PoolState:
+    """A pool's current plan and where its groups run."""
+
+    namespace: str
+    plan: PoolPlan
+    placed: dict[str, list[str]]  # group id → GPU ids (node/index)
+    owner: str  # the member whose ownerReference the pool's objects carry
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.plan.pool
+
+    @property
+    def workers_service(self) -> str:
+        return self.name + POOL_SUFFIX + "-workers"
+
+    def held(self) -> set[str]:
+        return {g for gs in self.placed.values() for g in gs}
+
+    def pod_plans(self, labels: dict[str, str], workload: str) -> list[PodPlan]:
+        """One worker per placed group: a gang of its GPUs on one node, loading every model of the group."""
+        out = []
+        for g in self.plan.groups:
+            gpus = self.placed.get(g.id)
+            if not gpus:
+                continue
+            out.append(
+                PodPlan(
+                    node=split_gpu_id(gpus[0])[0],
+                    gpu_indices=tuple(split_gpu_id(x)[1] for x in gpus),
+                    labels={**labels, POOL_LABEL: self.name},
+                    env={
+                        contract.ENV_MODEL: ",".join(g.models),
+                        contract.ENV_REPLICA: g.id,
+                        ENV_GROUP: g.id,
+                        ENV_STAGES: str(g.pp),
+                    },
+                    workload=workload,
+                    base=g.id,
+                )
+            )
+        return out
+
+    def worker_url(self, pod_name: str) -> str:
+        return f"http://{pod_name}.{self.workers_service}.{self.namespace}.svc:{WORKER_PORT}"
+
+    def gateway_config(self, labels: dict[str, str], workload: str) -> dict[str, object]:
+        """The pool gateway's config: the groups with their worker, models and profiled stage latencies,
+        which the router's shortest-queue choice and admission check use (spec §3.1)."""
+        urls = {p.env[ENV_GROUP]: self.worker_url(p.name) for p in self.pod_plans(labels, workload)}
+        members = {m.model: m for m in self.plan.members}
+        pool = {
+            "name": self.name,
+            "namespace": self.namespace,
+            "models": [
+                {"name": m.model, "slo_s": m.slo_s, "deployment": m.deployment}
+                for m in sorted(members.values(), key=lambda m: m.model)
+            ],
+            "groups": [
+                {
+                    "id": g.id,
+                    "worker": urls[g.id],
+                    "pp": g.pp,
+                    "op": g.op,
+                    "models": {m: self.plan.stage_latency_s[g.id][m] for m in g.models},
+                }
+                for g in self.plan.groups
+                if g.id in urls and g.models
+            ],
+        }
+        config: dict[str, object] = {"host": "0.0.0.0", "port": GATEWAY_PORT, "models": [], "pool": pool}
+        GatewayConfig.model_validate(config)
+        return config
+
+    def gateway_objects(
+        self, owner: Owner, image: str, labels: dict[str, str], workload: str
+    ) -> list[tuple[str, dict[str, object]]]:
+        """(kind, manifest): the pool gateway's ConfigMap, Deployment and Service, and the workers'
+        headless Service."""
+        name = self.name + POOL_SUFFIX
+        sel = {POOL_LABEL: self.name, contract.LABEL_ROLE: "gateway"}
+        meta = {
+            "namespace": self.namespace,
+            "labels": {**sel, contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE},
+            "ownerReferences": [owner.reference()],
+        }
+        config = json.dumps(self.gateway_config(labels, workload), sort_keys=True)
+        digest = hashlib.sha256(config.encode()).hexdigest()[:16]
+        return [
+            ("configmaps", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, **meta},
+                            "data": {"gateway.json": config}}),
+            ("deployments", {
+                "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, **meta},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": sel},
+                    "template": {
+                        "metadata": {"labels": meta["labels"], "annotations": {"tessera.io/config-digest": digest}},
+                        "spec": {
+                            "containers": [{
+                                "name": "gateway", "image": image,
+                                "args": ["gateway", "--config", CONFIG_PATH],
+                                "ports": [{"containerPort": GATEWAY_PORT, "name": "http"}],
+                                "volumeMounts": [{"name": "config", "mountPath": "/etc/tessera"}],
+                            }],
+                            "volumes": [{"name": "config", "configMap": {"name": name}}],
+                        },
+                    },
+                },
+            }),
+            ("services", {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, **meta},
+                          "spec": {"selector": sel,
+                                   "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": GATEWAY_PORT}]}}),
+            ("services", {"apiVersion": "v1", "kind": "Service",
+                          "metadata": {"name": self.workers_service, **meta},
+                          "spec": {"clusterIP": "None",
+                                   "selector": {POOL_LABEL: self.name, contract.LABEL_ROLE: "worker"},
+                                   "ports": [{"name": "http", "port": WORKER_PORT}]}}),
+        ]  # fmt: skip
+
+    def status_plan(self) -> list[dict[str, object]]:
+        return [
+            {"id": g.id, "gpus": g.gpus, "pp": g.pp, "op": g.op, "models": list(g.models),
+             "placed": ",".join(self.placed[g.id]) if g.id in self.placed else None}
+            for g in self.plan.groups
+        ]  # fmt: skip
+
+
+def pool_gateway_url(namespace: str, pool: str) -> str:
+    return f"http://{pool}{POOL_SUFFIX}.{namespace}.svc:{SERVICE_PORT}"
