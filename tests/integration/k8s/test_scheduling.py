@@ -262,3 +262,34 @@ def test_the_extender_exits_on_sigterm_while_watching(
         assert proc.popen.wait(30) == 0, proc.tail()  # the deadline bounds a failure only
     except subprocess.TimeoutExpired:
         raise AssertionError(f"the extender ignored SIGTERM for 30 s:\n{proc.tail()}") from None
+
+
+def test_kube_schedulers_own_scores_do_not_undo_the_extenders_packing(
+    cluster: ControlPlane, scheduling: Scheduling, nodes: Nodes, namespace: str
+) -> None:
+    # Two empty 2-GPU nodes, whole-GPU pods that also ask for CPU, one at a time. The extender packs: the
+    # second pod goes where the first went (FGD grows no fragmentation either way; the fuller node wins the
+    # tie). kube-scheduler's default NodeResourcesFit score (LeastAllocated) and BalancedAllocation favour
+    # the emptier node by more than one extender rank is worth, so with them on the pods were spread.
+    pair = [nodes.add(f"{namespace}-pack-{i}", gpus=2) for i in range(2)]
+    placed: list[str] = []
+    for i in range(4):
+        pod = fractional_pod(f"whole-{i}", "16384", 100)
+        pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "16", "memory": "64Gi"}
+        pod["spec"]["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": pair}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+        create(cluster, namespace, pod)
+        got = wait_until(lambda n=f"whole-{i}": bound_pod(cluster, namespace, n), 90, f"whole-{i} bound")
+        placed.append(got["spec"]["nodeName"])
+    assert placed[0] == placed[1] and placed[2] == placed[3] and placed[0] != placed[2], placed
