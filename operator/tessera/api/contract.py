@@ -31,6 +31,7 @@ DEFAULT_SLOTS_PER_GPU: Final = 10
 # Annotations.
 ANN_PLACEMENT: Final = f"{GROUP}/placement"  # operator → extender: node + GPU indices
 ANN_ASSIGNMENT: Final = f"{GROUP}/assignment"  # extender → agent: node, GPU UUIDs, lane, memory, compute
+ANN_GPU_MODELS: Final = f"{GROUP}/gpu-models"  # user → extender: GPU models a pod accepts ("a100|h100")
 ANN_WORKLOAD: Final = f"{GROUP}/workload"  # training | trial | serving [+ class]
 ANN_NODE_GPUS: Final = f"{GROUP}/gpus"  # agent → everyone: per-GPU inventory on the Node
 ANN_PROGRESS: Final = f"{GROUP}/progress"  # workload → operator: iterations done (pod annotation)

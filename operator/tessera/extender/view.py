@@ -41,7 +41,7 @@ JsonObj = dict[str, Any]
 PROFILES = {"compute": 1.0, "memory": 0.0, "unknown": 0.5}
 # Pod annotation: the GPU models the pod may run on, `|`- or `,`-separated (Alibaba's gpu_spec); matched
 # against the `model` of each GPU in the node's tessera.io/gpus annotation. Absent: any model.
-ANN_GPU_MODELS = f"{contract.GROUP}/gpu-models"
+ANN_GPU_MODELS = contract.ANN_GPU_MODELS
 UNLIMITED = float("inf")  # a node without status.allocatable for CPU or memory: not a constraint
 
 
