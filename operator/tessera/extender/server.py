@@ -110,7 +110,7 @@ class Extender:
             if hit is not None and hit[0] == stamp:
                 self._specs.move_to_end(uid)
                 return hit[1]
-        parsed = pod_spec(pod)
+        parsed = pod_spec(pod, self.view.hp_priority_classes)
         if uid:
             self._specs[uid] = (stamp, parsed)
             if len(self._specs) > self.SPEC_CACHE:
