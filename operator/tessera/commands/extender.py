@@ -14,9 +14,11 @@ from typing import Any
 
 from aiohttp import web
 
+from tessera.api import contract
 from tessera.extender.kube import KubeClient, KubeConfig, KubeError
 from tessera.extender.metrics import make_metrics_app
 from tessera.extender.server import Extender, make_app
+from tessera.extender.view import DEFAULT_HP_PRIORITY_CLASSES, ClusterView
 from tessera.policy.lanes.placement import STRATEGIES, PlacementConfig, PlacementError
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,15 @@ def register(subparsers: Any) -> None:
         default=1.0,
         help="how far best-effort compute shares may add up past 100%% on GPUs without latency-critical work",
     )
+    parser.add_argument(
+        "--hp-priority-class",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a priorityClassName that makes a pod latency-critical (at most one per GPU) when its "
+        f"{contract.ANN_WORKLOAD} annotation names no class; give the node agent's --hp-priority-class "
+        f"values (repeatable; default {contract.CLASS_LATENCY_CRITICAL})",
+    )
     parser.set_defaults(func=run)
 
 
@@ -142,9 +153,19 @@ def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     return context
 
 
+def hp_priority_classes(args: argparse.Namespace) -> tuple[str, ...]:
+    names = tuple(
+        n.strip() for n in (getattr(args, "hp_priority_class", None) or DEFAULT_HP_PRIORITY_CLASSES)
+    )
+    if not all(names):
+        raise PlacementError("--hp-priority-class wants a priorityClassName, got an empty one")
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = placement_config(args)
+        hp_classes = hp_priority_classes(args)
         tls = tls_context(args)
         kube_config = (
             KubeConfig.from_kubeconfig(args.kubeconfig, args.context)
@@ -161,7 +182,16 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         asyncio.run(
-            _serve(kube_config, config, args.host, args.port, args.metrics_port, tls, args.metrics_host)
+            _serve(
+                kube_config,
+                config,
+                args.host,
+                args.port,
+                args.metrics_port,
+                tls,
+                args.metrics_host,
+                hp_classes,
+            )
         )
     except OSError as err:  # the address is taken or not on this machine
         print(f"tessera extender: cannot listen: {err}", file=sys.stderr)
@@ -177,9 +207,10 @@ async def _serve(
     metrics_port: int = 0,
     tls: ssl.SSLContext | None = None,
     metrics_host: str = "0.0.0.0",
+    hp_classes: tuple[str, ...] = DEFAULT_HP_PRIORITY_CLASSES,
 ) -> None:
     kube = KubeClient(kube_config)
-    extender = Extender(kube, config=config)
+    extender = Extender(kube, view=ClusterView(hp_classes), config=config)
     # In-flight binds get this long to finish after SIGTERM (kube-scheduler's httpTimeout is a few seconds).
     runner = web.AppRunner(make_app(extender), shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()

@@ -3,13 +3,17 @@
 Nodes carry `tessera.io/gpus` (api.gpu_inventory); pods that hold GPUs carry `tessera.io/assignment`
 (api.assignment). A pod's request comes from its containers' `tessera.io/gpu`, `gpu-memory` and
 `gpu-compute` limits (or requests), read by api.quantity (canonical quantities: `8k` is 8000 MiB, `16Gi`
-16384 MiB); class and profile from `tessera.io/workload` and `tessera.io/profile`.
+16384 MiB); class and profile from `tessera.io/workload` and `tessera.io/profile`. A pod whose workload
+annotation names no class is latency-critical when its `priorityClassName` is one of the HP priority
+classes, the node agent's rule for HP lanes (tessera_agent.lanes.lane_class), so the two never disagree on
+which pods may not share a GPU.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +29,7 @@ from tessera.api.placement import PlacementError as PlacementParseError
 from tessera.api.quantity import QuantityError, resource_quantity
 from tessera.policy.lanes.fragmentation import PackingState, Shape, ShapeDistribution
 from tessera.policy.lanes.placement import (
+    PROFILE_FRACTION,
     Choice,
     FitIndex,
     GpuState,
@@ -35,10 +40,15 @@ from tessera.policy.lanes.placement import (
     Tenant,
     WorkloadClass,
 )
+from tessera.policy.orion.profiles import Profile
 
 log = logging.getLogger(__name__)
 JsonObj = dict[str, Any]
-PROFILES = {"compute": 1.0, "memory": 0.0, "unknown": 0.5}
+# tessera.io/profile names: Orion's profiles, with the fractions the interference score uses.
+PROFILES = {p.name.lower(): PROFILE_FRACTION[p] for p in Profile}
+# priorityClassNames that make a pod latency-critical when tessera.io/workload names no class (the agent's
+# --hp-priority-class default; the extender's --hp-priority-class sets others).
+DEFAULT_HP_PRIORITY_CLASSES: tuple[str, ...] = (contract.CLASS_LATENCY_CRITICAL,)
 # Pod annotation: the GPU models the pod may run on, `|`- or `,`-separated (Alibaba's gpu_spec); matched
 # against the `model` of each GPU in the node's tessera.io/gpus annotation. Absent: any model.
 ANN_GPU_MODELS = contract.ANN_GPU_MODELS
@@ -159,8 +169,14 @@ class PodSpec:
             raise PodRequestError(f"{self.key}: {err}") from None
 
 
-def pod_spec(pod: JsonObj) -> PodSpec | None:
-    """Parse the pod's GPU request, class, profile and placement; None when it asks for no Tessera GPU."""
+def pod_spec(
+    pod: JsonObj, hp_priority_classes: Collection[str] = DEFAULT_HP_PRIORITY_CLASSES
+) -> PodSpec | None:
+    """Parse the pod's GPU request, class, profile and placement; None when it asks for no Tessera GPU.
+
+    `hp_priority_classes`: the priority classes that make a pod latency-critical when its workload
+    annotation names no class.
+    """
     key = pod_key(pod)
     totals = {contract.RESOURCE_GPU: 0, contract.RESOURCE_GPU_MEMORY: 0, contract.RESOURCE_GPU_COMPUTE: 0}
     seen = False
@@ -183,7 +199,8 @@ def pod_spec(pod: JsonObj) -> PodSpec | None:
             raise PodRequestError(
                 f"{key}: {contract.RESOURCE_GPU_COMPUTE} is a percent of one GPU, got {compute}"
             )
-        profile, klass = _profile(ann, key), _class(ann, key)
+        priority_class = (pod.get("spec") or {}).get("priorityClassName") or ""
+        profile, klass = _profile(ann, key), _class(ann, key, priority_class, hp_priority_classes)
     except PodRequestError as err:
         return PodSpec(key, 1, 0, 0, 0.5, "best-effort", problem=str(err))
     spec = PodSpec(
@@ -230,9 +247,16 @@ def _profile(ann: dict[str, str], key: str) -> float:
     return value
 
 
-def _class(ann: dict[str, str], key: str) -> WorkloadClass:
+def _class(
+    ann: dict[str, str], key: str, priority_class: str, hp_priority_classes: Collection[str]
+) -> WorkloadClass:
     raw = ann.get(contract.ANN_WORKLOAD, "")
-    klass = raw.split(":", 1)[1].strip() if ":" in raw else contract.CLASS_BEST_EFFORT
+    if ":" in raw:
+        klass = raw.split(":", 1)[1].strip()
+    elif priority_class in hp_priority_classes:
+        klass = contract.CLASS_LATENCY_CRITICAL
+    else:
+        klass = contract.CLASS_BEST_EFFORT
     if klass == contract.CLASS_LATENCY_CRITICAL:
         return "latency-critical"
     if klass == contract.CLASS_BEST_EFFORT:
@@ -263,7 +287,8 @@ class ClusterView:
 
     MEMO_PER_NODE = 64  # distinct requests remembered per node before its memo starts over
 
-    def __init__(self) -> None:
+    def __init__(self, hp_priority_classes: Collection[str] = DEFAULT_HP_PRIORITY_CLASSES) -> None:
+        self.hp_priority_classes = frozenset(hp_priority_classes)
         self.nodes: dict[str, list[GpuState]] = {}
         self.node_errors: dict[str, str] = {}
         self.holdings: dict[str, Holding] = {}  # pod uid → what it holds
@@ -505,7 +530,9 @@ class ClusterView:
             return
         node = (pod.get("spec") or {}).get("nodeName")
         if not node and self.distribution is not None:  # a pending pod: part of the workload to pack for
-            self.observe(pod, shape_of(pod_spec(pod), pod, self.smallest_gpu_memory()))
+            self.observe(
+                pod, shape_of(pod_spec(pod, self.hp_priority_classes), pod, self.smallest_gpu_memory())
+            )
         if node:
             try:
                 self.reserve(uid, node, *pod_cpu_memory(pod))

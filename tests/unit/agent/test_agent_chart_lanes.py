@@ -72,3 +72,17 @@ def test_feedback_without_lanes_is_refused_at_render() -> None:
     values = {"agent": {"lanes": {**FEEDBACK["agent"]["lanes"], "hpBe": False}}}
     with pytest.raises(Exception, match=r"needs agent\.lanes\.hpBe"):
         render(values)
+
+
+@pytest.mark.parametrize("values", [None, FEEDBACK], ids=["default", "lanes-on"])
+def test_extender_gets_the_agents_hp_priority_classes(values: dict[str, Any] | None) -> None:
+    from tessera import cli
+
+    objs = objects(render(values))
+    pod = find(objs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
+    (ext,) = [c for c in pod["containers"] if c["name"] == "extender"]
+    ext_args = cli.build_parser().parse_args(ext["args"])
+    want = (values or {"agent": {"lanes": {"hpPriorityClasses": ["latency-critical"]}}})["agent"]["lanes"]
+    assert ext_args.hp_priority_class == want["hpPriorityClasses"]
+    if values is not None:  # the agent reads them only with HP/BE lanes on
+        assert _args(objs).hp_priority_class == ext_args.hp_priority_class

@@ -11,7 +11,7 @@ import json
 import pytest
 from tessera.api import contract
 from tessera.api.assignment import Assignment
-from tessera.extender.view import PROFILES, pod_spec
+from tessera.extender.view import DEFAULT_HP_PRIORITY_CLASSES, PROFILES, pod_spec
 from tessera.policy.lanes.placement import (
     PROFILE_FRACTION,
     GpuState,
@@ -56,11 +56,13 @@ def manifest(name: str, *, workload: str = "", priority_class: str = "") -> dict
     }
 
 
-def extender_says_second_hp_fits(m1: dict[str, object], m2: dict[str, object]) -> bool:
+def extender_says_second_hp_fits(
+    m1: dict[str, object], m2: dict[str, object], hp_classes: tuple[str, ...] = DEFAULT_HP_PRIORITY_CLASSES
+) -> bool:
     gpu = GpuState(0, "GPU-0", 16000)
     cfg = PlacementConfig()
     for m in (m1, m2):
-        spec = pod_spec(json.loads(json.dumps(m)))
+        spec = pod_spec(json.loads(json.dumps(m)), hp_classes)
         assert spec is not None and spec.problem is None
         req: Request = spec.resolve(16000)
         if why_not(gpu, req, cfg) is not None:
@@ -69,8 +71,10 @@ def extender_says_second_hp_fits(m1: dict[str, object], m2: dict[str, object]) -
     return True
 
 
-def agent_says_second_hp_fits(m1: dict[str, object], m2: dict[str, object]) -> bool:
-    book = LaneBook({"GPU-0": 16000})
+def agent_says_second_hp_fits(
+    m1: dict[str, object], m2: dict[str, object], hp_classes: tuple[str, ...] = DEFAULT_HP_PRIORITY_CLASSES
+) -> bool:
+    book = LaneBook({"GPU-0": 16000}, hp_priority_classes=hp_classes)
     book.admit(pod_info_from_manifest(m1))
     try:
         book.admit(pod_info_from_manifest(m2))
@@ -87,13 +91,45 @@ def test_latency_critical_by_annotation_is_hp_on_both_sides() -> None:
     assert extender_says_second_hp_fits(c, d) and agent_says_second_hp_fits(c, d)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the agent also makes a lane HP by priorityClassName (no class in tessera.io/workload); the "
-    "extender's pod parsing (extender/view.py) reads only the annotation, so it may put two such pods on "
-    "one GPU and the agent then refuses the second at Allocate",
-)
 def test_latency_critical_by_priority_class_is_hp_on_both_sides() -> None:
     a, b = (manifest(n, workload="serving", priority_class="latency-critical") for n in "ab")
     assert lane_class(pod_info_from_manifest(a)) == "HP"
-    assert extender_says_second_hp_fits(a, b) == agent_says_second_hp_fits(a, b)
+    assert not extender_says_second_hp_fits(a, b) and not agent_says_second_hp_fits(a, b)
+
+
+def test_hp_priority_classes_set_on_both_sides_agree() -> None:
+    """The chart gives the extender and the agent the same --hp-priority-class list: with `serving-hp`
+    in it, two such pods never share a GPU, and `latency-critical` (no longer listed) is best-effort."""
+    classes = ("serving-hp",)
+    a, b = (manifest(n, workload="serving", priority_class="serving-hp") for n in "ab")
+    assert not extender_says_second_hp_fits(a, b, classes) and not agent_says_second_hp_fits(a, b, classes)
+    c, d = (manifest(n, workload="serving", priority_class="latency-critical") for n in "cd")
+    assert extender_says_second_hp_fits(c, d, classes) and agent_says_second_hp_fits(c, d, classes)
+    # the annotation's class wins over the priority class on both sides
+    e, f = (manifest(n, workload="serving:best-effort", priority_class="serving-hp") for n in "ef")
+    assert extender_says_second_hp_fits(e, f, classes) and agent_says_second_hp_fits(e, f, classes)
+
+
+def test_extender_flag_reaches_the_view() -> None:
+    import argparse
+
+    from tessera.commands import extender as cmd
+
+    parser = argparse.ArgumentParser()
+    cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["extender", "--hp-priority-class", "serving-hp", "--hp-priority-class=x"])
+    assert cmd.hp_priority_classes(args) == ("serving-hp", "x")
+    assert cmd.hp_priority_classes(parser.parse_args(["extender"])) == DEFAULT_HP_PRIORITY_CLASSES
+    with pytest.raises(cmd.PlacementError, match="empty"):
+        cmd.hp_priority_classes(parser.parse_args(["extender", "--hp-priority-class", " "]))
+
+
+def test_extender_parses_pods_with_its_views_priority_classes() -> None:
+    from tessera.extender.server import Extender
+    from tessera.extender.view import ClusterView
+
+    pod = manifest("a", workload="serving", priority_class="serving-hp")
+    spec = Extender(None, view=ClusterView(("serving-hp",))).spec(pod)
+    assert spec is not None and spec.workload_class == "latency-critical"
+    spec = Extender(None).spec(pod)
+    assert spec is not None and spec.workload_class == "best-effort"
