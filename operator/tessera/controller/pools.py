@@ -5,7 +5,8 @@ A thin adapter from ModelDeployment specs to the planner of ``tessera.policy.ser
 
 * **Pool GPUs**: each member brings ``replicas × gpusPerReplica`` GPUs, so a pool uses exactly the GPUs its
   members would have used on dedicated replicas. Groups stay on one node: group sizes are powers of two up
-  to the largest number of healthy GPUs one node has (at most 8); intra-op ``op ≤ 4`` (REF default).
+  to the largest number of healthy GPUs one node has (at most 8). Intra-op ``op = 1``: workers run
+  pipeline stages only (see ``plan_pool``).
 * **Memory budget** per GPU: the smallest ``gpu.gpuMemoryMiB − reservedMiB`` (or lane size) among members;
   a model's weights are ``memory.staticMiB`` (0 when not given).
 * **Profiles**: measured stage profiles are not in the spec yet, so each model's per-config profile is the
@@ -167,8 +168,12 @@ def workload(members: Sequence[PoolMember], seed: int = 0) -> Workload:
     return Workload.from_streams(streams, {m.model: m.slo_s for m in members})
 
 
-def plan_pool(pool: str, members: Sequence[PoolMember], devices_per_node: int, seed: int = 0) -> PoolPlan:
-    """AlpaServe's placement for the pool's members on the GPUs they bring."""
+def plan_pool(
+    pool: str, members: Sequence[PoolMember], devices_per_node: int, seed: int = 0, max_op: int = 1
+) -> PoolPlan:
+    """AlpaServe's placement for the pool's members on the GPUs they bring. ``max_op`` is 1 by default:
+    the workers run inter-op stages (``PipelinedModel``) but no intra-op sharding, so the plan must not
+    count on a speed-up the data plane cannot give."""
     if not members:
         raise ServingSpecError(f"pool {pool} has no members")
     models = [m.model for m in members]
@@ -177,7 +182,7 @@ def plan_pool(pool: str, members: Sequence[PoolMember], devices_per_node: int, s
         raise ServingSpecError(f"pool {pool}: model names must be unique in a pool, repeated: {dup}")
     sizes = group_sizes(devices_per_node)
     opts = SearchOptions(
-        max_pp=max(sizes), max_op=min(4, max(sizes)), devices_per_node=max(sizes), group_sizes=sizes
+        max_pp=max(sizes), max_op=min(max_op, max(sizes)), devices_per_node=max(sizes), group_sizes=sizes
     )
     configs = all_configs(opts.max_pp, opts.max_op)
     profiles = [synthetic_profile(m.model, m.latency_s, m.weight_bytes, configs) for m in members]

@@ -107,6 +107,18 @@ class Gateway:
                 raise ConfigError(f"model {m.name}: {err}") from err
             await svc.start(self.config.health_interval_s)
             self.services[m.name] = svc
+        if self.config.pool is not None:  # AlpaServe groups: one router shared by the pool's models
+            from tessera.gateway.pool import PoolModelCfg, PoolModelService, PoolRouter
+
+            pool = self.config.pool
+            router = PoolRouter(pool, self._session)
+            for pm in pool.models:
+                pcfg = PoolModelCfg(pm.name, pool.namespace, pm.slo_s)
+                psvc = PoolModelService(
+                    router, pcfg, ModelMetrics(self.metrics, pool.namespace, pm.name, pm.slo_s)
+                )
+                await psvc.start(self.config.health_interval_s)
+                self.services[pm.name] = psvc  # type: ignore[assignment]
 
     async def close(self) -> None:
         for svc in self.services.values():

@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from aiohttp import web
@@ -61,6 +61,9 @@ from tessera.gateway.protocol import (
     tensor_bytes,
     validate_request,
 )
+
+if TYPE_CHECKING:
+    from tessera.gateway.pipeline import PipelinedModel
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +169,8 @@ class OnnxModel:
         threads: int = 1,
         provider: str = "auto",
         cost: ModelledCost | None = None,
+        stages: int = 1,
+        layers: int | None = None,
     ):
         import onnxruntime as ort  # type: ignore[import-untyped]  # only workers need onnxruntime
 
@@ -199,7 +204,39 @@ class OnnxModel:
                     f"modelled cost input {cost.input!r} must be an integer input of the model; it has {ints}"
                 )
         self.cost = cost
-        log.info("loaded %s from %s on %s", self.name, p, self.providers)
+        # A pool group with pp > 1 (AlpaServe inter-op): the model cut into stage graphs, one session per
+        # stage (stage k on the group's k-th GPU); requests then pass the stages first come, first served.
+        self.pipeline: PipelinedModel | None = None
+        if stages > 1:
+            from tessera.gateway.pipeline import PipelinedModel
+
+            self.pipeline = PipelinedModel(
+                p, stages=stages, layers=layers, provider=self.providers[0], threads=threads,
+                devices=list(range(stages)) if self.providers[0] == "CUDAExecutionProvider" else None,
+            )  # fmt: skip
+        log.info("loaded %s from %s on %s (%d stage(s))", self.name, p, self.providers, stages)
+
+    @property
+    def stages(self) -> int:
+        return len(self.pipeline.stages) if self.pipeline is not None else 1
+
+    def run_stage(self, k: int, env: dict[str, np.ndarray], pad_s: float) -> None:
+        """Stage ``k`` of a pipelined model on ``env`` (activations handed on in place), lasting at least
+        ``pad_s`` (the modelled cost's share of this stage)."""
+        assert self.pipeline is not None
+        start = time.perf_counter()
+        self.pipeline._stage(k, env)
+        rest = start + pad_s - time.perf_counter()
+        if rest > 0:
+            time.sleep(rest)
+
+    def prepare(self, m: Member) -> tuple[dict[str, np.ndarray], tuple[list[str], set[str]]]:
+        """One member's decoded, checked inputs and the outputs it wants (ProtocolError if refused)."""
+        inputs = validate_request(m.body, len(m.blob))
+        feeds = self.decode(inputs, m.blob)
+        if len({a.shape[0] for a in feeds.values()}) != 1:
+            raise ProtocolError("all inputs of a request must share their first (batch) dimension")
+        return feeds, binary_outputs(m.body, [o.name for o in self.outputs])
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -248,7 +285,10 @@ class OnnxModel:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         start = time.perf_counter()
-        outs = [np.asarray(a) for a in self.session.run(None, dict(feeds))]
+        if self.pipeline is not None:
+            outs = [np.asarray(a) for a in self.pipeline.run(feeds)]
+        else:
+            outs = [np.asarray(a) for a in self.session.run(None, dict(feeds))]
         if self.cost is not None:
             rest = start + self.cost.seconds(feeds) - time.perf_counter()
             if rest > 0:
@@ -281,14 +321,9 @@ class OnnxModel:
         results = [MemberResult() for _ in members]
         decoded: dict[int, dict[str, np.ndarray]] = {}
         wants: dict[int, tuple[list[str], set[str]]] = {}
-        names = [o.name for o in self.outputs]
         for i, m in enumerate(members):
             try:
-                inputs = validate_request(m.body, len(m.blob))
-                decoded[i] = self.decode(inputs, m.blob)
-                if len({a.shape[0] for a in decoded[i].values()}) != 1:
-                    raise ProtocolError("all inputs of a request must share their first (batch) dimension")
-                wants[i] = binary_outputs(m.body, names)
+                decoded[i], wants[i] = self.prepare(m)
             except ProtocolError as err:
                 results[i].error = str(err)
                 decoded.pop(i, None)
@@ -348,25 +383,82 @@ def _ranges(meta: Mapping[str, str], inputs: Mapping[str, TensorSpec]) -> dict[s
 
 
 class Worker:
-    """Serves one :class:`OnnxModel`; batches run one at a time on a single executor thread."""
+    """Serves one :class:`OnnxModel`, or every model of a pool group (AlpaServe: the group's GPUs hold all
+    its models). Batches run one at a time on a single executor thread, first come, first served across
+    the models. Single requests for pipelined models pass the stages instead: stage k of every model
+    shares one lock and one thread (its GPU), and a request takes stage k+1's lock before it lets go of
+    stage k's, so requests keep their order and overlap, one per stage (the FCFS pipeline the planner
+    simulates)."""
 
-    def __init__(self, model: OnnxModel) -> None:
+    def __init__(self, model: OnnxModel, *more: OnnxModel) -> None:
         self.model = model
+        self.models = {m.name: m for m in (model, *more)}
+        if len(self.models) != 1 + len(more):
+            raise ValueError(f"model names must be unique, got {[m.name for m in (model, *more)]}")
         self._lock = asyncio.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tessera-worker")
+        depth = max(m.stages for m in self.models.values())
+        self._stage_locks = [asyncio.Lock() for _ in range(depth)]
+        self._stage_pools = [
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"tessera-stage{k}")
+            for k in range(depth)
+        ]
         self.batches = 0
 
-    async def execute(self, members: Sequence[Member], solo: bool) -> tuple[BatchResult, float]:
+    async def execute(
+        self, members: Sequence[Member], solo: bool, model: OnnxModel | None = None
+    ) -> tuple[BatchResult, float]:
+        m = model or self.model
+        if m.pipeline is not None and len(members) == 1 and not solo:
+            return await self._staged(m, members[0])
         arrived = time.perf_counter()
         async with self._lock:
             queued = time.perf_counter() - arrived
             loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(self._pool, lambda: self.model.run_batch(members, solo=solo))
+            result = await loop.run_in_executor(self._pool, lambda: m.run_batch(members, solo=solo))
             self.batches += 1
         return result, queued
 
+    async def _staged(self, model: OnnxModel, member: Member) -> tuple[BatchResult, float]:
+        result = MemberResult()
+        try:
+            feeds, want = model.prepare(member)
+        except ProtocolError as err:
+            result.error = str(err)
+            return BatchResult([result], 0.0, None), 0.0
+        assert model.pipeline is not None
+        pp = model.stages
+        pad = model.cost.seconds(feeds) / pp if model.cost is not None else 0.0
+        env = dict(feeds)
+        loop = asyncio.get_running_loop()
+        arrived = time.perf_counter()
+        first = self._stage_locks[0]
+        await first.acquire()
+        held: asyncio.Lock | None = first
+        queued = time.perf_counter() - arrived
+        try:
+            for k in range(pp):
+                await loop.run_in_executor(self._stage_pools[k], model.run_stage, k, env, pad)
+                nxt = self._stage_locks[k + 1] if k + 1 < pp else None
+                if nxt is not None:
+                    await nxt.acquire()
+                if held is not None:
+                    held.release()
+                held = nxt
+        except Exception as err:
+            result.error = f"the model could not run this input: {err}"
+            return BatchResult([result], time.perf_counter() - arrived - queued, None), queued
+        finally:
+            if held is not None and held.locked():
+                held.release()
+        model._emit(result, [env[o] for o in model.pipeline.output_names], want)
+        self.batches += 1
+        return BatchResult([result], time.perf_counter() - arrived - queued, None), queued
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for p in self._stage_pools:
+            p.shutdown(wait=False, cancel_futures=True)
 
 
 def _members(raw: bytes, header_length: str | None) -> tuple[list[Member], bool]:
@@ -396,15 +488,16 @@ def _members(raw: bytes, header_length: str | None) -> tuple[list[Member], bool]
 
 
 def make_worker_app(worker: Worker, *, max_body: int = WORKER_MAX_BODY) -> web.Application:
-    model = worker.model
-
-    def check_name(request: web.Request) -> None:
+    def check_name(request: web.Request) -> OnnxModel:
         name = request.match_info["name"]
-        if name != model.name:
-            raise _NotServed(f"model {name!r} is not served here; this worker serves {model.name!r}")
+        found = worker.models.get(name)
+        if found is None:
+            served = ", ".join(repr(n) for n in worker.models)
+            raise _NotServed(f"model {name!r} is not served here; this worker serves {served}")
         version = request.match_info.get("version")
         if version is not None and version not in MODEL_VERSIONS:
             raise _NotServed(f"model {name!r} has no version {version!r}; versions: {list(MODEL_VERSIONS)}")
+        return found
 
     def json(obj: Any, status: int = 200) -> web.Response:
         return web.Response(body=dumps(obj), status=status, content_type="application/json")
@@ -418,15 +511,13 @@ def make_worker_app(worker: Worker, *, max_body: int = WORKER_MAX_BODY) -> web.A
         )
 
     async def model_meta(request: web.Request) -> web.Response:
-        check_name(request)
-        return json(model.metadata())
+        return json(check_name(request).metadata())
 
     async def model_ready(request: web.Request) -> web.Response:
-        check_name(request)
-        return json({"name": model.name, "ready": True})
+        return json({"name": check_name(request).name, "ready": True})
 
     async def infer(request: web.Request) -> web.Response:
-        check_name(request)
+        model = check_name(request)
         try:
             head, blob = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
             body = loads(head)
@@ -438,7 +529,7 @@ def make_worker_app(worker: Worker, *, max_body: int = WORKER_MAX_BODY) -> web.A
             validate_request(body, len(blob))
         except ProtocolError as err:
             return json_error(400, str(err))
-        result, queued = await worker.execute([Member(body, blob)], solo=False)
+        result, queued = await worker.execute([Member(body, blob)], solo=False, model=model)
         member = result.results[0]
         if member.error is not None:
             return json_error(400, member.error)
@@ -459,12 +550,12 @@ def make_worker_app(worker: Worker, *, max_body: int = WORKER_MAX_BODY) -> web.A
         )
 
     async def batch(request: web.Request) -> web.Response:
-        check_name(request)
+        model = check_name(request)
         try:
             members, solo = _members(await request.read(), request.headers.get(HEADER_LENGTH))
         except ProtocolError as err:
             return json_error(400, str(err))
-        result, queued = await worker.execute(members, solo=solo)
+        result, queued = await worker.execute(members, solo=solo, model=model)
         if request.headers.get(FRAMING_HEADER) == FRAMING_MEMBERS:
             payload, spec = frame_members([m.fragment() for m in result.results])
             headers = {

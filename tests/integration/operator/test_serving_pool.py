@@ -2,7 +2,7 @@
 
 Six 10 ms models (batch 1), 30 ms SLO, Gamma CV 4, 3000 MiB of weights on 4096 MiB lanes (one model per
 GPU unsplit), rates 30/30/5/5/2/2 rps, each bringing one GPU: the planner (same inputs, same plan every
-run) puts five models on a 4-GPU (pp 2, op 2) group and two on a 2-GPU pipeline; the 2 rps model m4 gets
+run) puts five models on a 4-stage pipeline over 4 GPUs and two on a 2-stage one; the 2 rps model m4 gets
 no replica (memory is the limit) and is predicted at 0 %.
 """
 
@@ -64,7 +64,7 @@ async def test_pool_plan_in_status_workers_per_group_and_routing(api: kmock.Kube
         by_id = {g["id"]: g for g in plan}
         assert sorted((g["pp"], g["op"], tuple(g["models"])) for g in plan) == [
             (2, 1, ("m1", "m3")),
-            (2, 2, ("m0", "m1", "m2", "m3", "m5")),
+            (4, 1, ("m0", "m1", "m2", "m3", "m5")),
         ]
         for m, s in st.items():
             assert s["pool"] == "web"
