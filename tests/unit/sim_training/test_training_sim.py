@@ -100,13 +100,13 @@ def test_scenario_runs_every_policy(tmp_path: Path) -> None:
         (
             {"cluster": {"machines": [{"count": 0, "gpus_per_slot": 2}]}},
             "cluster.machines[0].count",
-            "positive integer",
+            "integer >= 1",
         ),
-        ({"policies": ["themis", "magic"]}, "policies[1]", "unknown policy 'magic'"),
+        ({"policies": ["themis", "magic"]}, "policies[1].policy", "unknown policy 'magic'"),
         ({"policies": [{"policy": "themis", "fairness_knob": 2}]}, "policies[0]", "fairness_knob"),
         ({"themis": {"lease": 5}}, "themis.lease", "unknown field"),
         ({"trace": {"file": "missing.csv"}}, "trace.file", "file not found"),
-        ({"trace": {"generate": {"apps": 0}}}, "trace.generate", "apps must be >= 1"),
+        ({"trace": {"generate": {"apps": 0}}}, "trace.generate.apps", "integer >= 1"),
         ({"sim": {"restart_s": -1}}, "sim", "restart_s"),
         ({"sim": {"estimate_error": 1.5}}, "sim", "estimate_error"),
         (

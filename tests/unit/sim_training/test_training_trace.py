@@ -26,7 +26,7 @@ def test_reads_the_example_yaml_and_csv_traces() -> None:
 @pytest.mark.parametrize(
     ("apps", "field", "problem"),
     [
-        ([{"id": "a"}], "apps[0].arrival", "missing"),
+        ([{"id": "a"}], "apps[0].arrival", "is required"),
         (
             [{"arrival": -1, "jobs": [{"iterations": 1, "iter_time": 1, "gpus": 1}]}],
             "apps[0].arrival",
@@ -37,7 +37,11 @@ def test_reads_the_example_yaml_and_csv_traces() -> None:
             "apps[0].jobs[0].gpus",
             "whole",
         ),
-        ([{"arrival": 0, "jobs": [{"iterations": 1, "gpus": 1}]}], "apps[0].jobs[0].iter_time", "missing"),
+        (
+            [{"arrival": 0, "jobs": [{"iterations": 1, "gpus": 1}]}],
+            "apps[0].jobs[0].iter_time",
+            "is required",
+        ),
         ([{"arrival": 0, "model": "nope", "jobs": []}], "apps[0].model", "unknown model"),
         (
             [{"arrival": 0, "jobs": [{"iterations": 1, "iter_time": 1, "gpus": 99}]}],

@@ -43,7 +43,7 @@ def test_tuning_block_defaults_and_round_trip() -> None:
         ({"workload": {"alpha": 0.5}}, "apps[0].tuning.workload", "alpha"),
         ({"fluid": {"max_pack": 0}}, "apps[0].tuning.fluid", "max_pack (c)"),
         ({"budget": 3}, "apps[0].tuning.budget", "unknown field"),
-        ("asha", "apps[0].tuning", "expected a mapping"),
+        ("asha", "apps[0].tuning", "must be a mapping"),
     ],
 )
 def test_bad_tuning_block_names_the_field(tuning: object, field: str, problem: str) -> None:

@@ -7,32 +7,26 @@ single-device latency and size with the α-model (spec §5.4) and marked synthet
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import AfterValidator, Field, Strict
 
 from tessera.policy.serving.alpaserve import (
     GB,
     GIB,
+    MemoryRule,
     ModelProfile,
     SearchOptions,
     all_configs,
     synthetic_profile,
 )
 from tessera.progress import Progress
-from tessera.sim.scenario import (
-    MAX_GPUS,
-    MAX_NUMBER,
-    MAX_SECONDS,
-    ScenarioError,
-    integer,
-    names,
-    real,
-    section,
-)
+from tessera.sim.inputs import Bool, Gpus, Input, Positive, Real, Seconds, Seed
+from tessera.sim.inputs import validate as validate_input
+from tessera.sim.scenario import ScenarioError
 from tessera.sim.serving.placement_sim import (
     POLICIES,
     PolicyReport,
@@ -74,99 +68,113 @@ class PlacementScenario:
     sweep_values: list[float] = field(default_factory=list)
 
 
-def _num(
-    data: dict[str, Any],
-    key: str,
-    where: str,
-    source: str,
-    default: float | None = None,
-    maximum: float = MAX_NUMBER,
-) -> float:
-    v = data.get(key, default)
-    if v is None:
-        raise ScenarioError(source, f"{where}.{key}", "is required")
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-        raise ScenarioError(source, f"{where}.{key}", f"must be a positive number, got {v!r}")
-    if v > maximum:
-        raise ScenarioError(
-            source, f"{where}.{key}", f"{v!r} is more than {maximum:g}, the most a scenario accepts"
-        )
-    return float(v)
+SearchSize = Annotated[int, Strict(), Field(ge=1, le=1024)]
+
+
+def _policy(x: str) -> str:
+    if x not in POLICIES:
+        raise ValueError(f"unknown {x!r}; choose from {list(POLICIES)}")
+    return x
+
+
+class PlacementClusterInput(Input):
+    devices: Gpus
+    devices_per_node: Gpus = 8
+    memory_budget: Positive = 13.0  # per device, in memory_units
+    memory_units: Literal["GB", "GiB"] = "GB"
+
+
+class ModelInput(Input):
+    """`count` copies of a model with this single-device latency and size."""
+
+    name: Annotated[str, Field(min_length=1)]
+    count: Gpus = 1
+    latency_ms: Positive
+    size_gb: Positive
+
+
+class PlacementWorkloadInput(Input):
+    total_rate: Positive  # requests per second over all models
+    cv: Positive = 1.0
+    slo_scale: Positive = 5.0  # SLO = this × each model's single-device latency
+    duration_s: Seconds = 600.0
+    rate_exponent: Real = 0.0  # power-law skew of the per-model rates (0: equal)
+
+
+class SearchInput(Input):
+    max_pp: SearchSize = 8
+    max_op: SearchSize | None = None  # default: min(4, devices_per_node)
+    beam_size: SearchSize = 1
+    fast_heuristic: Bool = True
+    bucket_threshold: Real = 0.38
+    memory_rule: MemoryRule = "per_stage"
+
+
+class ProfileInput(Input):
+    inter_op_overhead: Real = 0.009
+    intra_op_comm: Real = 0.1
+
+
+class SweepInput(Input):
+    param: Literal["total_rate", "cv", "slo_scale"]
+    values: Annotated[list[Positive], Field(min_length=1)]
+
+
+class PlacementFile(Input):
+    """A `kind: placement` scenario."""
+
+    kind: Literal["placement"] = "placement"
+    name: str | None = None
+    description: str | None = None
+    seed: Seed = 0
+    cluster: PlacementClusterInput
+    models: Annotated[list[ModelInput], Field(min_length=1)]
+    workload: PlacementWorkloadInput
+    search: SearchInput = SearchInput()
+    profile: ProfileInput = ProfileInput()
+    policies: Annotated[
+        list[Annotated[str, AfterValidator(_policy)]],
+        Field(min_length=1, default_factory=lambda: list(POLICIES)),
+    ]
+    clockwork_window_s: Positive = 60.0
+    sweep: SweepInput | None = None
 
 
 def load(data: dict[str, Any], source: str) -> PlacementScenario:
     """Validate a ``kind: placement`` scenario; errors name the file and field."""
-    cl = section(source, data, "cluster")
-    units = cl.get("memory_units", "GB")
-    if units not in ("GB", "GiB"):
-        raise ScenarioError(source, "cluster.memory_units", f"must be GB or GiB, got {units!r}")
-    budget = _num(cl, "memory_budget", "cluster", source, 13) * (GB if units == "GB" else GIB)
-    devices = int(_num(cl, "devices", "cluster", source, maximum=MAX_GPUS))
-    per_node = int(_num(cl, "devices_per_node", "cluster", source, 8, maximum=MAX_GPUS))
-    raw = data.get("models")
-    if not isinstance(raw, list) or not raw:
-        raise ScenarioError(
-            source, "models", "must be a non-empty list of {name, count, latency_ms, size_gb}"
-        )
-    models = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict) or not m.get("name"):
-            raise ScenarioError(source, f"models[{i}].name", "is required")
-        models.append(
-            ModelSpec(
-                str(m["name"]),
-                int(_num(m, "count", f"models[{i}]", source, 1, maximum=MAX_GPUS)),
-                _num(m, "latency_ms", f"models[{i}]", source) / 1000,
-                _num(m, "size_gb", f"models[{i}]", source) * GB,
-            )
-        )
-    wl = section(source, data, "workload")
-    policies = names(source, "policies", data.get("policies", list(POLICIES)), POLICIES)
-    se = section(source, data, "search")
+    d = validate_input(PlacementFile, data, source)
+    cl, wl, se = d.cluster, d.workload, d.search
     try:
         opts = SearchOptions(
-            max_pp=int(se.get("max_pp", 8)),
-            max_op=int(se.get("max_op", min(4, per_node))),
-            devices_per_node=per_node,
-            beam_size=int(se.get("beam_size", 1)),
-            fast_heuristic=bool(se.get("fast_heuristic", True)),
-            bucket_threshold=float(se.get("bucket_threshold", 0.38)),
-            memory_rule=se.get("memory_rule", "per_stage"),
+            max_pp=se.max_pp,
+            max_op=se.max_op if se.max_op is not None else min(4, cl.devices_per_node),
+            devices_per_node=cl.devices_per_node,
+            beam_size=se.beam_size,
+            fast_heuristic=se.fast_heuristic,
+            bucket_threshold=se.bucket_threshold,
+            memory_rule=se.memory_rule,
         )
     except (TypeError, ValueError) as e:
         raise ScenarioError(source, "search", str(e)) from e
-    prof = section(source, data, "profile")
-    sweep = data.get("sweep")
-    param, values = None, []
-    if sweep is not None:
-        param = sweep.get("param") if isinstance(sweep, dict) else None
-        if param not in SWEEPABLE:
-            raise ScenarioError(source, "sweep.param", f"must be one of {list(SWEEPABLE)}, got {param!r}")
-        raw_values = sweep.get("values") or []
-        if not isinstance(raw_values, list):
-            raise ScenarioError(source, "sweep.values", "must be a non-empty list of positive numbers")
-        values = [real(source, f"sweep.values[{k}]", v) for k, v in enumerate(raw_values)]
-        if not values or any(v <= 0 for v in values):
-            raise ScenarioError(source, "sweep.values", "must be a non-empty list of positive numbers")
     return PlacementScenario(
         source=source,
-        name=str(data.get("name", Path(source).stem)),
-        seed=integer(source, "seed", data.get("seed", 0)),
-        devices=devices,
-        budget_bytes=budget,
-        models=models,
-        total_rate=_num(wl, "total_rate", "workload", source),
-        cv=_num(wl, "cv", "workload", source, 1.0),
-        slo_scale=_num(wl, "slo_scale", "workload", source, 5.0),
-        duration_s=_num(wl, "duration_s", "workload", source, 600.0, maximum=MAX_SECONDS),
-        rate_exponent=real(source, "workload.rate_exponent", wl.get("rate_exponent", 0.0)),
-        policies=list(policies),
+        name=d.name if d.name is not None else Path(source).stem,
+        seed=d.seed,
+        devices=cl.devices,
+        budget_bytes=cl.memory_budget * (GB if cl.memory_units == "GB" else GIB),
+        models=[ModelSpec(m.name, m.count, m.latency_ms / 1000, m.size_gb * GB) for m in d.models],
+        total_rate=wl.total_rate,
+        cv=wl.cv,
+        slo_scale=wl.slo_scale,
+        duration_s=wl.duration_s,
+        rate_exponent=wl.rate_exponent,
+        policies=list(d.policies),
         options=opts,
-        clockwork_window_s=_num(data, "clockwork_window_s", "scenario", source, 60.0),
-        inter_op_overhead=real(source, "profile.inter_op_overhead", prof.get("inter_op_overhead", 0.009)),
-        intra_op_comm=real(source, "profile.intra_op_comm", prof.get("intra_op_comm", 0.1)),
-        sweep_param=param,
-        sweep_values=values,
+        clockwork_window_s=d.clockwork_window_s,
+        inter_op_overhead=d.profile.inter_op_overhead,
+        intra_op_comm=d.profile.intra_op_comm,
+        sweep_param=d.sweep.param if d.sweep is not None else None,
+        sweep_values=list(d.sweep.values) if d.sweep is not None else [],
     )
 
 

@@ -16,24 +16,17 @@ Example: ``tessera/sim/data/serving-default.yaml``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field
 
 from tessera.policy.serving.common import BatchLatencyModel
 from tessera.progress import Progress
-from tessera.sim.scenario import (
-    MAX_GPUS,
-    MAX_NUMBER,
-    MAX_REQUESTS,
-    MAX_SECONDS,
-    ScenarioError,
-    integer,
-    names,
-    real,
-    section,
-)
+from tessera.sim.inputs import Bool, Count, Gpus, Input, Positive, Real, Requests, Seconds, Seed
+from tessera.sim.inputs import validate as validate_input
+from tessera.sim.scenario import ScenarioError
 from tessera.sim.serving.batching_experiment import POLICIES as BATCHING_POLICIES
 from tessera.sim.serving.batching_experiment import run_batching
 from tessera.sim.serving.cluster_sim import (
@@ -88,99 +81,104 @@ class ServingScenario:
     cluster: ClusterSection | None
 
 
-def _num(
-    d: dict[str, Any],
-    key: str,
-    where: str,
-    source: str,
-    default: float | None = None,
-    *,
-    integer: bool = False,
-    maximum: float = MAX_NUMBER,
-) -> float:
-    v = d.get(key, default)
-    if v is None:
-        raise ScenarioError(source, f"{where}.{key}", "is required")
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-        raise ScenarioError(source, f"{where}.{key}", f"must be a positive number, got {v!r}")
-    if v > maximum:
-        raise ScenarioError(
-            source, f"{where}.{key}", f"{v!r} is more than {maximum:g}, the most a scenario accepts"
-        )
-    if integer and int(v) != v:
-        raise ScenarioError(source, f"{where}.{key}", f"must be a whole number, got {v!r}")
-    return float(v)
+def _policies(allowed: tuple[str, ...]) -> Any:
+    """A non-empty list of policy names out of `allowed` (default: all of them)."""
+
+    def one(x: str) -> str:
+        if x not in allowed:
+            raise ValueError(f"unknown {x!r}; choose from {list(allowed)}")
+        return x
+
+    return Annotated[
+        list[Annotated[str, AfterValidator(one)]], Field(min_length=1, default_factory=lambda: list(allowed))
+    ]
 
 
-def _nums(d: dict[str, Any], key: str, where: str, source: str, default: list[float]) -> list[float]:
-    v = d.get(key, default)
-    if not isinstance(v, list) or not v:
-        raise ScenarioError(
-            source, f"{where}.{key}", f"must be a non-empty list of positive numbers, got {v!r}"
-        )
-    for x in v:
-        if isinstance(x, bool) or not isinstance(x, int | float) or not x > 0:
-            raise ScenarioError(source, f"{where}.{key}", f"must hold positive numbers, got {x!r}")
-    return [float(x) for x in v]
+PositiveList = Annotated[list[Positive], Field(min_length=1)]
 
 
-def _policies(d: dict[str, Any], where: str, source: str, allowed: tuple[str, ...]) -> list[str]:
-    return names(source, f"{where}.policies", d.get("policies", list(allowed)), allowed)
+class LatencyInput(Input):
+    """l_B(k) = (s0 + s1·k) · the largest solo time."""
+
+    s0: Real = 0.8
+    s1: Positive = 0.2
 
 
-def _section(data: dict[str, Any], key: str, source: str) -> dict[str, Any] | None:
-    v = data.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        raise ScenarioError(source, key, f"must be a mapping, got {type(v).__name__}")
-    return v
+class BatchingInput(Input):
+    modes: Count = 2
+    low_ms: Positive = 50.0
+    high_ms: Positive = 100.0
+    sigma_ms: Positive = 5.0
+    load: Positive = 0.6
+    requests: Requests = 1500
+    cv: Positive = 1.0
+    slo_multiples: PositiveList = Field(default_factory=lambda: [1.5, 2.0, 3.0, 5.0])
+    policies: _policies(BATCHING_POLICIES)  # type: ignore[valid-type]
+    latency: LatencyInput = LatencyInput()
+
+
+class ClusterInput(Input):
+    models: Count = 4
+    alpha_ms: Positive
+    beta_ms: Positive
+    slo_ms: Positive
+    gpus: Gpus
+    loads: PositiveList = Field(default_factory=lambda: [0.2, 0.5, 0.8])
+    duration_s: Seconds = 2.0
+    cv: Positive = 1.0
+    policies: _policies(CLUSTER_POLICIES)  # type: ignore[valid-type]
+    goodput: Bool = True  # bisection for the highest rate at <= 1 % bad rate
+    min_gpus_rate: Positive | None = None  # fewest GPUs serving this many req/s
+
+
+class ServingFile(Input):
+    """A `kind: serving` scenario: a `batching` section, a `cluster` section, or both."""
+
+    kind: Literal["serving"] = "serving"
+    name: str | None = None
+    description: str | None = None
+    seed: Seed = 0
+    batching: BatchingInput | None = None
+    cluster: ClusterInput | None = None
 
 
 def load(data: dict[str, Any], source: str) -> ServingScenario:
     """Validate a ``kind: serving`` scenario; errors name the file and the field."""
-    if not isinstance(data, dict):
-        raise ScenarioError(source, "(top level)", "must be a mapping")
-    b = _section(data, "batching", source)
-    c = _section(data, "cluster", source)
-    if b is None and c is None:
+    d = validate_input(ServingFile, data, source)
+    if d.batching is None and d.cluster is None:
         raise ScenarioError(
             source, "batching/cluster", "a serving scenario needs at least one of the two sections"
         )
     batching = cluster = None
-    if b is not None:
-        low = _num(b, "low_ms", "batching", source, 50) / 1000
-        high = _num(b, "high_ms", "batching", source, 100) / 1000
-        if high < low:
-            raise ScenarioError(source, "batching.high_ms", f"must be >= low_ms ({low * 1000:g})")
-        lat = section(source, b, "latency", "batching.")
+    if (b := d.batching) is not None:
+        if b.high_ms < b.low_ms:
+            raise ScenarioError(source, "batching.high_ms", f"must be >= low_ms ({b.low_ms:g})")
         batching = BatchingSection(
-            modes=int(_num(b, "modes", "batching", source, 2, integer=True)),
-            sigma=_num(b, "sigma_ms", "batching", source, 5) / 1000,
-            low=low,
-            high=high,
-            load=_num(b, "load", "batching", source, 0.6),
-            requests=int(_num(b, "requests", "batching", source, 1500, integer=True, maximum=MAX_REQUESTS)),
-            cv=_num(b, "cv", "batching", source, 1.0),
-            slo_multiples=_nums(b, "slo_multiples", "batching", source, [1.5, 2, 3, 5]),
-            policies=_policies(b, "batching", source, BATCHING_POLICIES),
-            s0=real(source, "batching.latency.s0", lat.get("s0", 0.8)),
-            s1=_num(lat, "s1", "batching.latency", source, 0.2),
+            modes=b.modes,
+            sigma=b.sigma_ms / 1000,
+            low=b.low_ms / 1000,
+            high=b.high_ms / 1000,
+            load=b.load,
+            requests=b.requests,
+            cv=b.cv,
+            slo_multiples=list(b.slo_multiples),
+            policies=list(b.policies),
+            s0=b.latency.s0,
+            s1=b.latency.s1,
         )
-    if c is not None:
-        mg = c.get("min_gpus_rate")
+    if (c := d.cluster) is not None:
         cluster = ClusterSection(
-            models=int(_num(c, "models", "cluster", source, 4, integer=True)),
-            alpha=_num(c, "alpha_ms", "cluster", source) / 1000,
-            beta=_num(c, "beta_ms", "cluster", source) / 1000,
-            slo=_num(c, "slo_ms", "cluster", source) / 1000,
-            gpus=int(_num(c, "gpus", "cluster", source, integer=True, maximum=MAX_GPUS)),
-            loads=_nums(c, "loads", "cluster", source, [0.2, 0.5, 0.8]),
-            duration=_num(c, "duration_s", "cluster", source, 2.0, maximum=MAX_SECONDS),
-            cv=_num(c, "cv", "cluster", source, 1.0),
-            policies=_policies(c, "cluster", source, CLUSTER_POLICIES),
-            goodput=bool(c.get("goodput", True)),
-            min_gpus_rate=None if mg is None else _num(c, "min_gpus_rate", "cluster", source),
+            models=c.models,
+            alpha=c.alpha_ms / 1000,
+            beta=c.beta_ms / 1000,
+            slo=c.slo_ms / 1000,
+            gpus=c.gpus,
+            loads=list(c.loads),
+            duration=c.duration_s,
+            cv=c.cv,
+            policies=list(c.policies),
+            goodput=c.goodput,
+            min_gpus_rate=c.min_gpus_rate,
         )
         if cluster.slo <= cluster.alpha + cluster.beta:
             raise ScenarioError(
@@ -188,8 +186,8 @@ def load(data: dict[str, Any], source: str) -> ServingScenario:
             )
     return ServingScenario(
         source=source,
-        name=str(data.get("name", Path(source).stem)),
-        seed=integer(source, "seed", data.get("seed", 0)),
+        name=d.name if d.name is not None else Path(source).stem,
+        seed=d.seed,
         batching=batching,
         cluster=cluster,
     )

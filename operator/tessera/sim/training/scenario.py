@@ -19,33 +19,42 @@ Every error names the file, the field and what is wrong (tessera.sim.scenario.Sc
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import random
-from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BeforeValidator, Field, create_model
 
 from tessera.cluster import Cluster, Sensitivity
 from tessera.policy.baselines import BASELINES
 from tessera.policy.themis import Themis, ThemisConfig
 from tessera.policy.training import TrainingPolicy
 from tessera.progress import Progress
-from tessera.sim.scenario import MAX_GPUS, MAX_MACHINES, MAX_SECONDS, ScenarioError
+from tessera.sim.inputs import Apps, Gpus, Input, Int, Machines, PositiveInt, Seconds, Trials, given, mirror
+from tessera.sim.inputs import validate as validate_input
+from tessera.sim.scenario import MAX_GPUS, MAX_MACHINES, ScenarioError
 from tessera.sim.training.report import TrainingResult
 from tessera.sim.training.simulator import SimConfig, SimRun, simulate
-from tessera.sim.training.trace import GeneratorConfig, Trace, TraceError, generate, parse_apps, read_trace
+from tessera.sim.training.trace import (
+    AppInput,
+    GeneratorConfig,
+    SensitivityInput,
+    Trace,
+    TraceError,
+    build_trace,
+    generate,
+    read_trace,
+)
 
 PRESETS: dict[str, list[tuple[int, int]]] = {
     # Themis testbed (L1203–L1206): 8 × NC12 (2 GPUs) + 12 × NC24 (4 GPUs) = 64 GPUs on 20 machines.
     "testbed-64": [(1, 2)] * 8 + [(1, 4)] * 12,
 }
 ALL_POLICIES = ["themis", *BASELINES]
-_TOP = {"kind", "name", "seed", "cluster", "trace", "policies", "themis", "lease_s", "sim", "description"}
-_THEMIS_KEYS = {f.name for f in dataclasses.fields(ThemisConfig)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,117 +101,118 @@ class TrainingScenario:
         return Trace(sorted([*base.apps, *self.extra_apps.apps], key=lambda a: (a.arrival, a.id)))
 
 
-def _mapping(source: str, where: str, v: Any) -> Mapping[str, Any]:
-    if not isinstance(v, Mapping):
-        raise ScenarioError(source, where, f"expected a mapping, got {type(v).__name__}")
-    return v
+def _named(v: Any) -> Any:
+    """`themis` in a policy list is short for `{policy: themis}`."""
+    return {"policy": v} if isinstance(v, str) else v
 
 
-def _unknown(source: str, where: str, data: Mapping[str, Any], known: set[str]) -> None:
-    for k in data:
-        if k not in known:
-            raise ScenarioError(
-                source,
-                f"{where}.{k}" if where else str(k),
-                f"unknown field; known: {', '.join(sorted(known))}",
-            )
+ThemisInput = mirror(ThemisConfig, lease_s=Seconds)
+GeneratorInput = mirror(GeneratorConfig, apps=Apps, jobs_per_app=tuple[Trials, Trials])
+SimInput = mirror(SimConfig, reported_sensitivity=dict[str, SensitivityInput])
+# A policy entry: a baseline takes lease_s and placement; themis any ThemisConfig knob.
+_ENTRY_FIELDS: dict[str, Any] = {
+    "policy": (str, ...),
+    "label": (str | None, None),
+    "lease_s": (Seconds | None, None),
+    "placement": (str | None, None),
+    **{k: (Optional[v.annotation], None) for k, v in ThemisInput.model_fields.items() if k != "lease_s"},  # noqa: UP045
+}
+PolicyEntry = create_model("PolicyEntry", __base__=Input, **_ENTRY_FIELDS)
+_BASELINE_KEYS = {"policy", "label", "lease_s", "placement"}
 
 
-def _cluster(source: str, data: Any) -> Cluster:
-    c = _mapping(source, "cluster", data)
-    _unknown(source, "cluster", c, {"preset", "machines", "machines_per_rack"})
-    mpr = c.get("machines_per_rack", 8)
-    if not isinstance(mpr, int) or isinstance(mpr, bool) or mpr < 1:
-        raise ScenarioError(source, "cluster.machines_per_rack", f"expected a positive integer, got {mpr!r}")
-    if "preset" in c:
-        preset = str(c["preset"])
-        if preset in PRESETS:
-            return Cluster.build(PRESETS[preset], machines_per_rack=mpr)
-        if preset in ("themis-168", "themis-256"):
-            return Cluster.themis_paper(preset.split("-")[1])
+class MachinesInput(Input):
+    count: Machines = 1
+    slots: Gpus = 1
+    gpus_per_slot: Gpus
+
+
+class ClusterInput(Input):
+    """`preset` (testbed-64, themis-168, themis-256) or a `machines` list."""
+
+    preset: str | None = None
+    machines: Annotated[list[MachinesInput], Field(min_length=1)] | None = None
+    machines_per_rack: PositiveInt = 8
+
+
+class TraceInput(Input):
+    """`file` (CSV or YAML) or `generate` (the synthetic workload); `apps` add to either."""
+
+    file: str | None = None
+    generate: GeneratorInput | None = None  # type: ignore[valid-type]
+    apps: list[AppInput] | None = None
+
+
+class TrainingFile(Input):
+    """A `kind: training` scenario."""
+
+    kind: Literal["training"] = "training"
+    name: str | None = None
+    description: str | None = None
+    seed: Int = 1
+    cluster: ClusterInput = ClusterInput(preset="testbed-64")
+    trace: TraceInput = TraceInput(generate=GeneratorInput())
+    policies: Annotated[
+        list[Annotated[PolicyEntry, BeforeValidator(_named, json_schema_input_type=str | PolicyEntry)]],
+        Field(min_length=1, default_factory=lambda: [PolicyEntry(policy=p) for p in ALL_POLICIES]),
+    ]
+    themis: ThemisInput = ThemisInput()  # type: ignore[valid-type]
+    lease_s: Seconds = 600.0  # baselines' lease (drf never preempts unless given one)
+    sim: SimInput = SimInput()  # type: ignore[valid-type]
+
+
+def _cluster(source: str, c: ClusterInput) -> Cluster:
+    if c.preset is not None:
+        if c.preset in PRESETS:
+            return Cluster.build(PRESETS[c.preset], machines_per_rack=c.machines_per_rack)
+        if c.preset in ("themis-168", "themis-256"):
+            return Cluster.themis_paper(c.preset.split("-")[1])
         raise ScenarioError(
-            source, "cluster.preset", f"unknown preset {preset!r}; use testbed-64, themis-168 or themis-256"
+            source, "cluster.preset", f"unknown preset {c.preset!r}; use testbed-64, themis-168 or themis-256"
         )
-    ms = c.get("machines")
-    if not isinstance(ms, list) or not ms:
+    if c.machines is None:
         raise ScenarioError(source, "cluster", "needs `preset` or a non-empty `machines` list")
-    shapes: list[tuple[int, int]] = []
-    for i, m in enumerate(ms):
-        mm = _mapping(source, f"cluster.machines[{i}]", m)
-        _unknown(source, f"cluster.machines[{i}]", mm, {"count", "slots", "gpus_per_slot"})
-        vals = {}
-        for k, default in (("count", 1), ("slots", 1), ("gpus_per_slot", None)):
-            v = mm.get(k, default)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ScenarioError(
-                    source, f"cluster.machines[{i}].{k}", f"expected a positive integer, got {v!r}"
-                )
-            if v > (MAX_MACHINES if k == "count" else MAX_GPUS):
-                cap = MAX_MACHINES if k == "count" else MAX_GPUS
-                raise ScenarioError(
-                    source,
-                    f"cluster.machines[{i}].{k}",
-                    f"{v} is more than {cap}, the most a scenario accepts",
-                )
-            vals[k] = v
-        gpus = sum(s * g for s, g in shapes) + vals["count"] * vals["slots"] * vals["gpus_per_slot"]
-        if len(shapes) + vals["count"] > MAX_MACHINES or gpus > MAX_GPUS:
-            raise ScenarioError(
-                source,
-                "cluster.machines",
-                f"more than {MAX_MACHINES} machines or {MAX_GPUS} GPUs, the most a scenario accepts",
-            )
-        shapes += [(vals["slots"], vals["gpus_per_slot"])] * vals["count"]
-    return Cluster.build(shapes, machines_per_rack=mpr)
-
-
-def _policies(source: str, data: Mapping[str, Any]) -> tuple[PolicySpec, ...]:
-    raw = data.get("policies", ALL_POLICIES)
-    if not isinstance(raw, list) or not raw:
+    machines = sum(m.count for m in c.machines)
+    gpus = sum(m.count * m.slots * m.gpus_per_slot for m in c.machines)
+    if machines > MAX_MACHINES or gpus > MAX_GPUS:
         raise ScenarioError(
-            source, "policies", f"expected a non-empty list; known: {', '.join(ALL_POLICIES)}"
+            source,
+            "cluster.machines",
+            f"more than {MAX_MACHINES} machines or {MAX_GPUS} GPUs, the most a scenario accepts",
         )
-    themis_defaults = dict(_mapping(source, "themis", data.get("themis", {})))
-    _unknown(source, "themis", themis_defaults, _THEMIS_KEYS)
+    shapes = [(m.slots, m.gpus_per_slot) for m in c.machines for _ in range(m.count)]
+    return Cluster.build(shapes, machines_per_rack=c.machines_per_rack)
+
+
+def _policies(source: str, d: TrainingFile) -> tuple[PolicySpec, ...]:
+    themis_defaults = given(d.themis)
     try:  # validate the shared knobs on their own, so an error names `themis`, not a policy entry
         PolicySpec("themis", "themis", themis_defaults).build()
     except (ValueError, TypeError) as e:
         raise ScenarioError(source, "themis", str(e)) from None
-    lease = data.get("lease_s", 600.0)
-    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease <= MAX_SECONDS:
-        raise ScenarioError(source, "lease_s", f"expected a positive number of seconds, got {lease!r}")
     out: list[PolicySpec] = []
-    for i, p in enumerate(raw):
+    for i, p in enumerate(d.policies):
         where = f"policies[{i}]"
-        entry: dict[str, Any] = {"policy": p} if isinstance(p, str) else dict(_mapping(source, where, p))
-        name = entry.pop("policy", None)
+        entry = {k: getattr(p, k) for k in p.model_fields_set}
+        name = entry.pop("policy")
         if name not in ALL_POLICIES:
             raise ScenarioError(
-                source,
-                f"{where}.policy" if not isinstance(p, str) else where,
-                f"unknown policy {name!r}; known: {', '.join(ALL_POLICIES)}",
+                source, f"{where}.policy", f"unknown policy {name!r}; known: {', '.join(ALL_POLICIES)}"
             )
-        label = str(entry.pop("label", name))
+        label = str(entry.pop("label", None) or name)
         knobs: dict[str, Any]
         if name == "themis":
-            knobs = {**themis_defaults, **entry}
-            _unknown(source, where, knobs, _THEMIS_KEYS)
+            knobs = {**themis_defaults, **{k: v for k, v in entry.items() if v is not None}}
         else:
-            _unknown(source, where, entry, {"lease_s", "placement"})
-            default_lease = (
-                math.inf if name == "drf" else float(lease)
-            )  # drf: never preempts unless given one
-            own = entry.get("lease_s", default_lease)
-            if own is not default_lease and (
-                isinstance(own, bool) or not isinstance(own, (int, float)) or not 0 < own <= MAX_SECONDS
-            ):
-                raise ScenarioError(
-                    source,
-                    f"{where}.lease_s",
-                    f"expected a positive number of seconds up to {MAX_SECONDS}, got {own!r}",
-                )
-            knobs = {"lease_s": float(own)}
-            if "placement" in entry:  # tight | any | random; default: the paper's rule per baseline
+            for k in sorted(entry):
+                if k not in _BASELINE_KEYS:
+                    raise ScenarioError(
+                        source, f"{where}.{k}", f"unknown field; known: {', '.join(sorted(_BASELINE_KEYS))}"
+                    )
+            default_lease = math.inf if name == "drf" else d.lease_s  # drf: never preempts unless given one
+            own = entry.get("lease_s")
+            knobs = {"lease_s": float(own if own is not None else default_lease)}
+            if entry.get("placement") is not None:  # tight | any | random; default: the paper's rule
                 knobs["placement"] = entry["placement"]
         try:
             spec = PolicySpec(name, label, knobs)
@@ -218,67 +228,58 @@ def _policies(source: str, data: Mapping[str, Any]) -> tuple[PolicySpec, ...]:
     return tuple(out)
 
 
+def _sim(source: str, block: Any) -> SimConfig:
+    s = given(block)
+    if "reported_sensitivity" in s:  # {app id: {cross_machine: 2.0, ...}}: what a misreporting app claims
+        try:
+            s["reported_sensitivity"] = tuple(
+                (k, Sensitivity(**v.model_dump(exclude_none=True)))
+                for k, v in s["reported_sensitivity"].items()
+            )
+        except (ValueError, TypeError) as e:
+            raise ScenarioError(source, "sim.reported_sensitivity", str(e)) from None
+    try:
+        return SimConfig(**s)
+    except (ValueError, TypeError) as e:
+        raise ScenarioError(source, "sim", str(e)) from None
+
+
 def load(data: dict[str, Any], source: str) -> TrainingScenario:
     """Validate a training scenario mapping (already parsed from YAML at `source`)."""
-    d = _mapping(source, "", data)
-    _unknown(source, "", d, _TOP)
-    seed = d.get("seed", 1)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ScenarioError(source, "seed", f"expected an integer, got {seed!r}")
-    cluster = _cluster(source, d.get("cluster", {"preset": "testbed-64"}))
-    t = _mapping(source, "trace", d.get("trace", {"generate": {}}))
-    _unknown(source, "trace", t, {"file", "generate", "apps"})
+    d = validate_input(TrainingFile, data, source)
+    cluster = _cluster(source, d.cluster)
+    t = d.trace
     trace: Trace | None = None
     gen: GeneratorConfig | None = None
     extra = Trace()
-    if "apps" in t:
+    if t.apps is not None:
         try:
-            extra = parse_apps(source, t["apps"], len(cluster))
+            extra = build_trace(source, t.apps, len(cluster))
         except TraceError as e:
             raise ScenarioError(source, f"trace.{e.field}", e.problem) from None
-    if "file" in t:
-        path = Path(str(t["file"]))
+    if t.file is not None:
+        path = Path(t.file)
         if not path.is_absolute():
             path = Path(source).parent / path
         try:
             trace = read_trace(path, len(cluster))
         except TraceError as e:
             raise ScenarioError(source, "trace.file", str(e)) from None
-    elif "generate" in t or "apps" not in t:
-        g = dict(_mapping(source, "trace.generate", t.get("generate", {})))
-        known = {f.name for f in dataclasses.fields(GeneratorConfig)}
-        _unknown(source, "trace.generate", g, known)
-        if "jobs_per_app" in g:
-            g["jobs_per_app"] = tuple(g["jobs_per_app"])
+    elif t.generate is not None or t.apps is None:
         try:
-            gen = GeneratorConfig(**g)
+            gen = GeneratorConfig(**given(t.generate)) if t.generate is not None else GeneratorConfig()
         except (ValueError, TypeError) as e:
             raise ScenarioError(source, "trace.generate", str(e)) from None
-    s = dict(_mapping(source, "sim", d.get("sim", {})))
-    _unknown(source, "sim", s, {f.name for f in dataclasses.fields(SimConfig)})
-    if "reported_sensitivity" in s:  # {app id: {cross_machine: 2.0, ...}}: what a misreporting app claims
-        rep = _mapping(source, "sim.reported_sensitivity", s["reported_sensitivity"])
-        try:
-            s["reported_sensitivity"] = tuple(
-                (str(k), Sensitivity(**_mapping(source, f"sim.reported_sensitivity.{k}", v)))
-                for k, v in rep.items()
-            )
-        except (ValueError, TypeError) as e:
-            raise ScenarioError(source, "sim.reported_sensitivity", str(e)) from None
-    try:
-        sim = SimConfig(**s)
-    except (ValueError, TypeError) as e:
-        raise ScenarioError(source, "sim", str(e)) from None
     return TrainingScenario(
-        name=str(d.get("name", Path(source).stem)),
+        name=d.name if d.name is not None else Path(source).stem,
         source=source,
-        seed=seed,
+        seed=d.seed,
         cluster=cluster,
         trace=trace,
         generator=gen,
         extra_apps=extra,
         policies=_policies(source, d),
-        sim=sim,
+        sim=_sim(source, d.sim),
     )
 
 

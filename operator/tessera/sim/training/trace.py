@@ -29,17 +29,22 @@ the CV 10 % / NLP 60 % / Speech 30 % model mix of Table 4.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, Strict, field_validator
 
 from tessera.cluster import COMPUTE_INTENSIVE, NETWORK_INTENSIVE, Sensitivity
-from tessera.sim.scenario import MAX_APPS, MAX_NUMBER
-from tessera.sim.tuning.app_spec import TuningAppSpec, TuningSpecError
+from tessera.sim.inputs import INT64, Bool, Gpus, Input, Int, NonNegative, Positive, PositiveInt
+from tessera.sim.inputs import validate as validate_input
+from tessera.sim.scenario import MAX_APPS, MAX_NUMBER, ScenarioError
+from tessera.sim.tuning.app_spec import TuningAppSpec, TuningBlock, TuningSpecError
 
 
 class TraceError(ValueError):
@@ -145,179 +150,160 @@ class Trace:
 # --- reading ---------------------------------------------------------------------------------------
 
 
-def _num(source: str, where: str, value: Any, *, positive: bool = True, integer: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise TraceError(source, where, f"expected a number, got {value!r}") from None
-    if not math.isfinite(value) or (positive and value <= 0) or (not positive and value < 0):
-        raise TraceError(
-            source, where, f"expected a {'positive' if positive else 'non-negative'} number, got {value}"
-        )
-    if value > MAX_NUMBER:
-        raise TraceError(source, where, f"{value:g} is more than {MAX_NUMBER:g}, the most a trace accepts")
-    if integer and float(value) != int(value):
-        raise TraceError(source, where, f"expected a whole number, got {value}")
-    return float(value)
+Eta = Annotated[int, Strict(), Field(ge=2, le=INT64)]  # successive halving keeps 1/eta per phase
 
 
-def _bool(source: str, where: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if str(value).strip().lower() in ("true", "1", "yes"):
-        return True
-    if str(value).strip().lower() in ("false", "0", "no", ""):
-        return False
-    raise TraceError(source, where, f"expected true or false, got {value!r}")
+class JobInput(Input):
+    """One gang-scheduled job: run `iterations` iterations of `iter_time` seconds each on `gpus` GPUs."""
+
+    iterations: Positive
+    iter_time: Positive | None = None  # default: the model's (MODELS)
+    gpus: Gpus
 
 
-def _sensitivity(source: str, where: str, app: Mapping[str, Any]) -> tuple[Sensitivity, bool, str]:
-    model = str(app.get("model", "") or "").lower()
-    if model and model not in MODELS:
-        raise TraceError(
-            source, f"{where}.model", f"unknown model {model!r}; known: {', '.join(sorted(MODELS))}"
-        )
-    ni = MODELS[model][1] if model else True
-    if app.get("network_intensive") not in (None, ""):
-        ni = _bool(source, f"{where}.network_intensive", app["network_intensive"])
+class ConfigInput(Input):
+    """One successive-halving configuration."""
+
+    iter_time: Positive | None = None  # default: the model's
+    score: NonNegative | None = None  # default: the list order, best first
+
+
+class HalvingInput(Input):
+    iters_per_phase: Annotated[list[Positive], Field(min_length=1)]
+    job_gpus: Gpus = 1
+    eta: Eta = 2
+    demand_growth: PositiveInt = 1
+
+
+class SensitivityInput(Input):
+    """Slowdown per locality level, over the app's default (network- or compute-intensive)."""
+
+    slot: Positive | None = None
+    machine: Positive | None = None
+    cross_machine: Positive | None = None
+    cross_rack: Positive | None = None
+
+
+class AppInput(Input):
+    """One app of a training trace: `jobs`, or `halving` with `configs`, or a `tuning` block."""
+
+    id: str | Int | None = None  # default: app-NNNN by position
+    arrival: NonNegative  # seconds since the trace start
+    model: str = ""
+    network_intensive: Bool | None = None
+    sensitivity: SensitivityInput | None = None
+    jobs: Annotated[list[JobInput], Field(min_length=1)] | None = None
+    halving: HalvingInput | None = None
+    configs: Annotated[list[ConfigInput], Field(min_length=1)] | None = None
+    tuning: TuningBlock | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        v = v.lower()
+        if v and v not in MODELS:
+            raise ValueError(f"unknown model {v!r}; known: {', '.join(sorted(MODELS))}")
+        return v
+
+
+class TraceFile(Input):
+    """A trace YAML: `apps:`, a list of apps."""
+
+    apps: Annotated[list[AppInput], Field(max_length=MAX_APPS)]
+
+
+def _sensitivity(app: AppInput) -> tuple[Sensitivity, bool]:
+    ni = MODELS[app.model][1] if app.model else True
+    if app.network_intensive is not None:
+        ni = app.network_intensive
     sens = NETWORK_INTENSIVE if ni else COMPUTE_INTENSIVE
-    if "sensitivity" in app and app["sensitivity"] is not None:
-        s = app["sensitivity"]
-        if not isinstance(s, Mapping):
-            raise TraceError(
-                source, f"{where}.sensitivity", "expected a mapping of locality level → slowdown"
-            )
-        known = {"slot", "machine", "cross_machine", "cross_rack"}
-        for k in s:
-            if k not in known:
-                raise TraceError(source, f"{where}.sensitivity.{k}", f"unknown level; use {sorted(known)}")
-        vals = {k: _num(source, f"{where}.sensitivity.{k}", v) for k, v in s.items()}
+    if app.sensitivity is not None:
+        given = app.sensitivity.model_dump(exclude_none=True)
+        sens = Sensitivity(**{**dataclasses.asdict(sens), **given})
+    return sens, ni
+
+
+def _app(app: AppInput, i: int, where: str, cluster_gpus: int | None) -> AppSpec:
+    """The AppSpec of a validated app; ValueError (field under `where`, problem) for cross-field rules."""
+    default_it = MODELS[app.model][2] if app.model else None
+    jobs: list[JobSpec] = []
+    halving = tuning = None
+    if app.tuning is not None:
+        for other in ("jobs", "halving", "configs"):
+            if getattr(app, other) is not None:
+                raise _Bad(f"{where}.{other}", "a tuning app has no jobs, halving or configs")
         try:
-            sens = Sensitivity(
-                slot=vals.get("slot", sens.slot),
-                machine=vals.get("machine", sens.machine),
-                cross_machine=vals.get("cross_machine", sens.cross_machine),
-                cross_rack=vals.get("cross_rack", sens.cross_rack),
+            tuning = TuningAppSpec.of(app.tuning, cluster_gpus)
+        except TuningSpecError as e:
+            raise _Bad(f"{where}.tuning.{e.field}", e.problem) from None
+        gpus_needed = 1
+    elif app.halving is not None:
+        h = app.halving
+        halving = HalvingSpec(tuple(h.iters_per_phase), h.job_gpus, h.eta, h.demand_growth)
+        if app.configs is None:
+            raise _Bad(f"{where}.configs", "a successive-halving app needs a list of configs")
+        need = h.eta ** (len(h.iters_per_phase) - 1)
+        if len(app.configs) < need:
+            raise _Bad(
+                f"{where}.configs",
+                f"{len(h.iters_per_phase)} phases with eta={h.eta} need at least {need} configs, "
+                f"got {len(app.configs)}",
             )
-        except ValueError as e:
-            raise TraceError(source, f"{where}.sensitivity", str(e)) from None
-    return sens, ni, model
+        for k, c in enumerate(app.configs):
+            it = c.iter_time if c.iter_time is not None else default_it
+            if it is None:
+                raise _Bad(
+                    f"{where}.configs[{k}].iter_time", "is required (seconds per iteration on one GPU)"
+                )
+            score = c.score if c.score is not None else float(len(app.configs) - k)
+            jobs.append(JobSpec(h.iters_per_phase[0], it, h.job_gpus, score))
+        gpus_needed = h.job_gpus
+    elif app.jobs is not None:
+        for k, j in enumerate(app.jobs):
+            it = j.iter_time if j.iter_time is not None else default_it
+            if it is None:
+                raise _Bad(f"{where}.jobs[{k}].iter_time", "is required (seconds per iteration on one GPU)")
+            jobs.append(JobSpec(j.iterations, it, j.gpus))
+        gpus_needed = max(j.gpus for j in jobs)
+    else:
+        raise _Bad(f"{where}.jobs", "is required: a non-empty list of jobs (or a halving or tuning block)")
+    if cluster_gpus is not None and gpus_needed > cluster_gpus:
+        raise _Bad(where, f"a job asks for {gpus_needed} GPUs but the cluster has {cluster_gpus}")
+    try:
+        sens, ni = _sensitivity(app)
+    except ValueError as e:
+        raise _Bad(f"{where}.sensitivity", str(e)) from None
+    app_id = str(app.id) if app.id is not None else f"app-{i:04d}"
+    return AppSpec(app_id, app.arrival, tuple(jobs), sens, ni, app.model, halving, tuning)
 
 
-def parse_apps(source: str, records: Sequence[Any], cluster_gpus: int | None = None) -> Trace:
-    """Validate a list of app mappings (the YAML form) into a Trace."""
-    if not isinstance(records, Sequence) or isinstance(records, (str, bytes)):
-        raise TraceError(source, "apps", "expected a list of apps")
+class _Bad(Exception):
+    def __init__(self, field: str, problem: str) -> None:
+        self.field, self.problem = field, problem
+
+
+def parse_apps(source: str, records: Any, cluster_gpus: int | None = None) -> Trace:
+    """Validate a list of app mappings (the YAML form) into a Trace; TraceError names the field."""
+    try:
+        trace = validate_input(TraceFile, {"apps": records}, source)
+    except ScenarioError as e:
+        raise TraceError(source, e.field, e.problem) from None
+    return build_trace(source, trace.apps, cluster_gpus)
+
+
+def build_trace(source: str, inputs: list[AppInput], cluster_gpus: int | None = None) -> Trace:
+    """The Trace of validated apps; TraceError for the rules across fields (and the cluster's size)."""
     apps: list[AppSpec] = []
     seen: set[str] = set()
-    for i, rec in enumerate(records):
-        where = f"apps[{i}]"
-        if not isinstance(rec, Mapping):
-            raise TraceError(source, where, "expected a mapping with id, arrival and jobs, halving or tuning")
-        app_id = str(rec.get("id", f"app-{i:04d}"))
-        if app_id in seen:
-            raise TraceError(source, f"{where}.id", f"duplicate app id {app_id!r}")
-        seen.add(app_id)
-        if "arrival" not in rec:
-            raise TraceError(source, f"{where}.arrival", "missing (seconds since the trace start)")
-        arrival = _num(source, f"{where}.arrival", rec["arrival"], positive=False)
-        sens, ni, model = _sensitivity(source, where, rec)
-        default_it = MODELS[model][2] if model else None
-        halving = None
-        tuning = None
-        if "tuning" in rec:
-            for other in ("jobs", "halving", "configs"):
-                if other in rec:
-                    raise TraceError(
-                        source, f"{where}.{other}", "a tuning app has no jobs, halving or configs"
-                    )
-            try:
-                tuning = TuningAppSpec.parse(rec["tuning"], cluster_gpus)
-            except TuningSpecError as e:
-                raise TraceError(
-                    source, f"{where}.tuning" + (f".{e.field}" if e.field else ""), e.problem
-                ) from None
-            jobs: list[JobSpec] = []
-            gpus_needed = 1
-        elif "halving" in rec:
-            h = rec["halving"]
-            if not isinstance(h, Mapping):
-                raise TraceError(source, f"{where}.halving", "expected iters_per_phase, job_gpus, eta")
-            ipp = h.get("iters_per_phase")
-            if not isinstance(ipp, Sequence) or isinstance(ipp, str) or not ipp:
-                raise TraceError(source, f"{where}.halving.iters_per_phase", "expected a non-empty list")
-            eta = int(_num(source, f"{where}.halving.eta", h.get("eta", 2), integer=True))
-            if eta < 2:
-                raise TraceError(source, f"{where}.halving.eta", f"must be >= 2, got {eta}")
-            halving = HalvingSpec(
-                tuple(_num(source, f"{where}.halving.iters_per_phase[{k}]", v) for k, v in enumerate(ipp)),
-                int(_num(source, f"{where}.halving.job_gpus", h.get("job_gpus", 1), integer=True)),
-                eta,
-                int(_num(source, f"{where}.halving.demand_growth", h.get("demand_growth", 1), integer=True)),
-            )
-            cfgs = rec.get("configs")
-            if not isinstance(cfgs, Sequence) or not cfgs:
-                raise TraceError(
-                    source, f"{where}.configs", "a successive-halving app needs a list of configs"
-                )
-            need = eta ** (len(halving.iters_per_phase) - 1)
-            if len(cfgs) < need:
-                raise TraceError(
-                    source,
-                    f"{where}.configs",
-                    f"{len(halving.iters_per_phase)} phases with eta={eta} need at least {need} configs, got {len(cfgs)}",
-                )
-            jobs = []
-            for k, c in enumerate(cfgs):
-                w = f"{where}.configs[{k}]"
-                if not isinstance(c, Mapping):
-                    raise TraceError(source, w, "expected a mapping with iter_time (and score)")
-                it = c.get("iter_time", default_it)
-                if it is None:
-                    raise TraceError(source, f"{w}.iter_time", "missing (seconds per iteration on one GPU)")
-                score = _num(source, f"{w}.score", c.get("score", len(cfgs) - k), positive=False)
-                jobs.append(
-                    JobSpec(
-                        halving.iters_per_phase[0],
-                        _num(source, f"{w}.iter_time", it),
-                        halving.job_gpus,
-                        score,
-                    )
-                )
-            gpus_needed = halving.job_gpus
-        else:
-            js = rec.get("jobs")
-            if not isinstance(js, Sequence) or isinstance(js, str) or not js:
-                raise TraceError(
-                    source,
-                    f"{where}.jobs",
-                    "expected a non-empty list of jobs (or a halving or tuning block)",
-                )
-            jobs = []
-            for k, j in enumerate(js):
-                w = f"{where}.jobs[{k}]"
-                if not isinstance(j, Mapping):
-                    raise TraceError(source, w, "expected a mapping with iterations, iter_time, gpus")
-                for key in ("iterations", "gpus"):
-                    if key not in j:
-                        raise TraceError(source, f"{w}.{key}", "missing")
-                it = j.get("iter_time", default_it)
-                if it is None:
-                    raise TraceError(source, f"{w}.iter_time", "missing (seconds per iteration on one GPU)")
-                jobs.append(
-                    JobSpec(
-                        _num(source, f"{w}.iterations", j["iterations"]),
-                        _num(source, f"{w}.iter_time", it),
-                        int(_num(source, f"{w}.gpus", j["gpus"], integer=True)),
-                    )
-                )
-            gpus_needed = max(j.gpus for j in jobs)
-        if cluster_gpus is not None and gpus_needed > cluster_gpus:
-            raise TraceError(
-                source, where, f"a job asks for {gpus_needed} GPUs but the cluster has {cluster_gpus}"
-            )
-        apps.append(AppSpec(app_id, arrival, tuple(jobs), sens, ni, model, halving, tuning))
+    for i, app in enumerate(inputs):
+        try:
+            spec = _app(app, i, f"apps[{i}]", cluster_gpus)
+        except _Bad as e:
+            raise TraceError(source, e.field, e.problem) from None
+        if spec.id in seen:
+            raise TraceError(source, f"apps[{i}].id", f"duplicate app id {spec.id!r}")
+        seen.add(spec.id)
+        apps.append(spec)
     apps.sort(key=lambda a: (a.arrival, a.id))
     return Trace(apps)
 
@@ -338,7 +324,10 @@ def read_trace(path: str | Path, cluster_gpus: int | None = None) -> Trace:
         except InputError as e:  # too big, not UTF-8, too deep, not YAML, NaN/inf at a field
             raise TraceError(source, e.field or "trace", e.problem) from None
         if not isinstance(data, Mapping) or "apps" not in data:
-            raise TraceError(source, "apps", "missing: a trace YAML has a top-level `apps:` list")
+            raise TraceError(source, "apps", "is required: a trace YAML has a top-level `apps:` list")
+        unknown = sorted(str(k) for k in data if k != "apps")
+        if unknown:
+            raise TraceError(source, unknown[0], "unknown field; known: apps")
         return parse_apps(source, data["apps"], cluster_gpus)
     raise TraceError(source, "trace", f"unknown trace format {p.suffix!r}; use .csv, .yaml or .yml")
 
@@ -355,6 +344,23 @@ _CSV_COLUMNS = (
     "iters_per_phase",
     "eta",
 )
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell as the number it spells (int when whole), else unchanged, so the model names the field."""
+    if not isinstance(value, str):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return int(number) if number.is_integer() and abs(number) < 2**63 else number
+
+
+def _flag(value: str) -> Any:
+    """A CSV boolean: true/1/yes or false/0/no (any case), else unchanged."""
+    word = value.strip().lower()
+    return True if word in ("true", "1", "yes") else False if word in ("false", "0", "no") else value
 
 
 def _csv_records(source: str, p: Path) -> list[dict[str, Any]]:
@@ -380,11 +386,11 @@ def _csv_records(source: str, p: Path) -> list[dict[str, Any]]:
             where = f"line {n}"
             app = apps.get(row["app"])
             if app is None:
-                app = {"id": row["app"], "arrival": row["arrival"]}
+                app = {"id": row["app"], "arrival": _cell(row["arrival"])}
                 if row.get("model"):
                     app["model"] = row["model"]
                 if row.get("network_intensive"):
-                    app["network_intensive"] = row["network_intensive"]
+                    app["network_intensive"] = _flag(row["network_intensive"])
                 if row.get("iters_per_phase"):
                     try:
                         ipp = [float(x) for x in row["iters_per_phase"].split(";")]
@@ -394,8 +400,8 @@ def _csv_records(source: str, p: Path) -> list[dict[str, Any]]:
                         ) from None
                     app["halving"] = {
                         "iters_per_phase": ipp,
-                        "job_gpus": row.get("gpus") or 1,
-                        "eta": row.get("eta") or 2,
+                        "job_gpus": _cell(row.get("gpus") or 1),
+                        "eta": _cell(row.get("eta") or 2),
                     }
                     app["configs"] = []
                 else:
@@ -404,17 +410,17 @@ def _csv_records(source: str, p: Path) -> list[dict[str, Any]]:
             if "halving" in app:
                 cfg: dict[str, Any] = {}
                 if row.get("iter_time"):
-                    cfg["iter_time"] = row["iter_time"]
+                    cfg["iter_time"] = _cell(row["iter_time"])
                 if row.get("score"):
-                    cfg["score"] = row["score"]
+                    cfg["score"] = _cell(row["score"])
                 app["configs"].append(cfg)
             else:
                 job: dict[str, Any] = {
-                    "iterations": row.get("iterations") or None,
-                    "gpus": row.get("gpus") or None,
+                    "iterations": _cell(row.get("iterations") or None),
+                    "gpus": _cell(row.get("gpus") or None),
                 }
                 if row.get("iter_time"):
-                    job["iter_time"] = row["iter_time"]
+                    job["iter_time"] = _cell(row["iter_time"])
                 app["jobs"].append({k: v for k, v in job.items() if v is not None})
         return list(apps.values())
 

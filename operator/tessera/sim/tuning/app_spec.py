@@ -19,18 +19,45 @@ inside whatever lease it holds. In a trace YAML the App carries a `tuning` block
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import field_validator
+
 from tessera.policy.fluid import FluidConfig
-from tessera.sim.scenario import MAX_BUDGET, MAX_GPUS, MAX_TRIALS
+from tessera.sim.inputs import Budget, Gpus, Input, Seed, Trials, given, mirror
+from tessera.sim.inputs import validate as validate_input
+from tessera.sim.scenario import ScenarioError
 from tessera.sim.tuning.experiments import ALGORITHMS
 from tessera.sim.tuning.workload import Workload
 
-_KEYS = {"algorithm", "seed", "max_gpus", "samples", "max_budget", "workload", "fluid"}
-_WORKLOAD_KEYS = {f.name for f in dataclasses.fields(Workload)} - {"seed"}
-_FLUID_KEYS = {f.name for f in dataclasses.fields(FluidConfig)}
+# A `workload` block sets any Workload field but the seed (which comes from the run); a `fluid` block any
+# FluidConfig field (c, d, ε and the mechanism switches).
+WorkloadInput = mirror(Workload, exclude=frozenset({"seed"}))
+FluidInput = mirror(FluidConfig)
+
+
+class TuningBlock(Input):
+    """A trace App's `tuning` block."""
+
+    algorithm: str = "hyperband"
+    seed: Seed = 0
+    max_gpus: Gpus | None = None  # None: the whole cluster
+    samples: Trials = 40
+    max_budget: Budget = 27
+    workload: WorkloadInput = WorkloadInput()  # type: ignore[valid-type]
+    fluid: FluidInput = FluidInput()  # type: ignore[valid-type]
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, v: str) -> str:
+        return known_algorithm(v)
+
+
+def known_algorithm(v: str) -> str:
+    if v not in ALGORITHMS:
+        raise ValueError(f"unknown {v!r}; known: {', '.join(ALGORITHMS)}")
+    return v
 
 
 class TuningSpecError(ValueError):
@@ -39,6 +66,15 @@ class TuningSpecError(ValueError):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(problem)
         self.field, self.problem = field, problem
+
+
+def build_workload(block: Any) -> Workload:
+    """The Workload a validated `workload` block describes (its own checks raise ValueError)."""
+    return Workload(**given(block))
+
+
+def build_fluid(block: Any) -> FluidConfig:
+    return FluidConfig(**given(block))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +98,7 @@ class TuningAppSpec:
             "seed": self.seed,
             "samples": self.samples,
             "max_budget": self.max_budget,
-            "workload": {k: v for k, v in w.items() if k in _WORKLOAD_KEYS and v != base[k]},
+            "workload": {k: v for k, v in w.items() if k != "seed" and v != base[k]},
             "fluid": fluid,
         }
         if self.max_gpus is not None:
@@ -72,61 +108,34 @@ class TuningAppSpec:
     @staticmethod
     def parse(data: Any, cluster_gpus: int | None = None) -> TuningAppSpec:
         """Validate a `tuning` block; raises TuningSpecError naming the field."""
-        if not isinstance(data, Mapping):
-            raise TuningSpecError("", "expected a mapping with algorithm, seed, max_gpus, …")
-        for k in data:
-            if k not in _KEYS:
-                raise TuningSpecError(str(k), f"unknown field; known: {', '.join(sorted(_KEYS))}")
-        algorithm = data.get("algorithm", "hyperband")
-        if algorithm not in ALGORITHMS:
-            raise TuningSpecError("algorithm", f"unknown {algorithm!r}; known: {', '.join(ALGORITHMS)}")
-        seed = check_int("seed", data.get("seed", 0), 0)
-        samples = check_int("samples", data.get("samples", 40), 1, MAX_TRIALS)
-        max_budget = check_int("max_budget", data.get("max_budget", 27), 2, MAX_BUDGET)
-        max_gpus = None
-        if data.get("max_gpus") is not None:
-            max_gpus = check_int("max_gpus", data["max_gpus"], 1, MAX_GPUS)
-            if cluster_gpus is not None and max_gpus > cluster_gpus:
-                raise TuningSpecError("max_gpus", f"{max_gpus} GPUs asked but the cluster has {cluster_gpus}")
-        workload = parse_workload(data.get("workload", {}))
-        fluid_raw = check_block("fluid", data.get("fluid", {}), _FLUID_KEYS)
-        fluid = parse_fluid(fluid_raw)
+        try:
+            block = validate_input(TuningBlock, data, "tuning")
+        except ScenarioError as e:
+            raise TuningSpecError(e.field if e.field != "(top level)" else "", e.problem) from None
+        return TuningAppSpec.of(block, cluster_gpus)
+
+    @staticmethod
+    def of(block: TuningBlock, cluster_gpus: int | None = None) -> TuningAppSpec:
+        """The spec of a validated block; TuningSpecError for what only the cluster or the dataclasses know."""
+        if block.max_gpus is not None and cluster_gpus is not None and block.max_gpus > cluster_gpus:
+            raise TuningSpecError(
+                "max_gpus", f"{block.max_gpus} GPUs asked but the cluster has {cluster_gpus}"
+            )
+        try:
+            workload = build_workload(block.workload)
+        except (TypeError, ValueError) as e:
+            raise TuningSpecError("workload", str(e)) from None
+        try:
+            fluid = build_fluid(block.fluid)
+        except (TypeError, ValueError) as e:
+            raise TuningSpecError("fluid", str(e)) from None
         return TuningAppSpec(
-            algorithm, seed, max_gpus, samples, max_budget, workload, fluid, "epsilon" in fluid_raw
+            block.algorithm,
+            block.seed,
+            block.max_gpus,
+            block.samples,
+            block.max_budget,
+            workload,
+            fluid,
+            "epsilon" in given(block.fluid),
         )
-
-
-def check_int(name: str, v: Any, minimum: int, maximum: int = (1 << 63) - 1) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise TuningSpecError(name, f"expected an integer >= {minimum}, got {v!r}")
-    if v > maximum:
-        raise TuningSpecError(name, f"{v} is more than {maximum}, the most a scenario accepts")
-    return v
-
-
-def check_block(name: str, v: Any, known: set[str]) -> dict[str, Any]:
-    """A mapping whose keys are all in `known`."""
-    if not isinstance(v, Mapping):
-        raise TuningSpecError(name, f"expected a mapping, got {type(v).__name__}")
-    for k in v:
-        if k not in known:
-            raise TuningSpecError(f"{name}.{k}", f"unknown field; known: {', '.join(sorted(known))}")
-    return dict(v)
-
-
-def parse_workload(v: Any) -> Workload:
-    """A `workload` block: any Workload field but the seed (which comes from the run)."""
-    raw = check_block("workload", v, _WORKLOAD_KEYS)
-    try:
-        return Workload(**raw)
-    except (TypeError, ValueError) as e:
-        raise TuningSpecError("workload", str(e)) from None
-
-
-def parse_fluid(v: Any) -> FluidConfig:
-    """A `fluid` block: c, d, ε and the mechanism switches."""
-    raw = check_block("fluid", v, _FLUID_KEYS)
-    try:
-        return FluidConfig(**raw)
-    except (TypeError, ValueError) as e:
-        raise TuningSpecError("fluid", str(e)) from None

@@ -21,34 +21,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Annotated, Any, Literal, cast
+
+from pydantic import AfterValidator, Field
 
 from tessera.policy.fluid import FluidConfig
 from tessera.progress import Progress
-from tessera.sim.scenario import MAX_BUDGET, MAX_GPUS, MAX_RUNS, MAX_TRIALS, ScenarioError
-from tessera.sim.tuning.app_spec import TuningSpecError, check_block, check_int, parse_fluid, parse_workload
+from tessera.sim.inputs import Budget, Gpus, Input, Int, Runs, Trials
+from tessera.sim.inputs import validate as validate_input
+from tessera.sim.scenario import ScenarioError
+from tessera.sim.tuning.app_spec import FluidInput, WorkloadInput, build_fluid, build_workload
 from tessera.sim.tuning.engine import Executor, Horizon, Observe, TuningResult
 from tessera.sim.tuning.experiments import ALGORITHMS, run_one
 from tessera.sim.tuning.workload import Workload
 
-_TOP = {
-    "kind",
-    "name",
-    "description",
-    "seed",
-    "runs",
-    "gpus",
-    "algorithms",
-    "executors",
-    "budget",
-    "fluid",
-    "horizon",
-    "observe",
-    "workload",
-}
 _EXECUTORS: tuple[Executor, ...] = ("fifo", "fluid")
 METRICS = ("time_to_target", "makespan", "utilisation", "gpu_seconds")
 
@@ -70,73 +58,73 @@ class TuningScenario:
     workload: Workload
 
 
-def _int(source: str, field: str, v: Any, minimum: int, maximum: int = (1 << 63) - 1) -> int:
-    try:
-        return check_int(field, v, minimum, maximum)
-    except TuningSpecError as e:
-        raise ScenarioError(source, e.field, e.problem) from None
+def _names(known: tuple[str, ...]) -> Any:
+    """A non-empty list of names out of `known`, none twice (an unknown one is named by its index)."""
 
-
-def _mapping(source: str, field: str, v: Any, known: set[str]) -> Mapping[str, Any]:
-    try:
-        return check_block(field, v, known)
-    except TuningSpecError as e:
-        raise ScenarioError(source, e.field, e.problem) from None
-
-
-def _names(source: str, field: str, v: Any, known: tuple[str, ...]) -> tuple[str, ...]:
-    if not isinstance(v, list) or not v:
-        raise ScenarioError(source, field, f"expected a non-empty list out of: {', '.join(known)}")
-    for i, x in enumerate(v):
+    def one(x: str) -> str:
         if x not in known:
-            raise ScenarioError(source, f"{field}[{i}]", f"unknown {x!r}; known: {', '.join(known)}")
-    if len(set(v)) != len(v):
-        raise ScenarioError(source, field, "lists a name twice")
-    return tuple(v)
+            raise ValueError(f"unknown {x!r}; known: {', '.join(known)}")
+        return x
+
+    def distinct(v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("lists a name twice")
+        return v
+
+    return Annotated[
+        list[Annotated[str, AfterValidator(one)]],
+        Field(min_length=1, default_factory=lambda: list(known)),
+        AfterValidator(distinct),
+    ]
+
+
+class BudgetInput(Input):
+    max_budget: Budget = 27  # iterations per trial at most
+    samples: Trials = 40  # configs for ASHA/BOHB
+
+
+class TuningFile(Input):
+    """A `kind: tuning` scenario."""
+
+    kind: Literal["tuning"] = "tuning"
+    name: str | None = None
+    description: str | None = None
+    seed: Int = 0
+    runs: Runs = 3
+    gpus: Gpus = 8
+    algorithms: _names(ALGORITHMS)  # type: ignore[valid-type]
+    executors: _names(_EXECUTORS)  # type: ignore[valid-type]
+    budget: BudgetInput = BudgetInput()
+    fluid: FluidInput = FluidInput()  # type: ignore[valid-type]
+    horizon: Literal["rung", "budget"] = "rung"
+    observe: Literal["iteration", "milestone"] = "iteration"
+    workload: WorkloadInput = WorkloadInput()  # type: ignore[valid-type]
 
 
 def load(data: dict[str, Any], source: str) -> TuningScenario:
     """Validate a `kind: tuning` scenario. Raises ScenarioError naming the file, field and problem."""
-    if data.get("kind", "tuning") != "tuning":
-        raise ScenarioError(source, "kind", f"expected 'tuning', got {data.get('kind')!r}")
-    for k in data:
-        if k not in _TOP:
-            raise ScenarioError(source, str(k), f"unknown field; known: {', '.join(sorted(_TOP))}")
-    gpus = _int(source, "gpus", data.get("gpus", 8), 1, MAX_GPUS)
-    budget = _mapping(source, "budget", data.get("budget", {}), {"max_budget", "samples"})
-    max_budget = _int(source, "budget.max_budget", budget.get("max_budget", 27), 2, MAX_BUDGET)
-    samples = _int(source, "budget.samples", budget.get("samples", 40), 1, MAX_TRIALS)
+    d = validate_input(TuningFile, data, source)
     try:
-        fluid = parse_fluid(data.get("fluid", {}))
-        workload = parse_workload(data.get("workload", {}))
-    except TuningSpecError as e:
-        raise ScenarioError(source, e.field, e.problem) from None
-    horizon = data.get("horizon", "rung")
-    if horizon not in ("rung", "budget"):
-        raise ScenarioError(source, "horizon", f"expected 'rung' or 'budget', got {horizon!r}")
-    observe = data.get("observe", "iteration")
-    if observe not in ("iteration", "milestone"):
-        raise ScenarioError(source, "observe", f"expected 'iteration' or 'milestone', got {observe!r}")
-    seed = data.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ScenarioError(source, "seed", f"expected an integer, got {seed!r}")
-    name = data.get("name", Path(source).stem)
+        fluid = build_fluid(d.fluid)
+    except (TypeError, ValueError) as e:
+        raise ScenarioError(source, "fluid", str(e)) from None
+    try:
+        workload = build_workload(d.workload)
+    except (TypeError, ValueError) as e:
+        raise ScenarioError(source, "workload", str(e)) from None
     return TuningScenario(
-        name=str(name),
+        name=d.name if d.name is not None else Path(source).stem,
         source=source,
-        seed=seed,
-        runs=_int(source, "runs", data.get("runs", 3), 1, MAX_RUNS),
-        gpus=gpus,
-        algorithms=_names(source, "algorithms", data.get("algorithms", list(ALGORITHMS)), ALGORITHMS),
-        executors=cast(
-            tuple[Executor, ...],
-            _names(source, "executors", data.get("executors", list(_EXECUTORS)), _EXECUTORS),
-        ),
-        max_budget=max_budget,
-        samples=samples,
+        seed=d.seed,
+        runs=d.runs,
+        gpus=d.gpus,
+        algorithms=tuple(d.algorithms),
+        executors=cast(tuple[Executor, ...], tuple(d.executors)),
+        max_budget=d.budget.max_budget,
+        samples=d.budget.samples,
         fluid=fluid,
-        horizon=cast(Horizon, horizon),
-        observe=cast(Observe, observe),
+        horizon=d.horizon,
+        observe=d.observe,
         workload=workload,
     )
 
