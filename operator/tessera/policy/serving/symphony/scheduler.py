@@ -285,6 +285,21 @@ class SymphonyScheduler:
         self._out.append(Batch(reqs, g, ex, dur, self._names[i]))
         self._update_candidate(i, now)
 
+    def set_profile(self, model: str, profile: LinearProfile, now: float) -> None:
+        """Plan `model` with `profile` from `now` on (e.g. ℓ(b) inflated by BE lanes sharing the GPUs):
+        its tables are rebuilt and its candidate recomputed; batches already dispatched keep their times."""
+        i = self._index.get(model)
+        if i is None:
+            raise ValueError(f"model {model!r} is not served by this shard")
+        self.profiles[model] = profile
+        self._lat[i], self._pmax[i] = [0.0], [-math.inf, -math.inf]
+        self._maxb[i] = profile.max_batch
+        self._grow(i, 2)
+        self._solo[i] = self._lat[i][1]
+        self._targets = {k: v for k, v in self._targets.items() if k[0] != i}
+        self._tslo[i] = math.nan
+        self._update_candidate(i, now)
+
     def enqueue(self, request: Request, now: float) -> None:
         """ONNEWREQUEST (lines 15-17)."""
         i = self._index.get(request.model)
