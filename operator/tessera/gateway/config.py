@@ -95,8 +95,25 @@ class SymphonyOptions(_Strict):
         ge=1.0,
         allow_inf_nan=False,
         description="workers share GPUs with best-effort lanes: plan with ℓ(b) times this (the observed "
-        "HP p99 colocated / dedicated); 1 = dedicated GPUs",
+        "HP p99 colocated / dedicated); 1 = dedicated GPUs. With observe_inflation, the value to start from",
     )
+    observe_inflation: bool = Field(
+        True,
+        description="measure the inflation online: p99 of the workers' batch times over ℓ(b), re-planned "
+        "when it leaves inflation_band (BE lanes joining or leaving the GPUs); false keeps "
+        "colocation_inflation",
+    )
+    inflation_window: int = Field(256, ge=1, description="batches the observed inflation is taken over")
+    inflation_min_samples: int = Field(50, ge=1, description="batches needed before it is used")
+    inflation_band: float = Field(
+        0.1, ge=0, allow_inf_nan=False, description="relative change that re-plans (hysteresis)"
+    )
+
+    @model_validator(mode="after")
+    def _samples_fit_window(self) -> SymphonyOptions:
+        if self.inflation_min_samples > self.inflation_window:
+            raise ValueError("inflation_min_samples must not exceed inflation_window")
+        return self
 
 
 class ProfilerOptions(_Strict):

@@ -55,8 +55,9 @@ from tessera.gateway.config import ModelConfig, build_scheduler
 from tessera.gateway.metrics import OUTCOME_DROPPED, OUTCOME_MET, OUTCOME_MISSED, ModelMetrics
 from tessera.gateway.profiler import OnlineProfiler, Sample
 from tessera.gateway.protocol import dumps, error_json, loads
-from tessera.policy.serving.common import Batch, BatchTimings, Drop, DropReason, Request
+from tessera.policy.serving.common import Batch, BatchTimings, Drop, DropReason, LinearProfile, Request
 from tessera.policy.serving.symphony import SymphonyScheduler
+from tessera.policy.serving.symphony.colocation import InflationTracker, colocated_profile
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class ModelService:
         self.metrics = metrics
         self.scheduler = build_scheduler(cfg)
         self.symphony = isinstance(self.scheduler, SymphonyScheduler)
+        self.inflation = _inflation_tracker(cfg) if self.symphony else None
         self.slots = [WorkerSlot(i, url) for i, url in enumerate(cfg.workers)]
         p = cfg.profiler_options
         self.profiler = OnlineProfiler(p.sample_rate, p.max_share, p.max_pending, rng or random.Random(0))
@@ -204,6 +206,7 @@ class ModelService:
             "healthy_workers": sum(1 for s in self.slots if s.healthy),
             "requests": dict(self.outcomes),
             "busy_seconds": self.busy_seconds,
+            **({"colocation_inflation": self.inflation.current} if self.inflation is not None else {}),
         }
 
     def _now(self) -> float:
@@ -427,12 +430,26 @@ class ModelService:
             self._answer(p, status, fragment, blob, now, len(live), slot.index)
         if not isinstance(self.scheduler, SymphonyScheduler):
             self.scheduler.on_complete(batch, BatchTimings(now - compute, now, {}), now)
+        elif self.inflation is not None and answers:
+            self._observe_inflation(len(live), compute, now)
         ran = [p for p, status, _, _ in answers if status == 200]
         self.profiler.offer([Sample(p.request, p.body, p.blob) for p in ran], compute)
         slot.busy = False
         self._pump()
         if not slot.busy and slot.healthy:
             self._maybe_profile(slot)
+
+    def _observe_inflation(self, batch_size: int, compute: float, now: float) -> None:
+        """Plan with ℓ(b) times the observed inflation once it moves (BE lanes on the workers' GPUs)."""
+        assert self.inflation is not None and isinstance(self.scheduler, SymphonyScheduler)
+        before = self.inflation.current
+        new = self.inflation.observe(batch_size, compute)
+        if new is None:
+            return
+        self.scheduler.set_profile(self.cfg.name, colocated_profile(self.inflation.dedicated, new), now)
+        log.info(
+            "%s: batches take %.2fx the dedicated profile (was %.2fx); re-planned", self.cfg.name, new, before
+        )
 
     def _answer(
         self, p: Pending, status: int, fragment: bytes, blob: bytes, now: float, batch_size: int, worker: int
@@ -582,6 +599,19 @@ class ModelService:
                         DropReason.EXPIRED.value,
                         f"still queued {grace:.3f}s after its deadline; no worker could take it in time",
                     )
+
+
+def _inflation_tracker(cfg: ModelConfig) -> InflationTracker | None:
+    s = cfg.symphony
+    if s is None or not s.observe_inflation:
+        return None
+    return InflationTracker(
+        LinearProfile(s.alpha, s.beta, max_batch=cfg.max_batch),
+        start=s.colocation_inflation,
+        window=s.inflation_window,
+        min_samples=s.inflation_min_samples,
+        band=s.inflation_band,
+    )
 
 
 def _err(message: str, reason: str, retries: int = 0) -> bytes:
