@@ -41,7 +41,7 @@ SMALL = {
     ("change", "field"),
     [
         ({"seeds": []}, "seeds"),
-        ({"policies": ["worst-fit"]}, "policies"),
+        ({"policies": ["worst-fit"]}, "policies[0]"),
         ({"node_sample": 0}, "node_sample"),
         ({"tessera": {"decay": 2}}, "tessera.decay"),
         ({"tessera": {"prior": "oracle"}}, "tessera.prior"),

@@ -156,7 +156,7 @@ def test_scenario_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     [
         ("workload: {hp_model: vgg}", "workload.hp_model"),
         ("workload: {be_models: [nope]}", "workload.be_models[0]"),
-        ("policies: [magic]", "policies"),
+        ("policies: [magic]", "policies[0]"),
         ("workload: {rate_rps: -1}", "workload.rate_rps"),
         ("policy: {be_percent: 0}", "policy.be_percent"),
     ],

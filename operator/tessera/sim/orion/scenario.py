@@ -7,12 +7,15 @@ output says so.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, Strict
 
 from tessera.progress import Progress
+from tessera.sim.inputs import Bool, Count, Input, Int, Positive, Requests
+from tessera.sim.inputs import validate as validate_input
 from tessera.sim.scenario import ScenarioError
 
 from .experiment import ABLATION, POLICIES, ExperimentError, ExperimentResult, Workload, run_experiment
@@ -28,71 +31,88 @@ class OrionScenario:
     policies: tuple[str, ...]
 
 
-def _num(
-    d: dict[str, Any], key: str, source: str, where: str, default: float, *, integer: bool = False
-) -> Any:
-    v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-        raise ScenarioError(source, f"{where}.{key}", f"must be a positive number, got {v!r}")
-    if integer and int(v) != v:
-        raise ScenarioError(source, f"{where}.{key}", f"must be an integer, got {v!r}")
-    return int(v) if integer else float(v)
+_KNOWN_POLICIES = POLICIES + tuple(p for p in ABLATION if p not in POLICIES)
+
+
+def _hp_model(m: str) -> str:
+    if not any(k.rsplit("-", 1)[0] == m for k in MODELS):
+        raise ValueError(f"unknown model {m!r}; known: {sorted({k.rsplit('-', 1)[0] for k in MODELS})}")
+    return m
+
+
+def _be_model(m: str) -> str:
+    if f"{m}-training" not in MODELS:
+        raise ValueError(f"no training kernel mix for {m!r}")
+    return m
+
+
+def _policy(p: str) -> str:
+    if p not in _KNOWN_POLICIES:
+        raise ValueError(f"unknown {p!r}; choose from {list(_KNOWN_POLICIES)}")
+    return p
+
+
+class OrionWorkloadInput(Input):
+    hp_model: Annotated[str, AfterValidator(_hp_model)] = "resnet50"
+    hp_role: Literal["inference", "training"] = "inference"
+    be_models: Annotated[list[Annotated[str, AfterValidator(_be_model)]], Field(min_length=1)] = Field(
+        default_factory=lambda: ["resnet50"]
+    )
+    rate_rps: Positive = 15.0  # HP requests per second
+    arrival: Literal["poisson", "uniform"] = "poisson"
+    requests: Requests = 400
+    warmup_requests: Requests = 20
+    num_sms: Count = 80
+
+
+class OrionPolicyInput(Input):
+    dur_threshold: Positive = 0.025  # of the HP request latency (Orion's default)
+    sm_threshold: Count | None = None
+    be_percent: Annotated[int, Strict(), Field(ge=1, le=100)] | None = None  # omit: from the HP profile
+    tessera_priority: Bool = True
+
+
+class OrionFile(Input):
+    """A `kind: orion` scenario."""
+
+    kind: Literal["orion"] = "orion"
+    name: str | None = None
+    description: str | None = None
+    seed: Int = 0
+    workload: OrionWorkloadInput = OrionWorkloadInput()
+    policy: OrionPolicyInput = OrionPolicyInput()
+    policies: Annotated[
+        list[Annotated[str, AfterValidator(_policy)]],
+        Field(min_length=1, default_factory=lambda: list(POLICIES)),
+    ]
 
 
 def load(data: dict[str, Any], source: str) -> OrionScenario:
-    wl = data.get("workload") or {}
-    pol = data.get("policy") or {}
-    if not isinstance(wl, dict) or not isinstance(pol, dict):
-        raise ScenarioError(source, "workload", "workload and policy must be mappings")
-    hp_role = wl.get("hp_role", "inference")
-    if hp_role not in ("inference", "training"):
-        raise ScenarioError(source, "workload.hp_role", f"must be inference or training, got {hp_role!r}")
-    hp_model = str(wl.get("hp_model", "resnet50"))
-    if f"{hp_model}-{hp_role}" not in MODELS:
-        known = sorted({k.rsplit("-", 1)[0] for k in MODELS})
-        raise ScenarioError(source, "workload.hp_model", f"unknown model {hp_model!r}; known: {known}")
-    be = wl.get("be_models", ["resnet50"])
-    if not isinstance(be, list) or not be:
-        raise ScenarioError(source, "workload.be_models", "must be a non-empty list of model names")
-    for i, m in enumerate(be):
-        if f"{m}-training" not in MODELS:
-            raise ScenarioError(source, f"workload.be_models[{i}]", f"no training kernel mix for {m!r}")
-    arrival = wl.get("arrival", "poisson")
-    if arrival not in ("poisson", "uniform"):
-        raise ScenarioError(source, "workload.arrival", f"must be poisson or uniform, got {arrival!r}")
-    policies = tuple(data.get("policies") or POLICIES)
-    known_p = POLICIES + tuple(p for p in ABLATION if p not in POLICIES)
-    bad = [p for p in policies if p not in known_p]
-    if bad:
-        raise ScenarioError(source, "policies", f"unknown {bad}; choose from {list(known_p)}")
-    sm_thr = pol.get("sm_threshold")
-    be_pct = pol.get("be_percent")
-    if be_pct is not None and (not isinstance(be_pct, int) or not 1 <= be_pct <= 100):
-        raise ScenarioError(source, "policy.be_percent", f"must be an integer in 1..100, got {be_pct!r}")
-    seed = data.get("seed", 0)
-    if not isinstance(seed, int):
-        raise ScenarioError(source, "seed", f"must be an integer, got {seed!r}")
+    """Validate a ``kind: orion`` scenario; errors name the file and field."""
+    d = validate_input(OrionFile, data, source)
+    wl, pol = d.workload, d.policy
+    if f"{wl.hp_model}-{wl.hp_role}" not in MODELS:
+        raise ScenarioError(source, "workload.hp_model", f"no {wl.hp_role} kernel mix for {wl.hp_model!r}")
     try:
         w = Workload(
-            hp_model=hp_model,
-            hp_role=hp_role,
-            be_models=tuple(str(m) for m in be),
-            rate_rps=_num(wl, "rate_rps", source, "workload", 15.0),
-            arrival=arrival,
-            requests=_num(wl, "requests", source, "workload", 400, integer=True),
-            warmup_requests=_num(wl, "warmup_requests", source, "workload", 20, integer=True),
-            num_sms=_num(wl, "num_sms", source, "workload", 80, integer=True),
-            seed=seed,
-            dur_threshold=_num(pol, "dur_threshold", source, "policy", 0.025),
-            sm_threshold=None
-            if sm_thr is None
-            else _num(pol, "sm_threshold", source, "policy", 80, integer=True),
-            be_percent=be_pct,
-            tessera_priority=bool(pol.get("tessera_priority", True)),
+            hp_model=wl.hp_model,
+            hp_role=wl.hp_role,
+            be_models=tuple(wl.be_models),
+            rate_rps=wl.rate_rps,
+            arrival=wl.arrival,
+            requests=wl.requests,
+            warmup_requests=wl.warmup_requests,
+            num_sms=wl.num_sms,
+            seed=d.seed,
+            dur_threshold=pol.dur_threshold,
+            sm_threshold=pol.sm_threshold,
+            be_percent=pol.be_percent,
+            tessera_priority=pol.tessera_priority,
         )
     except ExperimentError as e:
         raise ScenarioError(source, "workload", str(e)) from None
-    return OrionScenario(source, str(data.get("name", Path(source).stem)), seed, w, policies)
+    name = d.name if d.name is not None else Path(source).stem
+    return OrionScenario(source, name, d.seed, w, tuple(d.policies))
 
 
 @dataclass

@@ -22,16 +22,20 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import AfterValidator, Field, Strict
 
 from tessera.policy.lanes.fragmentation import Shape, workload_of
 from tessera.policy.lanes.packing import POLICIES, PackingConfig, Tessera, make_policy
 from tessera.progress import Progress
+from tessera.sim.inputs import Bool, Input, Int, PositiveInt
+from tessera.sim.inputs import validate as validate_input
 from tessera.sim.packing import synthetic, through_extender
 from tessera.sim.packing.experiment import GRID, Curve, arrivals
 from tessera.sim.packing.experiment import run as run_policy
+from tessera.sim.packing.synthetic import SyntheticInput
 from tessera.sim.packing.trace import NodeSpec, TraceError, read_nodes, read_pods
 from tessera.sim.scenario import ScenarioError
 
@@ -82,67 +86,71 @@ def trace_dir(name: str, source: str) -> Path:
     )
 
 
+def _policy(p: str) -> str:
+    if p not in POLICIES:
+        raise ValueError(f"unknown policy {p!r}; known: {', '.join(POLICIES)}")
+    return p
+
+
+class TesseraInput(Input):
+    """Knobs of Tessera's own packing policy."""
+
+    decay: Annotated[float, Strict(), Field(gt=0.0, le=1.0)] = 0.999
+    max_shapes: PositiveInt = 64
+    prior: Literal["none", "trace"] = "none"
+
+
+class PackingFile(Input):
+    """A `kind: packing` scenario: exactly one of `trace` (a folder of Alibaba's CSVs) or `synthetic`."""
+
+    kind: Literal["packing"] = "packing"
+    name: str = "packing"
+    description: str | None = None
+    trace: str | None = None
+    synthetic: SyntheticInput | None = None
+    seeds: Annotated[list[Int], Field(min_length=1)] = Field(default_factory=lambda: [0, 1, 2])
+    policies: Annotated[
+        list[Annotated[str, AfterValidator(_policy)]],
+        Field(min_length=1, default_factory=lambda: list(POLICIES)),
+    ]
+    node_sample: PositiveInt = 1  # keep every n-th node
+    tessera: TesseraInput = TesseraInput()
+    through_extender: Bool = False
+
+
 def load(data: dict[str, Any], source: str) -> PackingScenario:
     """Validate a ``kind: packing`` scenario; errors name the file and field."""
-    name = str(data.get("name", "packing"))
-    if ("trace" in data) == ("synthetic" in data):
+    if isinstance(data, dict) and data.get("tessera", 0) is None:
+        data = {k: v for k, v in data.items() if k != "tessera"}  # `tessera:` left empty: the defaults
+    d = validate_input(PackingFile, data, source)
+    if (d.trace is None) == (d.synthetic is None):
         raise ScenarioError(source, "trace", "give exactly one of trace or synthetic")
-    seeds = data.get("seeds", [0, 1, 2])
-    if (
-        not isinstance(seeds, list)
-        or not seeds
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
-    ):
-        raise ScenarioError(source, "seeds", f"must be a non-empty list of integers, got {seeds!r}")
-    policies = data.get("policies", list(POLICIES))
-    if not isinstance(policies, list) or not policies:
-        raise ScenarioError(source, "policies", "must be a non-empty list")
-    for p in policies:
-        if p not in POLICIES:
-            raise ScenarioError(source, "policies", f"unknown policy {p!r}; known: {', '.join(POLICIES)}")
-    sample = data.get("node_sample", 1)
-    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
-        raise ScenarioError(source, "node_sample", f"must be a positive integer, got {sample!r}")
-    t = data.get("tessera") or {}
-    if not isinstance(t, dict):
-        raise ScenarioError(source, "tessera", "must be a mapping")
-    decay = t.get("decay", 0.999)
-    if isinstance(decay, bool) or not isinstance(decay, int | float) or not 0 < decay <= 1:
-        raise ScenarioError(source, "tessera.decay", f"must be in (0, 1], got {decay!r}")
-    max_shapes = t.get("max_shapes", 64)
-    if isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1:
-        raise ScenarioError(source, "tessera.max_shapes", f"must be a positive integer, got {max_shapes!r}")
-    prior = t.get("prior", "none")
-    if prior not in ("none", "trace"):
-        raise ScenarioError(source, "tessera.prior", f"must be none or trace, got {prior!r}")
-    if "trace" in data:
-        folder = trace_dir(str(data["trace"]), source)
+    if d.trace is not None:
+        folder = trace_dir(d.trace, source)
         try:
             nodes, pods = read_nodes(folder / NODE_FILE), read_pods(folder / POD_FILE)
         except TraceError as err:
             raise ScenarioError(source, "trace", str(err)) from None
         origin = str(folder)
     else:
-        syn = data["synthetic"]
-        if not isinstance(syn, dict):
-            raise ScenarioError(source, "synthetic", "must be a mapping with nodes and pods")
-        nodes = synthetic.load_nodes(syn.get("nodes"), source)
-        pods = synthetic.population(synthetic.load_mix(syn.get("pods"), source), seed=int(seeds[0]))
+        assert d.synthetic is not None
+        nodes = synthetic.nodes_of(d.synthetic.nodes, source)
+        pods = synthetic.population(synthetic.mix_of(d.synthetic.pods, source), seed=d.seeds[0])
         origin = "synthetic"
-    if sample > 1:
-        nodes = nodes[::sample]
+    if d.node_sample > 1:
+        nodes = nodes[:: d.node_sample]
     return PackingScenario(
         source,
-        name,
+        d.name,
         nodes,
         pods,
-        list(seeds),
-        list(policies),
-        float(decay),
-        max_shapes,
-        prior,
-        bool(data.get("through_extender", False)),
-        int(seeds[0]),
+        list(d.seeds),
+        list(d.policies),
+        d.tessera.decay,
+        d.tessera.max_shapes,
+        d.tessera.prior,
+        d.through_extender,
+        d.seeds[0],
         origin,
     )
 

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field, Strict
 
 from tessera.policy.lanes.fragmentation import Shape
+from tessera.sim.inputs import Gpus, Input, NonNegative, PositiveInt
+from tessera.sim.inputs import validate as validate_input
 from tessera.sim.packing.trace import NodeSpec
-from tessera.sim.scenario import ScenarioError
+from tessera.sim.scenario import MAX_GPUS, MAX_MACHINES, ScenarioError
 
 
 @dataclass(frozen=True)
@@ -38,85 +42,92 @@ class PodMix:
     gpu_models: tuple[tuple[str, float], ...]
 
 
-def _pos_int(v: Any, source: str, where: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ScenarioError(source, where, f"must be a positive integer, got {v!r}")
+def _ordered(v: tuple[float, float]) -> tuple[float, float]:
+    if v[0] > v[1]:
+        raise ValueError(f"must be [low, high] with low <= high, got {list(v)}")
     return v
 
 
-def _range(v: Any, source: str, where: str) -> tuple[float, float]:
-    if (
-        not isinstance(v, list)
-        or len(v) != 2
-        or not all(isinstance(x, int | float) and not isinstance(x, bool) and x >= 0 for x in v)
-        or v[0] > v[1]
-    ):
-        raise ScenarioError(source, where, f"must be [low, high] with 0 <= low <= high, got {v!r}")
-    return float(v[0]), float(v[1])
+Range = Annotated[tuple[NonNegative, NonNegative], AfterValidator(_ordered)]
+Milli = Annotated[int, Strict(), Field(ge=1, le=999)]
+MultiGpus = Annotated[int, Strict(), Field(ge=2, le=MAX_GPUS)]
+Share = Annotated[float, Strict(), Field(ge=0.0, le=1.0)]
+
+
+class NodeGroupInput(Input):
+    """`count` nodes of one shape."""
+
+    count: Annotated[int, Strict(), Field(ge=1, le=MAX_MACHINES)] = 1
+    gpus: Gpus
+    cpu_milli: PositiveInt
+    memory_mib: PositiveInt
+    model: str = "GPU"
+
+
+class NodeGroups(Input):
+    nodes: Annotated[list[NodeGroupInput], Field(min_length=1)]
+
+
+class PodMixInput(Input):
+    """The pod population; the four shares are normalised. Defaults: the mix of Alibaba's pod list
+    (13 % CPU-only, 38 % fractional, 48 % one GPU, 1 % multi-GPU)."""
+
+    population: Annotated[int, Strict(), Field(ge=1, le=1_000_000)] = 5000
+    cpu_only: NonNegative = 0.13
+    fractional: NonNegative = 0.38
+    whole: NonNegative = 0.48
+    multi: NonNegative = 0.01
+    fractional_milli: Annotated[list[Milli], Field(min_length=1)] = Field(
+        default_factory=lambda: [100, 250, 500, 750]
+    )
+    multi_gpus: Annotated[list[MultiGpus], Field(min_length=1)] = Field(default_factory=lambda: [2, 4, 8])
+    cpu_per_gpu_milli: Range = (4000.0, 12000.0)
+    memory_per_cpu_mib: Range = (2048.0, 4096.0)
+    gpu_models: dict[str, Share] = Field(default_factory=dict)  # share of GPU pods held to one model
+
+
+class SyntheticInput(Input):
+    nodes: Annotated[list[NodeGroupInput], Field(min_length=1)]
+    pods: PodMixInput = PodMixInput()
 
 
 def load_nodes(data: Any, source: str) -> list[NodeSpec]:
-    if not isinstance(data, list) or not data:
-        raise ScenarioError(source, "synthetic.nodes", "must be a non-empty list of node groups")
+    groups = validate_input(NodeGroups, {"nodes": data}, source, "synthetic").nodes
+    return nodes_of(groups, source)
+
+
+def nodes_of(groups: list[NodeGroupInput], source: str) -> list[NodeSpec]:
     out: list[NodeSpec] = []
-    for i, g in enumerate(data):
-        where = f"synthetic.nodes[{i}]"
-        if not isinstance(g, dict):
-            raise ScenarioError(source, where, "must be a mapping")
-        count = _pos_int(g.get("count", 1), source, f"{where}.count")
-        gpus = _pos_int(g.get("gpus"), source, f"{where}.gpus")
-        cpu = _pos_int(g.get("cpu_milli"), source, f"{where}.cpu_milli")
-        mem = _pos_int(g.get("memory_mib"), source, f"{where}.memory_mib")
-        model = str(g.get("model", "GPU"))
-        if len(out) + count > 100_000:
-            raise ScenarioError(source, where, "more than 100000 nodes in all")
+    for i, g in enumerate(groups):
+        if len(out) + g.count > MAX_MACHINES:
+            raise ScenarioError(source, f"synthetic.nodes[{i}]", f"more than {MAX_MACHINES} nodes in all")
         base = len(out)
-        out.extend(NodeSpec(f"{model.lower()}-{base + k}", cpu, mem, gpus, model) for k in range(count))
+        out.extend(
+            NodeSpec(f"{g.model.lower()}-{base + k}", g.cpu_milli, g.memory_mib, g.gpus, g.model)
+            for k in range(g.count)
+        )
     return out
 
 
 def load_mix(data: Any, source: str) -> PodMix:
-    if not isinstance(data, dict):
-        raise ScenarioError(source, "synthetic.pods", "must be a mapping")
-    population = _pos_int(data.get("population", 5000), source, "synthetic.pods.population")
-    if population > 1_000_000:
-        raise ScenarioError(source, "synthetic.pods.population", "must be at most 1000000")
-    shares = []
-    # defaults: the mix of Alibaba's pod list (13 % CPU-only, 38 % fractional, 48 % one GPU, 1 % multi-GPU)
-    for k, default in (("cpu_only", 0.13), ("fractional", 0.38), ("whole", 0.48), ("multi", 0.01)):
-        v = data.get(k, default)
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-            raise ScenarioError(source, f"synthetic.pods.{k}", f"must be a share >= 0, got {v!r}")
-        shares.append(float(v))
+    return mix_of(validate_input(PodMixInput, data, source, "synthetic.pods"), source)
+
+
+def mix_of(m: PodMixInput, source: str) -> PodMix:
+    shares = [m.cpu_only, m.fractional, m.whole, m.multi]
     if sum(shares[1:]) <= 0:
         raise ScenarioError(source, "synthetic.pods", "needs a positive share of GPU pods")
-    total = sum(shares)
-    milli = data.get("fractional_milli", [100, 250, 500, 750])
-    if (
-        not isinstance(milli, list)
-        or not milli
-        or not all(isinstance(m, int) and 0 < m < 1000 for m in milli)
-    ):
-        raise ScenarioError(source, "synthetic.pods.fractional_milli", "must list GPU shares in 1..999 milli")
-    multi = data.get("multi_gpus", [2, 4, 8])
-    if not isinstance(multi, list) or not multi or not all(isinstance(m, int) and m >= 2 for m in multi):
-        raise ScenarioError(source, "synthetic.pods.multi_gpus", "must list GPU counts >= 2")
-    models = data.get("gpu_models") or {}
-    if not isinstance(models, dict) or not all(
-        isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1 for v in models.values()
-    ):
-        raise ScenarioError(source, "synthetic.pods.gpu_models", "must map a model to a share in [0, 1]")
-    if sum(models.values()) > 1:
+    if sum(m.gpu_models.values()) > 1:
         raise ScenarioError(source, "synthetic.pods.gpu_models", "shares must add up to at most 1")
-    s = (shares[0] / total, shares[1] / total, shares[2] / total, shares[3] / total)
+    total = sum(shares)
     return PodMix(
-        population,
-        s,
-        tuple(milli),
-        tuple(multi),
-        _range(data.get("cpu_per_gpu_milli", [4000, 12000]), source, "synthetic.pods.cpu_per_gpu_milli"),
-        _range(data.get("memory_per_cpu_mib", [2048, 4096]), source, "synthetic.pods.memory_per_cpu_mib"),
-        tuple((str(k), float(v)) for k, v in models.items()),
+        m.population,
+        (shares[0] / total, shares[1] / total, shares[2] / total, shares[3] / total),
+        tuple(m.fractional_milli),
+        tuple(m.multi_gpus),
+        m.cpu_per_gpu_milli,
+        m.memory_per_cpu_mib,
+        tuple(m.gpu_models.items()),
     )
 
 
