@@ -237,6 +237,12 @@ class PoolConfig(_Strict):
     groups: list[PoolGroupConfig] = Field(default_factory=list)
     worker_timeout_s: float = Field(30.0, gt=0)
     fixed_overhead_s: float = Field(0.0, ge=0, description="added to every predicted finish time")
+    reload_from: str | None = Field(
+        None,
+        description="re-read this configuration file's pool section every reload_interval_s and switch "
+        "routing to its groups when they change (the operator's re-placement); None: fixed",
+    )
+    reload_interval_s: float = Field(2.0, gt=0)
 
     @model_validator(mode="after")
     def _known(self) -> PoolConfig:

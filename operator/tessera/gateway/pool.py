@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 
 from tessera.api.contract import HEADER_APP
-from tessera.gateway.config import PoolConfig
+from tessera.gateway.config import PoolConfig, PoolGroupConfig
 from tessera.gateway.metrics import OUTCOME_DROPPED, OUTCOME_MET, OUTCOME_MISSED, ModelMetrics
 from tessera.gateway.protocol import HEADER_LENGTH, error_json
 from tessera.gateway.service import OUTCOME_REJECTED, Outcome
@@ -62,14 +62,48 @@ class PoolRouter:
     cfg: PoolConfig
     session: aiohttp.ClientSession
     groups: list[_Group] = field(default_factory=list)
+    draining: list[_Group] = field(default_factory=list)  # out of routing, requests still in flight
     routed: dict[str, dict[str, int]] = field(default_factory=dict)  # model → group id → requests sent
 
     def __post_init__(self) -> None:
-        self.groups = [
-            _Group(g.id, g.worker, {m: tuple(lat) for m, lat in g.models.items()}, (0.0,) * g.pp)
-            for g in self.cfg.groups
-        ]
+        self.groups = [self._group(g) for g in self.cfg.groups]
         self.routed = {m.name: {} for m in self.cfg.models}
+
+    @staticmethod
+    def _group(g: PoolGroupConfig) -> _Group:
+        return _Group(g.id, g.worker, {m: tuple(lat) for m, lat in g.models.items()}, (0.0,) * g.pp)
+
+    def switch(self, cfg: PoolConfig) -> None:
+        """Route by a new plan from the next request on (re-placement, spec §5.3): a group kept with the
+        same worker and models keeps its clocks and in-flight count; new groups start empty; groups left
+        out stop taking requests and drain — what they run is answered, nothing is cut off."""
+        if cfg.models != self.cfg.models:
+            raise ValueError("a pool switch changes groups only; the served models are fixed at start")
+        old = {g.id: g for g in self.groups}
+        new: list[_Group] = []
+        for gc in cfg.groups:
+            fresh = self._group(gc)
+            kept = old.pop(gc.id, None)
+            if kept is not None and (kept.url, kept.stages) == (fresh.url, fresh.stages):
+                new.append(kept)
+            else:
+                if kept is not None:
+                    old[gc.id + "~"] = kept
+                new.append(fresh)
+        self.draining = [g for g in (*self.draining, *old.values()) if g.inflight > 0]
+        self.groups, self.cfg = new, cfg
+        log.info(
+            "pool %s routes to %s; draining %s", cfg.name, [g.id for g in new], [g.id for g in self.draining]
+        )
+
+    def group_stats(self) -> dict[str, dict[str, Any]]:
+        """Per group: whether it takes requests and how many are in flight (the operator deletes a
+        drained group's worker only once it is out of routing with nothing in flight)."""
+        out = {g.id: {"routing": True, "inflight": g.inflight, "healthy": g.healthy} for g in self.groups}
+        for g in self.draining:
+            out.setdefault(g.id, {"routing": False, "inflight": 0, "healthy": g.healthy})
+            out[g.id]["inflight"] += g.inflight
+        return out
 
     def candidates(self, model: str) -> list[_Group]:
         return [g for g in self.groups if model in g.stages]
@@ -188,6 +222,8 @@ class PoolModelService:
             return Outcome(503, error_json(f"worker of group {g.id} failed: {err}", REASON_WORKER_FAILED))
         finally:
             g.inflight -= 1
+            if g.inflight == 0 and g in self.router.draining:
+                self.router.draining.remove(g)
         end = loop.time()
         if g.inflight == 0:  # the group drained: its true clocks are now, whatever was predicted
             g.clock = (end,) * len(g.clock)

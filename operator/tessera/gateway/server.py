@@ -14,6 +14,7 @@ untagged: ``default_app``) and an optional latency budget in milliseconds from `
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import math
@@ -75,6 +76,8 @@ class Gateway:
         self.metrics = ComponentMetrics.create("gateway", self.registry)
         self.seed = seed
         self.services: dict[str, ModelService] = {}
+        self.pool_router: Any = None  # tessera.gateway.pool.PoolRouter when the config has a pool
+        self._reload_task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         # Who is counting, and since when: a reader that sees another instance knows the counters restarted.
         self.instance = uuid.uuid4().hex
@@ -87,6 +90,7 @@ class Gateway:
             "instance": self.instance,
             "uptime_s": time.monotonic() - self.started,
             "models": {name: svc.stats() for name, svc in self.services.items()},
+            **({"pool_groups": self.pool_router.group_stats()} if self.pool_router is not None else {}),
         }
 
     async def start(self) -> None:
@@ -111,7 +115,11 @@ class Gateway:
             from tessera.gateway.pool import PoolModelCfg, PoolModelService, PoolRouter
 
             pool = self.config.pool
-            router = PoolRouter(pool, self._session)
+            router = self.pool_router = PoolRouter(pool, self._session)
+            if pool.reload_from is not None:
+                self._reload_task = asyncio.create_task(
+                    self._reload_pool(pool.reload_from, pool.reload_interval_s)
+                )
             for pm in pool.models:
                 pcfg = PoolModelCfg(pm.name, pool.namespace, pm.slo_s)
                 psvc = PoolModelService(
@@ -120,7 +128,31 @@ class Gateway:
                 await psvc.start(self.config.health_interval_s)
                 self.services[pm.name] = psvc  # type: ignore[assignment]
 
+    async def _reload_pool(self, path: str, interval: float) -> None:
+        """Follow the pool section of the configuration file (a mounted ConfigMap the operator rewrites
+        on re-placement): a changed group list switches routing in place, without a restart."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                pool = GatewayConfig.load(path).pool
+            except ConfigError as err:
+                log.warning("pool configuration %s not reloaded: %s", path, err)
+                continue
+            router = self.pool_router
+            if pool is None or router is None or pool == router.cfg:
+                continue
+            try:
+                router.switch(pool)
+            except ValueError as err:
+                log.warning("pool configuration %s not applied: %s", path, err)
+                continue
+            for g in router.groups:
+                if not g.healthy:
+                    await router.check(g)
+
     async def close(self) -> None:
+        if self._reload_task is not None:
+            self._reload_task.cancel()
         for svc in self.services.values():
             await svc.close()
         if self._session is not None:
