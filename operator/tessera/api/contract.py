@@ -92,6 +92,9 @@ CLASS_BEST_EFFORT: Final = "best-effort"
 # A best-effort pod that checkpoints and may be restarted by the node agent to apply a new BE compute share
 # (Orion-style feedback): annotation value "true".
 ANN_CHECKPOINTS: Final = f"{GROUP}/checkpoints"
+# On a latency-critical pod: its p99 latency (seconds; iteration time for training) on a GPU of its own, the
+# baseline of the node agent's BE feedback loop where the GPU never ran the HP lane alone.
+ANN_P99_DEDICATED: Final = f"{GROUP}/p99-dedicated-seconds"
 # Path (in the container) of the node-local HP-busy flag file the agent publishes for BE lanes that throttle.
 ENV_HP_BUSY_FILE: Final = "TESSERA_HP_BUSY_FILE"
 
