@@ -8,7 +8,9 @@ when a client starts, so a change is applied by restarting BE pods, and only tho
 (`tessera.io/checkpoints: "true"`); the others keep their share until they end. Every change, and every
 change held back, is an event on the pods concerned, and the percentage and restarts are metrics.
 
-`p99_dedicated` per GPU is given, or measured by the loop itself while the GPU's HP lane runs alone.
+`p99_dedicated` per GPU is the HP pod's `tessera.io/p99-dedicated-seconds` when it says one (a GPU that
+starts shared never shows the HP lane alone, and the loop would otherwise stay idle there), else given,
+else measured by the loop itself while the GPU's HP lane runs alone.
 DESIGN.md lets the agent import only `tessera.api` and `tessera.cluster`; this module is the one exception,
 importing the pure, stdlib-only controller so that the simulator and the agent run the same bisection rather
 than two copies of it.
@@ -162,12 +164,17 @@ class InterferenceLoop:
             p99 = self.latency.p99(gpu, now)
             if hp is None or p99 is None:
                 continue
-            if not be:
+            if hp.p99_dedicated_s is not None:
+                self.p99_dedicated[gpu] = hp.p99_dedicated_s  # the HP pod's own word wins
+            elif not be:
                 self.p99_dedicated.setdefault(gpu, p99)  # the HP lane alone: its dedicated latency
+            if not be:
                 continue
             if gpu not in self.p99_dedicated:
                 continue  # no baseline yet: never guess one from a shared GPU
             ctl = self.controllers.get(gpu)
+            if ctl is not None and ctl.p99_dedicated != self.p99_dedicated[gpu]:
+                ctl = None  # a new baseline (another HP pod): the search starts over from the applied share
             if ctl is None:
                 ctl = self.controllers[gpu] = PBeController(
                     self.p99_dedicated[gpu],

@@ -56,6 +56,7 @@ class Lane:
     memory_mib: int
     compute_percent: int  # assigned by the extender
     checkpoints: bool
+    p99_dedicated_s: float | None = None  # the pod's tessera.io/p99-dedicated-seconds (HP lanes)
 
 
 @dataclass
@@ -111,7 +112,18 @@ class LaneBook:
                     f"pod {pod.key}: {a.memory_mib} MiB on GPU {gpu} would bring its lanes to "
                     f"{used + a.memory_mib} MiB, over the {self.usable_mib[gpu]} MiB usable (memory less reserve)"
                 )
-            new.append(Lane(pod.uid, pod.key, gpu, klass, a.memory_mib, a.compute_percent, pod.checkpoints))
+            new.append(
+                Lane(
+                    pod.uid,
+                    pod.key,
+                    gpu,
+                    klass,
+                    a.memory_mib,
+                    a.compute_percent,
+                    pod.checkpoints,
+                    pod.p99_dedicated_s,
+                )
+            )
         for ln in new:
             self.lanes[(ln.uid, ln.gpu)] = ln
         return new
@@ -123,9 +135,10 @@ class LaneBook:
         return [self.lanes.pop(k) for k in gone]
 
     def refresh(self, pods: Iterable[PodInfo]) -> list[str]:
-        """Match the book to the node's pods: drop lanes of pods gone, and record lanes of pods allocated
-        before the agent (re)started. Returns why any allocated pod could not be recorded."""
-        pods = list(pods)
+        """Match the book to the node's pods: drop lanes of pods gone or finished (Succeeded/Failed: the
+        object stays until deleted, the GPU work does not), and record lanes of pods allocated before the
+        agent (re)started. Returns why any allocated pod could not be recorded."""
+        pods = [p for p in pods if not p.finished]
         self.sync(p.uid for p in pods)
         known = {ln.uid for ln in self.lanes.values()}
         problems = []

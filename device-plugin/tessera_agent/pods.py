@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ from tessera.api.assignment import Assignment, AssignmentError
 from tessera.api.quantity import QuantityError, resource_quantity
 
 log = logging.getLogger(__name__)
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True)
@@ -33,10 +35,18 @@ class PodInfo:
     workload: str = ""  # tessera.io/workload, "<kind>[:<class>]"
     priority_class: str = ""  # spec.priorityClassName
     checkpoints: bool = False  # tessera.io/checkpoints == "true"
+    phase: str = ""  # status.phase
+    p99_dedicated_s: float | None = None  # tessera.io/p99-dedicated-seconds: the HP lane's p99 alone
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def finished(self) -> bool:
+        """Its containers have all stopped for good (Succeeded or Failed): it holds no GPU any more,
+        though the pod object stays until deleted."""
+        return self.phase in FINISHED_PHASES
 
 
 class PodSource(Protocol):
@@ -84,7 +94,25 @@ def pod_info_from_manifest(pod: dict[str, Any]) -> PodInfo:
         workload=str(annotations.get(contract.ANN_WORKLOAD, "")),
         priority_class=str((pod.get("spec") or {}).get("priorityClassName") or ""),
         checkpoints=str(annotations.get(contract.ANN_CHECKPOINTS, "")).lower() == "true",
+        phase=str((pod.get("status") or {}).get("phase") or ""),
+        p99_dedicated_s=_seconds(annotations.get(contract.ANN_P99_DEDICATED), where),
     )
+
+
+def _seconds(raw: object, where: str) -> float | None:
+    """A positive number of seconds, or None (absent, or bad: logged, and the loop measures instead)."""
+    if raw is None:
+        return None
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        value = math.nan
+    if math.isfinite(value) and value > 0:
+        return value
+    log.warning(
+        "%s: %s must be a positive number of seconds, got %r; ignored", where, contract.ANN_P99_DEDICATED, raw
+    )
+    return None
 
 
 class KubernetesPodSource(PodSource):
