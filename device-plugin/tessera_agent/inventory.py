@@ -7,12 +7,12 @@ schema (`tessera.api.gpu_inventory`), so what the agent writes is exactly what t
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Protocol
 
 from tessera.api import contract
 from tessera.api.gpu_inventory import GpuInfo, dump_node_gpus
+from tessera.kube import KubeClient, default_config
 
 from .backend import GpuBackend, usable_memory_mib
 
@@ -49,20 +49,11 @@ class NodePatcher(Protocol):
 
 
 class KubernetesNodePatcher(NodePatcher):
-    def __init__(self, api: Any | None = None) -> None:
-        if api is None:
-            from kubernetes import client, config
-
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            api = client.CoreV1Api()
-        self._api = api
+    def __init__(self, api: KubeClient | None = None) -> None:
+        self._api = api if api is not None else KubeClient(default_config())
 
     async def annotate(self, node: str, annotations: dict[str, str]) -> None:
-        body = {"metadata": {"annotations": annotations}}
-        await asyncio.to_thread(self._api.patch_node, node, body, _preload_content=False)
+        await self._api.patch_node_annotations(node, annotations)
 
 
 class InventoryPublisher:

@@ -7,8 +7,6 @@ assignment is read with the extender's own model (`tessera.api.assignment`), so 
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import math
 from dataclasses import dataclass, field, replace
@@ -17,6 +15,7 @@ from typing import Any, Protocol
 from tessera.api import contract
 from tessera.api.assignment import Assignment, AssignmentError
 from tessera.api.quantity import QuantityError, resource_quantity
+from tessera.kube import KubeClient, default_config
 
 log = logging.getLogger(__name__)
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -116,48 +115,28 @@ def _seconds(raw: object, where: str) -> float | None:
 
 
 class KubernetesPodSource(PodSource):
-    """Pods from the API server through the official client (calls run in a worker thread)."""
+    """Pods from the API server through Tessera's client (`tessera.kube`); credentials from the in-cluster
+    service account, else the default kubeconfig."""
 
-    def __init__(self, api: Any | None = None) -> None:
-        if api is None:
-            from kubernetes import client, config
-
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            api = client.CoreV1Api()
-        self._api = api
+    def __init__(self, api: KubeClient | None = None) -> None:
+        self._api = api if api is not None else KubeClient(default_config())
 
     @property
-    def api(self) -> Any:
-        """The CoreV1Api it uses (the BE restarter and event sink share it)."""
+    def api(self) -> KubeClient:
+        """The client it uses (the node patcher, BE restarter and event sink share it)."""
         return self._api
 
     async def pods_on_node(self, node: str) -> list[PodInfo]:
-        def fetch() -> list[dict[str, Any]]:
-            resp = self._api.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node}", _preload_content=False
-            )
-            return list(json.loads(resp.data).get("items") or [])
-
+        items = (await self._api.list_pods(field_selector=f"spec.nodeName={node}")).get("items") or []
         # the field selector is the server's job; checking again keeps a server that ignores it
         # (or a stale cache in between) from handing this node another node's pods
-        return [
-            pod_info_from_manifest(p)
-            for p in await asyncio.to_thread(fetch)
-            if (p.get("spec") or {}).get("nodeName") == node
-        ]
+        return [pod_info_from_manifest(p) for p in items if (p.get("spec") or {}).get("nodeName") == node]
 
     async def mark_allocated(self, pod: PodInfo, device_ids: list[str]) -> None:
         await self.annotate(pod, {contract.ANN_ALLOCATED: ",".join(device_ids)})
 
     async def annotate(self, pod: PodInfo, annotations: dict[str, str]) -> None:
-        body = {"metadata": {"annotations": annotations}}
-        # the reply is not needed; not decoding it also spares a full V1Pod validation per write
-        await asyncio.to_thread(
-            self._api.patch_namespaced_pod, pod.name, pod.namespace, body, _preload_content=False
-        )
+        await self._api.patch_pod_annotations(pod.namespace, pod.name, annotations)
 
 
 @dataclass

@@ -15,15 +15,13 @@ and never stops the loop.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from tessera.api import contract
+from tessera.kube import KubeClient, KubeError
 
 from .lanes import Lane, LaneAdmissionError, lane_class
 from .pods import pod_info_from_manifest
@@ -40,7 +38,7 @@ class RestartRefused(RuntimeError):
 class KubernetesPodRestarter:
     def __init__(
         self,
-        api: Any,
+        api: KubeClient,
         *,
         min_interval_s: float,
         hp_priority_classes: tuple[str, ...] = (contract.CLASS_LATENCY_CRITICAL,),
@@ -64,13 +62,9 @@ class KubernetesPodRestarter:
             )
         namespace, name = lane.pod.split("/", 1)
 
-        def read() -> dict[str, Any]:
-            resp = self._api.read_namespaced_pod(name, namespace, _preload_content=False)
-            return dict(json.loads(resp.data))
-
         try:
-            pod = pod_info_from_manifest(await asyncio.to_thread(read))
-        except Exception as err:  # gone, or the API is unreachable: nothing is deleted
+            pod = pod_info_from_manifest(await self._api.get_pod(namespace, name))
+        except (KubeError, ValueError) as err:  # gone, unreachable, or not a pod: nothing is deleted
             raise RestartRefused(f"cannot read the pod: {_short(err)}") from None
         if pod.uid != lane.uid:
             raise RestartRefused(f"the pod was replaced (UID {pod.uid}, lane held by {lane.uid})")
@@ -82,14 +76,9 @@ class KubernetesPodRestarter:
             raise RestartRefused(str(err)) from None
         if klass != "BE":
             raise RestartRefused("it is latency-critical")
-        body = {"preconditions": {"uid": lane.uid}}
-
-        def delete() -> None:
-            self._api.delete_namespaced_pod(name, namespace, body=body, _preload_content=False)
-
         try:
-            await asyncio.to_thread(delete)
-        except Exception as err:
+            await self._api.delete_pod(namespace, name, uid=lane.uid)
+        except KubeError as err:
             raise RestartRefused(f"delete failed: {_short(err)}") from None
         self._last[lane.pod] = now
         self.deleted.append(lane.pod)
@@ -99,7 +88,7 @@ class KubernetesPodRestarter:
 class KubernetesEventSink:
     """core/v1 Events on pods, from this node's agent."""
 
-    def __init__(self, api: Any, node: str) -> None:
+    def __init__(self, api: KubeClient, node: str) -> None:
         self._api = api
         self.node = node
 
@@ -121,13 +110,9 @@ class KubernetesEventSink:
             "lastTimestamp": stamp,
             "count": 1,
         }
-
-        def create() -> None:
-            self._api.create_namespaced_event(namespace, body, _preload_content=False)
-
         try:
-            await asyncio.to_thread(create)
-        except Exception as err:  # an event lost is logged; the loop goes on
+            await self._api.create_event(namespace, body)
+        except KubeError as err:  # an event lost is logged; the loop goes on
             log.warning("event %s on pod %s not written: %s (%s)", reason, pod, _short(err), message)
 
 

@@ -1,18 +1,16 @@
 """The operator's own Kubernetes calls: create/delete pods and children, patch status of other objects.
 
 kopf owns watching and the patches of the object a handler runs for; everything else the controller does
-(pods of an App, status of Apps an arbiter round touched, gateway Deployments) goes through this small
-aiohttp client, built from the same credentials kopf logged in with. Every call is recorded as
+(pods of an App, status of Apps an arbiter round touched, gateway Deployments) goes through Tessera's one
+client (`tessera.kube`), logged in with the same credentials as kopf. Every call is recorded as
 (api group, resource, verb) so tests can check them against the RBAC rules in `rbac.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
-import ssl
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
@@ -20,65 +18,30 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 import kopf
 
+from tessera.kube import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    EVENTS,
+    PODS,
+    SERVICES,
+    JsonObj,
+    Kind,
+    KubeClient,
+    KubeConfig,
+    KubeError,
+)
+
+__all__ = ["CONFIGMAPS", "DEPLOYMENTS", "EVENTS", "PODS", "SERVICES", "Kind", "KubeApi", "KubeError"]
+
 log = logging.getLogger(__name__)
-
-JsonObj = dict[str, Any]
-
-
-class KubeError(RuntimeError):
-    """An API call failed; `status` is the HTTP status (0 when the server could not be reached)."""
-
-    def __init__(self, message: str, status: int = 0) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True, slots=True)
-class Kind:
-    """Where a resource lives in the API: group ('' for core), version, plural."""
-
-    group: str
-    version: str
-    plural: str
-
-    def path(self, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
-        base = "/api/v1" if not self.group else f"/apis/{self.group}/{self.version}"
-        out = base + (f"/namespaces/{namespace}" if namespace else "") + f"/{self.plural}"
-        if name:
-            out += f"/{name}"
-        if sub:
-            out += f"/{sub}"
-        return out
-
-
-PODS = Kind("", "v1", "pods")
-SERVICES = Kind("", "v1", "services")
-CONFIGMAPS = Kind("", "v1", "configmaps")
-DEPLOYMENTS = Kind("apps", "v1", "deployments")
-EVENTS = Kind("", "v1", "events")
-
-
-def _ssl_context(conn: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
-    if conn.insecure:
-        return False
-    if not (conn.ca_path or conn.ca_data or conn.certificate_path or conn.certificate_data):
-        return True
-    ctx = ssl.create_default_context(
-        cafile=str(conn.ca_path) if conn.ca_path else None,
-        cadata=conn.ca_data.decode() if isinstance(conn.ca_data, bytes) else conn.ca_data,
-    )
-    if conn.certificate_path and conn.private_key_path:
-        ctx.load_cert_chain(str(conn.certificate_path), str(conn.private_key_path))
-    return ctx
 
 
 @dataclass
 class KubeApi:
-    """Typed calls over one aiohttp session; `calls` records (group, plural[/sub], verb) for RBAC checks
-    and `counts` how many requests each of those made (the benchmark's API calls per round). `seconds`
+    """Typed calls over one shared client (one connection pool); `calls` records (group, plural[/sub],
+    verb) for RBAC checks and `counts` how many requests each of those made (the benchmark's API calls per round). `seconds`
     sums each request's latency per call (overlapping requests both count) and `busy_s` the wall time with
     at least one request in flight (up to the last time none was; `busy_seconds()` up to now), so a
     benchmark can tell a round's time waiting on the server."""
@@ -90,10 +53,9 @@ class KubeApi:
     busy_s: float = 0.0
     _in_flight: int = 0
     _busy_since: float = 0.0
-    _session: aiohttp.ClientSession | None = None
-    # Built once: aiohttp pools connections per SSL context object, so a context made per request never
-    # reused a connection and paid a TLS handshake (and a CA file read) on every call.
-    _ssl: ssl.SSLContext | bool | None = None
+    # Built once, on the first call: one pool, one SSL context (a context made per request never reused a
+    # connection and paid a TLS handshake on every call).
+    _client: KubeClient | None = None
     # Events are best effort and come in bursts (hundreds in a 1000-App round). Unbounded, they filled the
     # session's connection pool and the round's pod and status writes queued behind them.
     events_in_flight: int = 4
@@ -103,15 +65,10 @@ class KubeApi:
         """`busy_s` with the stretch of requests in flight right now included."""
         return self.busy_s + (time.perf_counter() - self._busy_since if self._in_flight else 0.0)
 
-    def _headers(self) -> dict[str, str]:
-        if self.conn.token:
-            return {"Authorization": f"{self.conn.scheme or 'Bearer'} {self.conn.token}"}
-        return {}
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     async def _call(
         self,
@@ -123,34 +80,19 @@ class KubeApi:
         body: Any = None,
         content_type: str = "application/json",
         sub: str | None = None,
+        query: Mapping[str, str] | None = None,
     ) -> JsonObj:
         call = (kind.group, kind.plural + (f"/{sub}" if sub else ""), verb)
         self.calls.add(call)
         self.counts[call] += 1
-        if self._session is None:
-            self._session = aiohttp.ClientSession(headers=self._headers())
-        if self._ssl is None:
-            self._ssl = _ssl_context(self.conn)
-        data = None if body is None else json.dumps(body)
+        if self._client is None:
+            self._client = KubeClient(KubeConfig.from_kopf(self.conn))
         t0 = time.perf_counter()
         if not self._in_flight:
             self._busy_since = t0
         self._in_flight += 1
         try:
-            async with self._session.request(
-                method,
-                self.conn.server.rstrip("/") + path,
-                data=data,
-                headers={"Content-Type": content_type},
-                ssl=self._ssl,
-            ) as resp:
-                text = await resp.text()
-                if resp.status >= 300:
-                    raise KubeError(f"{method} {path}: HTTP {resp.status}: {text[:300]}", resp.status)
-                result: JsonObj = json.loads(text) if text else {}
-                return result
-        except aiohttp.ClientError as err:
-            raise KubeError(f"{method} {path}: {err}") from err
+            return await self._client.request(method, path, query=query, body=body, content_type=content_type)
         finally:
             t1 = time.perf_counter()
             self.seconds[call] += t1 - t0
@@ -172,11 +114,9 @@ class KubeApi:
     ) -> None:
         """Delete; already gone (404) counts as done. `grace_seconds` is the pod's SIGTERM→SIGKILL window."""
         body = {"gracePeriodSeconds": grace_seconds} if grace_seconds is not None else None
-        path = kind.path(namespace, name)
-        if grace_seconds is not None:
-            path += f"?gracePeriodSeconds={grace_seconds}"
+        query = {"gracePeriodSeconds": str(grace_seconds)} if grace_seconds is not None else None
         try:
-            await self._call("delete", kind, "DELETE", path, body=body)
+            await self._call("delete", kind, "DELETE", kind.path(namespace, name), body=body, query=query)
         except KubeError as err:
             if err.status != 404:
                 raise

@@ -6,13 +6,14 @@ converging with its deletions spaced by the interval."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncIterator
 from typing import Any
 
 import kmock
 import pytest
-from kubernetes import client
 from tessera.api import contract
 from tessera.api.assignment import Assignment
+from tessera.kube import KubeClient, KubeConfig
 from tessera_agent.interference import (
     REASON_CHANGED,
     REASON_NOT_RESTARTED,
@@ -38,16 +39,16 @@ class Clock:
 
 
 @pytest.fixture
-def api(kmock: kmock.KubernetesEmulator) -> client.CoreV1Api:
+async def api(kmock: kmock.KubernetesEmulator) -> AsyncIterator[KubeClient]:
     kmock.resources[PODS] = kmock.ResourceInfo(
         kind="Pod", namespaced=True, verbs={"list", "watch", "get", "patch", "create", "delete"}
     )
     kmock.resources[EVENTS] = kmock.ResourceInfo(
         kind="Event", namespaced=True, verbs={"create", "list", "get"}
     )
-    cfg = client.Configuration()
-    cfg.host = str(kmock.url).rstrip("/")
-    return client.CoreV1Api(client.ApiClient(cfg))
+    kube = KubeClient(KubeConfig(str(kmock.url).rstrip("/")))
+    yield kube
+    await kube.close()
 
 
 def assignment(name: str, compute: int = 100) -> Assignment:
@@ -96,7 +97,7 @@ def lane_of(pod: PodInfo, klass: str = "BE") -> Lane:
 
 
 async def test_restarter_deletes_only_checkpointing_be_pods_within_the_interval(
-    kmock: kmock.KubernetesEmulator, api: client.CoreV1Api
+    kmock: kmock.KubernetesEmulator, api: KubeClient
 ) -> None:
     clock = Clock()
     be = seed(kmock, "be", "training:best-effort", checkpoints=True)
@@ -129,7 +130,7 @@ async def test_restarter_deletes_only_checkpointing_be_pods_within_the_interval(
     assert deletes(kmock) == ["be", "be"] and restarter.deleted == ["ml/be", "ml/be"]
 
 
-async def test_event_sink_posts_pod_events(kmock: kmock.KubernetesEmulator, api: client.CoreV1Api) -> None:
+async def test_event_sink_posts_pod_events(kmock: kmock.KubernetesEmulator, api: KubeClient) -> None:
     sink = KubernetesEventSink(api, NODE)
     await sink.event("ml/be", REASON_CHANGED, "BE share 50% → 25%")
     await sink.event("ml/plain", REASON_NOT_RESTARTED, "not restarted", warning=True)
@@ -147,7 +148,7 @@ def hp_p99(p_be: int) -> float:
 
 
 async def test_loop_on_kmock_converges_and_deletes_within_the_limits(
-    kmock: kmock.KubernetesEmulator, api: client.CoreV1Api
+    kmock: kmock.KubernetesEmulator, api: KubeClient
 ) -> None:
     """The loop with the real restarter and event sink: the BE share moves from 90% to within the target,
     then stays; each deletion is of the checkpointing BE pod, none closer than the minimum interval; the

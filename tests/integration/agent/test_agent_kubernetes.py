@@ -16,11 +16,10 @@ import aiohttp
 import grpc
 import kmock
 import pytest
-from kubernetes import client
 from tessera.api import contract
-from tessera.extender.kube import KubeClient, KubeConfig
 from tessera.extender.server import Extender
 from tessera.extender.view import ClusterView
+from tessera.kube import KubeClient, KubeConfig
 from tessera.sdk import ProgressError, report_progress
 from tessera_agent.allocate import progress_endpoint
 from tessera_agent.backend import MIB, GpuInfo
@@ -42,16 +41,16 @@ U1 = "GPU-bbbbbbbb-0000-4000-8000-000000000000"
 
 
 @pytest.fixture
-def api(kmock: kmock.KubernetesEmulator) -> client.CoreV1Api:
+async def api(kmock: kmock.KubernetesEmulator) -> AsyncIterator[KubeClient]:
     kmock.resources[PODS] = kmock.ResourceInfo(
         kind="Pod", namespaced=True, verbs={"list", "watch", "get", "patch", "create", "delete"}
     )
     kmock.resources[NODES] = kmock.ResourceInfo(
         kind="Node", namespaced=False, verbs={"list", "watch", "get", "patch"}
     )
-    cfg = client.Configuration()
-    cfg.host = str(kmock.url).rstrip("/")
-    return client.CoreV1Api(client.ApiClient(cfg))
+    kube = KubeClient(KubeConfig(str(kmock.url).rstrip("/")))
+    yield kube
+    await kube.close()
 
 
 def seed_pod(
@@ -118,7 +117,7 @@ def sock_dir() -> Iterator[Path]:
 
 
 async def test_pod_source_lists_this_nodes_pods_and_marks_allocation(
-    kmock: kmock.KubernetesEmulator, api: client.CoreV1Api
+    kmock: kmock.KubernetesEmulator, api: KubeClient
 ) -> None:
     seed_pod(kmock, "mine", assignment=assignment())
     seed_pod(kmock, "plain")
@@ -143,7 +142,7 @@ async def test_pod_source_lists_this_nodes_pods_and_marks_allocation(
 
 
 async def test_node_patcher_writes_the_inventory_the_extender_view_parses(
-    kmock: kmock.KubernetesEmulator, api: client.CoreV1Api
+    kmock: kmock.KubernetesEmulator, api: KubeClient
 ) -> None:
     seed_node(kmock)
     backend = FakeGpuBackend(
@@ -172,7 +171,7 @@ class BindingKubeClient(KubeClient):
     API server applies it: by setting spec.nodeName."""
 
     async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> dict[str, Any]:
-        return await self._call(
+        return await self.request(
             "PATCH",
             f"/api/v1/namespaces/{namespace}/pods/{name}",
             body={"spec": {"nodeName": node}},
@@ -181,7 +180,7 @@ class BindingKubeClient(KubeClient):
 
 
 async def test_extender_assignment_is_what_allocate_consumes(
-    kmock: kmock.KubernetesEmulator, api: client.CoreV1Api, sock_dir: Path
+    kmock: kmock.KubernetesEmulator, api: KubeClient, sock_dir: Path
 ) -> None:
     # the agent publishes its GPUs; the extender learns them through its own view
     seed_node(kmock)
@@ -255,7 +254,7 @@ async def test_extender_assignment_is_what_allocate_consumes(
 
 @pytest.fixture
 async def progress(
-    kmock: kmock.KubernetesEmulator, api: client.CoreV1Api, sock_dir: Path
+    kmock: kmock.KubernetesEmulator, api: KubeClient, sock_dir: Path
 ) -> AsyncIterator[ProgressServer]:
     server = ProgressServer(NODE, KubernetesPodSource(api), socket_path=sock_dir / "progress.sock")
     await server.start()

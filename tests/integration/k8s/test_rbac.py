@@ -22,11 +22,10 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 from tessera.api import contract
 from tessera.api.gpu_inventory import GpuInfo as InventoryGpu
 from tessera.api.gpu_inventory import parse_node_gpus
+from tessera.kube import KubeClient, KubeConfig
 from tessera.sdk import report_progress
 from tessera_agent.agent import NodeAgent
 from tessera_agent.allocate import progress_endpoint
@@ -151,8 +150,9 @@ def node_gpus(cluster: ControlPlane, node: str) -> list[InventoryGpu]:
     return parse_node_gpus(annotations.get(contract.ANN_NODE_GPUS, "[]"), node=node)
 
 
-def agent_api(creds: Credentials) -> k8s_client.CoreV1Api:
-    return k8s_client.CoreV1Api(k8s_config.new_client_from_config(config_file=str(creds.kubeconfig)))
+def agent_api(creds: Credentials) -> KubeClient:
+    """The agent's own client (tessera.kube), with the ServiceAccount's token."""
+    return KubeClient(KubeConfig.from_kubeconfig(creds.kubeconfig))
 
 
 async def test_node_agent_allocates_and_publishes_under_its_service_account(
@@ -241,6 +241,7 @@ async def test_node_agent_allocates_and_publishes_under_its_service_account(
         stop.set()
         await asyncio.wait_for(task, 30)
         await kubelet.stop()
+        await api.close()
         cluster.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/train?gracePeriodSeconds=0")
 
     events = audit.events()
