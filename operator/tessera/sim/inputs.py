@@ -9,9 +9,11 @@ field is the path a user writes (`apps[3].jobs[0].gpus`), like the CRDs' admissi
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import types
 import typing
-from typing import Annotated, Any, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, create_model
 
@@ -31,6 +33,7 @@ from tessera.sim.scenario import (
 M = TypeVar("M", bound=BaseModel)
 
 INT64 = (1 << 63) - 1
+_PLAIN = re.compile(r"[A-Za-z0-9_.-]+")
 
 # Numbers as a scenario gives them: finite (the model config refuses NaN and infinity), never a bool or a
 # string, and bounded so that no value makes a run endless.
@@ -78,7 +81,7 @@ def _strict(annotation: Any) -> Any:
 def mirror(cls: type, *, exclude: frozenset[str] = frozenset(), **overrides: Any) -> type[Input]:
     """An input model with the fields of dataclass `cls` (names, types, defaults), so a scenario block that
     configures it is checked field by field; the dataclass's own checks still run when it is built.
-    `overrides` replaces a field's annotation, keeping its default."""
+    `overrides` replaces a field's annotation (keeping its default), or, given as (annotation, default), both."""
     hints = typing.get_type_hints(cls)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -88,13 +91,19 @@ def mirror(cls: type, *, exclude: frozenset[str] = frozenset(), **overrides: Any
         if default is dataclasses.MISSING:
             factory: Any = f.default_factory
             default = factory() if factory is not dataclasses.MISSING else ...
-        fields[f.name] = (overrides.get(f.name, _strict(hints[f.name])), default)
+        override = overrides.get(f.name, _strict(hints[f.name]))
+        fields[f.name] = override if isinstance(override, tuple) else (override, default)
     return create_model(f"{cls.__name__}Input", __base__=Input, **fields)
 
 
 def given(model: BaseModel) -> dict[str, Any]:
     """The fields the input set (not the defaults), as keyword arguments for the dataclass it mirrors."""
     return {k: getattr(model, k) for k in model.model_fields_set}
+
+
+def one_of(names: tuple[str, ...]) -> Any:
+    """A string out of `names` (an enum in the JSON Schema)."""
+    return Literal[names]
 
 
 def validate(model: type[M], data: Any, source: str, prefix: str = "", *, strict: bool | None = None) -> M:
@@ -109,10 +118,16 @@ def validate(model: type[M], data: Any, source: str, prefix: str = "", *, strict
 
 
 def path(loc: tuple[int | str, ...]) -> str:
-    """('apps', 3, 'jobs', 0, 'gpus') → apps[3].jobs[0].gpus"""
+    """('apps', 3, 'jobs', 0, 'gpus') → apps[3].jobs[0].gpus; a key that is not a plain name is quoted
+    (`sim["a\\nb"]`), so an error stays one line whatever keys a file has."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN.fullmatch(str(part)):
+            out += f".{part}" if out else str(part)
+        else:
+            out += f"[{json.dumps(str(part))}]"
     return out
 
 
@@ -149,7 +164,7 @@ def problem(model: type[BaseModel], err: Any) -> str:
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return f"must be an integer (a whole number), got {value!r}"
     if kind == "literal_error":
-        return f"must be one of {ctx.get('expected')}, got {value!r}"
+        return f"unknown {value!r}; known: {ctx.get('expected')}"
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return f"must be a mapping, got {type(value).__name__}"
     if kind in ("list_type", "tuple_type"):

@@ -29,7 +29,7 @@ def test_bad_file_is_reported_with_file_and_field(tmp_path: Path, capsys: pytest
     bad.write_text("kind: training\npolicies: [themis, nope]\n")
     assert main(["simulate", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert f"{bad}: policies[1].policy: unknown policy 'nope'" in err
+    assert f"{bad}: policies[1].policy: unknown 'nope'" in err
     bad.write_text("kind: fancy\n")
     assert main(["simulate", str(bad)]) == 2
     assert "kind: unknown kind 'fancy'" in capsys.readouterr().err

@@ -102,7 +102,7 @@ def test_scenario_runs_every_policy(tmp_path: Path) -> None:
             "cluster.machines[0].count",
             "integer >= 1",
         ),
-        ({"policies": ["themis", "magic"]}, "policies[1].policy", "unknown policy 'magic'"),
+        ({"policies": ["themis", "magic"]}, "policies[1].policy", "unknown 'magic'"),
         ({"policies": [{"policy": "themis", "fairness_knob": 2}]}, "policies[0]", "fairness_knob"),
         ({"themis": {"lease": 5}}, "themis.lease", "unknown field"),
         ({"trace": {"file": "missing.csv"}}, "trace.file", "file not found"),

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, Strict
 
 from tessera.progress import Progress
-from tessera.sim.inputs import Bool, Count, Input, Int, Positive, Requests
+from tessera.sim.inputs import Bool, Count, Input, Int, Positive, Requests, one_of
 from tessera.sim.inputs import validate as validate_input
 from tessera.sim.scenario import ScenarioError
 
@@ -44,12 +44,6 @@ def _be_model(m: str) -> str:
     if f"{m}-training" not in MODELS:
         raise ValueError(f"no training kernel mix for {m!r}")
     return m
-
-
-def _policy(p: str) -> str:
-    if p not in _KNOWN_POLICIES:
-        raise ValueError(f"unknown {p!r}; choose from {list(_KNOWN_POLICIES)}")
-    return p
 
 
 class OrionWorkloadInput(Input):
@@ -82,7 +76,7 @@ class OrionFile(Input):
     workload: OrionWorkloadInput = OrionWorkloadInput()
     policy: OrionPolicyInput = OrionPolicyInput()
     policies: Annotated[
-        list[Annotated[str, AfterValidator(_policy)]],
+        list[one_of(_KNOWN_POLICIES)],  # type: ignore[valid-type]
         Field(min_length=1, default_factory=lambda: list(POLICIES)),
     ]
 

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import AfterValidator, Field, Strict
+from pydantic import Field, Strict
 
 from tessera.policy.lanes.fragmentation import Shape, workload_of
 from tessera.policy.lanes.packing import POLICIES, PackingConfig, Tessera, make_policy
 from tessera.progress import Progress
-from tessera.sim.inputs import Bool, Input, Int, PositiveInt
+from tessera.sim.inputs import Bool, Input, Int, PositiveInt, one_of
 from tessera.sim.inputs import validate as validate_input
 from tessera.sim.packing import synthetic, through_extender
 from tessera.sim.packing.experiment import GRID, Curve, arrivals
@@ -86,12 +86,6 @@ def trace_dir(name: str, source: str) -> Path:
     )
 
 
-def _policy(p: str) -> str:
-    if p not in POLICIES:
-        raise ValueError(f"unknown policy {p!r}; known: {', '.join(POLICIES)}")
-    return p
-
-
 class TesseraInput(Input):
     """Knobs of Tessera's own packing policy."""
 
@@ -110,7 +104,7 @@ class PackingFile(Input):
     synthetic: SyntheticInput | None = None
     seeds: Annotated[list[Int], Field(min_length=1)] = Field(default_factory=lambda: [0, 1, 2])
     policies: Annotated[
-        list[Annotated[str, AfterValidator(_policy)]],
+        list[one_of(POLICIES)],  # type: ignore[valid-type]
         Field(min_length=1, default_factory=lambda: list(POLICIES)),
     ]
     node_sample: PositiveInt = 1  # keep every n-th node

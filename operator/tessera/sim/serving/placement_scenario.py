@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import AfterValidator, Field, Strict
+from pydantic import Field, Strict
 
 from tessera.policy.serving.alpaserve import (
     GB,
@@ -24,7 +24,7 @@ from tessera.policy.serving.alpaserve import (
     synthetic_profile,
 )
 from tessera.progress import Progress
-from tessera.sim.inputs import Bool, Gpus, Input, Positive, Real, Seconds, Seed
+from tessera.sim.inputs import Bool, Gpus, Input, Positive, Real, Seconds, Seed, one_of
 from tessera.sim.inputs import validate as validate_input
 from tessera.sim.scenario import ScenarioError
 from tessera.sim.serving.placement_sim import (
@@ -69,12 +69,6 @@ class PlacementScenario:
 
 
 SearchSize = Annotated[int, Strict(), Field(ge=1, le=1024)]
-
-
-def _policy(x: str) -> str:
-    if x not in POLICIES:
-        raise ValueError(f"unknown {x!r}; choose from {list(POLICIES)}")
-    return x
 
 
 class PlacementClusterInput(Input):
@@ -133,7 +127,7 @@ class PlacementFile(Input):
     search: SearchInput = SearchInput()
     profile: ProfileInput = ProfileInput()
     policies: Annotated[
-        list[Annotated[str, AfterValidator(_policy)]],
+        list[one_of(POLICIES)],  # type: ignore[valid-type]
         Field(min_length=1, default_factory=lambda: list(POLICIES)),
     ]
     clockwork_window_s: Positive = 60.0

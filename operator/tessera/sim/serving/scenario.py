@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import Field
 
 from tessera.policy.serving.common import BatchLatencyModel
 from tessera.progress import Progress
-from tessera.sim.inputs import Bool, Count, Gpus, Input, Positive, Real, Requests, Seconds, Seed
+from tessera.sim.inputs import Bool, Count, Gpus, Input, Positive, Real, Requests, Seconds, Seed, one_of
 from tessera.sim.inputs import validate as validate_input
 from tessera.sim.scenario import ScenarioError
 from tessera.sim.serving.batching_experiment import POLICIES as BATCHING_POLICIES
@@ -83,15 +83,7 @@ class ServingScenario:
 
 def _policies(allowed: tuple[str, ...]) -> Any:
     """A non-empty list of policy names out of `allowed` (default: all of them)."""
-
-    def one(x: str) -> str:
-        if x not in allowed:
-            raise ValueError(f"unknown {x!r}; choose from {list(allowed)}")
-        return x
-
-    return Annotated[
-        list[Annotated[str, AfterValidator(one)]], Field(min_length=1, default_factory=lambda: list(allowed))
-    ]
+    return Annotated[list[one_of(allowed)], Field(min_length=1, default_factory=lambda: list(allowed))]  # type: ignore[misc]
 
 
 PositiveList = Annotated[list[Positive], Field(min_length=1)]

@@ -34,7 +34,19 @@ from tessera.policy.baselines import BASELINES
 from tessera.policy.themis import Themis, ThemisConfig
 from tessera.policy.training import TrainingPolicy
 from tessera.progress import Progress
-from tessera.sim.inputs import Apps, Gpus, Input, Int, Machines, PositiveInt, Seconds, Trials, given, mirror
+from tessera.sim.inputs import (
+    Apps,
+    Gpus,
+    Input,
+    Int,
+    Machines,
+    PositiveInt,
+    Seconds,
+    Trials,
+    given,
+    mirror,
+    one_of,
+)
 from tessera.sim.inputs import validate as validate_input
 from tessera.sim.scenario import MAX_GPUS, MAX_MACHINES, ScenarioError
 from tessera.sim.training.report import TrainingResult
@@ -108,10 +120,10 @@ def _named(v: Any) -> Any:
 
 ThemisInput = mirror(ThemisConfig, lease_s=Seconds)
 GeneratorInput = mirror(GeneratorConfig, apps=Apps, jobs_per_app=tuple[Trials, Trials])
-SimInput = mirror(SimConfig, reported_sensitivity=dict[str, SensitivityInput])
+SimInput = mirror(SimConfig, reported_sensitivity=(dict[str, SensitivityInput], {}))
 # A policy entry: a baseline takes lease_s and placement; themis any ThemisConfig knob.
 _ENTRY_FIELDS: dict[str, Any] = {
-    "policy": (str, ...),
+    "policy": (one_of(tuple(ALL_POLICIES)), ...),
     "label": (str | None, None),
     "lease_s": (Seconds | None, None),
     "placement": (str | None, None),

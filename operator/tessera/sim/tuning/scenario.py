@@ -29,7 +29,7 @@ from pydantic import AfterValidator, Field
 
 from tessera.policy.fluid import FluidConfig
 from tessera.progress import Progress
-from tessera.sim.inputs import Budget, Gpus, Input, Int, Runs, Trials
+from tessera.sim.inputs import Budget, Gpus, Input, Int, Runs, Trials, one_of
 from tessera.sim.inputs import validate as validate_input
 from tessera.sim.scenario import ScenarioError
 from tessera.sim.tuning.app_spec import FluidInput, WorkloadInput, build_fluid, build_workload
@@ -59,12 +59,7 @@ class TuningScenario:
 
 
 def _names(known: tuple[str, ...]) -> Any:
-    """A non-empty list of names out of `known`, none twice (an unknown one is named by its index)."""
-
-    def one(x: str) -> str:
-        if x not in known:
-            raise ValueError(f"unknown {x!r}; known: {', '.join(known)}")
-        return x
+    """A non-empty list of names out of `known` (default: all), none twice."""
 
     def distinct(v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
@@ -72,7 +67,7 @@ def _names(known: tuple[str, ...]) -> Any:
         return v
 
     return Annotated[
-        list[Annotated[str, AfterValidator(one)]],
+        list[one_of(known)],  # type: ignore[misc]
         Field(min_length=1, default_factory=lambda: list(known)),
         AfterValidator(distinct),
     ]
