@@ -2,7 +2,8 @@
 
 A scenario YAML has a top-level `kind` (default `training`). Each kind is a module exposing
 
-    load(data: dict, source: str) -> Scenario        # validate; raise ScenarioError naming file+field
+    load(data: dict, source: str) -> Scenario        # validate (its input model, tessera.sim.inputs);
+                                                     # raise ScenarioError naming file+field
     run(scenario, *, progress: bool) -> SimResult    # run every policy in the scenario
 
 and a bundled default scenario file in `tessera/sim/data/`.
@@ -10,7 +11,6 @@ and a bundled default scenario file in `tessera/sim/data/`.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,43 +43,6 @@ class ScenarioError(ValueError):
     def __init__(self, source: str, field: str, problem: str) -> None:
         self.source, self.field, self.problem = source, field, problem
         super().__init__(f"{source}: {field}: {problem}")
-
-
-def section(source: str, data: Any, key: str, where: str = "") -> dict[str, Any]:
-    """`data[key]` as a mapping ({} when absent); ScenarioError naming the field when it is something else."""
-    value = data.get(key) if isinstance(data, dict) else None
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ScenarioError(source, f"{where}{key}", f"must be a mapping, got {type(value).__name__}")
-    return value
-
-
-def real(
-    source: str, field: str, value: Any, *, minimum: float = -MAX_NUMBER, maximum: float = MAX_NUMBER
-) -> float:
-    """A finite number in [minimum, maximum]; ScenarioError naming the field (and the cap) otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ScenarioError(source, field, f"must be a finite number, got {value!r}")
-    if not minimum <= value <= maximum:
-        raise ScenarioError(source, field, f"must be in [{minimum:g}, {maximum:g}], got {value!r}")
-    return float(value)
-
-
-def integer(source: str, field: str, value: Any, *, minimum: int = 0, maximum: int = (1 << 63) - 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise ScenarioError(source, field, f"must be an integer in [{minimum}, {maximum}], got {value!r}")
-    return value
-
-
-def names(source: str, field: str, value: Any, allowed: tuple[str, ...]) -> list[str]:
-    """A non-empty list of names out of `allowed`."""
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise ScenarioError(source, field, f"must be a non-empty list from {list(allowed)}")
-    bad = [v for v in value if v not in allowed]
-    if bad:
-        raise ScenarioError(source, field, f"unknown {bad}; choose from {list(allowed)}")
-    return list(value)
 
 
 class SimResult(Protocol):
