@@ -567,3 +567,111 @@ def test_charts_kube_scheduler_leads_and_schedules_under_its_roles(
     assert_exact(leases, grants(objs, sa, "Role"), "kube-scheduler's leader election")
     # The kube-system RoleBinding: the built-in reader Role of extension-apiserver-authentication.
     assert ("", "configmaps", "get") in calls(events, "kube-system")
+
+
+# --- the node agent's BE feedback loop (agent.lanes.feedback) ------------------------------------------
+
+# Its own ClusterRole and ServiceAccount: the default release's, which other tests check, stay as they are.
+FEEDBACK_RELEASE = "tessera-fb"
+FEEDBACK_VALUES = {"agent": {"lanes": {"hpBe": True, "feedback": {"enabled": True}}}}
+
+
+@pytest.fixture(scope="module")
+def feedback_rbac(crds: ControlPlane) -> tuple[list[dict[str, Any]], Credentials]:
+    """The chart's RBAC rendered with the feedback loop on (release `tessera-fb`); the agent's objects and
+    credentials."""
+    crds.kubectl("create", "namespace", RELEASE_NS, check=False)
+    objs = objects(render(FEEDBACK_VALUES, name=FEEDBACK_RELEASE, namespace=RELEASE_NS))
+    docs = [o for o in objs if o["kind"] in RBAC_KINDS and o["metadata"]["labels"].get(
+        "app.kubernetes.io/component") == "agent"]  # fmt: skip
+    crds.kubectl("apply", "-f", "-", stdin="\n---\n".join(yaml.safe_dump(d) for d in docs))
+    (sa,) = [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"]
+    token = request_token(crds, RELEASE_NS, sa)
+    path = crds.write_kubeconfig(crds.workdir / "agent-feedback.kubeconfig", token=token)
+    return objs, Credentials(sa, token, path)
+
+
+def default_agent_sa() -> str:
+    """The default release's agent ServiceAccount name (as its ClusterRoleBinding's subject)."""
+    objs = chart_objects()
+    (sa,) = [
+        o["metadata"]["name"]
+        for o in objs
+        if o["kind"] == "ServiceAccount" and o["metadata"]["labels"]["app.kubernetes.io/component"] == "agent"
+    ]
+    return str(sa)
+
+
+def be_pod(name: str, *, checkpoints: bool, workload: str = "training:best-effort") -> dict[str, Any]:
+    ann = {contract.ANN_WORKLOAD: workload}
+    if checkpoints:
+        ann[contract.ANN_CHECKPOINTS] = "true"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": ann},
+        "spec": {"containers": [{"name": "main", "image": "trainer:1"}]},
+    }
+
+
+async def test_be_feedback_restarts_and_events_use_exactly_their_grants(
+    cluster: ControlPlane, feedback_rbac: tuple[list[dict[str, Any]], Credentials], namespace: str
+) -> None:
+    """The loop's Kubernetes side as the agent's ServiceAccount with agent.lanes.feedback on: the
+    restarter re-reads a BE pod and deletes it (UID precondition), refuses one that does not checkpoint
+    and a latency-critical one after reading them, and every change or refusal is an Event. The calls it
+    makes are exactly what feedback adds to the agent's ClusterRole (the rest is the default agent test's)."""
+    from tessera_agent.lanes import Lane
+    from tessera_agent.restarts import KubernetesEventSink, KubernetesPodRestarter, RestartRefused
+
+    objs, creds = feedback_rbac
+    lanes = {}
+    for name, kw in (
+        ("be", {"checkpoints": True}),
+        ("no-ckpt", {"checkpoints": False}),
+        ("hp", {"checkpoints": True, "workload": "serving:latency-critical"}),
+    ):
+        status, body = cluster.request("POST", f"/api/v1/namespaces/{namespace}/pods", be_pod(name, **kw))
+        assert status == 201, body
+        lanes[name] = Lane(body["metadata"]["uid"], f"{namespace}/{name}", "GPU-0", "BE", 1024, 30, True)
+    api = agent_api(creds)
+    restarter = KubernetesPodRestarter(api, min_interval_s=300)
+    sink = KubernetesEventSink(api, "node-fb")
+    audit = Audit(cluster, sa_user(creds.service_account))
+    try:
+        await restarter.restart(lanes["be"], "BE share 50% -> 25%")
+        await sink.event(lanes["be"].pod, "BEShareChanged", "BE share 50% -> 25%: HP p99 over target")
+        refusals = {}
+        for name in ("no-ckpt", "hp"):
+            with pytest.raises(RestartRefused) as err:
+                await restarter.restart(lanes[name], "BE share 50% -> 25%")
+            refusals[name] = str(err.value)
+            await sink.event(lanes[name].pod, "BERestartRefused", refusals[name], warning=True)
+        with pytest.raises(RestartRefused, match="minimum interval"):  # refused before any API call
+            await restarter.restart(lanes["be"], "again")
+    finally:
+        await api.close()
+
+    assert "checkpoints" in refusals["no-ckpt"] and "latency-critical" in refusals["hp"], refusals
+    assert restarter.deleted == [lanes["be"].pod]
+
+    def deleted() -> bool:
+        pod = cluster.get(f"/api/v1/namespaces/{namespace}/pods/be")
+        return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
+
+    await wait_for(deleted, 60, "the BE pod to be deleted")
+    assert cluster.get(f"/api/v1/namespaces/{namespace}/pods/no-ckpt") is not None
+    listed = cluster.get(f"/api/v1/namespaces/{namespace}/events") or {}
+    reasons = sorted(
+        (e["involvedObject"]["name"], e["reason"])
+        for e in listed.get("items", [])
+        if e.get("reportingComponent") == "tessera-agent"
+    )
+    assert reasons == [("be", "BEShareChanged"), ("hp", "BERestartRefused"), ("no-ckpt", "BERestartRefused")]
+
+    events = await wait_for(lambda: audit.events() if len(audit.events()) >= 7 else None, 30, "the audit log")
+    assert forbidden(events) == []
+    used = {call_of(e) for e in events}
+    added = grants(objs, creds.service_account) - grants(chart_objects(), default_agent_sa())
+    assert added, "agent.lanes.feedback grants the agent nothing more than the defaults"
+    assert_exact(used, added, "the node agent's BE feedback loop")
