@@ -434,6 +434,14 @@ class PoolGroupStatus(WireModel):
     placed: str | None = Field(
         default=None, description="Its GPUs (node/index, comma-separated) once placed."
     )
+    state: Literal["Starting", "Active", "Retiring", "Draining"] = Field(
+        default="Active",
+        description=(
+            "Starting: in the current plan, its worker coming up, not routed; Active: routed; Retiring: left "
+            "out of a new plan, routed until the new groups run; Draining: out of routing, its worker goes "
+            "once nothing is in flight there."
+        ),
+    )
 
 
 class ModelDeploymentStatus(WireModel):

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import kopf
 
 from tessera.api import contract
@@ -24,9 +26,11 @@ from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind, KubeApi
 from tessera.controller.pods import Owner, PodPlan
 from tessera.controller.pools import (
+    DRAINING,
+    ENV_GROUP,
     POOL_LABEL,
+    POOL_SUFFIX,
     PoolState,
-    allocate,
     member_of,
     plan_pool,
     pool_gateway_url,
@@ -236,23 +240,33 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         except ServingSpecError as err:
             self._invalid(body, patch, invalid_status([("spec", f"pool {pool}: {err}")]))
             return
+        now = time.monotonic()
         if why is not None:
-            taken = self.reserved() | self.held_elsewhere() | self.view.used_by_pods(exclude_label=POOL_LABEL)
-            if state is not None:
-                taken -= state.held()  # the old groups' GPUs go to the new plan (see docs: no overlap yet)
-            by_node: dict[str, list[str]] = {}
-            for g in cluster.gpus:
-                if g.healthy and g.id not in taken:
-                    by_node.setdefault(g.node, []).append(g.id)
-            state = self.pools[key] = PoolState(
-                rec.namespace, plan, allocate(plan, by_node), members[0].name, why
-            )
+            if state is None:
+                state = self.pools[key] = PoolState.first(rec.namespace, plan, members[0].name, why)
+            else:
+                state.replace(plan, now, why)
             self._event(
                 rec, "Normal", "PoolPlanned",
                 f"pool {pool} ({why}): {len(plan.groups)} groups, predicted attainment "
                 f"{100 * plan.attainment:.1f}%, search {plan.search_seconds:.2f}s",
             )  # fmt: skip
         assert state is not None
+        # Bring up new groups, switch routing, drain old ones (spec §5.3), one step per pass.
+        taken = self.reserved() | self.held_elsewhere() | self.view.used_by_pods(exclude_label=POOL_LABEL)
+        by_node: dict[str, list[str]] = {}
+        for g in cluster.gpus:
+            if g.healthy and g.id not in taken:
+                by_node.setdefault(g.node, []).append(g.id)
+        draining = any(e.state == DRAINING for e in state.groups.values())
+        drained = await self._drained_groups(state) if draining else set()
+        before = {gid: e.state for gid, e in state.groups.items()}
+        state.step(by_node, self._running_groups(state, rec.namespace), drained, now)
+        after = {gid: e.state for gid, e in state.groups.items()}
+        if before != after:
+            moved = sorted(g for g in {*before, *after} if before.get(g) != after.get(g))
+            changes = ", ".join(f"{g} {before.get(g, 'new')} → {after.get(g, 'gone')}" for g in moved)
+            self._event(rec, "Normal", "PoolSwitch", f"pool {pool}: {changes}")
         owner_rec = self.records.get((rec.namespace, state.owner)) or members[0]
         state.owner = owner_rec.name
         owner = Owner(contract.KIND_MODELDEPLOYMENT, owner_rec.name, owner_rec.namespace, owner_rec.uid)
@@ -313,6 +327,36 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         ):
             patch.status.update(status)
             patch.status["conditions"] = conditions
+
+    def _running_groups(self, state: PoolState, namespace: str) -> set[str]:
+        """Groups whose worker pod runs (its phase as the kubelet reports it)."""
+        plans = {p.name: p.env[ENV_GROUP] for p in state.pod_plans({}, contract.WORKLOAD_SERVING)}
+        pods = self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, state.owner, namespace)
+        return {plans[p.name] for p in pods if p.phase == "Running" and p.name in plans}
+
+    async def _drained_groups(self, state: PoolState) -> set[str]:
+        """Draining groups the pool gateway no longer routes to and has nothing in flight on (its /stats);
+        empty when it cannot be read (the drain timeout then decides)."""
+        name = state.name + POOL_SUFFIX
+        url = self.config.gateway_url(state.namespace, name) if self.config.gateway_url else None
+        url = url or pool_gateway_url(state.namespace, state.name)
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"{url}/stats", timeout=aiohttp.ClientTimeout(total=1.0)) as r,
+            ):
+                doc = await r.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return set()
+        groups = doc.get("pool_groups") if isinstance(doc, dict) else None
+        if not isinstance(groups, dict):
+            return set()
+        return {
+            gid
+            for gid, e in state.groups.items()
+            if e.state == DRAINING
+            and (gid not in groups or (not groups[gid].get("routing") and not groups[gid].get("inflight")))
+        }
 
     async def _read_stats(self, rec: ServingRecord, status_in: dict[str, Any]) -> dict[str, Any]:
         """Status fields from the gateway's counters when a read is due (else {}): the window's figures;

@@ -246,13 +246,13 @@ ENV_STAGES = "TESSERA_PIPELINE_STAGES"  # a pool worker runs each model in this 
 ENV_GROUP = "TESSERA_POOL_GROUP"
 
 
-def allocate(plan: PoolPlan, free_by_node: dict[str, list[str]]) -> dict[str, list[str]]:
+def allocate(groups: Sequence[GroupPlan], free_by_node: dict[str, list[str]]) -> dict[str, list[str]]:
     """GPUs for each group, all on one node: widest groups first, each on the node with the fewest free
     GPUs that still fit it (best fit keeps whole nodes for wide groups). Groups that do not fit are
     left out (they wait for GPUs)."""
     free = {n: list(gs) for n, gs in free_by_node.items()}
     out: dict[str, list[str]] = {}
-    for g in sorted(plan.groups, key=lambda g: (-g.gpus, g.id)):
+    for g in sorted(groups, key=lambda g: (-g.gpus, g.id)):
         nodes = sorted((n for n, gs in free.items() if len(gs) >= g.gpus), key=lambda n: (len(free[n]), n))
         if not nodes:
             continue
@@ -261,15 +261,39 @@ def allocate(plan: PoolPlan, free_by_node: dict[str, list[str]]) -> dict[str, li
     return out
 
 
+# Life of a group across re-placements (spec §5.3: bring up new groups, switch routing, drain old ones).
+STARTING = "Starting"  # in the new plan, worker being brought up; not routed yet
+ACTIVE = "Active"  # routed
+RETIRING = "Retiring"  # left out of the new plan, still routed until the new groups run
+DRAINING = "Draining"  # out of routing; its worker goes once the gateway has nothing in flight there
+DRAIN_TIMEOUT_S = 60.0  # when the gateway cannot say, a draining group's worker goes after this long
+
+
+@dataclass
+class GroupEntry:
+    plan: GroupPlan
+    stages: dict[str, list[float]]
+    state: str
+    gpus: list[str] | None = None
+    since: float = 0.0  # when it entered its state
+
+
 @dataclass
 class PoolState:
-    """A pool's current plan and where its groups run."""
+    """A pool's current plan and its groups: those of the plan and those of earlier plans on their way out."""
 
     namespace: str
     plan: PoolPlan
-    placed: dict[str, list[str]]  # group id → GPU ids (node/index)
+    groups: dict[str, GroupEntry]
     owner: str  # the member whose ownerReference the pool's objects carry
+    revision: int = 0
     reason: str = ""
+
+    @classmethod
+    def first(cls, namespace: str, plan: PoolPlan, owner: str, reason: str) -> PoolState:
+        st = cls(namespace, plan, {}, owner, 0, reason)
+        st._adopt(plan, 0.0)
+        return st
 
     @property
     def name(self) -> str:
@@ -279,20 +303,93 @@ class PoolState:
     def workers_service(self) -> str:
         return self.name + POOL_SUFFIX + "-workers"
 
+    @property
+    def placed(self) -> dict[str, list[str]]:
+        return {i: e.gpus for i, e in self.groups.items() if e.gpus}
+
     def held(self) -> set[str]:
-        return {g for gs in self.placed.values() for g in gs}
+        return {g for e in self.groups.values() for g in e.gpus or ()}
+
+    def _adopt(self, plan: PoolPlan, now: float) -> None:
+        """Take ``plan`` as the target: a group equal to a live one (same pp, op, models) keeps it (its id,
+        GPUs and worker); the rest start under ids of this revision; live groups left out retire."""
+        live = [e for e in self.groups.values() if e.state in (STARTING, ACTIVE)]
+        kept: list[GroupPlan] = []
+        stages: dict[str, dict[str, list[float]]] = {}
+        for i, g in enumerate(plan.groups):
+            twin = next(
+                (e for e in live if (e.plan.pp, e.plan.op, e.plan.models) == (g.pp, g.op, g.models)), None
+            )
+            if twin is not None:
+                live.remove(twin)
+                kept.append(twin.plan)
+                stages[twin.plan.id] = twin.stages = plan.stage_latency_s[g.id]
+                continue
+            gid = f"{plan.pool}-g{i}" if self.revision == 0 else f"{plan.pool}-r{self.revision}-g{i}"
+            kept.append(GroupPlan(gid, g.pp, g.op, g.models))
+            stages[gid] = plan.stage_latency_s[g.id]
+            self.groups[gid] = GroupEntry(kept[-1], stages[gid], STARTING, None, now)
+        for e in live:  # left out of the new plan
+            if e.state == STARTING:  # never routed: nothing to drain
+                del self.groups[e.plan.id]
+            else:
+                e.state, e.since = RETIRING, now
+        self.plan = PoolPlan(
+            plan.pool, tuple(kept), plan.predicted, plan.attainment, plan.synthetic, plan.members,
+            plan.devices_per_node, plan.search_seconds, stages,
+        )  # fmt: skip
+
+    def replace(self, plan: PoolPlan, now: float, reason: str) -> None:
+        self.revision += 1
+        self.reason = reason
+        self._adopt(plan, now)
+
+    def step(
+        self, free_by_node: dict[str, list[str]], running: set[str], drained: set[str], now: float
+    ) -> None:
+        """One pass of the switch: place starting groups on free GPUs; once every starting group is placed
+        and its worker runs, route to them and drain the retiring ones (at once while no routed group's
+        worker runs: nothing is served yet);
+        retiring groups drain early when a starting group finds no GPUs (their GPUs are needed);
+        draining groups go once ``drained`` (the gateway: out of routing, nothing in flight) says so or
+        after ``DRAIN_TIMEOUT_S``."""
+        waiting = [e.plan for e in self.groups.values() if e.state == STARTING and not e.gpus]
+        for gid, gpus in allocate(waiting, free_by_node).items():
+            self.groups[gid].gpus = gpus
+        starting = [e for e in self.groups.values() if e.state == STARTING]
+        retiring = [e for e in self.groups.values() if e.state == RETIRING]
+        # Nothing serves yet (first plan, or no routed group's worker runs): no traffic to protect.
+        first = not any(e.state in (ACTIVE, RETIRING) and e.plan.id in running for e in self.groups.values())
+        if (
+            starting
+            and all(e.gpus for e in starting)
+            and (first or all(e.plan.id in running for e in starting))
+        ):
+            for e in starting:
+                e.state, e.since = ACTIVE, now
+            for e in retiring:
+                e.state, e.since = DRAINING, now
+        elif any(not e.gpus for e in starting):
+            for e in retiring:
+                e.state, e.since = DRAINING, now
+        for gid, e in list(self.groups.items()):
+            if e.state == DRAINING and (gid in drained or now - e.since >= DRAIN_TIMEOUT_S):
+                del self.groups[gid]
+
+    def routed(self) -> list[GroupEntry]:
+        return [e for e in self.groups.values() if e.state in (ACTIVE, RETIRING) and e.gpus]
 
     def pod_plans(self, labels: dict[str, str], workload: str) -> list[PodPlan]:
         """One worker per placed group: a gang of its GPUs on one node, loading every model of the group."""
         out = []
-        for g in self.plan.groups:
-            gpus = self.placed.get(g.id)
-            if not gpus:
+        for e in sorted(self.groups.values(), key=lambda e: e.plan.id):
+            if not e.gpus:
                 continue
+            g = e.plan
             out.append(
                 PodPlan(
-                    node=split_gpu_id(gpus[0])[0],
-                    gpu_indices=tuple(split_gpu_id(x)[1] for x in gpus),
+                    node=split_gpu_id(e.gpus[0])[0],
+                    gpu_indices=tuple(split_gpu_id(x)[1] for x in e.gpus),
                     labels={**labels, POOL_LABEL: self.name},
                     env={
                         contract.ENV_MODEL: ",".join(g.models),
@@ -310,29 +407,26 @@ class PoolState:
         return f"http://{pod_name}.{self.workers_service}.{self.namespace}.svc:{WORKER_PORT}"
 
     def gateway_config(self, labels: dict[str, str], workload: str) -> dict[str, object]:
-        """The pool gateway's config: the groups with their worker, models and profiled stage latencies,
-        which the router's shortest-queue choice and admission check use (spec §3.1)."""
+        """The pool gateway's config: the routed groups with their worker, models and profiled stage
+        latencies, which the router's shortest-queue choice and admission check use (spec §3.1). The
+        gateway re-reads it (``reload_from``) and switches routing in place."""
         urls = {p.env[ENV_GROUP]: self.worker_url(p.name) for p in self.pod_plans(labels, workload)}
         members = {m.model: m for m in self.plan.members}
         pool = {
             "name": self.name,
             "namespace": self.namespace,
+            "reload_from": CONFIG_PATH,
             "models": [
                 {"name": m.model, "slo_s": m.slo_s, "deployment": m.deployment}
                 for m in sorted(members.values(), key=lambda m: m.model)
             ],
             "groups": [
-                {
-                    "id": g.id,
-                    "worker": urls[g.id],
-                    "pp": g.pp,
-                    "op": g.op,
-                    "models": {m: self.plan.stage_latency_s[g.id][m] for m in g.models},
-                }
-                for g in self.plan.groups
-                if g.id in urls and g.models
+                {"id": e.plan.id, "worker": urls[e.plan.id], "pp": e.plan.pp, "op": e.plan.op,
+                 "models": {m: e.stages[m] for m in e.plan.models}}
+                for e in sorted(self.routed(), key=lambda e: e.plan.id)
+                if e.plan.models
             ],
-        }
+        }  # fmt: skip
         config: dict[str, object] = {"host": "0.0.0.0", "port": GATEWAY_PORT, "models": [], "pool": pool}
         GatewayConfig.model_validate(config)
         return config
@@ -341,7 +435,8 @@ class PoolState:
         self, owner: Owner, image: str, labels: dict[str, str], workload: str
     ) -> list[tuple[str, dict[str, object]]]:
         """(kind, manifest): the pool gateway's ConfigMap, Deployment and Service, and the workers'
-        headless Service."""
+        headless Service. No config digest on the pod template: a new plan is taken in place, not by a
+        rollout that would cut off what is in flight."""
         name = self.name + POOL_SUFFIX
         sel = {POOL_LABEL: self.name, contract.LABEL_ROLE: "gateway"}
         meta = {
@@ -350,7 +445,6 @@ class PoolState:
             "ownerReferences": [owner.reference()],
         }
         config = json.dumps(self.gateway_config(labels, workload), sort_keys=True)
-        digest = hashlib.sha256(config.encode()).hexdigest()[:16]
         return [
             ("configmaps", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, **meta},
                             "data": {"gateway.json": config}}),
@@ -360,7 +454,7 @@ class PoolState:
                     "replicas": 1,
                     "selector": {"matchLabels": sel},
                     "template": {
-                        "metadata": {"labels": meta["labels"], "annotations": {"tessera.io/config-digest": digest}},
+                        "metadata": {"labels": meta["labels"]},
                         "spec": {
                             "containers": [{
                                 "name": "gateway", "image": image,
@@ -385,9 +479,9 @@ class PoolState:
 
     def status_plan(self) -> list[dict[str, object]]:
         return [
-            {"id": g.id, "gpus": g.gpus, "pp": g.pp, "op": g.op, "models": list(g.models),
-             "placed": ",".join(self.placed[g.id]) if g.id in self.placed else None}
-            for g in self.plan.groups
+            {"id": e.plan.id, "gpus": e.plan.gpus, "pp": e.plan.pp, "op": e.plan.op, "models": list(e.plan.models),
+             "placed": ",".join(e.gpus) if e.gpus else None, "state": e.state}
+            for e in sorted(self.groups.values(), key=lambda e: e.plan.id)
         ]  # fmt: skip
 
 

@@ -8,13 +8,28 @@ no replica (memory is the limit) and is predicted at 0 %.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import kmock
+import pytest
 from tessera.api import contract
+from tessera.controller import pools
+from tessera.controller.pools import POOL_LABEL
 
-from .conftest import MDS, NS, add_node, events, md_body, pods, running_operator, status_of, wait_for
+from .conftest import (
+    MDS,
+    NS,
+    add_node,
+    events,
+    md_body,
+    pods,
+    running_operator,
+    set_pod_phase,
+    status_of,
+    wait_for,
+)
 
 RATES = {"m0": 30, "m1": 30, "m2": 5, "m3": 5, "m4": 2, "m5": 2}
 
@@ -43,7 +58,10 @@ def pool_workers(k: kmock.KubernetesEmulator) -> dict[str, dict[str, Any]]:
     return {n: p for n, p in pods(k, **{"tessera.io/pool": "web"}).items()}
 
 
-async def test_pool_plan_in_status_workers_per_group_and_routing(api: kmock.KubernetesEmulator) -> None:
+async def test_pool_plan_in_status_workers_per_group_and_routing(
+    api: kmock.KubernetesEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pools, "DRAIN_TIMEOUT_S", 0.5)  # no gateway runs here to say a group drained
     add_node(api, "n1", 4)
     add_node(api, "n2", 4)
     async with running_operator(api) as ctl:
@@ -93,6 +111,16 @@ async def test_pool_plan_in_status_workers_per_group_and_routing(api: kmock.Kube
             assert all(len(lat) == g["pp"] for lat in g["models"].values())
         assert events(api, "PoolPlanned")
 
+        # The workers run (the kubelet's part), so a new plan must not cut them off.
+        for name in got:
+            await set_pod_phase(api, name, "Running")
+        await wait_for(
+            lambda: (
+                all(p.phase == "Running" for p in ctl.view.pods_with(POOL_LABEL, "web", NS))
+                and len(ctl.view.pods_with(POOL_LABEL, "web", NS)) == 2
+            ),
+            what="the operator seeing its workers run",
+        )
         # Hysteresis: a 10 % rate change keeps the plan; doubling a rate re-plans.
         planned_events = len(events(api, "PoolPlanned"))
         await api.patch(
@@ -106,3 +134,34 @@ async def test_pool_plan_in_status_workers_per_group_and_routing(api: kmock.Kube
         await wait_for(lambda: len(events(api, "PoolPlanned")) > planned_events, what="a re-plan")
         msgs = [e["message"] for e in events(api, "PoolPlanned")[planned_events:]]
         assert all("m0: rate 30 → 60" in m for m in msgs), msgs
+
+        # Re-placement: new groups come up (Starting), routing switches once their workers run, the old
+        # ones drain and go. The kubelet's part: every pool worker pod is set Running as it appears.
+        seen: set[str] = set()
+
+        async def settle() -> dict[str, Any] | None:
+            for name, pod in pool_workers(api).items():
+                if (pod.get("status") or {}).get("phase") != "Running":
+                    await set_pod_phase(api, name, "Running")
+            plan = status_of(api, MDS, "m0").get("poolPlan") or []
+            seen.update(g["state"] for g in plan)
+            return status_of(api, MDS, "m0") if plan and all(g["state"] == "Active" for g in plan) else None
+
+        async def until_settled() -> dict[str, Any]:
+            deadline = asyncio.get_running_loop().time() + 45
+            while asyncio.get_running_loop().time() < deadline:
+                if (st := await settle()) and len(pool_workers(api)) == len(st["poolPlan"]):
+                    return st
+                await asyncio.sleep(0.05)
+            raise AssertionError(f"pool never settled; states seen {seen}")
+
+        st = await until_settled()
+        new_plan = st["poolPlan"]
+        assert "Starting" in seen and ({"Retiring", "Draining"} & seen), seen
+        assert len(pool_workers(api)) == len(new_plan)
+        config = json.loads(configmap(api, "web-pool")["data"]["gateway.json"])
+        assert {g["id"]: sorted(g["models"]) for g in config["pool"]["groups"]} == {
+            g["id"]: g["models"] for g in new_plan
+        }
+        assert config["pool"]["reload_from"] == "/etc/tessera/gateway.json"
+        assert events(api, "PoolSwitch")
