@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Final, TextIO
 
+from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
 LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -25,6 +26,14 @@ DEFAULT_FORMAT: Final = "json"
 
 _TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _RENAME = {"asctime": "ts", "levelname": "level", "name": "logger", "message": "msg"}
+# Record attributes that are not fields: the LogRecord's own, and what kopf's object loggers attach beside
+# `k8s_ref` (which is kept: the object a line is about). kopf's `settings` cannot even be copied.
+_NOT_FIELDS = (*RESERVED_ATTRS, "taskName", "settings", "k8s_skip")
+
+
+def _as_text(value: object) -> str:
+    """Any other value an `extra=` carries is written as its text, so no record is ever lost to it."""
+    return str(value)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +60,12 @@ def formatter(fmt: str) -> logging.Formatter:
     """The formatter for `fmt` (json or text)."""
     if fmt == "json":
         return JsonFormatter(
-            "{asctime}{levelname}{name}{message}", style="{", rename_fields=_RENAME, json_ensure_ascii=False
+            "{asctime}{levelname}{name}{message}",
+            style="{",
+            rename_fields=_RENAME,
+            reserved_attrs=_NOT_FIELDS,
+            json_default=_as_text,
+            json_ensure_ascii=False,
         )
     if fmt == "text":
         return logging.Formatter(_TEXT)

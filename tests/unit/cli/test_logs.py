@@ -133,3 +133,25 @@ def test_a_bad_flag_from_the_shell_is_no_traceback(command: str) -> None:
         [str(BIN / command), "--log-level", "bogus"], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "usage:" in proc.stderr
+
+
+def test_kopf_object_log_lines_are_json_with_the_object_reference() -> None:
+    """kopf's per-object loggers attach their settings to each record; the line keeps only `k8s_ref`."""
+    from kopf._cogs.configs.configuration import OperatorSettings
+    from kopf._core.actions.loggers import LocalObjectLogger
+
+    out = io.StringIO()
+    logs.setup("info", "json", out)
+    body = {"apiVersion": "tessera.io/v1alpha1", "kind": "App", "metadata": {"name": "a", "namespace": "n"}}
+    LocalObjectLogger(body=body, settings=OperatorSettings()).info('Handler "x" succeeded.')
+    record = json.loads(out.getvalue())
+    assert record["msg"] == 'Handler "x" succeeded.' and record["logger"] == "kopf.objects"
+    assert record["k8s_ref"]["name"] == "a" and "settings" not in record
+
+
+def test_an_extra_that_json_cannot_hold_is_written_as_text() -> None:
+    out = io.StringIO()
+    logs.setup("info", "json", out)
+    logging.getLogger("t").info("odd", extra={"path": Path("/x"), "ids": frozenset({"a"})})
+    record = json.loads(out.getvalue())
+    assert record["path"] == "/x" and record["ids"] == "frozenset({'a'})"
