@@ -177,7 +177,14 @@ def test_scheduler_config_keeps_the_extender_contract() -> None:
     objs = objects(render())
     config = yaml.safe_load(find(objs, "ConfigMap", "-scheduler-config")["data"]["config.yaml"])
     assert config["kind"] == "KubeSchedulerConfiguration"
-    assert config["profiles"] == [{"schedulerName": "tessera-scheduler"}]
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == "tessera-scheduler"
+    # Scores that spread by node resources would undo the extender's packing (test_scheduling.py).
+    assert {p["name"] for p in profile["plugins"]["score"]["disabled"]} == {
+        "NodeResourcesFit",
+        "NodeResourcesBalancedAllocation",
+        "ImageLocality",
+    }
     (ext,) = config["extenders"]
     assert ext["urlPrefix"] == "http://127.0.0.1:8888"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
