@@ -140,7 +140,14 @@ async def test_app_ready_follows_leases_and_an_unchanged_state_is_not_rewritten(
         assert len(pods(api, **{contract.LABEL_APP: "a"})) == 1
         assert [c["type"] for c in st["conditions"]] == ["Admitted", "Ready"]
         assert ctl.arbiter is not None
-        writes, rounds = status_patches(api, "apps", "a"), ctl.arbiter.rounds
+        # One round to settle: a write still due (the pod watch listing the new pod after Ready was read)
+        # lands in it, and rounds hold the arbiter's lock until their writes are done.
+        ctl.arbiter.dirty = True
+        await wait_for(
+            lambda r=ctl.arbiter.rounds: ctl.arbiter is not None and ctl.arbiter.rounds > r, what="a round"
+        )
+        async with ctl.arbiter.lock:
+            writes, rounds = status_patches(api, "apps", "a"), ctl.arbiter.rounds
         # The lease clock stands still, so rounds run only when something changed: force three. Nothing
         # about the App changed, so neither the arbiter nor kopf writes to it.
         for _ in range(3):
