@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable
 
-import grpc
+import grpc  # type: ignore[import-untyped]
 
 from .allocate import AllocationError, choose_pod, container_allocation, preferred_slots
 from .backend import GpuBackend
@@ -184,7 +184,7 @@ class DevicePlugin:
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()  # a stale socket from a previous run would make bind fail
         server = grpc.aio.server()
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{sock}")
         await server.start()
         self._server = server
@@ -193,7 +193,7 @@ class DevicePlugin:
     async def register(self, timeout_s: float = 5.0) -> None:
         kubelet = self.cfg.kubelet_socket
         async with grpc.aio.insecure_channel(f"unix://{kubelet}") as channel:
-            stub = api_pb2_grpc.RegistrationStub(channel)
+            stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
             await stub.Register(
                 api_pb2.RegisterRequest(
                     version=API_VERSION,

@@ -12,7 +12,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from tessera.api import contract
 from tessera.api.app import AppSpec, AppStatus, JobSpec, JobStatus, Lease
@@ -271,7 +271,9 @@ class AppRecord:
         jobs = []
         for j in self.spec.jobs:
             left = self.iters_left(j)
-            state = "completed" if left == 0 else ("active" if have.get(j.name) else "pending")
+            state: Literal["completed", "active", "pending"] = (
+                "completed" if left == 0 else ("active" if have.get(j.name) else "pending")
+            )
             jobs.append(
                 JobStatus(
                     name=j.name,

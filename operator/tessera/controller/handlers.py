@@ -286,7 +286,8 @@ def make_registry(
             await ctl.arbiter.refresh_stale()
 
     @kopf.on.delete(G, V, contract.PLURAL_APP, registry=registry)
-    async def app_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+    async def app_delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+        namespace = namespaced(namespace)
         arbiter = ctl.need_arbiter()
         await arbiter.remove((namespace, name))
         assert ctl.api is not None
@@ -310,7 +311,8 @@ def make_registry(
             await ctl.trialgroups.reconcile(dict(body), patch)
 
     @kopf.on.delete(G, V, contract.PLURAL_TRIALGROUP, registry=registry)
-    async def trialgroup_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+    async def trialgroup_delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+        namespace = namespaced(namespace)
         await ctl.need_trialgroups().delete(namespace, name, dict(body))
         ctl.need_trialgroups().discard(str(body.metadata.uid))
         if ctl.arbiter is not None:
@@ -330,10 +332,18 @@ def make_registry(
             await ctl.deployments.reconcile(dict(body), patch)
 
     @kopf.on.delete(G, V, contract.PLURAL_MODELDEPLOYMENT, registry=registry)
-    async def deployment_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+    async def deployment_delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+        namespace = namespaced(namespace)
         await ctl.need_deployments().delete(namespace, name, dict(body))
         ctl.need_deployments().discard(str(body.metadata.uid))
         if ctl.arbiter is not None:
             ctl.arbiter.dirty = True
 
     return registry, ctl
+
+
+def namespaced(namespace: str | None) -> str:
+    """kopf types `namespace` optional for every kind; Tessera's three kinds are namespaced."""
+    if namespace is None:
+        raise kopf.PermanentError("a Tessera object without a namespace")
+    return namespace

@@ -93,7 +93,9 @@ class RoundDecision:
 
 class TrainingPolicy(Protocol):
     name: str
-    lease_s: float
+
+    @property
+    def lease_s(self) -> float: ...
 
     def allocate(
         self,

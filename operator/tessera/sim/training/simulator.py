@@ -15,7 +15,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tessera.cluster import Cluster, Sensitivity
 from tessera.policy.themis.arbiter import admit
@@ -139,7 +139,7 @@ def make_runtime(spec: AppSpec, cluster: Cluster, config: SimConfig) -> AppRunti
         spec.halving.eta,
         spec.halving.demand_growth,
     )
-    rule = "actual" if config.halving_rule == "actual" else "median"
+    rule: Literal["median", "actual"] = "actual" if config.halving_rule == "actual" else "median"
     return SuccessiveHalvingRuntime(cluster, jobs, plan, config.restart_s, rule)
 
 
