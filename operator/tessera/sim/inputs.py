@@ -49,7 +49,8 @@ Bool = Annotated[bool, Strict()]
 class Input(BaseModel):
     """Base of every input model: unknown fields and non-finite numbers are errors."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+    # Attribute docstrings become the fields' descriptions in the published JSON Schema.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, use_attribute_docstrings=True)
 
 
 # Sizes, each under its cap from tessera.sim.scenario.

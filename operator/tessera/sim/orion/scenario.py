@@ -52,7 +52,8 @@ class OrionWorkloadInput(Input):
     be_models: Annotated[list[Annotated[str, AfterValidator(_be_model)]], Field(min_length=1)] = Field(
         default_factory=lambda: ["resnet50"]
     )
-    rate_rps: Positive = 15.0  # HP requests per second
+    rate_rps: Positive = 15.0
+    """HP requests per second."""
     arrival: Literal["poisson", "uniform"] = "poisson"
     requests: Requests = 400
     warmup_requests: Requests = 20
@@ -60,9 +61,11 @@ class OrionWorkloadInput(Input):
 
 
 class OrionPolicyInput(Input):
-    dur_threshold: Positive = 0.025  # of the HP request latency (Orion's default)
+    dur_threshold: Positive = 0.025
+    """Share of the HP request latency (Orion's default)."""
     sm_threshold: Count | None = None
-    be_percent: Annotated[int, Strict(), Field(ge=1, le=100)] | None = None  # omit: from the HP profile
+    be_percent: Annotated[int, Strict(), Field(ge=1, le=100)] | None = None
+    """BE MPS active-thread percentage; left out, it comes from the HP profile."""
     tessera_priority: Bool = True
 
 

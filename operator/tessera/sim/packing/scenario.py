@@ -107,7 +107,8 @@ class PackingFile(Input):
         list[one_of(POLICIES)],  # type: ignore[valid-type]
         Field(min_length=1, default_factory=lambda: list(POLICIES)),
     ]
-    node_sample: PositiveInt = 1  # keep every n-th node
+    node_sample: PositiveInt = 1
+    """Keep every n-th node."""
     tessera: TesseraInput = TesseraInput()
     through_extender: Bool = False
 

@@ -83,7 +83,8 @@ class PodMixInput(Input):
     multi_gpus: Annotated[list[MultiGpus], Field(min_length=1)] = Field(default_factory=lambda: [2, 4, 8])
     cpu_per_gpu_milli: Range = (4000.0, 12000.0)
     memory_per_cpu_mib: Range = (2048.0, 4096.0)
-    gpu_models: dict[str, Share] = Field(default_factory=dict)  # share of GPU pods held to one model
+    gpu_models: dict[str, Share] = Field(default_factory=dict)
+    """Share of GPU pods held to one model."""
 
 
 class SyntheticInput(Input):

@@ -74,7 +74,8 @@ SearchSize = Annotated[int, Strict(), Field(ge=1, le=1024)]
 class PlacementClusterInput(Input):
     devices: Gpus
     devices_per_node: Gpus = 8
-    memory_budget: Positive = 13.0  # per device, in memory_units
+    memory_budget: Positive = 13.0
+    """Memory per device, in memory_units."""
     memory_units: Literal["GB", "GiB"] = "GB"
 
 
@@ -88,16 +89,20 @@ class ModelInput(Input):
 
 
 class PlacementWorkloadInput(Input):
-    total_rate: Positive  # requests per second over all models
+    total_rate: Positive
+    """Requests per second over all models."""
     cv: Positive = 1.0
-    slo_scale: Positive = 5.0  # SLO = this × each model's single-device latency
+    slo_scale: Positive = 5.0
+    """SLO = this × each model's single-device latency."""
     duration_s: Seconds = 600.0
-    rate_exponent: Real = 0.0  # power-law skew of the per-model rates (0: equal)
+    rate_exponent: Real = 0.0
+    """Power-law skew of the per-model rates (0: equal)."""
 
 
 class SearchInput(Input):
     max_pp: SearchSize = 8
-    max_op: SearchSize | None = None  # default: min(4, devices_per_node)
+    max_op: SearchSize | None = None
+    """Default: min(4, devices_per_node)."""
     beam_size: SearchSize = 1
     fast_heuristic: Bool = True
     bucket_threshold: Real = 0.38

@@ -119,8 +119,10 @@ class ClusterInput(Input):
     duration_s: Seconds = 2.0
     cv: Positive = 1.0
     policies: _policies(CLUSTER_POLICIES)  # type: ignore[valid-type]
-    goodput: Bool = True  # bisection for the highest rate at <= 1 % bad rate
-    min_gpus_rate: Positive | None = None  # fewest GPUs serving this many req/s
+    goodput: Bool = True
+    """Bisection for the highest rate at <= 1 % bad rate."""
+    min_gpus_rate: Positive | None = None
+    """Fewest GPUs serving this many req/s."""
 
 
 class ServingFile(Input):

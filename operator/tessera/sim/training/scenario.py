@@ -169,7 +169,8 @@ class TrainingFile(Input):
         Field(min_length=1, default_factory=lambda: [PolicyEntry(policy=p) for p in ALL_POLICIES]),
     ]
     themis: ThemisInput = ThemisInput()  # type: ignore[valid-type]
-    lease_s: Seconds = 600.0  # baselines' lease (drf never preempts unless given one)
+    lease_s: Seconds = 600.0
+    """Baselines' lease (drf never preempts unless given one)."""
     sim: SimInput = SimInput()  # type: ignore[valid-type]
 
 

@@ -157,15 +157,18 @@ class JobInput(Input):
     """One gang-scheduled job: run `iterations` iterations of `iter_time` seconds each on `gpus` GPUs."""
 
     iterations: Positive
-    iter_time: Positive | None = None  # default: the model's (MODELS)
+    iter_time: Positive | None = None
+    """Seconds per iteration on one GPU; default: the model's."""
     gpus: Gpus
 
 
 class ConfigInput(Input):
     """One successive-halving configuration."""
 
-    iter_time: Positive | None = None  # default: the model's
-    score: NonNegative | None = None  # default: the list order, best first
+    iter_time: Positive | None = None
+    """Seconds per iteration on one GPU; default: the model's."""
+    score: NonNegative | None = None
+    """Quality score; default: by list order, best first."""
 
 
 class HalvingInput(Input):
@@ -187,8 +190,10 @@ class SensitivityInput(Input):
 class AppInput(Input):
     """One app of a training trace: `jobs`, or `halving` with `configs`, or a `tuning` block."""
 
-    id: str | Int | None = None  # default: app-NNNN by position
-    arrival: NonNegative  # seconds since the trace start
+    id: str | Int | None = None
+    """Default: app-NNNN by position in the list."""
+    arrival: NonNegative
+    """Seconds since the trace start."""
     model: str = ""
     network_intensive: Bool | None = None
     sensitivity: SensitivityInput | None = None

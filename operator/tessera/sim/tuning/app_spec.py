@@ -42,7 +42,8 @@ class TuningBlock(Input):
 
     algorithm: str = "hyperband"
     seed: Seed = 0
-    max_gpus: Gpus | None = None  # None: the whole cluster
+    max_gpus: Gpus | None = None
+    """The most GPUs the app asks for; default: the whole cluster."""
     samples: Trials = 40
     max_budget: Budget = 27
     workload: WorkloadInput = WorkloadInput()  # type: ignore[valid-type]

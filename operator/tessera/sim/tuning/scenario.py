@@ -74,8 +74,10 @@ def _names(known: tuple[str, ...]) -> Any:
 
 
 class BudgetInput(Input):
-    max_budget: Budget = 27  # iterations per trial at most
-    samples: Trials = 40  # configs for ASHA/BOHB
+    max_budget: Budget = 27
+    """Iterations per trial at most."""
+    samples: Trials = 40
+    """Configs for ASHA/BOHB."""
 
 
 class TuningFile(Input):
