@@ -314,7 +314,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             "groups": [",".join(g) for g in rec.gpus],
             "pool": pool,
             "poolGroups": [g.id for g in state.plan.groups_of(model)],
-            "predictedSloAttainmentPercent": round(100 * pred, 3) if pred is not None else None,
+            "predictedSLOAttainmentPercent": round(100 * pred, 3) if pred is not None else None,
             "profileSynthetic": state.plan.synthetic,
             "poolPlan": state.status_plan(),
         }

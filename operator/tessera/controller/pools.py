@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -227,19 +226,6 @@ def replan_reason(plan: PoolPlan | None, members: Sequence[PoolMember], devices_
         if abs(m.rate - o.rate) > RATE_HYSTERESIS * max(o.rate, 1e-9) and not (m.rate == o.rate == 0):
             return f"{name}: rate {o.rate:g} → {m.rate:g} rps (> {RATE_HYSTERESIS:.0%})"
     return None
-
-
-def member_status(plan: PoolPlan, model: str) -> dict[str, object]:
-    """Status fields of one member under the pool's plan."""
-    pred = plan.predicted.get(model)
-    return {
-        "pool": plan.pool,
-        "poolGroups": [g.id for g in plan.groups_of(model)],
-        "predictedSloAttainmentPercent": round(100 * pred, 3)
-        if pred is not None and math.isfinite(pred)
-        else None,
-        "profileSynthetic": plan.synthetic,
-    }
 
 
 ENV_STAGES = "TESSERA_PIPELINE_STAGES"  # a pool worker runs each model in this many pipeline stages

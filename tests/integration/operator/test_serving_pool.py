@@ -87,8 +87,8 @@ async def test_pool_plan_in_status_workers_per_group_and_routing(
         for m, s in st.items():
             assert s["pool"] == "web"
             assert s["poolGroups"] == [g["id"] for g in plan if m in g["models"]]
-            assert 0 <= s["predictedSloAttainmentPercent"] <= 100
-        assert st["m4"]["poolGroups"] == [] and st["m4"]["predictedSloAttainmentPercent"] == 0
+            assert 0 <= s["predictedSLOAttainmentPercent"] <= 100
+        assert st["m4"]["poolGroups"] == [] and st["m4"]["predictedSLOAttainmentPercent"] == 0
         assert st["m4"]["phase"] == "Placing" and st["m1"]["replicas"] == 2
 
         # One worker per group, a gang of the group's GPUs on one node, loading every model of its group.
