@@ -306,6 +306,8 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         rec.gpus = [state.placed[g.id] for g in mine]
         self._wanted[rec.key] = len(state.plan.groups_of(model))
         measured = await self._read_stats(rec, status_in)
+        if "gpuIdlePercent" in measured:  # the pool gateway does not count worker busy time
+            measured["gpuIdlePercent"] = None
         pred = state.plan.predicted.get(model)
         status: dict[str, Any] = {
             "phase": "Serving" if mine else "Placing",

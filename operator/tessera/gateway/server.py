@@ -123,7 +123,9 @@ class Gateway:
             for pm in pool.models:
                 pcfg = PoolModelCfg(pm.name, pool.namespace, pm.slo_s)
                 psvc = PoolModelService(
-                    router, pcfg, ModelMetrics(self.metrics, pool.namespace, pm.name, pm.slo_s)
+                    router,
+                    pcfg,
+                    ModelMetrics(self.metrics, pool.namespace, pm.deployment or pm.name, pm.slo_s),
                 )
                 await psvc.start(self.config.health_interval_s)
                 self.services[pm.name] = psvc  # type: ignore[assignment]

@@ -18,7 +18,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tessera.controller.pools import PoolMember, plan_pool, workload
+from tessera.controller.serving_stats import Counters
 from tessera.gateway.demo_models import early_exit_model
 from tessera.gateway.worker import ModelledCost, OnnxModel, Worker, make_worker_app
 
@@ -69,7 +71,9 @@ async def drive(url: str, arrivals: list[tuple[float, str]], x: np.ndarray) -> d
         await asyncio.gather(*(one(at, m) for at, m in arrivals))
         async with session.get(f"{url}/stats") as r:
             stats = await r.json()
-    return {"met": met, "total": total, "outputs": outputs, "stats": stats}
+        async with session.get(f"{url}/metrics") as r:
+            metrics = await r.text()
+    return {"met": met, "total": total, "outputs": outputs, "stats": stats, "metrics": metrics}
 
 
 def run_placement(
@@ -125,6 +129,18 @@ def test_pooled_pipeline_beats_dedicated_gpus_under_bursts(model_path: Path) -> 
         for m in ("a", "b"):
             counts = r["stats"]["models"][m]["requests"]
             assert sum(counts.values()) == r["total"][m]
+    # Observed attainment per model: what the operator's stats reader takes from /stats, and the metric.
+    for m in ("a", "b"):
+        c = Counters.parse(pooled["stats"], m)
+        assert c.met == pooled["met"][m] and c.met + c.missed + c.dropped == pooled["total"][m]
+        samples = {
+            s.labels["outcome"]: s.value
+            for fam in text_string_to_metric_families(pooled["metrics"])
+            if fam.name == "tessera_serving_requests"
+            for s in fam.samples
+            if s.name == "tessera_serving_requests_total" and s.labels.get("modeldeployment") == m
+        }
+        assert samples["slo_met"] == c.met and samples["dropped"] == c.dropped
     # The pipelined group's answers equal the unsplit model's.
     unsplit = OnnxModel(model_path, name="a")
     want = unsplit.run({"x": pooled["x"], "n": np.array([[LAYERS]], dtype=np.int64)})[0]
