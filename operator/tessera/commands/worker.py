@@ -24,6 +24,18 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--model", help="ONNX model file")
     parser.add_argument("--name", help="model name in the URLs (default: the file name without .onnx)")
+    parser.add_argument(
+        "--names",
+        help="serve several models (a serving pool group's, e.g. $(TESSERA_MODEL)): comma-separated names, "
+        "each loaded from --model-dir/<name>.onnx, or all from --model",
+    )
+    parser.add_argument("--model-dir", help="directory of <name>.onnx files for --names")
+    parser.add_argument(
+        "--stages",
+        type=int,
+        default=1,
+        help="run each model as this many pipeline stages (a pool group's pp, $(TESSERA_PIPELINE_STAGES))",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=9001, help="port to listen on (default 9001)")
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default 1)")
@@ -55,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
 
         print(early_exit_model(args.write_demo_model))
         return 0
-    if not args.model:
-        print("tessera worker: --model is required (or --write-demo-model PATH)")
+    names = [n for n in (args.names or "").split(",") if n]
+    if not args.model and not (names and args.model_dir):
+        print("tessera worker: --model is required (or --names with --model-dir, or --write-demo-model PATH)")
         return 2
     try:
         cost = None
@@ -64,12 +77,19 @@ def run(args: argparse.Namespace) -> int:
             cost = ModelledCost(
                 args.pace_input, args.pace_unit_ms / 1000.0, args.pace_growth, args.pace_fixed_ms / 1000.0
             )
-        model = OnnxModel(args.model, name=args.name, threads=args.threads, provider=args.provider, cost=cost)
+        kw = {"threads": args.threads, "provider": args.provider, "cost": cost, "stages": args.stages}
+        if names:
+            models = [
+                OnnxModel(f"{args.model_dir}/{n}.onnx" if args.model_dir else args.model, name=n, **kw)
+                for n in names
+            ]
+        else:
+            models = [OnnxModel(args.model, name=args.name, **kw)]
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"tessera worker: {err}")
         return 2
     web.run_app(
-        make_worker_app(Worker(model)),
+        make_worker_app(Worker(*models)),
         host=args.host,
         port=args.port,
         print=None,
