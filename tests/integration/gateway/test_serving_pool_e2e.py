@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from tessera.controller.serving_stats import Counters
 from tessera.gateway.demo_models import early_exit_model
 from tessera.gateway.worker import ModelledCost, OnnxModel, Worker, make_worker_app
 
+from .gateway_harness import _tessera, free_port, stop, wait_ready
 from .inproc import _serve, stack
 
 MIB = float(1 << 20)
@@ -237,3 +240,30 @@ def test_switching_plans_mid_load_loses_no_request(model_path: Path, tmp_path: P
     assert end["pool_groups"] == {"g2": {"routing": True, "inflight": 0, "healthy": True}}
     assert end["models"]["a"]["groups"].get("g2", 0) > 0 and end["models"]["a"]["groups"].get("g0", 0) > 0
     assert "g1" not in end["models"]["a"]["groups"] and "g0" not in end["models"]["b"]["groups"]
+
+
+def test_tessera_worker_serves_a_pool_group_as_pipeline_stages(model_path: Path, tmp_path: Path) -> None:
+    """The command a pool worker pod runs: `tessera worker --names $(TESSERA_MODEL) --model-dir DIR
+    --stages $(TESSERA_PIPELINE_STAGES)` serves every model of its group, split into stages, with the
+    unsplit model's answers."""
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.onnx").write_bytes(model_path.read_bytes())
+    port = free_port()
+    args = ["worker", "--names", "a,b", "--model-dir", str(tmp_path), "--stages", "2", "--port", str(port)]
+    proc = subprocess.Popen(_tessera(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    x = np.random.default_rng(1).standard_normal((1, 32)).astype(np.float32)
+    want = OnnxModel(model_path, name="u").run({"x": x, "n": np.array([[LAYERS]], dtype=np.int64)})[0]
+    try:
+        wait_ready(url, proc)
+        for name in ("a", "b"):
+            req = urllib.request.Request(
+                f"{url}/v2/models/{name}/infer",
+                data=json.dumps(request(x, name)).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=10) as r:
+                got = json.loads(r.read())["outputs"][0]["data"]
+            np.testing.assert_array_equal(np.asarray(got, dtype=np.float32), want.ravel())
+    finally:
+        stop(proc)
