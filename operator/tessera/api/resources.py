@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -152,11 +154,16 @@ class ManifestError(ValueError):
         super().__init__(f"{kind}/{name}: {len(errors)} error(s)\n{lines}")
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+
 def _format_loc(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif not _PLAIN_KEY.fullmatch(part):  # a key with spaces, newlines or quotes: quoted, one line
+            out += f"[{json.dumps(part)}]"
         else:
             out += f".{part}" if out else part
     return out
