@@ -8,5 +8,5 @@ bash hack/install-test-deps.sh
 V=.venv/bin
 $V/ruff check .
 $V/ruff format --check .
-$V/mypy -p tessera.api -p tessera.cluster -p tessera.policy
+$V/mypy -p tessera -p tessera_agent  # strict; generated protobuf modules excluded in pyproject.toml
 $V/python -m pytest -q "$@"

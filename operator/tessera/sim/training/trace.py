@@ -110,8 +110,11 @@ class AppSpec:
         times = sorted(j.iter_time for j in self.jobs)
         med = times[len(times) // 2]
         n = len(self.jobs)
-        return sum(
-            max(1, n // self.halving.eta**p) * it * med for p, it in enumerate(self.halving.iters_per_phase)
+        return float(
+            sum(
+                max(1, n // self.halving.eta**p) * it * med
+                for p, it in enumerate(self.halving.iters_per_phase)
+            )
         )
 
 
