@@ -122,6 +122,13 @@ class PoolRouter:
         g.clock = clock
         return g, finish
 
+    async def health_loop(self, interval: float) -> None:
+        """Every ``interval``: each routed group's worker answers its readiness check or is passed over
+        (while another group of the model is healthy)."""
+        while True:
+            await asyncio.sleep(interval)
+            await asyncio.gather(*(self.check(g) for g in list(self.groups)))
+
     async def check(self, g: _Group) -> None:
         try:
             async with self.session.get(

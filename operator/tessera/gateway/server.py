@@ -78,6 +78,7 @@ class Gateway:
         self.services: dict[str, ModelService] = {}
         self.pool_router: Any = None  # tessera.gateway.pool.PoolRouter when the config has a pool
         self._reload_task: asyncio.Task[None] | None = None
+        self._health_task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         # Who is counting, and since when: a reader that sees another instance knows the counters restarted.
         self.instance = uuid.uuid4().hex
@@ -116,6 +117,7 @@ class Gateway:
 
             pool = self.config.pool
             router = self.pool_router = PoolRouter(pool, self._session)
+            self._health_task = asyncio.create_task(router.health_loop(self.config.health_interval_s))
             if pool.reload_from is not None:
                 self._reload_task = asyncio.create_task(
                     self._reload_pool(pool.reload_from, pool.reload_interval_s)
@@ -153,8 +155,9 @@ class Gateway:
                     await router.check(g)
 
     async def close(self) -> None:
-        if self._reload_task is not None:
-            self._reload_task.cancel()
+        for task in (self._reload_task, self._health_task):
+            if task is not None:
+                task.cancel()
         for svc in self.services.values():
             await svc.close()
         if self._session is not None:
