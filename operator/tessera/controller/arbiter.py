@@ -137,6 +137,10 @@ class Arbiter:
 
     async def _run_round(self, now: float) -> RoundReport:
         t0 = time.perf_counter()
+        # (job, GPU) pairs each App held coming in: a grant of exactly those is a renewal, not news.
+        before = {
+            k: {(lease.job, g) for lease in r.leases for g in lease.gpus} for k, r in self.records.items()
+        }
         self.dirty = False
         self.last_round = now
         report = RoundReport(now)
@@ -192,10 +196,14 @@ class Arbiter:
                     n = sum(len(lease.gpus) for lease in leases)
                     report.granted[grant.app_id] = report.granted.get(grant.app_id, 0) + n
                     self._count_lease(rec, "granted", n)
-                    where = ", ".join(f"{lease.job}@{','.join(lease.gpus)}" for lease in leases)
-                    self._event(
-                        rec, "Normal", "LeaseGranted", f"{grant.source}: {where} until {grant.expiry:.0f}"
-                    )
+                    # An event says what moved; a lease renewed on the same GPUs for the same jobs (most
+                    # of them, each lease period) shows in status only (new expiresAt).
+                    pairs = {(lease.job, g) for lease in leases for g in lease.gpus}
+                    if not pairs <= before.get(rec.key, set()):
+                        where = ", ".join(f"{lease.job}@{','.join(lease.gpus)}" for lease in leases)
+                        self._event(
+                            rec, "Normal", "LeaseGranted", f"{grant.source}: {where} until {grant.expiry:.0f}"
+                        )
             self.metrics.counter("tessera_auction_rounds_total").inc()
         for rec in self.records.values():
             if len(cluster) and not rec.done and set(rec.held()) <= set(cluster.gpu_ids):

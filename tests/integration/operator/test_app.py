@@ -211,3 +211,23 @@ async def test_a_rounds_events_are_folded_into_one_per_app(api: kmock.Kubernetes
         await wait_for(lambda: pods(api, **{contract.LABEL_APP: "a"}), what="pods")
     assert len(got) == 1 and not events(api, "PodsCreated")
     assert "PodsCreated: a-j1-" in got[0]["message"]
+
+
+async def test_a_lease_renewed_on_the_same_gpus_posts_no_event(api: kmock.KubernetesEmulator) -> None:
+    clock = ManualClock()
+    add_node(api, "n1", 2)
+    api.objects[APPS, NS, "a"] = app_body("a", [job("j1", iters=10**6, gpus=2)])
+    async with running_operator(api, lease_s=100.0, clock=clock) as ctl:
+        await wait_for(lambda: events(api, "LeaseGranted"), what="LeaseGranted")
+        first = await wait_for(lambda: status(api, "a").get("leases"), what="the lease")
+        assert ctl.arbiter is not None
+        rounds = ctl.arbiter.rounds
+        clock.advance(150.0)  # the lease expires; nobody else bids: the same GPUs again
+        renewed = await wait_for(
+            lambda: (le := status(api, "a").get("leases")) and le != first and le, what="the renewed lease"
+        )
+        assert ctl.arbiter.rounds > rounds
+    assert [(le["node"], le["gpuIndices"]) for le in renewed] == [
+        (le["node"], le["gpuIndices"]) for le in first
+    ]
+    assert len(events(api, "LeaseGranted")) == 1
