@@ -26,7 +26,7 @@ class PolicyError(ValueError):
 
 
 class Estimator(Protocol):
-    """What an app answers about its own future (spec seed-themis §1.4–1.5; Figure 7's JobInfo API)."""
+    """What an app answers about its own future (Themis, NSDI'20, §4.3.1–4.3.2; Fig. 7's JobInfo API)."""
 
     def remaining_time(self, gpus: int, slowdown: float) -> float:
         """Seconds to finish the remaining work if it held `gpus` GPUs from now on, each job slowed by S.
@@ -42,7 +42,7 @@ class AppState:
 
     total_work / remaining_work are serial GPU-seconds (iterations × 1-GPU iteration time);
     attained_service is GPU-seconds held so far; n_avg is the time-weighted number of active apps over
-    the app's life, counting itself (spec §1.4 N_avg [OURS]).
+    the app's life, counting itself (Themis §4.3.1's N_avg; averaging over time is Tessera's choice).
     """
 
     app_id: str

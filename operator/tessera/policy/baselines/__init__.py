@@ -1,4 +1,4 @@
-"""Baseline training policies behind the same interface as Themis (spec seed-themis §4.1)."""
+"""Baseline training policies behind the same interface as Themis (Themis (Mahajan et al., NSDI'20) §6.1)."""
 
 from tessera.policy.baselines.drf import Drf
 from tessera.policy.baselines.gandiva import Gandiva

@@ -1,4 +1,4 @@
-"""The loop every greedy baseline shares (spec seed-themis §4.1 [OURS]).
+"""The loop every greedy baseline shares (Themis §6.1 baselines; the shared loop is Tessera's choice).
 
     while free GPUs remain and some app has unmet demand:
         score each app; give the next GPU — or the best-placed gang — to the top-scoring app
@@ -12,7 +12,7 @@ Each baseline only defines its score, its step (one GPU or the whole unmet gang)
 * ``random`` — placement-unaware, free GPUs in a random order (drawn from the round's seeded rng).
 
 Each class sets the paper's rule as its default; ``placement=`` overrides it (scenario key ``placement``).
-Every policy gets the same lease, so only the allocation rule differs (spec §4.1 [OURS], erratum 10).
+Every policy gets the same lease, so only the allocation rule differs (Tessera's choice; §6.1 leaves it open).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fluid: TrialGroup water-filling (spec seed-salus-fluid.md part 2; dissertation ch. 3).
+"""Fluid: TrialGroup water-filling (Fluid, in Peifeng Yu's PhD dissertation ch. 3).
 
 StaticFluid widths for a new TrialGroup, DynamicFluid re-planning when resources free up or change,
 the Eq. 3.2 runtime model, Eq. 3.1 packing-degree choice, and placement onto concrete GPUs.

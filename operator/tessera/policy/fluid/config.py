@@ -10,7 +10,7 @@ class FluidConfig:
     """c = max trials per GPU, d = max GPUs per trial, ε = reconfiguration cost in seconds.
 
     The switches turn off intra-GPU packing (c → 1), inter-GPU spreading (d → 1) and DynamicFluid
-    re-planning separately, as the seed's microbenchmarks do [L1805-1822, L1878].
+    re-planning separately, as Fluid's microbenchmarks do (dissertation §3.6.3-3.6.4).
     """
 
     max_pack: int = 2

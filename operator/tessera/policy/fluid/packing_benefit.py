@@ -1,4 +1,4 @@
-"""Choosing the packing degree c from measured per-iteration times (Eq. 3.1, spec §2.9, seed [L1517-1540]).
+"""Choosing the packing degree c from measured per-iteration times (Fluid Eq. 3.1, dissertation §3.4.2).
 
     O_p = 1 − ((p − 1)/p) · avg(T^p) / avg(T^{p−1})        (p > 1)
     c   = argmax_p { O_p > O_th }

@@ -1,10 +1,10 @@
 """Where a TrialGroup's trials run on concrete GPUs: packed lanes and multi-GPU gangs.
 
 Pure function of its inputs, called by the operator when it reconciles a TrialGroup and by the simulator.
-Fluid itself is placement-agnostic (seed limitation [L2915-2920]); we add the obvious topology rule: a
+Fluid itself is placement-agnostic (dissertation §5.1); we add the obvious topology rule: a
 multi-GPU trial takes GPUs from one machine when one has room (best fit), else from the fewest machines.
 Packed trials fill one GPU at a time, c per GPU, in non-increasing h order (the NFDH shelves of the
-Theorem 1 proof, spec §2.8), each in a lane with an equal share of the GPU or its declared memory.
+Theorem 1 proof, Appendix B), each in a lane with an equal share of the GPU or its declared memory.
 """
 
 from __future__ import annotations

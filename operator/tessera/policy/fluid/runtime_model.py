@@ -1,4 +1,4 @@
-"""The trial runtime model h_{i,w} of Eq. 3.2 (spec §2.9, seed [L1550-1586], Lemmas 4 and 6).
+"""The trial runtime model h_{i,w} of Eq. 3.2 (Fluid, dissertation §3.4.2; Lemmas 4 and 6).
 
 h_{i,w} = h_{i,1} · α^{(1/w) − 1}     for w ∈ (0, 1)   (1/w trials packed on one GPU)
 h_{i,w} = (h_{i,1} / w) · β^{w − 1}    for w ∈ [1, d]   (data-parallel over w GPUs)

@@ -85,8 +85,8 @@ def dynamic_rescale(
     order) accepts w' only if it pays for its reconfiguration cost ε:
       scale up:   h_{w'} + ε < h_w
       scale down: w'·(h_{w'} + ε) < w·h_w           (the GPU-time area must shrink)
-    The seed's lines 5 and 7 read "Update a_i with w_i"; the text says w_i ← w'_i [L1654-1656], which
-    we apply (spec §2.10 erratum). A current width of 0 means the trial holds nothing yet (Rule.START).
+    Algorithm 3.2's lines 5 and 7 read "Update a_i with w_i"; the text of §3.4.3 says w_i ← w'_i,
+    which we apply. A current width of 0 means the trial holds nothing yet (Rule.START).
     """
     if len(current) != len(h1_remaining):
         raise ValueError("current widths and remaining runtimes must have the same length")

@@ -1,4 +1,4 @@
-"""Tuning algorithms that emit TrialGroups and react to results (spec seed-salus-fluid.md §2.4, §2.13)."""
+"""Tuning algorithms that emit TrialGroups and react to results (Fluid, dissertation §3.3.2-3.3.3)."""
 
 from tessera.policy.hpo.asha import ASHA, asha, bohb
 from tessera.policy.hpo.base import Config, Decision, Result, TrialGroupSpec, TrialSpec, TuningAlgorithm

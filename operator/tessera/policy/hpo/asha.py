@@ -1,9 +1,9 @@
 """Asynchronous algorithms: ASHA and (asynchronous) BOHB, in Ray Tune's AsyncHyperBand form.
 
-Fluid was built on Ray Tune [L1665-1668], so we follow Tune's ASHA: each trial reports at rung
+Fluid was built on Ray Tune (dissertation §3.5), so we follow Tune's ASHA: each trial reports at rung
 milestones r_min·η^k < R; it stops if its score is below the (1 − 1/η) quantile of the scores
 recorded at that rung so far, else it is promoted onward. New trials are launched whenever the executor
-has free slots, up to `num_samples` (the concurrency is the executor's, spec §2.13 [L1796-1798]).
+has free slots, up to `num_samples` (the concurrency is the executor's, §3.6.2).
 BOHB here is that same asynchronous loop with configs drawn from the TPE model (tpe.py) over results.
 """
 

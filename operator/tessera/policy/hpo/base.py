@@ -1,4 +1,4 @@
-"""The interface between tuning algorithms and the execution engine (spec §2.13, Fig. 3.4 [L1382-1400]).
+"""The interface between tuning algorithms and the execution engine (Fluid, dissertation §3.3.3, Fig. 3.4).
 
 Algorithms emit TrialGroups and react to intermediate results with decisions, in the shape of Ray Tune's
 schedulers. They never choose placement or worker counts: that is Fluid's job (or FIFO's, for the

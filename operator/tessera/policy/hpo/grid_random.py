@@ -1,4 +1,4 @@
-"""Grid and random search: one TrialGroup with every trial at a fixed budget (spec §2.4 [L1373-1375])."""
+"""Grid and random search: one TrialGroup with every trial at a fixed budget (Fluid, dissertation §3.3.2)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """How many GPUs a set of jobs needs: lanes vs exclusive GPUs vs an equal-split MPS plugin (spec §4.1.8).
 
 - Lanes: first-fit over GPUs, each admitting with Algorithm 2.1 (persistent memory resident, ephemeral
-  lanes shared) [L1046-1049]. Algorithm 2.1 opens a new lane whenever one fits, so in arrival order small
+  lanes shared; Salus §2.5.3). Algorithm 2.1 opens a new lane whenever one fits, so in arrival order small
   early jobs can take lanes that later jobs cannot join or grow (the authors call the strategy
-  non-optimal [L844-846]); `LaneConfig.max_lanes` bounds that, and `order="largest_first"` is offered too.
+  non-optimal, §2.3.3); `LaneConfig.max_lanes` bounds that, and `order="largest_first"` is offered too.
 - Exclusive: one GPU per job.
-- Equal-split MPS (NVIDIA k8s-device-plugin `replicas`, k8s-interfaces §1.5): every GPU is cut into R equal
+- Equal-split MPS (NVIDIA k8s-device-plugin `replicas` in its sharing config): every GPU is cut into R equal
   slices, R the same for all GPUs; each job needs a slice holding its P + E plus its own CUDA context (each
   MPS client is a separate process). R = ⌊C / largest need⌋.
 """

@@ -1,16 +1,16 @@
-"""Iteration scheduler for one GPU lane: which job runs its next iteration (Salus §2.4, spec §1.9).
+"""Iteration scheduler for one GPU lane: which job runs its next iteration (Salus §2.4).
 
 Jobs in a lane time-share it at iteration granularity; exactly one iteration runs at a time in a lane
-[L733-736], so `grant` returns None while one is running. The policies differ only in whom they pick:
+(Salus §2.3.3), so `grant` returns None while one is running. The policies differ only in whom they pick:
 
 - FIFO: order of arrival, non-preemptive in effect — the oldest job wins every boundary until it leaves
-  (the evaluation's baseline runs jobs one at a time to completion [L922-923, L947-948]).
+  (the evaluation's baseline runs jobs one at a time to completion, §2.5).
 - PACK: inside one lane the same arrival order as FIFO; PACK's gain comes from opening many lanes
-  (Algorithm 2.1), not from the order inside one [L863-876].
+  (Algorithm 2.1), not from the order inside one (§2.4.1).
 - SRTF: preemptive shortest-remaining-time-first at iteration boundaries; `priority` ranks first
-  ("arbitrary criteria" [L883-884]), then remaining time, then arrival [L878-891].
-- FAIR: least service received so far [L892-898]. Service is GPU-seconds by default, or memory×seconds
-  (the public code's measure, spec §3.1) with `service_measure="memory_seconds"`. A newcomer starts at the
+  ("arbitrary criteria", §2.4.2), then remaining time, then arrival.
+- FAIR: least service received so far (§2.4). Service is GPU-seconds by default, or memory×seconds
+  (the measure in Salus' public code) with `service_measure="memory_seconds"`. A newcomer starts at the
   least service of the jobs present so it shares at once (Fig. 2.9: shares drop to 1/2, 1/3 on arrival)
   instead of monopolising the lane until it catches up; `newcomer_service="zero"` gives the literal reading.
 

@@ -1,17 +1,17 @@
 """Per-GPU lane model: persistent region, lanes, the safety condition, and Algorithm 2.1 (Salus §2.3).
 
-Memory is in one consistent unit chosen by the caller (MiB in the extender, GB in the spec's examples).
+Memory is in one consistent unit chosen by the caller (MiB in the extender, GB in the paper's examples).
 
-- Safety condition, Eq. 2.1 [L779-794]: ΣP_i + Σ_l L_l ≤ C, with lane size L_l = max E of its jobs [L833-834].
-- Algorithm 2.1 [L795-831], spec §1.8: open a new lane; else join the best-matching lane; else grow a lane
-  (ascending size); else not found (queue). The spec's errata are fixed by default and can be switched off
+- Safety condition, Eq. 2.1 (Salus §2.3.3): ΣP_i + Σ_l L_l ≤ C, with lane size L_l = max E of its jobs.
+- Algorithm 2.1 (Salus §2.3.3): open a new lane; else join the best-matching lane; else grow a lane
+  (ascending size); else not found (queue). Gaps in the listing are fixed by default and can be switched off
   (`LaneConfig`) to reproduce the literal listing:
   1. joining also requires ΣP_i + P + ΣL_j ≤ C, otherwise Eq. 2.1 breaks (`join_checks_persistent`);
   2. growing never shrinks a lane: L_r ← max(L_r, E) (`grow_never_shrinks`);
   3. on departure the lane shrinks to the max E of its remaining jobs, an empty lane is deleted
-     (auto-defragmentation at the next iteration boundary [L761-771]); `depart` returns the freed space.
+     (auto-defragmentation at the next iteration boundary, §2.3.3); `depart` returns the freed space.
 - "Best match" is undefined in the paper; best-fit (smallest L_j ≥ E) is the default, first-fit an option.
-- Compute share per lane: the MPS active-thread percentage the lane's processes get (k8s-interfaces §3.2).
+- Compute share per lane: the MPS active-thread percentage (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) of the lane.
 """
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ class, latency-critical (HP) or best-effort (BE).
 Scores (each in [0, 1], higher is better), combined by weights (issue 6, "Node and GPU scoring"):
 - binpack: best-fit on the GPU (how full the chosen GPUs are after placement: the tightest remaining
   memory + compute that fits wins) averaged with how full the node is after placement (prefer nodes in use,
-  the node policy HAMi and gpushare default to, specs/anchors.md §3, §6). spread is 1 − binpack.
+  the node policy HAMi and gpushare default to, as in their scheduler configs). spread is 1 − binpack.
 - interference: the mean complementarity with the pods already on the chosen GPUs (0.5, neutral, when
   alone, so a complementary partner is preferred to an empty GPU and an empty GPU to a same-kind one).
 - fragmentation: 1 minus the mean of two penalties: a sliver of memory or compute left below
   `sliver_fraction` of the GPU (off by default, see PlacementConfig), and breaking a whole GPU with a
-  fractional pod, which multi-GPU pods need whole (anchors.md: "placement must be fragmentation-aware");
+  fractional pod, which multi-GPU pods need whole (a common complaint against HAMi and gpushare);
   at node level, a pod taking whole GPUs loses by how many whole GPUs the node keeps, so whole GPUs are taken
   where fewest remain and nodes with many stay free for multi-GPU pods.
 

@@ -2,12 +2,12 @@
 
 Drives the same `GpuLanes` (Algorithm 2.1) and `IterationScheduler` the node agent uses, event by event:
 jobs arrive online, are admitted into lanes or queue, and run iteration by iteration. Lanes run in
-parallel [L733-736]; concurrent iterations share the GPU's compute, so when the running jobs' exclusive
+parallel (Salus §2.3.3); concurrent iterations share the GPU's compute, so when the running jobs' exclusive
 utilisations add up to more than 1 each slows by that sum (a processor-sharing model of contention).
 
 Lane layout per policy, as in the evaluation: PACK packs jobs into many lanes with Algorithm 2.1
-[L863-876]; FIFO (no sharing [L922-923]), SRTF and FAIR time-share a single lane [L976], admitting a job
-while ΣP + max E ≤ C holds with everyone's persistent memory resident (spec §1.9's reading of SRTF's
+(§2.4.1); FIFO (no sharing), SRTF and FAIR time-share a single lane (§2.5.1), admitting a job
+while ΣP + max E ≤ C holds with everyone's persistent memory resident (Tessera's reading of SRTF's
 "its own safety condition").
 """
 

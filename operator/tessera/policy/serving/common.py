@@ -101,7 +101,7 @@ class BatchScheduler(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class BatchLatencyModel:
-    """Batch execution time of a dynamic model, seed-orloj §2.2.1 Eq. (3)-(4) generalised:
+    """Batch execution time of a dynamic model, Orloj (Yu et al.) §4.2 Eq. (3)-(4) generalised:
 
     ``l_B(k) = a_k + s_k · max_{r∈B} l_r`` with ``a_k = a0 + a1·k`` and ``s_k = s0 + s1·k``, or
     explicit per-batch-size coefficients in ``table`` (k -> (a_k, s_k)), which win where given.
@@ -139,7 +139,7 @@ class BatchLatencyModel:
 
 @dataclass(frozen=True, slots=True)
 class LinearProfile:
-    """Static-model latency ℓ(b) = α·b + β (seed-symphony A.1), optionally overridden per batch size by
+    """Static-model latency ℓ(b) = α·b + β (Symphony §2.1), optionally overridden per batch size by
     a measured ``table`` (kept monotone). ``max_batch`` caps the batch size the model supports."""
 
     alpha: float

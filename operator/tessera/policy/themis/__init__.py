@@ -1,4 +1,4 @@
-"""Themis: finish-time fair GPU auctions across training apps (spec seed-themis)."""
+"""Themis: finish-time fair GPU auctions across training apps (Themis, Mahajan et al., NSDI'20)."""
 
 from tessera.policy.themis.arbiter import Themis, ThemisConfig, admit, filter_apps, participants
 from tessera.policy.themis.auction import AuctionResult, run_auction

@@ -1,4 +1,4 @@
-"""An App of several jobs answering "how long on k GPUs?" (spec seed-themis §1.4-1.5).
+"""An App of several jobs answering "how long on k GPUs?" (Themis (Mahajan et al., NSDI'20) §4.3.1-4.3.2).
 
 Pure rules shared by the operator's App estimator and the training simulator's job-set runtime, so the two
 never disagree on a bid.

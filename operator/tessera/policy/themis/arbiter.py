@@ -72,7 +72,7 @@ class ThemisConfig:
 
 
 def participants(n_active: int, f: float) -> int:
-    """k = max(1, ⌈(1 − f)·N⌉): f = 0 → all, f = 1 → exactly one (spec §1.9 [OURS])."""
+    """k = max(1, ⌈(1 − f)·N⌉): f = 0 → all, f = 1 → exactly one (Themis §4.2.2 knob; ceiling: Tessera's)."""
     if n_active <= 0:
         return 0
     return max(1, math.ceil((1.0 - f) * n_active - 1e-9))
@@ -92,7 +92,7 @@ def allocate_leftover(
     already: dict[str, list[str]],
     rng: random.Random,
 ) -> dict[str, list[str]]:
-    """Hand leftover GPUs to apps at random (pseudocode line 21, spec §2.5 [OURS]).
+    """Hand leftover GPUs to apps at random (Themis Pseudocode 1 line 21; order: Tessera's).
 
     Apps in `first` (the unfiltered) are visited in random order, each taking what it can still use,
     packed next to its GPUs; then `second` (the filtered) the same way. A GPU stays idle only when no app

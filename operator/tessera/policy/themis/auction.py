@@ -1,8 +1,8 @@
-"""The partial-allocation auction (Pseudocode 1 lines 5–11, spec §2.3–2.4).
+"""The partial-allocation auction (Themis Pseudocode 1 lines 5–11, §3.3.1).
 
 G_pf = argmax ∏ 1/ρ_i; for each bidder i, G^{-i}_pf without it; hidden payment
 c_i = ∏_{j≠i} ρ_j(G^{-i}_{j,pf}) / ∏_{j≠i} ρ_j(G_{j,pf}) ∈ (0, 1]; bidder i keeps ⌊c_i·|G_i,pf|⌋ GPUs
-(indivisibility [OURS], spec §2.4), packed next to what it holds; the rest is the leftover L.
+(indivisible GPUs: Tessera's rounding), packed next to what it holds; the rest is the leftover L.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def run_auction(
     min_keep: int = 1,
 ) -> AuctionResult:
     """Partial allocation over the offer. `min_keep` GPUs of a non-empty PF bundle always stay with the
-    winner ([OURS], configurable; 0 = the literal floor): with indivisible GPUs and starving bidders
+    winner (Tessera's choice, configurable; 0 = the literal floor): with indivisible GPUs and starving bidders
     (ρ_old = ρ_cap) the literal floor(c_i·k) strips every winner to zero under contention."""
     if len(set(offer)) != len(offer):
         raise ValueError("offer lists a GPU twice")

@@ -1,7 +1,7 @@
-"""Finish-time fairness ρ = T_sh / T_id and its ingredients (spec seed-themis §1.3–1.5).
+"""Finish-time fairness ρ = T_sh / T_id and its ingredients (Themis (Mahajan et al., NSDI'20) §3.2, §4.3).
 
-Eq. 1 (single job, paper L880–L946), Eq. 2 (successive halving, L1020–L1030, median job for future
-phases L1125–L1127), and N_avg as a time-weighted average of active apps (L955–L960, [OURS]).
+Eq. 1 (single job, §4.3.1), Eq. 2 (successive halving, §4.3.2, median job for future phases as in
+the §4.3.3 example), and N_avg as a time-weighted average of active apps (§4.3.1; Tessera's choice).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def halving_remaining(
     slowdown: float = 1.0,
     current_rule: Literal["median", "actual"] = "median",
 ) -> float:
-    """Eq. 2 with the elapsed-time split of spec §1.5 note [OURS]: the rest of the current phase plus
+    """Themis Eq. 2 (§4.3.2) with Tessera's elapsed-time split: the rest of the current phase plus
     every future phase.
 
     current_rule "median" uses the median job for the current phase too (this reproduces Table 3 exactly);
@@ -199,7 +199,7 @@ def halving_remaining(
 
 
 class NAvg:
-    """Time-weighted average number of active apps over [T_start, now] (spec §1.4 [OURS])."""
+    """Time-weighted average number of active apps over [T_start, now] (Themis §4.3.1)."""
 
     __slots__ = ("_area", "_last", "_n", "start")
 

@@ -1,4 +1,4 @@
-"""AlpaServe (OSDI'23): model-parallel placement for statistical multiplexing (spec seed-alpaserve.md).
+"""AlpaServe (OSDI'23): model-parallel placement for statistical multiplexing (Li et al., OSDI'23).
 
 Profiles per parallel config → Algorithm 2 (buckets, group partitions, configs) → Algorithm 1 or the fast
 heuristic, scored by the placement simulator → a Placement served by shortest-queue dispatch.

@@ -1,7 +1,7 @@
 """Model profiles: per-parallel-configuration stage latencies and per-device weight memory.
 
-A profile is what AlpaServe's auto-paralleliser hands the placement search (seed-alpaserve §2.1, paper
-L2948–L2998): for each candidate configuration ``(pp, op)`` the latency of every pipeline stage and the
+A profile is what AlpaServe's auto-paralleliser hands the placement search (AlpaServe
+§4.1): for each candidate configuration ``(pp, op)`` the latency of every pipeline stage and the
 weight bytes every device of that stage holds. Without GPUs we synthesise profiles from a single-device
 latency with the α-model (spec §3.2, §5.4); such profiles are flagged ``synthetic``.
 """
@@ -39,7 +39,7 @@ class StageProfile:
     """Stage latencies (s), per-device weight bytes per stage, and optional non-blocking delays.
 
     ``stage_comm_s[k]`` is a transfer after stage ``k`` that delays the request but does not hold a
-    device (spec §3.3 [OURS] option, needed for the Fig. 1 arithmetic). Empty means none (REF default:
+    device (Tessera's option, for the Fig. 1 arithmetic). Empty means none (the authors' code's default:
     all overhead folded into blocking stage latencies).
     """
 

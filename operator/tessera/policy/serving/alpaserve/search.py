@@ -29,7 +29,7 @@ class SearchOptions:
     beam_size: int = 1  # Alg. 1 default (L3020)
     fast_heuristic: bool = True  # REF's search uses the fast greedy
     bucket_threshold: float = 0.38  # REF; the paper gives no value (spec §7.5)
-    bucket_order: BucketOrder = "latency_desc"  # [OURS] canonical order (spec T9b)
+    bucket_order: BucketOrder = "latency_desc"  # Tessera's choice: canonical order
     try_mixed: bool = True  # REF also tries all models in one bucket
     memory_rule: MemoryRule = "per_stage"
     fixed_overhead_s: float = 0.0

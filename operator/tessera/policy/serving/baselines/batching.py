@@ -1,12 +1,12 @@
-"""Batching baselines for one model on one worker, as seed-orloj §4.2 reduces them from their public
-code, plus Triton-style timeout batching. All plan with a point estimate of the batch time (the mean
-solo time through the batching model), which is what Orloj contrasts itself with [P:L27, L110].
+"""Batching baselines for one model on one worker, reduced from their public code as Orloj §5 compares
+against them, plus Triton-style timeout batching. All plan with a point estimate of the batch time (the
+mean solo time through the batching model), which is what Orloj contrasts itself with (§1, §2.3).
 
-* :class:`ClockworkScheduler` — INFER5 (§4.2.1): per-batch-size FIFO queues, actions planned ahead with
+* :class:`ClockworkScheduler` — INFER5: per-batch-size FIFO queues, actions planned ahead with
   ``exec_at += estimate``; the worker rejects an action it cannot start by ``latest`` and every request
   in it fails. That window rule is the "fail every other batch" mechanism.
-* :class:`NexusScheduler` — §4.2.2: batch size planned from the mean rate, EDF queue with early drop.
-* :class:`ClipperScheduler` — §4.2.3: EDF, expired requests removed, batch size from a moving average of
+* :class:`NexusScheduler` — batch size planned from the mean rate, EDF queue with early drop.
+* :class:`ClipperScheduler` — EDF, expired requests removed, batch size from a moving average of
   throughput × earliest slack, capped.
 * :class:`TimeoutScheduler` — Triton's dynamic batcher: dispatch when ``max_batch`` requests wait or the
   oldest has waited ``max_queue_delay``; optionally drop requests whose deadline has passed.
@@ -80,7 +80,7 @@ class _Action:
 
 
 class ClockworkScheduler(_Base):
-    """Clockwork INFER5 reduced to one model and one worker (seed-orloj §4.2.1). Constants in seconds.
+    """Clockwork INFER5 reduced to one model and one worker (Clockwork's `infer5`). Constants in seconds.
 
     Each arrival goes into one FIFO queue per batch size. The controller plans actions while its
     predicted free time ``exec_at`` is within ``schedule_ahead`` of now; a request that leaves every
@@ -201,7 +201,7 @@ class ClockworkScheduler(_Base):
 
 
 class NexusScheduler(_Base):
-    """Nexus (seed-orloj §4.2.2): planned batch from the mean rate, EDF with early drop."""
+    """Nexus (`uwsampl/nexus`): planned batch from the mean rate, EDF with early drop."""
 
     def __init__(
         self, latency: BatchLatencyModel, mean_solo: float, *, slo: float, rate: float, max_batch: int = 16
@@ -242,7 +242,7 @@ class NexusScheduler(_Base):
 
 
 class ClipperScheduler(_Base):
-    """Clipper's open-source batcher (seed-orloj §4.2.3): throughput moving average × earliest slack."""
+    """Clipper's open-source batcher (`ucbrise/clipper`): throughput moving average × earliest slack."""
 
     def __init__(
         self, latency: BatchLatencyModel, mean_solo: float, *, max_batch: int = 16, window: int = 100

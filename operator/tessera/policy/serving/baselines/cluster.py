@@ -1,4 +1,4 @@
-"""Symphony's multi-GPU baselines, seed-symphony-orion A.11: Clockwork and Shepherd (Flex).
+"""Symphony's multi-GPU baselines, as Symphony §5 compares against: Clockwork and Shepherd (Flex).
 
 Both are centralised and **eager**: a free GPU takes work as soon as any is queued, which is what keeps
 their batches small [S:L76, L82]. They share Symphony's per-model deadline queues, its GETBATCH (the

@@ -1,4 +1,4 @@
-"""Orloj: distribution-aware batch scheduling for dynamic DNNs (seed-orloj)."""
+"""Orloj: distribution-aware batch scheduling for dynamic DNNs (Yu et al.)."""
 
 from tessera.policy.serving.orloj.batch_dist import BatchDistribution, MixMode, batch_distribution
 from tessera.policy.serving.orloj.histogram import Histogram, OnlineHistogram

@@ -1,6 +1,6 @@
 """Batch execution-time distributions L_B(k) from per-application histograms.
 
-seed-orloj §2.2: the batch runs as long as its longest member (Eq. 4) scaled by the batching model
+Orloj (Yu et al.) §4.2: the batch runs as long as its longest member (Eq. 4) scaled by the batching model
 (Eq. 3, generalised to per-batch-size a_k, s_k). For independent members the CDF of the max is the
 product of the members' CDFs (§2.2.3: Eq. 8 is Ryser's formula for d/dl Π F_i), computed at bin
 edges with F linear inside a bin (§2.2.5 steps 3-6). Which distribution fills each of the k slots is

@@ -1,6 +1,6 @@
 """Per-application empirical execution-time histograms, learned online over a window.
 
-seed-orloj §1.3 "Profiler" and §3: solo execution times of sampled requests are accumulated per
+Orloj (Yu et al.) §3.2 "Profiler": solo execution times of sampled requests are accumulated per
 application; the memory is reset every window. Two windows are kept and swapped so the histogram is
 never empty right after a reset. All histograms of one model share a uniform bin width ``w`` so batch
 distributions can be combined bin by bin (§2.2.5 step 1).

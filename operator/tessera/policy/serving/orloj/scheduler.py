@@ -1,4 +1,4 @@
-"""Orloj's scheduler iteration, seed-orloj §2.4 Algorithm 4.1, as a stateful per-model object.
+"""Orloj's scheduler iteration, Orloj (Yu et al.) Algorithm 1, as a stateful per-model object.
 
 Pending requests are kept sorted by deadline in numpy arrays. Because EstimateBatchLatency does not
 depend on the request (§2.4.1 item 3, default E[L_B(bs)]), each queue Q_bs is exactly the suffix of
@@ -48,7 +48,7 @@ class CandidateOrder(enum.Enum):
 
 @dataclass
 class OrlojConfig:
-    """Knobs of seed-orloj §5 (units: the caller's time unit, seconds in the simulator).
+    """Orloj's knobs (units: the caller's time unit, seconds in the simulator).
 
     ``b`` defaults to 0.1/s, the paper's 10⁻⁴/ms [P:L367]. ``drop_estimator`` is ``mean``, ``min`` or
     ``quantile:q`` (§2.4.1 item 3).
@@ -120,7 +120,7 @@ class OrlojScheduler:
         samples: Sequence[float], config: OrlojConfig, priors: Mapping[str, Sequence[float] | Histogram]
     ) -> Histogram:
         width = config.bin_width
-        if width is None:  # §3 [GAP]: about 100 bins up to the largest P99 of the priors
+        if width is None:  # Orloj leaves it open: ~100 bins to the priors' largest P99
             p99 = max(
                 float(np.quantile(np.asarray(p, dtype=np.float64), 0.99))
                 for p in priors.values()

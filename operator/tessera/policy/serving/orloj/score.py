@@ -1,4 +1,4 @@
-"""Orloj's priority score, seed-orloj §2.1 Eq. (1)-(2), with bin *density* h (spec §2.1.3, verified).
+"""Orloj's priority score, Orloj (Yu et al.) §4.1 Eq. (1)-(2), with bin *density* h (checked).
 
 For a batch histogram with bins [l1, l2) of density h, step cost c, mean E[L] and anticipated-delay
 rate b, a request with deadline D scores at time t

@@ -1,4 +1,4 @@
-"""Symphony: deferred batch scheduling and load-proportional GPU use (seed-symphony-orion part A)."""
+"""Symphony: deferred batch scheduling and load-proportional GPU use (Symphony, Chen et al.)."""
 
 from tessera.policy.serving.symphony.scheduler import Candidate, SymphonyScheduler, autoscale_advice
 

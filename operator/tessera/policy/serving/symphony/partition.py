@@ -1,4 +1,4 @@
-"""Partitioning models over scheduler shards / sub-clusters, seed-symphony-orion A.7 (Appendix A).
+"""Partitioning models over scheduler shards / sub-clusters, Symphony §4.4 and Appendix A.
 
 The paper solves a MILP with CPLEX (time-boxed to 10 s): minimise ``ΔR + w·ΔS`` — the largest deviation
 of a partition's request rate and static memory from their averages — subject to a rate cap R_max (4),

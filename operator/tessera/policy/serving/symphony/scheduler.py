@@ -1,4 +1,4 @@
-"""Symphony's deferred batch scheduling across many GPUs, seed-symphony-orion A.2-A.3 (Algorithm 1).
+"""Symphony's deferred batch scheduling across many GPUs, Symphony §3.1-3.2 (Algorithm 1).
 
 Per model: a deadline-ordered queue and one candidate (B, exec, latest) with exec = max(now, d − ℓ(|B|+1))
 (the frontrun) and latest = d − ℓ(|B|). A model timer at ``exec`` grants the lowest-id GPU free by then
@@ -412,7 +412,7 @@ class SymphonyScheduler:
 def autoscale_advice(
     n_gpus: int, bad_rate: float, idle_fraction: float, *, bad_threshold: float = 0.01
 ) -> int:
-    """GPUs to add (> 0) or release (< 0), seed-symphony A.8 [S:L221-L223]: add N·r/(1−r) when the bad
+    """GPUs to add (> 0) or release (< 0), Symphony §3.5: add N·r/(1−r) when the bad
     rate r exceeds the threshold, otherwise release N·f for idle fraction f."""
     if not 0 <= bad_rate < 1 or not 0 <= idle_fraction <= 1:
         raise ValueError(
