@@ -8,7 +8,7 @@
             lane.report_progress(step + 1, total=steps)
 
 The coordinator (node agent, `tessera_agent.coordinator`) runs one iteration per lane at a time, chosen by
-the lane's FIFO/PACK/SRTF/FAIR policy (seed-salus-fluid.md part 1). The wire protocol is documented there:
+the lane's FIFO/PACK/SRTF/FAIR policy (Salus §2.4). The wire protocol is documented in docs/node-agent.md:
 JSON lines over a unix socket. The agent serves both sockets to the pod's own processes only: it maps each
 connection to its pod (the process's cgroup), so a process reports progress only for its own pod and joins
 only the lane its pod was assigned; the sockets are group-only, so the pod needs the agent's socket group

@@ -1,4 +1,4 @@
-"""`App`: training work that should finish fairly under Themis (seed-themis.md §5).
+"""`App`: training work that should finish fairly under Themis (Themis, Mahajan et al., NSDI'20).
 
 An App is one or more jobs (a single training job, or the jobs of a hyper-parameter search) that bid
 together in Themis' finish-time-fair auctions. The spec carries what the AGENT needs to estimate

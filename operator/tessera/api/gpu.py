@@ -1,4 +1,4 @@
-"""How a workload uses GPUs: Salus lanes and per-job memory classes (seed-salus-fluid.md part 1, 3.1)."""
+"""How a workload uses GPUs: Salus lanes and per-job memory classes (Salus, Yu's dissertation ch. 2)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ DEFAULT_GPU_MEMORY_MIB = 16384
 """16 GiB: the P100/V100 cards of the Salus and AlpaServe evaluations."""
 
 DEFAULT_RESERVED_MIB = 300
-"""Headroom Salus' public code holds back per GPU (seed-salus-fluid.md §1.11, [NON-SEED])."""
+"""Headroom Salus' public code holds back per GPU (SymbioticLab/Salus; not in the paper)."""
 
 
 class Lane(WireModel):
@@ -62,7 +62,7 @@ class GPUUsage(WireModel):
     )
     workload_class: Literal["latency-critical", "best-effort"] = Field(
         default="best-effort",
-        description="Orion priority class for interference-aware co-location (seed-symphony-orion.md B).",
+        description="Orion priority class for interference-aware co-location (Orion, Strati et al., EuroSys'24).",
     )
 
     cross_field_rules = (

@@ -7,7 +7,7 @@ gateway and simulator; `tessera_agent.metrics_factory` does the same for the nod
 Label conventions (DESIGN.md "Contracts between the parts"): `namespace`, one of `app` | `trialgroup` |
 `modeldeployment` naming the custom resource, `node`, `gpu` (the GPU's index on its node) and `lane`.
 Per-lane series also carry `pod` so they join with DCGM's and HAMi's per-container series
-(specs/anchors.md §10: "Add namespace/pod/container/lane labels like hami_container_*"). Ratios are 0..1 and
+(namespace/pod/container/lane labels, like HAMi's hami_container_* series). Ratios are 0..1 and
 sizes are bytes, as Prometheus naming asks; DCGM_FI_DEV_GPU_UTIL (percent) maps to
 `tessera_gpu_utilization_ratio * 100`.
 """
@@ -97,7 +97,7 @@ _SIM: Final = Component.SIMULATOR
 
 # Latency buckets (seconds) for request paths that answer in milliseconds: extender verbs, serving requests.
 LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-# Auction rounds solve a small optimisation per lease period (specs/seed-themis.md); seconds, wider range.
+# Auction rounds solve a small optimisation per lease period (Themis §3.3); seconds, wider range.
 AUCTION_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0)
 # Batch sizes are powers of two up to the largest batches Orloj/Symphony evaluate.
 BATCH_BUCKETS: Final = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
@@ -117,7 +117,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         ("component", "version"),
         frozenset({_OP, _EXT, _AGENT, _GW, _SIM}),
     ),
-    # --- fairness: Themis (specs/seed-themis.md) ----------------------------------------------------------
+    # --- fairness: Themis (Mahajan et al., NSDI'20) ---------------------------------------------------------
     MetricSpec(
         "tessera_app_rho",
         MetricType.GAUGE,
@@ -182,7 +182,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         ("namespace", "workload"),
         frozenset({_OP, _SIM}),
     ),
-    # --- tuning: Fluid (specs/seed-salus-fluid.md part 2) --------------------------------------------------
+    # --- tuning: Fluid (Yu's dissertation ch. 3) ------------------------------------------------------------
     MetricSpec(
         "tessera_trialgroup_trials",
         MetricType.GAUGE,
@@ -211,7 +211,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         _NS_TG,
         frozenset({_OP, _SIM}),
     ),
-    # --- utilisation: lanes and GPUs (node agent, NVML; specs/seed-salus-fluid.md part 1) -----------------
+    # --- utilisation: lanes and GPUs (node agent, NVML; Salus lanes) ----------------------------------------
     MetricSpec(
         "tessera_gpu_utilization_ratio",
         MetricType.GAUGE,
@@ -296,7 +296,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         ("node", "result"),
         frozenset({_AGENT}),
     ),
-    # --- extender (specs/k8s-interfaces.md §2) ---------------------------------------------------------------
+    # --- extender (kube-scheduler extender API) -------------------------------------------------------------
     MetricSpec(
         "tessera_extender_request_duration_seconds",
         MetricType.HISTOGRAM,
@@ -342,7 +342,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         ("node", "gpu"),
         frozenset({_EXT}),
     ),
-    # --- serving: gateway (specs/seed-orloj.md, specs/seed-symphony-orion.md) ------------------------------
+    # --- serving: gateway (Orloj, Symphony) -----------------------------------------------------------------
     MetricSpec(
         "tessera_serving_requests_total",
         MetricType.COUNTER,

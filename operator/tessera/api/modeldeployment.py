@@ -1,9 +1,9 @@
 """`ModelDeployment`: a model served under a latency SLO.
 
 Inputs come from three readings: Orloj's distribution-aware batching for dynamic models
-(seed-orloj.md §5), Symphony's deferred batching and load-proportional GPUs for static models
-(seed-symphony-orion.md part D) and AlpaServe's placement inputs (seed-alpaserve.md §5.1-5.2).
-Defaults are the papers' where they give one; [GAP] marks values the papers leave open.
+(Orloj, Yu et al.), Symphony's deferred batching and load-proportional GPUs for static models
+(Symphony, Chen et al.) and AlpaServe's placement inputs (Li et al., OSDI'23, §4-5).
+Defaults are the papers' where they give one; "open in the papers" marks Tessera's choice of value.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class Batching(WireModel):
         default_factory=lambda: [1, 2, 4, 8, 16],
         min_length=1,
         max_length=MAX_BATCH_SIZES,
-        description="𝒮: batch sizes the runtime accepts; must contain 1 ([GAP] values).",
+        description="𝒮: batch sizes the runtime accepts; must contain 1 (values open in the papers).",
     )
     latency_model: LatencyModel = Field(default_factory=LatencyModel)
     timeout_ms: float | None = Field(
@@ -271,16 +271,16 @@ class Frontend(WireModel):
 
 
 class Distribution(WireModel):
-    """Histogram discretisation and batch mixing (Orloj §3, §2.2.5)."""
+    """Histogram discretisation and batch mixing (Orloj §3.2, §4.2)."""
 
     bin_width_ms: float | None = Field(
-        default=None, gt=0, description="Unset: about 100 bins up to the priors' largest P99 ([GAP])."
+        default=None, gt=0, description="Unset: about 100 bins up to the priors' largest P99 (open in Orloj)."
     )
     batch_mix_mode: Literal["roundRobin", "iidMixture", "weighted"] = "roundRobin"
 
 
 class Scheduler(WireModel):
-    """Which batch scheduler the gateway runs, and Orloj's knobs (seed-orloj.md §5)."""
+    """Which batch scheduler the gateway runs, and Orloj's knobs."""
 
     policy: Literal["auto", "orloj", "symphony", "eager", "timeout"] = Field(
         default="auto",

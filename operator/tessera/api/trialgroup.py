@@ -1,4 +1,4 @@
-"""`TrialGroup`: hyper-parameter trials whose makespan Fluid minimises (seed-salus-fluid.md part 2, 3.2).
+"""`TrialGroup`: hyper-parameter trials whose makespan Fluid minimises (Fluid, Yu's dissertation ch. 3).
 
 A tuning algorithm emits TrialGroups (§2.4): all trials of a grid/random search, or one round of an
 iterative tuner. Fluid gives each trial a width w_i — 1/p of a GPU when p trials are packed with MPS, or
@@ -72,7 +72,7 @@ class FluidSettings(WireModel):
         default=0.05,
         gt=0,
         lt=1,
-        description="O_th: pack a p-th trial only while its marginal benefit O_p exceeds this ([GAP] default).",
+        description="O_th: pack a p-th trial only while its marginal benefit O_p exceeds this (default: Fluid gives none).",
     )
     max_workers_per_trial: int | None = Field(
         default=None,
@@ -84,7 +84,7 @@ class FluidSettings(WireModel):
         default=0.0,
         ge=0,
         le=MAX_SECONDS,
-        description="ε: reconfiguration cost DynamicFluid weighs (Alg. 3.2) ([GAP] default).",
+        description="ε: reconfiguration cost DynamicFluid weighs (Alg. 3.2; default: Fluid gives none).",
     )
     profile_iterations: int = Field(
         default=5, ge=1, le=MAX_ITERATIONS, description="Iterations profiled per trial (§2.12)."
@@ -106,7 +106,7 @@ class Target(WireModel):
 
 
 class TrialGroupSpec(WireModel):
-    """What Fluid needs to plan a group (seed-salus-fluid.md §3.2)."""
+    """What Fluid needs to plan a group (Fluid, dissertation §3.4.1)."""
 
     template: PodTemplateSpec = Field(description="Pod template of the trial pods.")
     trials: list[TrialSpec] = Field(min_length=1, max_length=MAX_TRIALS)

@@ -2,7 +2,7 @@
 
 Used by every training policy (Themis' auction solver and the greedy baselines) so they all place gangs
 the same way: keep an owner inside the finest region (slot → machine → rack → cluster) that still has
-room, and on an empty owner pick the best-fitting region for its target size (spec seed-themis §3.2).
+room, and on an empty owner pick the best-fitting region for its target size (Themis §3.1.2).
 """
 
 from __future__ import annotations
