@@ -2,12 +2,12 @@
 
 Three sources of arrival times, all returning a sorted ``numpy`` array of seconds:
 
-* :func:`poisson_arrivals` — exponential gaps at a mean rate (seed-alpaserve §1.4, seed-symphony §5).
+* :func:`poisson_arrivals` — exponential gaps at a mean rate (AlpaServe §3, Symphony §5).
 * :func:`gamma_arrivals` — i.i.d. Gamma gaps with mean rate λ and coefficient of variation CV:
-  ``shape = 1/CV²``, ``scale = CV²/λ``; CV = 1 is Poisson (seed-alpaserve §1.4, AlpaServe's
+  ``shape = 1/CV²``, ``scale = CV²/λ``; CV = 1 is Poisson (AlpaServe §6, its code's
   ``GammaProcess``). Symphony describes burstiness by the Gamma *shape* k instead; CV = 1/sqrt(k).
 * :func:`per_minute_arrivals` — Clockwork/Orloj trace replay: a Poisson process whose rate in each
-  interval is ``count / interval × scale`` (seed-orloj §4 "Arrival trace").
+  interval is ``count / interval × scale`` (Orloj §5, as Clockwork's traces).
 * :func:`read_trace` — replay a recorded request trace (CSV or JSON lines with an ``arrival`` column).
 
 Randomness is always a ``numpy.random.Generator`` passed in, so every policy sees the same requests.
@@ -94,7 +94,7 @@ def per_minute_arrivals(
     """Replay per-interval invocation counts (Azure Functions style) as arrivals.
 
     Interval ``i`` gets a Gamma process (Poisson when ``cv == 1``) of rate ``counts[i] / interval ×
-    scale`` (seed-orloj §4; Clockwork's replay). ``interval`` may be shorter than 60 s to compress time.
+    scale`` (Orloj §5; Clockwork's replay). ``interval`` may be shorter than 60 s to compress time.
     """
     if scale <= 0 or interval <= 0:
         raise ValueError(f"scale and interval must be > 0, got scale={scale!r} interval={interval!r}")

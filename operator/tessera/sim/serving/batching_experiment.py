@@ -1,4 +1,4 @@
-"""The Orloj reproduction experiment (seed-orloj §6.6): one dynamic model on one GPU, finish rate of
+"""The Orloj reproduction experiment (Orloj §5): one dynamic model on one GPU, finish rate of
 Orloj and its batching baselines across SLO multiples of the solo-time P99."""
 
 from __future__ import annotations
@@ -74,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tessera.progress import Progress
 
-    ap = argparse.ArgumentParser(
-        description="Orloj vs batching baselines on a dynamic model (seed-orloj §6.6)."
-    )
+    ap = argparse.ArgumentParser(description="Orloj vs batching baselines on a dynamic model (Orloj §5).")
     ap.add_argument("--modes", type=int, default=2, help="modes (applications) on [50, 100] ms")
     ap.add_argument("--static", action="store_true", help="one narrow mode (σ = 0.5 ms): a static model")
     ap.add_argument("--requests", type=int, default=3000)

@@ -1,4 +1,4 @@
-"""Multi-GPU serving simulation for Symphony and its baselines (seed-symphony-orion A.11-A.12, E.5).
+"""Multi-GPU serving simulation for Symphony and its baselines (Symphony §5).
 
 Static models with latency profiles ℓ(b) = αb + β and per-model SLOs; requests arrive per model (Poisson
 or Gamma with a CV, equal popularity as in [S:L182]); a :class:`~tessera.policy.serving.common.
@@ -318,11 +318,11 @@ def autoscale(
     release_damping: float = 1.0,
 ) -> list[AutoscaleStep]:
     """Run ``epochs`` epochs at a fixed load, applying the A.8 advice after each: add N·r/(1−r) when
-    the bad rate r exceeds the threshold, else release N·f for idle fraction f [S:L221-L223].
+    the bad rate r exceeds the threshold, else release N·f for idle fraction f (Symphony §3.5).
 
-    ``release_damping`` < 1 releases only that share of N·f ([OURS]): the paper's rule assumes a flat top
-    (bad rate ≈ (o−p)/o above peak), and where goodput collapses past peak instead, releasing all idle
-    GPUs at once overshoots and the loop oscillates."""
+    ``release_damping`` < 1 releases only that share of N·f (Tessera's choice): the paper's rule assumes
+    a flat top (bad rate ≈ (o−p)/o above peak), and where goodput collapses past peak instead, releasing
+    all idle GPUs at once overshoots and the loop oscillates."""
     if not 0 < release_damping <= 1:
         raise ValueError(f"release_damping must be in (0, 1], got {release_damping!r}")
     n, out = n_start, []

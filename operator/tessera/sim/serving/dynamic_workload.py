@@ -1,4 +1,4 @@
-"""Dynamic-DNN workloads shaped as in seed-orloj §4.3 / §6.6: each mode of the execution-time
+"""Dynamic-DNN workloads shaped as in Orloj's evaluation (§5): each mode of the execution-time
 distribution is one application (normal, σ = 5 ms by default, modes evenly spaced on [50, 100] ms,
 equal shares); a static model is one narrow mode. Load is a fraction of 8/E[L_B(8)], the model's
 sustainable throughput at batch 8 under the mean-based estimate; the SLO is a multiple of the P99 of

@@ -3,7 +3,7 @@ multi-GPU dispatch.
 
 Two optional sections (at least one is required):
 
-* ``batching`` — one dynamic model (normal modes, one per application, seed-orloj §4.3/§6.6) on one GPU:
+* ``batching`` — one dynamic model (normal modes, one per application, as in Orloj §5) on one GPU:
   finish rate of Orloj, Clockwork, Nexus, Clipper and timeout batching at several SLO multiples of the
   solo-time P99 (:mod:`tessera.sim.serving.batching_experiment`).
 * ``cluster`` — identical static models ℓ(b) = αb + β on several GPUs: bad rate, GPU busy fraction, GPUs

@@ -4,7 +4,7 @@ The simulator owns the truth (each request's solo time, the batching model that 
 execution time) and drives any :class:`~tessera.policy.serving.common.BatchScheduler` through its
 interface: arrivals call ``enqueue``; an idle worker calls ``next_batch``; a finished batch calls
 ``on_complete`` with the measured time and, for a sampled fraction of members, their solo times (the
-profiler's solo re-execution, seed-orloj §1.3). Every request ends in exactly one outcome: finished on
+profiler's solo re-execution, Orloj §3.2). Every request ends in exactly one outcome: finished on
 time, finished late, or dropped; a finish after the deadline is never counted as finished.
 """
 

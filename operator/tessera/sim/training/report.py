@@ -1,4 +1,4 @@
-"""Per-policy figures of a training simulation (spec seed-themis §4.5): ρ max / p50 / p90, Jain's index
+"""Per-policy figures of a training simulation (Themis §6.1 metrics): ρ max / p50 / p90, Jain's index
 over ρ, average and p95 app completion time, GPU-hours, makespan, the placement-score CDF; a table for
 stdout, JSON for machines and PNG plots."""
 

@@ -1,7 +1,7 @@
 """How a simulated app uses the GPUs it leases: the `AppRuntime` protocol and two built-in runtimes.
 
 The cluster-wide policy (Themis or a baseline) decides *which GPUs an app holds*; the app's runtime
-decides *what runs on them* (Themis' two-level split, spec seed-themis §1.7). Anything that implements
+decides *what runs on them* (Themis' two-level split, §4.2.2). Anything that implements
 `AppRuntime` can be plugged into the simulator — e.g. a hyperparameter tuner placing its trials inside
 the app's lease.
 

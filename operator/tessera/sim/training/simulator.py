@@ -2,7 +2,7 @@
 
 Events: app arrivals, an app runtime's own events (a job or phase finishes), lease expiries. After the
 events at one instant, if GPUs are free and some app can use more, the policy runs a round on the free
-GPUs (a "resource-available event", spec seed-themis §1.8) and its grants become leases. Each app's GPU
+GPUs (a "resource-available event", Themis §4.2.2) and its grants become leases. Each app's GPU
 set changes at most once per instant, so a lease renewed onto the same GPUs costs no restart.
 """
 

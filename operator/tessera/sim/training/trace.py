@@ -21,7 +21,7 @@ CSV: one row per job (or per successive-halving config), grouped by `app`:
 
 `iters_per_phase` ("8;16;36") marks a successive-halving app; its `gpus` is job_demand_max.
 
-The generator follows spec seed-themis §4.2–4.4: Poisson arrivals, 10 % single-job apps, the rest
+The generator follows Themis §2.2 and §6.1: Poisson arrivals, 10 % single-job apps, the rest
 hyperparameter explorations; W1: 1–2 GPUs per job; W2: successive halving with 1/2/4/8 GPUs per job;
 the CV 10 % / NLP 60 % / Speech 30 % model mix of Table 4.
 """
@@ -57,7 +57,7 @@ class TraceError(ValueError):
 
 # model → (category, network-intensive, serial seconds per iteration on one K80-class GPU).
 # Network intensity follows Table 1 (VGG16 1.29× slower across servers, Inception-v3 unaffected) and the
-# usual parameter-size argument; iteration times are [OURS] representative values.
+# usual parameter-size argument; iteration times are Tessera's representative values.
 MODELS: dict[str, tuple[str, bool, float]] = {
     "inception-v3": ("cv", False, 1.2),
     "alexnet": ("cv", True, 0.4),

@@ -1,4 +1,4 @@
-"""A tuning App inside a training trace (two-level scheduling, spec seed-salus-fluid §2.5 [L1659-1661]).
+"""A tuning App inside a training trace (two-level scheduling, Fluid dissertation §3.4.3).
 
 The cluster policy (Themis or a baseline) leases GPUs to the App like to any other; the App's runtime
 (`two_level.FluidAppRuntime`) runs a tuning algorithm on a seeded workload and lets Fluid place its trials

@@ -1,9 +1,9 @@
 """Discrete-event execution of one tuning job on a pool of GPUs, with FIFO or Fluid execution.
 
-FIFO is each algorithm's default execution (one trial per GPU worker, first come first served; spec
-§2.2 [L1249-1254]). Fluid calls the policy functions the operator calls: StaticFluid widths when a
+FIFO is each algorithm's default execution (one trial per GPU worker, first come first served; Fluid
+dissertation §3.2.1). Fluid calls the policy functions the operator calls: StaticFluid widths when a
 TrialGroup arrives (on the idle GPUs), `place` for lanes and gangs, and DynamicFluid when resources free
-up and no trial is waiting (spec §2.5 [L1391-1400]). Trial speed follows Eq. 3.2 with the *actual*
+up and no trial is waiting (§3.3.3). Trial speed follows Eq. 3.2 with the *actual*
 number of neighbours on a packed GPU, times the cluster's placement slowdown for a multi-machine gang.
 A reconfiguration pauses the trial for ε seconds. The pool can change (a Themis lease): see `set_pool`.
 """
@@ -38,7 +38,7 @@ Executor = Literal["fifo", "fluid"]
 # trial"), or up to its maximum budget ("budget"). Same for synchronous algorithms (no milestones).
 Horizon = Literal["rung", "budget"]
 # When the time-to-target metric sees a trial's score: after every training iteration (Ray Tune trials
-# report each iteration and the paper plots "max accuracy over time", Fig. 3.10 [L1791-1794]), or only
+# report each iteration and the paper plots "max accuracy over time", Fig. 3.10), or only
 # at the algorithm's milestones. The algorithm itself always decides at milestones only.
 Observe = Literal["iteration", "milestone"]
 _TOL = 1e-9
@@ -215,7 +215,7 @@ class TuningSim:
         self.pool = self.cluster.sorted(new)
         if self.executor == "fluid":
             # Trials that never started were planned for the old GPU set: plan them again on the idle
-            # GPUs of the new one (the cluster-change trigger, spec §2.5 [L1659-1661]).
+            # GPUs of the new one (the cluster-change trigger, Fluid §3.4.3).
             fresh = [t for t in self._pending if t.it == t.spec.start and t.seq not in self._started]
             if fresh:
                 rest = [t for t in self._pending if t not in fresh]

@@ -122,8 +122,8 @@ def runs(
 def packing_overhead_runs(
     alpha: float, gpus: int = 8, configs: int = 27, seed: int = 0, fluid: FluidConfig | None = None
 ) -> tuple[TuningResult, TuningResult, int]:
-    """Fig. 3.13a [L1859-1870]: grid search, 27 configs on 8 GPUs, artificial packing overhead α, with
-    every Fluid mechanism on (the seed switches none off here). c comes from Eq. 3.1.
+    """Fig. 3.13a (Fluid §3.6.4): grid search, 27 configs on 8 GPUs, artificial packing overhead α, with
+    every Fluid mechanism on (the dissertation switches none off here). c comes from Eq. 3.1.
 
     Returns (FIFO run, Fluid run, chosen c). `fluid` overrides everything but c (ablations).
     """

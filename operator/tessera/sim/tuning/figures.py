@@ -29,7 +29,7 @@ SEEDS = range(200)  # as tests/integration/test_repro_fluid.py: one seed's ratio
 FLUID = FluidConfig(max_pack=2, max_workers=4)
 WORKERS = (4, 8, 16)
 CURVE_TIMES = tuple(range(0, 601, 20))
-# Spec seed-salus-fluid §2.14 [L1753-1770]: gain ranges the dissertation reports per algorithm class.
+# Fluid, dissertation §3.6.2: gain ranges the dissertation reports per algorithm class.
 PAPER_RANGE = {
     "hyperband": (1.3, 2.0),
     "syncbohb": (1.3, 2.0),

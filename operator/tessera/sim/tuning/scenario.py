@@ -13,7 +13,7 @@
     observe: iteration          # when time-to-target sees scores: every iteration, or milestones only
     workload: {iter_time: 10, alpha: 1.15, beta: 1.05, target: 0.85, …}   # tessera.sim.tuning.workload
 
-Reports time-to-target, makespan, GPU utilisation and GPU-seconds (spec seed-salus-fluid §2.14), with
+Reports time-to-target, makespan, GPU utilisation and GPU-seconds (Fluid, dissertation §3.6), with
 Fluid's ratio over FIFO. Every error names the file, the field and what is wrong.
 """
 

@@ -2,11 +2,11 @@
 
 `FluidAppRuntime` implements the training simulator's `AppRuntime` protocol
 (tessera.sim.training.runtime) around a `TuningSim`: every lease change becomes `set_pool`, which is
-DynamicFluid's cluster-change trigger (spec seed-salus-fluid §2.5 [L1659-1661]); new TrialGroups are
+DynamicFluid's cluster-change trigger (Fluid, dissertation §3.4.3); new TrialGroups are
 planned with StaticFluid on the idle GPUs of the lease. The same engine with a pool that never changes
 is a TrialGroup that owns a fixed set of GPUs (`TuningSim(cluster, pool, …)` directly).
 
-What the arbiter sees (Themis bids, spec seed-themis §1.4): the App's demand is what Fluid could use,
+What the arbiter sees (Themis bids, §4.3.1): the App's demand is what Fluid could use,
 d GPUs per running or waiting trial (Fluid packs when it gets fewer), capped by `max_gpus`; its remaining time on k GPUs is Fluid's own plan for the live trials on k GPUs — the
 water-filling widths' makespan, never below the area bound Σh/k. An adaptive tuner's future trials are
 unknown, so total work is the work done plus the live trials' remaining work. While it holds no GPUs the
