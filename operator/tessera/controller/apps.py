@@ -2,7 +2,7 @@
 
 State lives in the App's status (leases with node, GPU indices, job and expiry; per-job iterations left;
 start time; GPU-seconds held), so a restarted operator rebuilds every `AppRecord` from the objects and
-neither loses a lease nor creates a second set of pods. Spec seed-themis §5.2 (AGENT state), §5.4 (leases).
+neither loses a lease nor creates a second set of pods. Themis §4.2.2 (AGENT state, leases).
 """
 
 from __future__ import annotations

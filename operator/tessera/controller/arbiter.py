@@ -1,6 +1,6 @@
 """The Themis ARBITER loop on Kubernetes: one round per lease period (or when an App arrives/finishes).
 
-A round (spec seed-themis §2.5-2.6, §5.4): fold progress from pods into each App, release leases of
+A round (Themis §3.3.2, §4.2.2): fold progress from pods into each App, release leases of
 finished jobs and expired leases, compute the free GPUs from the cluster view, call
 `tessera.policy.themis.Themis.allocate`, turn grants into leases, then for each App whose leases changed:
 delete pods whose GPUs went away (preemption with a grace period for checkpointing), create pods where the

@@ -1,10 +1,10 @@
 """How an App answers the ARBITER's "how long with k GPUs?" (the Estimator of tessera.policy.training).
 
 Built from the App's spec (iterTotal, iterTimeSerialSeconds, maxGPUs per job) and the progress the
-workloads reported. One job is Eq. 1 (spec seed-themis §1.4, paper L880-L946), evaluated with
+workloads reported. One job is Eq. 1 (Themis §4.3.1), evaluated with
 `tessera.policy.themis.estimate.single_job_remaining`. Several independent jobs use the bound "T_sh is set
-by the job that finishes last" (L1039-L1057), `tessera.policy.themis.apps.last_job_finish_time`. A successive-halving App (spec
-tuning.successiveHalving) answers with Eq. 2, `tessera.policy.themis.estimate.halving_remaining`.
+by the job that finishes last" (§4.3.2), `tessera.policy.themis.apps.last_job_finish_time`. A
+successive-halving App (spec tuning.successiveHalving) answers with Eq. 2, `tessera.policy.themis.estimate.halving_remaining`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class JobSetEstimator:
 
 @dataclass(frozen=True, slots=True)
 class HalvingEstimator:
-    """A successive-halving App (spec seed-themis §1.5a): Eq. 2 over the rest of the current phase and
+    """A successive-halving App (Themis §4.3.2): Eq. 2 over the rest of the current phase and
     every future phase. The phase is read from how many jobs are still live: phase p runs n / η^p jobs
     (the tuner marks the dropped configs done by letting their pods exit)."""
 

@@ -1,7 +1,7 @@
 """A TrialGroup as the operator sees it: its GPU pool, Fluid's plan over it, and the trial pods the plan
 calls for.
 
-The group owns a fixed pool of GPUs (spec seed-salus-fluid.md §3.2: "n: GPUs available to the group"),
+The group owns a fixed pool of GPUs (Fluid §3.4.1: n GPUs available to the group),
 drawn once from the cluster's free GPUs — those no App lease, no other TrialGroup's pool and no other pod
 holds — and recorded in the annotation `tessera.io/gpu-pool`, so a restarted operator keeps it. Fluid plans
 on creation (StaticFluid, `plan_trial_group`) and again whenever a trial ends or the pool changes

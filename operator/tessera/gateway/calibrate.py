@@ -1,10 +1,10 @@
 """Offline profiling of a model on a live worker: the inputs Orloj and the baselines need up front.
 
-* Per-application **priors**: solo execution times of sample requests (seed-orloj §3, "user-provided prior
-  ... before min_samples exist"); the online profiler refines them while serving.
+* Per-application **priors**: solo execution times of sample requests (Orloj §3.2: user-provided
+  priors until enough samples exist); the online profiler refines them while serving.
 * The **batching model** l_B(k) = a_k + s_k · max solo, fitted per batch size by least squares on batches
-  of known members (seed-orloj §3 [GAP] "Fit c0, c1 (or per-k a_k, s_k) offline": regress measured batch
-  time on max(l) for each k). The batch time is the round trip the gateway sees — request encoding, HTTP
+  of known members (Orloj Eq. 3-4; the paper leaves the fit open, so Tessera regresses measured
+  batch time on max(l) for each k). The batch time is the round trip the gateway sees — request encoding, HTTP
   and the worker's run — since that is what decides whether a batch finishes by its deadline.
 """
 

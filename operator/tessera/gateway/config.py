@@ -6,12 +6,12 @@ object of ``tessera.policy.serving`` that forms its batches — the gateway neve
 
 Policy per model (``policy``):
 
-* ``orloj`` — distribution-aware batching for data-dependent models (seed-orloj §2.4); needs ``priors``
+* ``orloj`` — distribution-aware batching for data-dependent models (Orloj Algorithm 1); needs ``priors``
   (solo execution-time samples per application) and the batching ``latency`` model.
-* ``symphony`` — deferred batching for static models (seed-symphony-orion A.2-A.3); needs ``symphony``
+* ``symphony`` — deferred batching for static models (Symphony §3.1-3.2); needs ``symphony``
   (the linear profile ℓ(b) = α·b + β); ``symphony.timeout`` turns it into timeout batching.
 * ``timeout`` (Triton's max-queue-delay), ``clockwork``, ``nexus``, ``clipper`` — the baselines of
-  seed-orloj §4.2, planning with the mean solo time.
+  Orloj §5, planning with the mean solo time.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class _Strict(BaseModel):
 
 
 class LatencyConfig(_Strict):
-    """Batch time l_B(k) = a_k + s_k · max solo, a_k = a0 + a1·k, s_k = s0 + s1·k (seed-orloj Eq. 3-4)."""
+    """Batch time l_B(k) = a_k + s_k · max solo, a_k = a0 + a1·k, s_k = s0 + s1·k (Orloj Eq. 3-4)."""
 
     a0: float = 0.0
     a1: float = 0.0
@@ -64,7 +64,7 @@ class LatencyConfig(_Strict):
 
 class OrlojOptions(_Strict):
     b: float = Field(0.1, gt=0, description="anticipated-delay rate per second (the paper's 1e-4/ms)")
-    miss_cost: float = Field(1.0, ge=0, description="c: cost of a missed deadline (seed-orloj §2.1.1)")
+    miss_cost: float = Field(1.0, ge=0, description="c: cost of a missed deadline (Orloj §4.1)")
     mix_mode: Literal["round_robin", "iid_mixture", "weighted"] = "round_robin"
     drop_estimator: str = "mean"
     candidate_order: Literal["literal_desc", "edf_then_largest"] = "literal_desc"
@@ -117,7 +117,7 @@ class SymphonyOptions(_Strict):
 
 
 class ProfilerOptions(_Strict):
-    """Solo re-execution of sampled finished requests (seed-orloj §3 [GAP] defaults)."""
+    """Solo re-execution of sampled finished requests (Orloj gives no defaults; these are Tessera's)."""
 
     sample_rate: float = Field(0.02, ge=0, le=1)
     max_share: float = Field(0.05, ge=0, le=1, description="cap on profiling time / batch time")
@@ -229,7 +229,7 @@ class PoolGroupConfig(_Strict):
 
 class PoolConfig(_Strict):
     """Models served by an AlpaServe placement: routed to the group holding them with the shortest queue,
-    admitted only if they can meet their SLO (seed-alpaserve §3.1)."""
+    admitted only if they can meet their SLO (AlpaServe §4.3)."""
 
     name: str = Field(min_length=1)
     namespace: str = "default"

@@ -4,7 +4,7 @@
 residual tanh layers a row passes through before it exits. A ``Loop`` runs ``max(n)`` iterations over the
 whole batch and a ``Where`` freezes each row once it has done its own ``n`` — so a row's output does not
 depend on what it is batched with, while the batch costs as much as its longest member: the padding-to-
-the-longest behaviour of dynamic DNNs in seed-orloj Eq. 4 [P:L294].
+the-longest behaviour of dynamic DNNs in Orloj Eq. 4.
 
 Needs the ``onnx`` package (``pip install tessera[serving]``).
 """

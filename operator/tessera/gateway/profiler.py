@@ -1,9 +1,9 @@
-"""The online profiler that feeds Orloj's per-application histograms (seed-orloj §1.3 and §3).
+"""The online profiler that feeds Orloj's per-application histograms (Orloj §3.2).
 
 Solo execution time cannot be measured inside a batch, so a sample of finished requests is re-run alone
 on a worker that has nothing else to do, and the measured solo times are handed to the scheduler through
-``on_complete`` (the interface's channel for profiled members). Defaults are the spec's [GAP] values:
-sample 2% of finished requests, and keep profiling under 5% of the time workers spend on batches.
+``on_complete`` (the interface's channel for profiled members). Orloj leaves the rates open; Tessera's
+defaults: sample 2% of finished requests, and keep profiling under 5% of the time workers spend on batches.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Worker runtime: one ONNX model behind the Open Inference Protocol, running the batches a gateway forms.
 
-A worker runs one batch at a time, non-preemptively (seed-orloj §1.3 "Workers"), on ONNX Runtime — the
+A worker runs one batch at a time, non-preemptively (Orloj §3.2 "Workers"), on ONNX Runtime — the
 CUDA execution provider when the installed build has it, the CPU one otherwise. It serves:
 
 * the standard v2 endpoints for its model (``/v2/health/*``, ``/v2/models/{name}[/ready]``,
@@ -10,7 +10,7 @@ CUDA execution provider when the installed build has it, the CPU one otherwise. 
   batch, and split back. The answer carries one result per member (outputs, or an error for that member
   alone) and the timings the gateway needs: ``compute_seconds`` for the batch, ``queue_seconds`` spent
   waiting for the previous batch, and with ``solo: true`` each member run alone with its
-  ``solo_seconds`` — the profiler's solo re-execution of seed-orloj §3. With ``x-tessera-framing:
+  ``solo_seconds`` — the profiler's solo re-execution of Orloj §3.2. With ``x-tessera-framing:
   members`` the answer is framed as :mod:`tessera.gateway.batch_wire` describes, so the gateway can pass
   each member's outputs through unparsed.
 
@@ -90,9 +90,9 @@ class ModelledCost:
     """A run lasts at least ``fixed_s + unit_s · max(input) · (1 + growth · (rows − 1))`` seconds.
 
     ``input`` names an integer model input holding each row's amount of work (the early-exit model's
-    ``n``): the batch pays for its longest row, padded (seed-orloj Eq. 4 [P:L294]), and each extra row
-    stretches it by ``growth`` (s_k = 1 + growth·(k − 1), the batching model of the spec's reference
-    simulation, seed-orloj §4 [SIM]).
+    ``n``): the batch pays for its longest row, padded (Orloj Eq. 4), and each extra row
+    stretches it by ``growth`` (s_k = 1 + growth·(k − 1), a batching model of Tessera's
+    choosing).
     """
 
     input: str
