@@ -4,6 +4,10 @@ Wire format is kube-scheduler's exact JSON (PascalCase; `NodeNames` when nodeCac
 Filter and prioritize read the in-memory ClusterView; bind re-checks capacity under a per-node asyncio lock,
 reserves the GPUs, writes `tessera.io/assignment`, then creates the Binding — so concurrent binds can never
 oversubscribe a GPU; the loser gets an `Error` with the reason and the scheduler retries.
+
+Bind trusts only the pod as the API server holds it (the watched view, else a GET), matched by UID: its
+request is parsed afresh from that object, never taken from what a filter or prioritize body said, so a
+request naming a real pod's UID and resourceVersion with another body cannot change what bind does.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import logging
 import time
 from collections import OrderedDict
@@ -32,7 +37,6 @@ from tessera.extender.view import (
     Holding,
     PodRequestError,
     PodSpec,
-    pod_request,
     pod_spec,
     shape_of,
 )
@@ -55,8 +59,9 @@ class Extender:
     """The three verbs over a ClusterView.
 
     One scheduling cycle is filter then prioritize for the same pod: the pod's request is parsed once and
-    cached by UID (and resourceVersion/annotations, so an edited pod is parsed again), and prioritize skips
-    the nodes filter rejected while the view is unchanged. A request that does not depend on the node is
+    cached by UID and a digest of the body it was parsed from (an edited pod, or another body naming the same
+    UID, is parsed again), and prioritize skips the nodes filter rejected for that same body while the view
+    is unchanged. A request that does not depend on the node is
     filtered on the view's FitIndex in a few array operations; what choose_gpus says per node and request is
     memoised in the view until that node changes.
     """
@@ -79,7 +84,9 @@ class Extender:
         self.packing = packing if packing is not None or not self.config.packing else PackingConfig()
         if self.packing is not None and self.view.distribution is None:
             self.view.distribution = self.packing.distribution()
-        self._shape: tuple[tuple[Any, ...], Shape | None] | None = None
+        # (uid, body digest), the shape, and the PodSpec it was made for (compared by identity)
+        self._shape: tuple[tuple[Any, ...], Shape | None, PodSpec | None] | None = None
+        self._digested: tuple[JsonObj, bytes | None] | None = None  # the last pod digested, and its digest
         self._locks: dict[str, asyncio.Lock] = {}
         # Binds of one pod run one at a time, and a pod this extender bound is never bound (or annotated)
         # again: when kube-scheduler's httpTimeout expires mid-bind it retries the pod on another node, and
@@ -87,31 +94,41 @@ class Extender:
         # node the pod is not on and releasing the GPUs the winning bind holds.
         self._pod_locks: dict[str, asyncio.Lock] = {}
         self._bound: OrderedDict[str, str] = OrderedDict()
-        self._specs: OrderedDict[str, tuple[tuple[Any, ...], PodSpec | None]] = OrderedDict()
-        self._filtered: OrderedDict[str, tuple[int, frozenset[str]]] = OrderedDict()
+        self._specs: OrderedDict[str, tuple[bytes, PodSpec | None]] = OrderedDict()
+        self._filtered: OrderedDict[str, tuple[int, bytes | None, frozenset[str]]] = OrderedDict()
         self._keys: dict[Request, int] = {}  # request → memo key (keys are never reused)
         self._next_key = 0
         self._last: tuple[Request, int] | None = None
 
     # -- decisions ----------------------------------------------------------------------------------
+    def _digest(self, pod: JsonObj) -> bytes | None:
+        """A digest of everything a decision reads from the pod (resourceVersion, annotations, spec), so a
+        cache entry is only ever reused for the very same body; None when the body cannot be serialised
+        (then nothing about it is cached)."""
+        last = self._digested
+        if last is not None and last[0] is pod:  # the same object in the same request (held: ids not reused)
+            return last[1]
+        meta = pod.get("metadata") or {}
+        try:
+            raw = orjson.dumps([meta.get("resourceVersion"), meta.get("annotations"), pod.get("spec")])
+        except TypeError:  # an integer past 64 bits, say: parse every time
+            digest = None
+        else:
+            digest = hashlib.blake2b(raw, digest_size=16).digest()
+        self._digested = (pod, digest)
+        return digest
+
     def spec(self, pod: JsonObj) -> PodSpec | None:
-        """The pod's parsed request, from the cache when this pod (same UID and version) was seen."""
-        meta = pod.get("metadata", {})
-        uid = meta.get("uid")
-        ann = meta.get("annotations") or {}
-        stamp = (
-            meta.get("resourceVersion"),
-            ann.get(contract.ANN_PLACEMENT),
-            ann.get(contract.ANN_WORKLOAD),
-            ann.get(contract.ANN_PROFILE),
-        )
-        if uid:
+        """The pod's parsed request, from the cache when this exact body (same UID and digest) was seen."""
+        uid = pod.get("metadata", {}).get("uid")
+        stamp = self._digest(pod) if uid else None
+        if stamp is not None:
             hit = self._specs.get(uid)
             if hit is not None and hit[0] == stamp:
                 self._specs.move_to_end(uid)
                 return hit[1]
         parsed = pod_spec(pod, self.view.hp_priority_classes)
-        if uid:
+        if stamp is not None:
             self._specs[uid] = (stamp, parsed)
             if len(self._specs) > self.SPEC_CACHE:
                 self._specs.popitem(last=False)
@@ -145,12 +162,13 @@ class Extender:
         return None
 
     def shape(self, pod: JsonObj, spec: PodSpec | None) -> Shape | None:
-        """The pod's shape (CPU, memory, GPU models and GPU request), parsed once per pod version."""
-        meta = pod.get("metadata", {})
-        stamp = (meta.get("uid"), meta.get("resourceVersion"), id(spec))
-        if self._shape is None or self._shape[0] != stamp or not meta.get("uid"):
-            self._shape = (stamp, shape_of(spec, pod, self.view.smallest_gpu_memory()))
-        return self._shape[1]
+        """The pod's shape (CPU, memory, GPU models and GPU request), parsed once per pod body and spec."""
+        uid = pod.get("metadata", {}).get("uid")
+        stamp = (uid, self._digest(pod) if uid else None)
+        cached = self._shape
+        if cached is None or cached[0] != stamp or cached[2] is not spec or stamp[1] is None:
+            cached = self._shape = (stamp, shape_of(spec, pod, self.view.smallest_gpu_memory()), spec)
+        return cached[1]
 
     def _node_fit(self, pod: JsonObj, spec: PodSpec | None, node: str) -> tuple[str, str] | None:
         shape = self.shape(pod, spec)
@@ -225,11 +243,11 @@ class Extender:
 
     def evaluate(self, pod: JsonObj, node: str) -> Choice | str:
         """Where the pod would go on `node`, or why it cannot."""
-        out = self._evaluate(pod, node)
+        out = self._evaluate(pod, node, self.spec(pod))
         return out if isinstance(out, Choice) else out[1]
 
-    def _evaluate(self, pod: JsonObj, node: str) -> Choice | tuple[str, str]:
-        spec = self.spec(pod)
+    def _evaluate(self, pod: JsonObj, node: str, spec: PodSpec | None) -> Choice | tuple[str, str]:
+        """As evaluate, for `spec`, the pod's parsed request."""
         rejected = self._check(spec, node, {}) or self._node_fit(pod, spec, node)
         if rejected is not None:
             return rejected
@@ -285,7 +303,7 @@ class Extender:
             self.metrics.rejected(codes)
         uid = pod["metadata"].get("uid")
         if uid:
-            self._filtered[uid] = (self.view.generation, frozenset(failed))
+            self._filtered[uid] = (self.view.generation, self._digest(pod), frozenset(failed))
             if len(self._filtered) > self.SPEC_CACHE:
                 self._filtered.popitem(last=False)
         result: JsonObj = {
@@ -312,9 +330,14 @@ class Extender:
         spec = self.spec(pod)
         memo = self._filtered.get(pod["metadata"].get("uid") or "")
         memo_ok = (
-            memo is not None and memo[0] == self.view.generation and spec is not None and spec.problem is None
+            memo is not None
+            and memo[0] == self.view.generation
+            and memo[1] is not None
+            and memo[1] == self._digest(pod)  # filtered for this very body, not another naming the UID
+            and spec is not None
+            and spec.problem is None
         )
-        rejected = memo[1] if memo is not None and memo_ok else frozenset()
+        rejected = memo[2] if memo is not None and memo_ok else frozenset()
         shape = self.shape(pod, spec) if self.packing is not None else None
         if shape is not None and shape.gpus:
             return self._prioritize_packing(pod, names, shape, rejected)
@@ -354,12 +377,7 @@ class Extender:
     def _packing_choice(self, spec: PodSpec, node: str, req: Request) -> Choice | None:
         """The GPUs FGD's rule takes on `node` (None: not a packing-scored pod, or no fit by its arrays)."""
         cached = self._shape
-        if (
-            self.packing is None
-            or self.view.distribution is None
-            or cached is None
-            or cached[0][2] != id(spec)
-        ):
+        if self.packing is None or self.view.distribution is None or cached is None or cached[2] is not spec:
             return None
         shape = cached[1]
         if shape is None or not shape.gpus:
@@ -420,14 +438,18 @@ class Extender:
             return {"Error": f"cannot bind {ns}/{name} to {node}: {why}"}, m.LOST_RACE, m.NO_FIT
         lock = self._locks.setdefault(node, asyncio.Lock())
         async with lock:
-            choice = self._evaluate(pod, node)
+            # The request as the API server holds it (`pod` is the watched or fetched object), parsed here:
+            # no cache a filter or prioritize body filled is read, so no such body decides this bind.
+            spec = pod_spec(pod, self.view.hp_priority_classes)
+            choice = self._evaluate(pod, node, spec)
             if not isinstance(choice, Choice):
                 code, why = choice
                 # Capacity gone since filter said yes: another bind won the GPUs; anything else is an error.
                 outcome = m.LOST_RACE if code == m.NO_FIT else m.ERROR
                 return {"Error": f"cannot bind {ns}/{name} to {node}: {why}"}, outcome, code
-            req = pod_request(pod, self.view.min_memory(node))
-            assert req is not None
+            assert spec is not None  # _evaluate refuses a pod without a GPU request
+            req = self._resolve(spec, node, {})
+            assert isinstance(req, Request)
             gpus = {g.index: g for g in self.view.nodes[node]}
             assignment = Assignment(
                 node=node,
@@ -438,7 +460,7 @@ class Extender:
                 compute_percent=req.compute_percent,
             )
             self.view.hold(uid, Holding(node, choice.gpu_indices, assignment.lane_id, req.as_tenant()))
-            shape = self.shape(pod, self.spec(pod))
+            shape = self.shape(pod, spec)
             if shape is not None:
                 self.view.reserve(uid, node, shape.cpu_milli, shape.memory_mib)
             try:

@@ -547,7 +547,11 @@ class ClusterView:
             log.warning("ignoring the GPUs of %s: %s", pod_key(pod), err)
             return
         try:
-            req = pod_request(pod, a.memory_mib)
+            # the view's HP priority classes, as filter and bind read the pod (so its tenant class agrees)
+            spec = pod_spec(pod, self.hp_priority_classes)
+            if spec is not None and spec.problem is not None:
+                raise PodRequestError(spec.problem)
+            req = None if spec is None else spec.resolve(a.memory_mib)
         except PodRequestError as err:  # the assignment still says what it holds: count it
             log.warning("%s holds GPUs but its request is unreadable: %s", pod_key(pod), err)
             req = None
