@@ -1,6 +1,6 @@
 """Allocate and GetPreferredAllocation decisions, free of gRPC: pick the pod a request serves, build its env.
 
-The request carries only slot IDs (k8s-interfaces.md §1.6), so the pod is found among this node's pods that
+The request carries only slot IDs (device plugin API v1beta1), so the pod is found among this node's pods that
 have an assignment and no `tessera.io/allocated` mark, matched by the number of slots its container asks for;
 among several, the one whose assigned GPUs the slots lie on wins, then the oldest.
 """

@@ -1,6 +1,6 @@
 """The GPU backend interface the agent reads the node's GPUs through (real NVML or a fake).
 
-Everything the agent needs from NVML (k8s-interfaces.md §4) is behind this small protocol, so the device
+Everything the agent needs from NVML (NVML API) is behind this small protocol, so the device
 plugin, inventory and telemetry are the same code on a GPU node and in tests.
 """
 
@@ -70,7 +70,7 @@ class GpuBackend(Protocol):
 def usable_memory_mib(gpu: GpuInfo, extra_reserve_mib: int = 0) -> int:
     """Memory lanes may be carved from: total minus driver-reserved minus an operator-set margin.
 
-    Not deducting the driver reserve lets lanes overcommit and OOM (anchors.md, KAI #2212).
+    Not deducting the driver reserve lets lanes overcommit and OOM (kai-scheduler/KAI-Scheduler#2212).
     """
     usable = (gpu.memory_total_bytes - gpu.memory_reserved_bytes) // MIB - extra_reserve_mib
     return max(0, usable)

@@ -1,7 +1,7 @@
 """The lane coordinator: jobs sharing a lane ask it, at iteration boundaries, whose iteration runs next.
 
-Salus schedules at iteration granularity, one iteration at a time per lane (seed-salus-fluid.md part 1,
-§1.9; [L733-736]); the choice is made by `tessera.policy.lanes.iteration` (FIFO, PACK, SRTF, FAIR). This is
+Salus schedules at iteration granularity, one iteration at a time per lane (Salus §2.3.3-2.4);
+the choice is made by `tessera.policy.lanes.iteration` (FIFO, PACK, SRTF, FAIR). This is
 the opt-in node-local service around it for cooperative training loops (`with lane.iteration():` in
 `tessera.sdk`).
 

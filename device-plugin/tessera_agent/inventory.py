@@ -1,7 +1,7 @@
 """The `tessera.io/gpus` node annotation: what the extender may carve lanes from, kept current.
 
 Per GPU: UUID, index, model, usable memory (total minus the driver's reserve and an optional margin; not
-deducting it overcommits, anchors.md on KAI #2212) and health. Built and serialised with the extender's own
+deducting it overcommits, KAI-Scheduler#2212) and health. Built and serialised with the extender's own
 schema (`tessera.api.gpu_inventory`), so what the agent writes is exactly what the extender parses.
 """
 

@@ -1,4 +1,4 @@
-"""Runs and watches the MPS control daemon (`nvidia-cuda-mps-control -d`), k8s-interfaces.md §3.
+"""Runs and watches the MPS control daemon (`nvidia-cuda-mps-control -d`) (NVIDIA MPS documentation).
 
 Pipe and log directories live on host paths so pods mount the same pipe (CUDA_MPS_PIPE_DIRECTORY must match
 between daemon and clients, §3.2). After start the daemon gets its defaults through control commands (§3.1);

@@ -1,4 +1,4 @@
-"""The GPU backend over NVML (nvidia-ml-py, module `pynvml`); calls as read in k8s-interfaces.md §4.
+"""The GPU backend over NVML (nvidia-ml-py, module `pynvml`); calls as the NVML API reference documents them.
 
 Health follows NVIDIA's device plugin: critical XID events mark a GPU unhealthy, except XIDs that an
 application causes (13, 31, 43, 45, 68, 109), which say nothing about the device.

@@ -1,6 +1,6 @@
 """The device plugin (API v1beta1) over gRPC on a unix socket, its kubelet registration and restart handling.
 
-Flow as in k8s-interfaces.md §1.3: serve first, then Register with kubelet; kubelet opens ListAndWatch, which
+Device plugin API v1beta1 flow: serve first, then Register with kubelet; kubelet opens ListAndWatch, which
 re-sends the full device list whenever a GPU's health changes. A new kubelet deletes every socket in the
 device-plugin directory (§1.4), so the plugin polls for its socket vanishing or kubelet.sock being replaced
 and then restarts its server and registers again.

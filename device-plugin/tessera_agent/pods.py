@@ -1,6 +1,6 @@
 """Where the agent learns which pods on its node hold a lane: a small interface over the Kubernetes API.
 
-Allocate is told only device IDs (k8s-interfaces.md §1.6), so the plugin lists this node's pods that carry an
+Allocate is told only device IDs (device plugin API), so the plugin lists this node's pods that carry an
 assignment and have not been allocated yet (the Aliyun/HAMi pattern), and marks the one it serves. The
 assignment is read with the extender's own model (`tessera.api.assignment`), so both sides agree on the JSON.
 """

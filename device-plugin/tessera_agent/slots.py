@@ -1,4 +1,5 @@
-"""Virtual device slots: each physical GPU is advertised as N devices `<uuid>::<k>` (k8s-interfaces.md §1.5).
+"""Virtual device slots: each physical GPU is advertised as N devices `<uuid>::<k>` (as NVIDIA's
+k8s-device-plugin does for `replicas`).
 
 The IDs follow NVIDIA's annotated-ID format, so a slot always names its GPU and fits the 63-character limit.
 """

@@ -1,8 +1,8 @@
 """Per-lane telemetry: attribute NVML's per-process memory and SM samples to pods and lanes.
 
-NVML reports host PIDs; a PID belongs to the pod whose UID appears in its cgroup path (k8s-interfaces.md §4,
-needs hostPID). The pod's assignment names its lane and limits, so memory used is set against the lane's
-MPS pinned limit and a lane above it is flagged — the per-pod view DCGM lacks under MPS (§3.4).
+NVML reports host PIDs; a PID belongs to the pod whose UID appears in its cgroup path (needs hostPID).
+The pod's assignment names its lane and limits, so memory used is set against the lane's MPS pinned
+limit and a lane above it is flagged — the per-pod view DCGM lacks under MPS.
 """
 
 from __future__ import annotations
