@@ -1,4 +1,4 @@
-"""Orloj batch-decision time vs queue length (target ≤ 1 ms at 10,000 queued; seed-orloj §6.5).
+"""Orloj batch-decision time vs queue length (target ≤ 1 ms at 10,000 queued; Orloj §5).
 
 Run: .venv/bin/python tests/bench/bench_orloj.py
 Baseline column: the same decision with an O(n log n) full re-sort of Eq. 2 scores (the naive approach

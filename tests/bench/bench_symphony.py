@@ -1,5 +1,5 @@
 """Symphony scheduler throughput: requests scheduled per second on one core across 1-1,000 GPUs
-(target ≥ 100,000/s; seed-symphony-orion A.7 / A.13 report 12 M req/s with 32 C++ threads), then Symphony's
+(target ≥ 100,000/s; Symphony §5.5 reports 12 M req/s with 32 C++ threads), then Symphony's
 goodput against eager batching from light load to 2× overload.
 
 Run: .venv/bin/python tests/bench/bench_symphony.py [--repeats 5] [--requests 30000] [--loads 0.6,2.0]

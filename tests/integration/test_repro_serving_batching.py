@@ -1,4 +1,4 @@
-"""Reproduction of seed-orloj §6.6 portable checks on seeded dynamic-DNN workloads (simulated)."""
+"""Reproduction of Orloj's §5 findings as portable checks on seeded dynamic-DNN workloads (simulated)."""
 
 from typing import Any
 

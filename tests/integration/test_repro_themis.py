@@ -1,4 +1,4 @@
-"""Reproduction of the Themis paper's findings on small seeded traces (spec seed-themis §4.6, §6.7).
+"""Reproduction of the Themis paper's findings on small seeded traces (Themis §6).
 
 Fast sizes with the paper's contention: 80 W2-style apps (the default scenario's evaluation-sized apps:
 4–32 configurations, median task 6 GPU-minutes, 42.5 s restart per GPU change) arriving every 40 minutes

@@ -39,7 +39,7 @@ class FakeKubelet(api_pb2_grpc.RegistrationServicer):
             self._server = None
 
     async def restart(self) -> None:
-        """What a new kubelet does (k8s-interfaces.md §1.4): remove every socket in the directory, serve anew."""
+        """What a new kubelet does (device plugin API): remove every socket in the directory, serve anew."""
         await self.stop()
         for sock in self.plugin_dir.glob("*.sock"):
             sock.unlink()

@@ -1,5 +1,5 @@
-"""The agent's Kubernetes adapters against a real HTTP API server (kmock's KubernetesEmulator, k8s-interfaces
-§5.2): the pod source, the node patcher, the progress endpoint, and the annotation contract with the extender
+"""The agent's Kubernetes adapters against a real HTTP API server (kmock's KubernetesEmulator): the pod
+source, the node patcher, the progress endpoint, and the annotation contract with the extender
 (its model writes the assignment Allocate consumes; its view parses the inventory the agent writes)."""
 
 from __future__ import annotations

@@ -21,11 +21,11 @@ import yaml
 
 WIDTH = 512
 MODEL = "early-exit"
-# Layers per application, (mean, sd): short and long requests, a bimodal mixture as in seed-orloj §4.3.
+# Layers per application, (mean, sd): short and long requests, a bimodal mixture as in Orloj §5.
 APP_LAYERS = {"short": (20, 2), "long": (80, 4)}
 # The workers' modelled cost (`tessera worker --pace-*`): 1 ms per layer of the longest row, each extra row
-# stretching the batch by 20% (s_k = 1 + 0.2(k − 1), the spec's reference simulation, seed-orloj §4
-# [SIM]). Short requests take ~20 ms and long ones ~80 ms whatever else runs on the machine; the real
+# stretching the batch by 20% (s_k = 1 + 0.2(k − 1), a batching model of Tessera's
+# choosing). Short requests take ~20 ms and long ones ~80 ms whatever else runs on the machine; the real
 # ONNX run (~1 ms at 80 layers) still computes every output.
 PACE = {"input": "n", "unit_ms": 1.0, "growth": 0.2}
 

@@ -5,9 +5,9 @@ The workers pad every run to a modelled, input-dependent time (`--pace-*`, gatew
 requests ~20 ms, long ones ~80 ms, batches padded to their longest row and stretched 20% per extra row.
 That makes the data-dependent cost the schedulers plan around dominate the few milliseconds of Python,
 HTTP and CPU contention on a shared 2-core machine, so the comparison measures the policies, not the
-machine. The regime is the one Orloj targets (seed-orloj §4.3, Fig. 4.7 / the spec's reference simulation,
-two-modal at 2× SLO): SLO = 2 × P99 of the calibrated solo times, Poisson load at 0.8 × the two workers'
-calibrated batch-1 capacity — there the spec's simulation gives Orloj ~0.98 against timeout batching's
+machine. The regime is the one Orloj targets (Orloj §5: a bimodal dynamic model
+at 2× SLO): SLO = 2 × P99 of the calibrated solo times, Poisson load at 0.8 × the two workers'
+calibrated batch-1 capacity — there Tessera's simulator gives Orloj ~0.98 against timeout batching's
 ~0.40 (tessera.sim with the same batching model). The policies alternate in short rounds and totals
 are compared.
 """
@@ -172,7 +172,7 @@ async def _infer_all(url: str, bodies: list[dict[str, Any]], gap_s: float) -> li
 def test_symphony_batches_across_both_workers_and_answers_every_request_correctly(
     two_workers: list[str], tmp_path: Path
 ) -> None:
-    """Symphony (seed-symphony-orion A.2-A.3) on a static model: every request of a fixed-cost mix is
+    """Symphony (Symphony §3.1-3.2) on a static model: every request of a fixed-cost mix is
     answered, the outputs are the model's, and batches go to both workers."""
     layers = 20
     bodies = payloads("short", 120, seed=5)

@@ -2,7 +2,7 @@
 the extender — several small trials on lanes of one GPU (one GPU UUID, each lane its memory and compute),
 a big trial as a multi-GPU pod — and a re-plan when trials succeed (a wider pod replaces the old one).
 
-Worked example (as tests/integration/operator/test_trialgroup.py, spec seed-salus-fluid §2.8): h = (600,
+Worked example (as tests/integration/operator/test_trialgroup.py, Fluid Algorithm 3.1): h = (600,
 100, 100, 100) s on n = 3 GPUs with c = 3 → A: 2 GPUs; B, C, D: 1/3 of the third GPU each, 16384 // 3 =
 5461 MiB and 33 % of its SMs. When B, C and D finish and A reported 300 iterations, DynamicFluid gives A
 all 3 GPUs.

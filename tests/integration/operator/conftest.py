@@ -1,4 +1,4 @@
-"""Run the real kopf operator in-process against kmock's KubernetesEmulator (k8s-interfaces §5.2)."""
+"""Run the real kopf operator in-process against kmock's KubernetesEmulator (kopf's test emulator)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Two operator replicas with kopf peering (issue 8, k8s-interfaces §5.1): only the highest-priority live peer
+"""Two operator replicas with kopf peering (issue 8): only the highest-priority live peer
 allocates; the next one takes over when the active peer stops (kopf clears its peering record on exit) or
 when a peer that died without clearing it outlives its lifetime. Against kmock; every request is attributed
 to the operator that sent it by its bearer token, and each controller's own client records its calls."""

@@ -1,7 +1,7 @@
 """TrialGroup: packed lanes and multi-GPU gangs exactly as Fluid's water-filling gives them, re-planned
 (widths grow) when trials finish; invalid groups; deletion. Against kmock, asserting on what reached the API.
 
-Worked example (spec seed-salus-fluid §2.8, Alg. 3.1 line 3: w_i = min(max(⌊h_i/Σh · n⌋, 1/c), d)):
+Worked example (Fluid Algorithm 3.1 line 3: w_i = min(max(⌊h_i/Σh · n⌋, 1/c), d)):
 h = (600, 100, 100, 100) s, n = 3 GPUs, c = 3, d = n = 3 → A: ⌊600/900·3⌋ = 2 GPUs; B, C, D: ⌊100/900·3⌋
 = 0 → 1/3 of a GPU each, packed on the third GPU with 16384 // 3 = 5461 MiB and 100 // 3 = 33 % of its SMs.
 When B, C and D finish, DynamicFluid (Alg. 3.2, ε = 0) gives A ⌊600/600·3⌋ = 3 GPUs (scale-up: 600/3 < 600/2).

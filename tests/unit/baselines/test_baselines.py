@@ -1,4 +1,4 @@
-"""Each baseline's allocation rule on a tiny instance (spec seed-themis §4.1), and the shared contract."""
+"""Each baseline's allocation rule on a tiny instance (Themis §6.1), and the shared contract."""
 
 import math
 import random

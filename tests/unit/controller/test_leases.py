@@ -1,4 +1,4 @@
-"""Lease bookkeeping of an App (spec seed-themis §5.4): grants per job and node, expiry at the lease end,
+"""Lease bookkeeping of an App (Themis §4.2.2): grants per job and node, expiry at the lease end,
 release of finished jobs, and recovery of leases and progress from the status the operator wrote."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A seeded 100-job training trace shaped like Salus §2.5.1 (spec §1.10), for the Table 2.1 reproduction.
 
 What the seed fixes: 100 jobs drawn from Table A.1's models × batch sizes, online arrivals, one 16 GB P100,
-mean exclusive execution ≈ 3.0 min (FIFO avg JCT − avg queuing, spec §1.10), persistent memory
-110.9-822.2 MB [L505-514], peaks up to 13.8 GB [L485-491], and a production-like heavy-tailed duration
-distribution [L927-930]. What it does not give (durations per job, arrival times, utilisation) is drawn
+mean exclusive execution ≈ 3.0 min (FIFO avg JCT − avg queuing, Salus §2.5), persistent memory
+110.9-822.2 MB and peaks up to 13.8 GB (§2.2.1), and a production-like heavy-tailed duration
+distribution (§2.5.1). What it does not give (durations per job, arrival times, utilisation) is drawn
 here: log-normal durations (σ = 1.4) scaled to a 3.0 min mean, Poisson arrivals over the first half of the
 serial makespan, and an exclusive SM utilisation of 0.7-1.0 per job.
 """

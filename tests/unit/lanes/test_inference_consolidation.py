@@ -1,4 +1,4 @@
-"""Spec §4.1.8: 42 inference instances (14 models × 3) on 1 GPU with lanes vs 42 exclusive [L1046-1049]."""
+"""Salus §2.5.3: 42 inference instances (14 models × 3) on 1 GPU with lanes vs 42 exclusive."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_42_instances_fit_one_gpu_with_lanes() -> None:
 
 
 def test_uncapped_lanes_waste_room_as_the_authors_warn() -> None:
-    """With no lane cap Algorithm 2.1 opens a lane per early instance and runs out of room [L844-846]."""
+    """With no lane cap Algorithm 2.1 opens a lane per early instance and runs out of room (Salus §2.3.3)."""
     assert len(gpus_with_lanes(_instances(), capacity=16.0)) == 2
 
 

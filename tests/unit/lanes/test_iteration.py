@@ -39,7 +39,7 @@ def test_fifo_runs_oldest_job_to_completion() -> None:
 
 
 def test_srtf_preemption_order_of_fig_2_8a() -> None:
-    """#0 runs; #1 arrives and preempts it; #3 (shorter) runs before #2; #0 runs last [L984-988]."""
+    """#0 runs; #1 arrives and preempts it; #3 (shorter) runs before #2; #0 runs last (Salus §2.5.1)."""
     s = make_iteration_scheduler("SRTF")
     s.add_job("0", 0.0, remaining_seconds=100.0)
     s.request("0", 0.0)
@@ -98,7 +98,7 @@ def _fair_shares(newcomer: str) -> list[dict[str, int]]:
 
 
 def test_fair_shares_one_half_one_third_of_fig_2_9() -> None:
-    """Spec §4.1.7: each job gets ≈1, ≈1/2, ≈1/3 of throughput; aggregate stays constant [L1002-1006]."""
+    """Salus §2.5.1 (Fig. 2.9): each job gets ≈1, ≈1/2, ≈1/3 of throughput; aggregate stays constant."""
     w = _fair_shares("least")
     assert w[0] == {"j0": 150}
     assert sum(w[1].values()) == 150 and abs(w[1]["j0"] - w[1]["j1"]) <= 1

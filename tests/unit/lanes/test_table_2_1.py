@@ -30,7 +30,7 @@ def table() -> dict[str, dict[str, float]]:
 def test_avg_jct_order_and_srtf_speedup(table: dict[str, dict[str, float]]) -> None:
     jct = {p: row["jct"] for p, row in table.items()}
     assert jct["SRTF"] < jct["FAIR"] < jct["PACK"] < jct["FIFO"]
-    assert jct["FIFO"] / jct["SRTF"] == pytest.approx(3.19, rel=0.15)  # 170.6 / 53.4 [L967-968]
+    assert jct["FIFO"] / jct["SRTF"] == pytest.approx(3.19, rel=0.15)  # 170.6 / 53.4 (Salus §2.5.1)
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Spec seed-alpaserve §6 T1–T6, T9b, T10: the paper's worked examples, pinned."""
+"""AlpaServe's worked examples (Fig. 1, §3.1-3.3, Fig. 10, bucketing, memory budget), pinned."""
 
 from __future__ import annotations
 

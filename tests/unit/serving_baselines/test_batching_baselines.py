@@ -1,4 +1,4 @@
-"""The per-model batching baselines (seed-orloj §4.2, Triton timeout batching) on traces small enough
+"""The per-model batching baselines (Clockwork, Nexus, Clipper, Triton timeout batching) on traces small enough
 to work out by hand. Latency model l_B(k) = k · max solo (s0 = 0, s1 = 1); planners use mean solo 1.0
 unless stated, so estimate(k) = k."""
 

@@ -1,4 +1,4 @@
-"""Batch execution-time distributions against seed-orloj §6.2 and §6.3."""
+"""Batch execution-time distributions against Orloj Eq. (3)-(9) and the Fig. 4.6 toy example."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Algorithm 4.1 against the seed-orloj §6.4 trace, plus invariants and online learning."""
+"""Orloj Algorithm 1 against a hand-worked trace, plus invariants and online learning."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Eq. 2 against seed-orloj §6.1 and §6.3 (values derived there by integration and Monte-Carlo)."""
+"""Orloj Eq. 2 against values derived by integration and Monte-Carlo."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Symphony under overload (seed-symphony-orion A.8 [S:L217]): with the early-drop GETBATCH (A.5) requests
+"""Symphony under overload (Symphony §3.5): with the early-drop GETBATCH requests
 that cannot meet their deadline in a target-size batch are shed before dispatch, so goodput past the peak
 stays at the peak; the head-greedy GETBATCH collapses into small, late batches instead."""
 

@@ -1,4 +1,4 @@
-"""Model partitioning over scheduler shards (seed-symphony-orion A.7, tests E.4.10 and E.7)."""
+"""Model partitioning over scheduler shards (Symphony §4.4, Appendix A)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Symphony's §3.3 worked traces (seed-symphony-orion E.2) and formula checks (E.1)."""
+"""Symphony's §3.3 worked traces and formula checks (§3.1)."""
 
 from tessera.policy.serving.common import Batch, LinearProfile, Request
 from tessera.policy.serving.symphony import SymphonyScheduler, autoscale_advice

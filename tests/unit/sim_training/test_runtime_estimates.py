@@ -1,5 +1,5 @@
 """The job-set runtime's bid answer is the policy's multi-job finish-time rule, and successive-halving
-survivors grow their GPU demand as the paper's text describes (spec seed-themis §1.5)."""
+survivors grow their GPU demand as the paper's text describes (Themis §4.3.2)."""
 
 import math
 import random

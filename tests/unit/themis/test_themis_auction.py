@@ -1,5 +1,5 @@
 """Partial-allocation auction: Figure 5 placements, hidden payments, brute-force NSW optimality
-(spec seed-themis §6.3, §6.4, §6.6-5)."""
+(Themis §3.1.2, §3.3.1, Theorem 3.1)."""
 
 import itertools
 import math

@@ -1,4 +1,4 @@
-"""ρ estimates against the paper's worked numbers (spec seed-themis §6.1–6.2)."""
+"""ρ estimates against the paper's worked numbers (Themis Table 2, §4.3.3)."""
 
 import math
 
