@@ -96,7 +96,7 @@ def test_max_rho_improves_as_f_goes_from_0_to_0_8(seed: int) -> None:
 
 # Fig. 19 is a simulator experiment, and the paper's simulator cluster has far more placement choices than
 # CLUSTER: 16 × 8-GPU machines (4 slots × 2 GPUs), 6 × 4-GPU machines (4 slots × 1 GPU) and 16 single-GPU
-# machines, 168 GPUs (spec §3.4). On CLUSTER (2- and 4-GPU machines) f = 1 and f = 0.8 tie (1.72 vs 1.73,
+# machines, 168 GPUs (Themis §6.1). On CLUSTER (2- and 4-GPU machines) f = 1 and f = 0.8 tie (1.72 vs 1.73,
 # 1.36 vs 1.36, 1.70 vs 1.70): a lone bidder has few poor placements to be forced into.
 PAPER_CLUSTER = Cluster.themis_paper("168")
 
@@ -149,7 +149,7 @@ def test_estimation_error_of_20_percent_changes_max_rho_little() -> None:
     assert max(changes) <= 0.25
 
 
-# Fig. 18 (L1601–L1649): 64 GPUs as one 8-GPU machine and 28 2-GPU machines; 8 identical network-intensive
+# Fig. 18 (Themis §6.3): 64 GPUs as one 8-GPU machine and 28 2-GPU machines; 8 identical network-intensive
 # apps, each four 8-GPU jobs (4× contention); app-0 over-reports the slowdown of spread placements by X.
 LIAR_CLUSTER = Cluster.build([(1, 8)] + [(1, 2)] * 28)
 LIAR_TRACE = Trace(
@@ -170,7 +170,7 @@ def _liar_jct_h(x: float) -> float:
 
 @pytest.mark.parametrize("x", [0.2, 0.34, 0.5, 1.0])
 def test_lying_about_placement_does_not_pay(x: float) -> None:
-    # Measured: 13.87 h truthful; 13.95 / 13.88 / 13.93 / 13.91 h lying (spec §6.6-8: no gain beyond noise).
+    # Measured: 13.87 h truthful; 13.95 / 13.88 / 13.93 / 13.91 h lying (Themis §6.3: no gain beyond noise).
     assert _liar_jct_h(x) >= 0.99 * _liar_jct_h(0.0)
 
 

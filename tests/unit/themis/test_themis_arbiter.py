@@ -1,4 +1,4 @@
-"""The arbiter round: filter (spec §6.5), leftover work conservation and leases (§6.6)."""
+"""The arbiter round: filter (Themis §3.3.2), leftover work conservation and leases (§3.3.1–3.3.2)."""
 
 import random
 
@@ -99,7 +99,7 @@ def test_unclaimed_gpus_are_auctioned_to_the_next_highest_rho_apps() -> None:
 
 
 def test_filter_over_active_apps_counts_satisfied_apps() -> None:
-    """N of ⌈(1−f)·N⌉ is every active app (spec §3.1); a satisfied app in the top k bids for nothing."""
+    """N of ⌈(1−f)·N⌉ is every active app (Themis §3.3.2); a satisfied app in the top k bids for nothing."""
     c = Cluster.build([(1, 4)] * 3)
     ids = c.gpu_ids
     # Five satisfied apps far behind (high ρ), five hungry apps that hold one of two GPUs.

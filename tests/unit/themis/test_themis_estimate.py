@@ -18,7 +18,7 @@ TIMES = [80.0, 100.0, 100.0, 120.0]
 
 
 def test_table2_bid_arithmetic() -> None:
-    # T_id = 400; one GPU → T_sh = 200 → ρ = 1/2; two GPUs → 100 → 1/4 (L387–L401).
+    # T_id = 400; one GPU → T_sh = 200 → ρ = 1/2; two GPUs → 100 → 1/4 (Themis Table 2, §3.1.2).
     tid = 400.0
     one = single_job_remaining(iters_left=10, iter_time_serial=20, slowdown=1.0, gpus=1, job_demand_max=2)
     two = single_job_remaining(iters_left=10, iter_time_serial=20, slowdown=1.0, gpus=2, job_demand_max=2)
@@ -36,7 +36,7 @@ def test_eq1_caps_speedup_at_job_demand_and_applies_slowdown() -> None:
 
 
 def test_tid_of_the_successive_halving_example() -> None:
-    # T_id = 10000 × 4 / 16 = 2500 s (L1100–L1116).
+    # T_id = 10000 × 4 / 16 = 2500 s (Themis §4.3.3).
     assert t_id(10_000, 16, 32, 4.0, "paper") == pytest.approx(2500)
     assert PLAN.demand_max >= 16
     with pytest.raises(ValueError, match="unknown T_id mode"):

@@ -26,7 +26,7 @@ class JobLoad:
 
 
 def last_job_finish_time(jobs: Sequence[JobLoad], gpus: int, slowdown: float = 1.0) -> float:
-    """T_sh of independent jobs sharing k GPUs: "set by the job that finishes last" (L1039-L1057).
+    """T_sh of independent jobs sharing k GPUs: "set by the job that finishes last" (Themis §4.3.2).
 
     Its list-scheduling form S · max(Σ_j w_j / min(k, Σ_j d_j), max_j w_j / min(k, d_j)): the jobs cannot
     finish before the total work is spread over every GPU they can use, nor before the biggest job runs on

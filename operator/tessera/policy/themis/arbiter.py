@@ -1,4 +1,4 @@
-"""The Themis ARBITER round (Pseudocode 1 lines 13–21, spec §2.5–2.6, §3.1).
+"""The Themis ARBITER round (Themis Pseudocode 1 lines 13–21; §3.3.1–3.3.2).
 
 One round is a pure function of (now, apps' state, cluster, free GPUs, config, rng) → grants (with lease
 expiry and source: auction or leftover) plus the auction record. The simulator and the operator both
@@ -26,27 +26,27 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ThemisConfig:
-    """Arbiter knobs (spec §5.3). Defaults are the paper's: f = 0.8, 10-minute leases (L1199, L1675)."""
+    """Arbiter knobs. Defaults are the paper's: f = 0.8, 10-minute leases (Themis §6, §6.4)."""
 
-    fairness_knob: float = 0.8  # f: the top 1−f fraction of apps by ρ bid (spec §1.9, erratum 1)
+    fairness_knob: float = 0.8  # f: the top 1−f fraction of apps by ρ bid (Themis §3.3.2, Pseudocode 1)
     lease_s: float = 600.0
-    rho_cap: float = 1e6  # ρ of an app holding nothing (∞ in the paper; spec §2.3)
+    rho_cap: float = 1e6  # ρ of an app holding nothing (∞ in the paper, Themis §3.3.1)
     tid_mode: TidMode = "paper"
     solver: SolverName = "auto"
     exact_limit: int = 64  # largest (bidders+1)^|R| solved by enumeration under "auto"
     min_keep: int = 1  # GPUs a PF winner always keeps after its hidden payment (0 = literal floor)
-    # N of the filter: "active" ranks every active app (spec §3.1: k = ⌈(1−f)·N⌉ of all active apps; a
+    # N of the filter: "active" ranks every active app (Themis §3.3.2: k = ⌈(1−f)·N⌉ of all active apps; a
     # satisfied app in the top k bids for nothing); "hungry" ranks only apps with unmet demand.
     filter_over: str = "active"
     # GPUs no PF bundle claimed (the bidders' demand is met): "reauction" offers them at once to the next
     # top 1−f of the apps not yet auctioned this round (they are still free — a resource-available event,
-    # spec §3.1; L of pseudocode line 10 is only the hidden payments); "leftover" hands them out at random
+    # Themis §3.3.2; L of pseudocode line 10 is only the hidden payments); "leftover" hands them out at random
     # with L (pseudocode line 21 applied to everything unassigned).
     unclaimed: str = "reauction"
     # Filter rank of an app holding nothing, whose ρ_current is ρ_cap (the paper's ∞): "fair_share" ranks
     # it at the finite ρ it would reach on a 1/N_avg share of the cluster from now — about 1 on arrival,
-    # growing without bound as it waits (L686–L692) — so starving apps compete with holding apps on one
-    # scale; "cap" ranks every such app first, ties by arrival (spec §6.5 read literally: under contention
+    # growing without bound as it waits (Themis §3.3.2) — so starving apps compete with holding apps on one
+    # scale; "cap" ranks every such app first, ties by arrival (Themis §3.3.2 read literally: under contention
     # the filter turns FIFO among starving apps and an app holding a sliver never bids again).
     starving_rank: str = "fair_share"
 
@@ -218,7 +218,7 @@ def _record(
     result: Any,
     extra: dict[str, list[str]],
 ) -> dict[str, Any]:
-    """The auction record of spec §5.4 (bid tables are summarised by their row count to stay small)."""
+    """The record of one auction round (bid tables are summarised by their row count to stay small)."""
     return {
         "now": now,
         "active": n_active,
@@ -240,7 +240,7 @@ def _record(
 
 
 def admit(requested_gpus: int, outstanding_gpus: int, cluster_gpus: int, threshold: float | None) -> bool:
-    """Admission control (footnote 2, L448–L451): reject an app if the aggregate GPUs requested would
+    """Admission control (Themis §3.3, footnote 2): reject an app if the aggregate GPUs requested would
     cross threshold × cluster size. None disables it (the paper's experiments run without it)."""
     if threshold is None:
         return True

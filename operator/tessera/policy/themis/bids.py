@@ -1,7 +1,7 @@
-"""Bids: an app's valuation table ρ(G) over placement-equivalence classes of the offer (spec §1.6).
+"""Bids: an app's valuation table ρ(G) over placement-equivalence classes of the offer (Themis §4.2.2).
 
 A row is (k more GPUs, locality of held ∪ G) → ρ. When ρ depends only on the count and the locality
-level — true for Eq. 1 and Eq. 2 with S(G) = S(locality) (appendix L1941–L1943) — this table is exact,
+level — true for Eq. 1 and Eq. 2 with S(G) = S(locality) (Themis Appendix) — this table is exact,
 and it has at most cap × 5 rows instead of 2^|R|. Rows are computed lazily and memoised.
 """
 

@@ -27,8 +27,8 @@ def t_id(
 ) -> float:
     """Independent finish time on a 1/N_avg share of the cluster.
 
-    "paper": T_cluster × N_avg with T_cluster = work / min(R_C, demand_max) (L955–L965).
-    "exact": work / min(R_C / N_avg, demand_max): the true 1/N-cluster time (spec §1.4 note, erratum 8).
+    "paper": T_cluster × N_avg with T_cluster = work / min(R_C, demand_max) (Themis §4.3.1).
+    "exact": work / min(R_C / N_avg, demand_max): the true 1/N-cluster time (Tessera's reading of Eq. 1; the paper's form overstates T_id when demand_max < R_C).
     """
     if total_work < 0 or cluster_gpus <= 0 or demand_max <= 0 or n_avg <= 0:
         raise ValueError(
@@ -43,7 +43,7 @@ def t_id(
 
 
 def rho(elapsed: float, remaining_time: float, tid: float, rho_cap: float = 1e6) -> float:
-    """ρ = (T_current − T_start + remaining) / T_id, capped at rho_cap (spec §2.3: ρ_old = ∞ → cap)."""
+    """ρ = (T_current − T_start + remaining) / T_id, capped at rho_cap (Themis §3.3.1: ρ_old = ∞ → cap)."""
     if tid <= 0:
         raise ValueError(f"T_id must be positive, got {tid}")
     if not math.isfinite(remaining_time):
@@ -66,7 +66,7 @@ def phase_time(
     """One successive-halving phase on `gpus` GPUs: the slowest job's time (Eq. 2: max_j T(G_j)).
 
     GPUs are split evenly across the phase's jobs, each capped at job_demand_max; with fewer GPUs than
-    jobs the jobs run in waves of `gpus` one-GPU jobs (spec §6.2: the reading that reproduces Table 3).
+    jobs the jobs run in waves of `gpus` one-GPU jobs (Themis §4.3.3: the reading that reproduces Table 3).
     """
     jobs = sorted(iter_times, reverse=True)
     if not jobs or iters <= 0:
@@ -120,11 +120,11 @@ def _phase_actual(
 
 @dataclass(frozen=True, slots=True)
 class HalvingPlan:
-    """A successive-halving app's shape: jobs per phase follow n / eta^(i−1) (L981–L1001).
+    """A successive-halving app's shape: jobs per phase follow n / eta^(i−1) (Themis §4.3.2).
 
-    `demand_growth` is how a survivor's GPU demand grows per phase. The paper's text (L981–L993) doubles it
+    `demand_growth` is how a survivor's GPU demand grows per phase. The paper's text (Themis §4.3.2) doubles it
     as the jobs halve ("the best n/2 jobs, with maximum demand 2 GPUs … until 1 job with maximum demand n
-    GPUs"), keeping the app's width constant; its worked example (L1061–L1151, spec §6.2) keeps every
+    GPUs"), keeping the app's width constant; its worked example (§4.3.3) keeps every
     job at job_demand_max = 8. Default 1 (the worked example); the trace generator uses eta (the text).
     """
 
@@ -170,7 +170,7 @@ def halving_remaining(
     current_rule "median" uses the median job for the current phase too (this reproduces Table 3 exactly);
     "actual" uses each job's own iteration time. Future phases use the median of the current jobs until
     the survivors are known; known survivors are costed pessimistically by the slowest of them, as the
-    revised bid of L1140–L1149 does (T_sh(3) = 120 × 36 / 2).
+    revised bid at the end of §4.3.3 does (T_sh(3) = 120 × 36 / 2).
     """
     if gpus <= 0:
         return math.inf

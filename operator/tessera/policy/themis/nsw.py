@@ -1,4 +1,4 @@
-"""The Nash-social-welfare (proportional-fair) step: maximise ∏_i 1/ρ_i(G_i) (spec §2.3, Pseudocode 1 line 6).
+"""The Nash-social-welfare (proportional-fair) step: maximise ∏_i 1/ρ_i(G_i) (Themis §3.3.1, Pseudocode 1 line 6).
 
 The paper solves it with Gurobi. We offer two solvers over the same bids:
 

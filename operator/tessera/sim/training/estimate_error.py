@@ -1,4 +1,4 @@
-"""Estimation error for the error analysis of Themis' Fig. 17 (L1593–L1601).
+"""Estimation error for the error analysis of Themis' Fig. 17 (§6.3).
 
 Each app's AGENT gets a fixed error drawn uniformly from [−X, X] on its iteration counts and another on its
 placement slowdown S. Its answers (remaining time for a bid, total and remaining work) are scaled by them;

@@ -202,7 +202,7 @@ class JobSetRuntime:
 
     def remaining_time(self, gpus: int, slowdown: float) -> float:
         """Eq. 1 for one job; for several, the performance-curve rule "T_sh is set by the job that finishes
-        last" (L1039–L1057) — the one implementation in `tessera.policy.themis.apps`. The job loads are
+        last" (Themis §4.3.2) — the one implementation in `tessera.policy.themis.apps`. The job loads are
         rebuilt only when the jobs' state changes (the arbiter asks many times per round)."""
         if gpus <= 0:
             return math.inf
@@ -225,7 +225,7 @@ class JobSetRuntime:
 class GangJobsRuntime(JobSetRuntime):
     """A single-job app or a hyperparameter exploration whose jobs run to their (pre-computed) stop
     iteration (Hyperdrive-style performance-curve stopping, loss curves known ahead as in the paper's
-    simulator, L1207–L1213)."""
+    simulator, Themis §6.1)."""
 
 
 @dataclass(slots=True)
@@ -235,7 +235,7 @@ class _HalvingState:
 
 
 class SuccessiveHalvingRuntime(JobSetRuntime):
-    """Successive halving (L981–L1001): n configs run I_1 iterations on ≤ job_demand_max GPUs each, the
+    """Successive halving (Themis §4.3.2): n configs run I_1 iterations on ≤ job_demand_max GPUs each, the
     best n/η continue for I_2 iterations, … until one is left. Phases end at a barrier (the slowest job)."""
 
     def __init__(

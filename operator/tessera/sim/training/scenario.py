@@ -63,7 +63,7 @@ from tessera.sim.training.trace import (
 )
 
 PRESETS: dict[str, list[tuple[int, int]]] = {
-    # Themis testbed (L1203–L1206): 8 × NC12 (2 GPUs) + 12 × NC24 (4 GPUs) = 64 GPUs on 20 machines.
+    # Themis testbed (§6.1): 8 × NC12 (2 GPUs) + 12 × NC24 (4 GPUs) = 64 GPUs on 20 machines.
     "testbed-64": [(1, 2)] * 8 + [(1, 4)] * 12,
 }
 ALL_POLICIES = ["themis", *BASELINES]

@@ -33,8 +33,8 @@ _ARRIVE, _RUNTIME, _LEASE, _TICK = 0, 1, 2, 3
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    # A job whose GPUs change checkpoints (5–10 s, L1178–L1181: 7.5 s) and its container is removed and
-    # added again (35 s median, L1516–L1521).
+    # A job whose GPUs change checkpoints (5–10 s, Themis §5: 7.5 s) and its container is removed and
+    # added again (35 s median, Themis §6.2.3).
     restart_s: float = 42.5
     admission_threshold: float | None = None  # footnote 2; None = admit everything
     halving_rule: str = "median"  # Eq. 2's current-phase estimate ("median" reproduces Table 3)
@@ -72,7 +72,7 @@ class AppOutcome:
     gpu_seconds: float
     network_intensive: bool
     rho: float  # T_sh / T_id with T_id = T_cluster × N_avg (paper)
-    rho_exact: float  # T_id = work / min(R_C / N_avg, demand) (spec §1.4 note)
+    rho_exact: float  # T_id = work / min(R_C / N_avg, demand) (Eq. 1 read as the true 1/N share)
     rejected: bool = False
     # Tuning apps (a `tuning` block): seconds from arrival until a trial first reached the workload's
     # target (None: never), and the best score any trial reported (None: rejected).
@@ -93,7 +93,7 @@ class SimRun:
     wall_s: float = 0.0
     records: list[dict[str, Any]] = field(default_factory=list)
     # (sim time s, app id, ρ_current, GPUs held) for every active app at the start of every round: what the
-    # arbiter ranks on (Themis' cached-table rule, spec §2.6; ρ_cap = 1e6 for an app holding nothing).
+    # arbiter ranks on (Themis' cached-table rule, §3.3.2; ρ_cap = 1e6 for an app holding nothing).
     rho_timeline: list[tuple[float, str, float, int]] = field(default_factory=list)
 
 

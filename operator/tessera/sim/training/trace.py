@@ -438,7 +438,7 @@ def _csv_records(source: str, p: Path) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True, slots=True)
 class GeneratorConfig:
-    """Knobs of the synthetic workload. Defaults are the paper's statistics (spec §4.2–4.3): lognormal task
+    """Knobs of the synthetic workload. Defaults are the paper's statistics (Themis §2.2, §6.1): lognormal task
     size with median 3.75 GPU-hours and a wide spread (Fig. 4: "a significant fraction" 10× shorter, many
     10× longer), 10 % single-job apps, the rest exploring 10–100 configurations with a median of 75
     (Fig. 2; W2 rounds to a power of two), so the median app is ≈ 75 × 3.75 GPU-h ≈ 11.7 GPU-days (Fig. 3).
@@ -453,7 +453,7 @@ class GeneratorConfig:
     task_gpu_hours_median: float = 3.75  # Fig. 4: median task 3.75 GPU-hours
     task_gpu_hours_sigma: float = 1.5  # lognormal σ: ≈ 6 % of tasks are 10× shorter, 6 % 10× longer
     min_trial_s: float = 300.0  # shortest phase-1 trial / job on its own GPUs (keeps restarts a small cost)
-    halving_demand_growth: int = 2  # W2 survivors' GPUs × 2 per phase as jobs halve (L981–L993)
+    halving_demand_growth: int = 2  # W2 survivors' GPUs × 2 per phase as jobs halve (Themis §4.3.2)
     network_intensive_share: float | None = None  # None: from the model mix; else the share (Fig. 15)
 
     def __post_init__(self) -> None:
