@@ -11,6 +11,7 @@ window's goodput, attainment and idleness go to status, where the next pass's re
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from tessera.api import contract
 from tessera.controller.arbiter import PostEvent
 from tessera.controller.conditions import Cond, Readiness, carry, condition, find, invalid_status
 from tessera.controller.config import OperatorConfig
-from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind, KubeApi
+from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind, KubeApi, KubeError
 from tessera.controller.pods import Owner, PodPlan
 from tessera.controller.pools import (
     DRAINING,
@@ -32,6 +33,7 @@ from tessera.controller.pools import (
     POOL_SUFFIX,
     PoolState,
     member_of,
+    owner_references,
     plan_pool,
     pool_gateway_url,
     replan_reason,
@@ -50,7 +52,7 @@ from tessera.controller.serving import (
 )
 from tessera.controller.serving_stats import StatsReader
 from tessera.controller.sync import sync_pods
-from tessera.controller.view import ClusterView
+from tessera.controller.view import ClusterView, PodInfo
 from tessera.metrics import ComponentMetrics
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,9 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         self._stats_cond: dict[tuple[str, str], Cond] = {}  # the GatewayStats condition last decided
         self.pools: dict[tuple[str, str], PoolState] = {}  # (namespace, pool) → plan and placed groups
         self._pool_applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._pool_owned: dict[
+            tuple[str, str], dict[str, str]
+        ] = {}  # pool → worker pod → ownerReferences set
         url = config.gateway_url or gateway_service_url
         # Pool members are read at their pool's gateway (one for the pool), under their model's name.
         self.stats = StatsReader(
@@ -270,13 +275,13 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         owner_rec = self.records.get((rec.namespace, state.owner)) or members[0]
         state.owner = owner_rec.name
         owner = Owner(contract.KIND_MODELDEPLOYMENT, owner_rec.name, owner_rec.namespace, owner_rec.uid)
+        # Every member owns the pool's objects: deleting one (even the first) leaves them running.
+        refs = owner_references(
+            [Owner(contract.KIND_MODELDEPLOYMENT, r.name, r.namespace, r.uid) for r in members]
+        )
         labels = {contract.LABEL_MODELDEPLOYMENT: owner_rec.name, contract.LABEL_ROLE: "worker"}
         plans = state.pod_plans(labels, contract.WORKLOAD_SERVING)
-        existing = [
-            p
-            for p in self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, owner_rec.name, rec.namespace)
-            if p.labels.get(contract.LABEL_ROLE) == "worker" and p.labels.get(POOL_LABEL) == pool
-        ]
+        existing = self._pool_workers(state)
         template = dict((owner_rec.body.get("spec") or {}).get("template") or {})
 
         def with_dns(p: PodPlan) -> dict[str, Any]:
@@ -292,9 +297,10 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         )  # fmt: skip
         if result.created:
             self._event(rec, "Normal", "WorkersCreated", ", ".join(result.created))
+        await self._own_pool_pods(key, refs, [p.name for p in existing if not p.deleting] + result.created)
         if plans:
             objects = state.gateway_objects(
-                owner, self.config.gateway_image, labels, contract.WORKLOAD_SERVING
+                refs, self.config.gateway_image, labels, contract.WORKLOAD_SERVING
             )
             if self._pool_applied.get(key) != [o for _, o in objects]:
                 for plural, obj in objects:
@@ -330,11 +336,38 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             patch.status.update(status)
             patch.status["conditions"] = conditions
 
+    def _pool_workers(self, state: PoolState) -> list[PodInfo]:
+        """The pool's worker pods, found by the pool's label (not by a member's: any member may go)."""
+        return [
+            p
+            for p in self.view.pods_with(POOL_LABEL, state.name, state.namespace)
+            if p.labels.get(contract.LABEL_ROLE) == "worker"
+        ]
+
+    async def _own_pool_pods(
+        self, key: tuple[str, str], refs: list[dict[str, Any]], names: list[str]
+    ) -> None:
+        """Bring the pool workers' ownerReferences to every member (a pod is created with one owner;
+        members come and go). Remembered per pod, so a steady pool makes no requests."""
+        digest = json.dumps(refs, sort_keys=True)
+        done = self._pool_owned.setdefault(key, {})
+        for name in names:
+            if done.get(name) == digest:
+                continue
+            try:
+                await self.api.patch(PODS, key[0], name, {"metadata": {"ownerReferences": refs}})
+            except KubeError as err:
+                if err.status != 404:
+                    raise
+                continue
+            done[name] = digest
+        for name in set(done) - set(names):
+            del done[name]
+
     def _running_groups(self, state: PoolState, namespace: str) -> set[str]:
         """Groups whose worker pod runs (its phase as the kubelet reports it)."""
         plans = {p.name: p.env[ENV_GROUP] for p in state.pod_plans({}, contract.WORKLOAD_SERVING)}
-        pods = self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, state.owner, namespace)
-        return {plans[p.name] for p in pods if p.phase == "Running" and p.name in plans}
+        return {plans[p.name] for p in self._pool_workers(state) if p.phase == "Running" and p.name in plans}
 
     async def _drained_groups(self, state: PoolState) -> set[str]:
         """Draining groups the pool gateway no longer routes to and has nothing in flight on (its /stats);
@@ -391,10 +424,13 @@ class ModelDeployments(KindReconciler[ServingRecord]):
     async def _apply(self, kind: Kind, namespace: str, obj: dict[str, Any]) -> None:
         """Create, or merge-patch what is there (a repeated reconcile is a no-op patch)."""
         created = await self.api.create(kind, namespace, obj)
-        if created is obj:  # 409: it exists; bring it to the manifest
-            await self.api.patch(
-                kind, namespace, obj["metadata"]["name"], {k: obj[k] for k in obj if k in ("spec", "data")}
-            )
+        if (
+            created is obj
+        ):  # 409: it exists; bring it to the manifest (and its owners: a pool's members change)
+            body = {k: obj[k] for k in obj if k in ("spec", "data")}
+            if "ownerReferences" in obj["metadata"]:
+                body["metadata"] = {"ownerReferences": obj["metadata"]["ownerReferences"]}
+            await self.api.patch(kind, namespace, obj["metadata"]["name"], body)
 
     async def _sync_workers(self, rec: ServingRecord, owner: Owner) -> None:
         existing = [
@@ -438,19 +474,29 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             self._stats_cond.pop((namespace, name), None)
             self.stats.forget((namespace, name))
             self.metrics.remove_series(namespace=namespace, modeldeployment=name)
-            for key, state in list(self.pools.items()):
-                if key[0] != namespace:
-                    continue
-                if not any(
-                    r.spec.placement.pool == key[1] for r in self.records.values() if r.namespace == namespace
-                ):
-                    self.pools.pop(key)  # no member left: its objects go with their owner
+            live_pools = {r.spec.placement.pool for r in self.records.values() if r.namespace == namespace}
+            gone: list[PoolState] = []
+            for key in list(self.pools):
+                if key[0] == namespace and key[1] not in live_pools:
+                    gone.append(self.pools.pop(key))  # no member left: the pool goes
                     self._pool_applied.pop(key, None)
-                elif (
-                    state.owner == name
-                ):  # its objects are garbage-collected with it: the next pass re-applies
-                    self._pool_applied.pop(key, None)
-        pods = self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, name, namespace)
+                    self._pool_owned.pop(key, None)
+        # A pool's workers stay while any member lives (every member owns them); the last member takes them.
+        pods = [
+            p
+            for p in self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, name, namespace)
+            if p.labels.get(POOL_LABEL) is None
+        ]
+        for state in gone:
+            pods += [p for p in self._pool_workers(state) if p.name not in {q.name for q in pods}]
+            pool_gw = state.name + POOL_SUFFIX
+            for kind, obj in (
+                (DEPLOYMENTS, pool_gw),
+                (SERVICES, pool_gw),
+                (CONFIGMAPS, pool_gw),
+                (SERVICES, state.workers_service),
+            ):
+                await self.api.delete(kind, namespace, obj)
         for pod in pods:
             await self.api.delete(PODS, namespace, pod.name, grace_seconds=self.config.preemption_grace_s)
         gw = name + GATEWAY_SUFFIX

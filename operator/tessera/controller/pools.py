@@ -271,7 +271,7 @@ class PoolState:
     namespace: str
     plan: PoolPlan
     groups: dict[str, GroupEntry]
-    owner: str  # the member whose ownerReference the pool's objects carry
+    owner: str  # the member whose Owner creates the pool's pods (every member is among their owners)
     revision: int = 0
     reason: str = ""
 
@@ -406,11 +406,12 @@ class PoolState:
                 {"name": m.model, "slo_s": m.slo_s, "deployment": m.deployment}
                 for m in sorted(members.values(), key=lambda m: m.model)
             ],
+            # A retiring group may still hold a model whose member has left the pool: not routed to.
             "groups": [
                 {"id": e.plan.id, "worker": urls[e.plan.id], "pp": e.plan.pp, "op": e.plan.op,
-                 "models": {m: e.stages[m] for m in e.plan.models}}
+                 "models": {m: e.stages[m] for m in e.plan.models if m in members}}
                 for e in sorted(self.routed(), key=lambda e: e.plan.id)
-                if e.plan.models
+                if any(m in members for m in e.plan.models)
             ],
         }  # fmt: skip
         config: dict[str, object] = {"host": "0.0.0.0", "port": GATEWAY_PORT, "models": [], "pool": pool}
@@ -418,17 +419,17 @@ class PoolState:
         return config
 
     def gateway_objects(
-        self, owner: Owner, image: str, labels: dict[str, str], workload: str
+        self, owners: Sequence[dict[str, object]], image: str, labels: dict[str, str], workload: str
     ) -> list[tuple[str, dict[str, object]]]:
         """(kind, manifest): the pool gateway's ConfigMap, Deployment and Service, and the workers'
-        headless Service. No config digest on the pod template: a new plan is taken in place, not by a
-        rollout that would cut off what is in flight."""
+        headless Service, owned by every member (``owner_references``). No config digest on the pod
+        template: a new plan is taken in place, not by a rollout that would cut off what is in flight."""
         name = self.name + POOL_SUFFIX
         sel = {POOL_LABEL: self.name, contract.LABEL_ROLE: "gateway"}
         meta = {
             "namespace": self.namespace,
             "labels": {**sel, contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE},
-            "ownerReferences": [owner.reference()],
+            "ownerReferences": list(owners),
         }
         config = json.dumps(self.gateway_config(labels, workload), sort_keys=True)
         return [
@@ -469,6 +470,15 @@ class PoolState:
              "placed": ",".join(e.gpus) if e.gpus else None, "state": e.state}
             for e in sorted(self.groups.values(), key=lambda e: e.plan.id)
         ]  # fmt: skip
+
+
+def owner_references(members: Sequence[Owner]) -> list[dict[str, object]]:
+    """ownerReferences naming every member of a pool. Kubernetes' garbage collector deletes a dependent
+    only once all its owners are gone, so the pool's gateway and workers live while any member does;
+    the first member by name is the controller (at most one may be)."""
+    return [
+        {**o.reference(), "controller": i == 0} for i, o in enumerate(sorted(members, key=lambda o: o.name))
+    ]
 
 
 def pool_gateway_url(namespace: str, pool: str) -> str:

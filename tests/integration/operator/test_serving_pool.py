@@ -54,6 +54,13 @@ def configmap(k: kmock.KubernetesEmulator, name: str) -> dict[str, Any] | None:
         return None
 
 
+def deployment(k: kmock.KubernetesEmulator, name: str) -> dict[str, Any] | None:
+    try:
+        return dict(k.objects["apps/v1/deployments", NS, name])
+    except KeyError:
+        return None
+
+
 def pool_workers(k: kmock.KubernetesEmulator) -> dict[str, dict[str, Any]]:
     return {n: p for n, p in pods(k, **{"tessera.io/pool": "web"}).items()}
 
@@ -123,6 +130,7 @@ async def test_pool_plan_in_status_workers_per_group_and_routing(
         )
         # Hysteresis: a 10 % rate change keeps the plan; doubling a rate re-plans.
         planned_events = len(events(api, "PoolPlanned"))
+        switch_events = len(events(api, "PoolSwitch"))
         await api.patch(
             f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/modeldeployments/m2",
             json={"spec": {"traffic": {"expectedRps": 5.5}}},
@@ -157,6 +165,10 @@ async def test_pool_plan_in_status_workers_per_group_and_routing(
 
         st = await until_settled()
         new_plan = st["poolPlan"]
+        # States seen in status, and the transitions the PoolSwitch events record (a state that lasted one
+        # pass can be gone before a status read).
+        for e in events(api, "PoolSwitch")[switch_events:]:
+            seen.update(w for w in e["message"].split() if w in ("Starting", "Retiring", "Draining"))
         assert "Starting" in seen and ({"Retiring", "Draining"} & seen), seen
         assert len(pool_workers(api)) == len(new_plan)
         config = json.loads(configmap(api, "web-pool")["data"]["gateway.json"])
@@ -165,3 +177,96 @@ async def test_pool_plan_in_status_workers_per_group_and_routing(
         }
         assert config["pool"]["reload_from"] == "/etc/tessera/gateway.json"
         assert events(api, "PoolSwitch")
+
+
+async def collect_garbage(k: kmock.KubernetesEmulator, uid: str) -> None:
+    """What Kubernetes' garbage collector does once an owner is gone (kmock has none): drop its
+    ownerReference from every dependent, and delete a dependent left with no owner."""
+    for (resource, ns, name), obj in list(k.objects.items()):
+        refs = (dict(obj).get("metadata") or {}).get("ownerReferences") or []
+        if not any(r.get("uid") == uid for r in refs):
+            continue
+        root = f"/apis/{resource.group}/{resource.version}" if resource.group else f"/api/{resource.version}"
+        path = f"{root}/namespaces/{ns}/{resource.plural}/{name}"
+        left = [r for r in refs if r.get("uid") != uid]
+        if left:
+            await k.patch(path, json={"metadata": {"ownerReferences": left}})
+        else:
+            await k.delete(path)
+
+
+async def test_pool_objects_outlive_any_one_member(
+    api: kmock.KubernetesEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every member owns the pool gateway and the workers: deleting the first member by name (once their
+    only owner) leaves them in place, neither deleted by the operator nor garbage-collected."""
+    monkeypatch.setattr(pools, "DRAIN_TIMEOUT_S", 0.5)
+    add_node(api, "n1", 4)
+    add_node(api, "n2", 4)
+    rates = {"m0": 30, "m1": 30, "m2": 5, "m3": 5}
+    api_path = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/modeldeployments"
+    async with running_operator(api) as ctl:
+        await wait_for(lambda: len(ctl.view.nodes) == 2, what="both nodes in the view")
+        for name, rps in rates.items():
+            await api.post(api_path, json=member(name, rps))
+        uids = {m: f"uid-{m}" for m in rates}
+
+        def owned_by(body: dict[str, Any]) -> list[str]:
+            return [r["uid"] for r in body["metadata"].get("ownerReferences") or []]
+
+        def all_owned() -> bool:
+            objs = [deployment(api, "web-pool"), configmap(api, "web-pool")]
+            objs += list(pool_workers(api).values())
+            return len(objs) > 2 and all(
+                o is not None and sorted(owned_by(dict(o))) == sorted(uids.values()) for o in objs
+            )
+
+        def settled() -> bool:
+            plan = status_of(api, MDS, "m0").get("poolPlan") or []
+            return (
+                len(plan) == len(pool_workers(api)) > 0
+                and all(g["state"] == "Active" for g in plan)
+                and {m for g in plan for m in g["models"]} == set(rates)
+            )
+
+        await wait_for(lambda: settled() and all_owned(), what="a plan of all four, its objects owned by all")
+        refs = dict(configmap(api, "web-pool") or {})["metadata"]["ownerReferences"]
+        assert [r["controller"] for r in refs] == [True, False, False, False]
+        workers = set(pool_workers(api))
+        assert workers
+        for name in workers:  # running workers: a re-plan keeps them until new ones run (none will here)
+            await set_pod_phase(api, name, "Running")
+        await wait_for(
+            lambda: (
+                sum(p.phase == "Running" for p in ctl.view.pods_with(POOL_LABEL, "web", NS)) == len(workers)
+            ),
+            what="the operator seeing its workers run",
+        )
+        # A mark the operator does not write: a recreated ConfigMap would not carry it.
+        await api.patch(
+            f"/api/v1/namespaces/{NS}/configmaps/web-pool", json={"metadata": {"labels": {"mark": "1"}}}
+        )
+
+        await api.delete(f"{api_path}/m0")
+        await wait_for(lambda: (MDS, NS, "m0") not in api.objects, what="m0 gone")
+        await collect_garbage(api, uids["m0"])
+        del uids["m0"]
+        # The operator's delete handler left the pool's workers alone (the re-plan without m0 keeps them
+        # routed until new workers run), and the GC found other owners on everything.
+        assert workers <= set(pool_workers(api))
+        cm = configmap(api, "web-pool")
+        assert cm is not None and cm["metadata"]["labels"].get("mark") == "1"
+        assert deployment(api, "web-pool") is not None
+        await wait_for(all_owned, what="ownerReferences down to the three members left")
+        assert dict(configmap(api, "web-pool") or {})["metadata"]["labels"].get("mark") == "1"
+        st = await wait_for(
+            lambda: (
+                (s := status_of(api, MDS, "m1")).get("poolPlan")
+                and all(
+                    "m0" not in g["models"] for g in s["poolPlan"] if g["state"] in ("Starting", "Active")
+                )
+                and s
+            ),
+            what="a plan without m0",
+        )
+        assert st["pool"] == "web"
