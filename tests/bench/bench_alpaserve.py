@@ -6,7 +6,7 @@ Prints, per size, the search's wall and CPU time (best of ``--repeat``), how it 
 the next, the simulations it scored, and the attainment and time of the baseline, Selective Replication
 (the same simulator-guided fast greedy on single-GPU groups). ``--grid`` times every models × GPUs pair.
 Workload: BERT-2.7B-like synthetic profiles, 2.5 req/s per model, Gamma CV 3, SLO 5×, 30 s of arrivals
-for the search (the paper gives no wall-clock for the search; spec §7.9). Target: 64 × 64 under 5 s.
+for the search (the paper gives no wall-clock for the search). Target: 64 × 64 under 5 s.
 The script uses only the public API, so it also times older versions of the package.
 """
 

@@ -43,7 +43,7 @@ MP = Placement((Group((0, 1), P2, ("A", "B")),))
 
 
 def test_fig1_toy_simple_vs_model_parallel() -> None:
-    """T1 (L2118–L2121): dedicated GPUs 2.5y; 2-stage pipeline with 10% non-blocking overhead 1.85y."""
+    """Fig. 1 (AlpaServe §1): dedicated GPUs 2.5y; 2-stage pipeline with 10% non-blocking overhead 1.85y."""
     assert _latencies(_toy((0.5, 0.5), (0.1,)), SIMPLE) == [1, 2, 3, 4]
     mp = _latencies(_toy((0.5, 0.5), (0.1,)), MP)
     assert mp == [1.1, 1.6, 2.1, 2.6]
@@ -53,7 +53,7 @@ def test_fig1_toy_simple_vs_model_parallel() -> None:
 
 
 def test_two_model_queueing_closed_form() -> None:
-    """T2 analytic: 0.70 s → 0.55 s (L2286–L2292)."""
+    """§3.1 analytic: 0.70 s → 0.55 s."""
     assert w_simple(3.0, 0.4) == pytest.approx(0.70)
     assert w_pipeline(3.0, 0.4, 0.2) == pytest.approx(0.55)
 
@@ -67,20 +67,20 @@ def _two_model_means(rates: dict[str, float], cv: float, duration: float, seed: 
 
 
 def test_two_model_queueing_simulated_poisson() -> None:
-    """T2 simulated: simple 0.70 s, model-parallel 0.55 s (paper 1.3×)."""
+    """§3.1 simulated: simple 0.70 s, model-parallel 0.55 s (paper 1.3×)."""
     s, m = _two_model_means({"m1": 1.5, "m2": 1.5}, 1.0, 60_000.0, seed=0)
     assert s == pytest.approx(0.70, abs=0.015)
     assert m == pytest.approx(0.55, abs=0.01)
 
 
 def test_two_model_queueing_cv3_speedup() -> None:
-    """T3: Gamma CV 3, paper 1.9× (spec CHECKED 1.94–1.95×); accept [1.7, 2.2]."""
+    """§3.1: Gamma CV 3, paper 1.9× (M/D/1 simulation 1.94–1.95×); accept [1.7, 2.2]."""
     s, m = _two_model_means({"m1": 1.5, "m2": 1.5}, 3.0, 60_000.0, seed=1)
     assert 1.7 <= s / m <= 2.2
 
 
 def test_two_model_queueing_skewed() -> None:
-    """T4: 20/80 split; paper 6.6× on real hardware, M/D/1 7.7×; accept ≥ 5."""
+    """§3.1: 20/80 split; paper 6.6× on real hardware, M/D/1 7.7×; accept ≥ 5."""
     assert w_simple(3.0, 0.4, p=0.2) == pytest.approx(4.253, abs=1e-3)
     s, m = _two_model_means({"m1": 0.6, "m2": 2.4}, 1.0, 60_000.0, seed=2)
     assert s / m >= 5
@@ -93,7 +93,7 @@ def test_two_model_queueing_skewed() -> None:
      (1.99, 1.0025, 1.0025)],
 )  # fmt: skip
 def test_fig10_overhead_bounds(r: float, a: float, b: float) -> None:
-    """T5: α_max, β_max match the spec table and make W_pipeline = W_simple."""
+    """Fig. 10: α_max, β_max match the §3.4 closed forms and make W_pipeline = W_simple."""
     assert alpha_max(r) == pytest.approx(a, abs=1e-4)
     assert beta_max(r) == pytest.approx(b, abs=1e-4)
     lam = r / 0.4
@@ -121,7 +121,7 @@ def test_fig10_peak() -> None:
 def test_stage_partition_dp(
     layers: list[float], stages: int, best: float, cuts: list[tuple[int, int]]
 ) -> None:
-    """T6: F(s,k) of paper §4.1; the embedding-heavy case beats the equal-layer split (max 5)."""
+    """F(s,k) of AlpaServe §4.1; the embedding-heavy case beats the equal-layer split (max 5)."""
     got, got_cuts = partition_stages(layers, stages)
     assert got == best and got_cuts == cuts
 
@@ -141,13 +141,13 @@ def _profiles(order: list[str]) -> list[ModelProfile]:
 
 
 def test_bucketing_input_order_matches_spec() -> None:
-    """T9b, S3 order: {1.3B, MoE-1.3B, MoE-2.4B}, {2.7B, MoE-5.3B}, {6.7B}."""
+    """Bucketing, S3 order: {1.3B, MoE-1.3B, MoE-2.4B}, {2.7B, MoE-5.3B}, {6.7B}."""
     got = bucket_models(_profiles([n for n, _ in TABLE1]), 0.38, order="input")
     assert got == [["BERT-1.3B", "MoE-1.3B", "MoE-2.4B"], ["BERT-2.7B", "MoE-5.3B"], ["BERT-6.7B"]]
 
 
 def test_bucketing_mixed_order_and_canonical_order() -> None:
-    """T9b, REF mixed order (= latency descending): {6.7B} and the other five."""
+    """Bucketing, the authors' code's mixed order (= latency descending): {6.7B} and the other five."""
     mixed = ["BERT-6.7B", "MoE-5.3B", "BERT-2.7B", "MoE-2.4B", "BERT-1.3B", "MoE-1.3B"]
     expect = [["BERT-6.7B"], ["BERT-2.7B", "MoE-5.3B", "MoE-2.4B", "BERT-1.3B", "MoE-1.3B"]]
     got = bucket_models(_profiles(mixed), 0.38, order="input")
@@ -167,7 +167,7 @@ def _count_fitting(size_gb: float, budget: float) -> int:
 
 
 def test_memory_feasibility_table1_units() -> None:
-    """T10: 13 GB budget per V100 (footnote 6); BERT-6.7B fits only under REF's GiB budget."""
+    """Memory: 13 GB budget per V100 (footnote 6); BERT-6.7B fits only under the authors' code's GiB budget."""
     assert _count_fitting(2.4, 13 * GB) == 5
     assert _count_fitting(5.4, 13 * GB) == 2
     assert _count_fitting(13.4, 13 * GB) == 0

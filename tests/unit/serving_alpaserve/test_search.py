@@ -31,7 +31,7 @@ def _configs(plm: Placement) -> list[ParallelConfig]:
 
 
 def test_alg2_picks_pipeline_for_two_model_case() -> None:
-    """T12: Poisson 1.5/1.5, SLO 2 s: one 2-stage group with both models, ≥ SR's attainment."""
+    """Algorithm 2: Poisson 1.5/1.5, SLO 2 s: one 2-stage group with both models, ≥ SR's attainment."""
     prof = two_model_profiles()
     w = gamma_workload({"m1": 1.5, "m2": 1.5}, 1.0, 8000.0, {"m1": 2.0, "m2": 2.0}, seed=0)
     res = place(list(prof.values()), 2, w, 16 * GB, SearchOptions(max_op=2, devices_per_node=2))
@@ -44,7 +44,7 @@ def test_alg2_picks_pipeline_for_two_model_case() -> None:
 
 
 def test_alg2_avoids_pipeline_when_overhead_saturates_it() -> None:
-    """T12: 2.25 + 2.25 req/s, SLO 8 s, α = 1.3: the pipeline is over capacity; pick two pp = 1 groups."""
+    """Algorithm 2: 2.25 + 2.25 req/s, SLO 8 s, α = 1.3: the pipeline is over capacity; pick two pp = 1 groups."""
     prof = two_model_profiles(alpha=1.3)
     w = gamma_workload({"m1": 2.25, "m2": 2.25}, 1.0, 4000.0, {"m1": 8.0, "m2": 8.0}, seed=0)
     res = place(list(prof.values()), 2, w, 16 * GB, SearchOptions(max_op=2, devices_per_node=2))
@@ -69,7 +69,7 @@ def _mixed_instance(seed: int, n_models: int = 6) -> tuple[list, object]:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_placements_satisfy_invariants(seed: int) -> None:
-    """T13.7: disjoint groups covering N devices, pp·op = |g|, memory, no duplicates, bucket confinement."""
+    """Invariant: disjoint groups covering N devices, pp·op = |g|, memory, no duplicates, bucket confinement."""
     profs, w = _mixed_instance(seed)
     opts = SearchOptions(max_pp=4, max_op=2, devices_per_node=4)
     res = place(profs, 8, w, 13 * GB, opts)
@@ -84,7 +84,7 @@ def test_placements_satisfy_invariants(seed: int) -> None:
 
 
 def test_alg2_at_least_every_enumerated_alg1() -> None:
-    """T13.8: Algorithm 2's result ≥ Algorithm 1 on each enumerated (G, P), same W (single bucket)."""
+    """Invariant: Algorithm 2's result ≥ Algorithm 1 on each enumerated (G, P), same W (single bucket)."""
     profs, w = _mixed_instance(3, n_models=4)
     opts = SearchOptions(max_pp=4, max_op=2, devices_per_node=4, bucket_threshold=10.0, try_mixed=False)
     res = place(profs, 4, w, 13 * GB, opts)
@@ -96,7 +96,7 @@ def test_alg2_at_least_every_enumerated_alg1() -> None:
 
 
 def test_alg1_returns_best_seen_and_beam_not_worse() -> None:
-    """T13.8 and §2.9: greedy returns the best of any iteration; beam 3 ≥ beam 1 on this instance."""
+    """Algorithm 1 (§4.2): greedy returns the best of any iteration; beam 3 ≥ beam 1 on this instance."""
     profs, w = _mixed_instance(4, n_models=4)
     by_name = {p.name: p for p in profs}
     names = [p.name for p in profs]

@@ -81,7 +81,7 @@ def test_simulator_invariants(case: tuple[Placement, Workload]) -> None:
 
 
 def test_fcfs_no_overtaking_in_pipeline() -> None:
-    """T13.4: for one group, admitted requests leave every stage in arrival order."""
+    """Invariant: for one group, admitted requests leave every stage in arrival order."""
     prof = two_model_profiles()
     w = gamma_workload({"m1": 2.0, "m2": 2.0}, 3.0, 200.0, {"m1": 3.0, "m2": 3.0}, seed=4)
     plm = Placement((Group((0, 1), P2, ("m1", "m2")),))
@@ -91,7 +91,7 @@ def test_fcfs_no_overtaking_in_pipeline() -> None:
 
 
 def test_clockwork_pp_switches_per_window_and_beats_static_sr_on_shifting_load() -> None:
-    """Clockwork++ (spec §4.3): re-placing per window helps when the hot model changes between windows."""
+    """Clockwork++ (AlpaServe §6.2): re-placing per window helps when the hot model changes between windows."""
     prof = {
         m: synthetic_profile(m, 0.2, 6 * GB, [P1]) for m in ("a", "b", "c", "d")
     }  # two fit per 13 GB device

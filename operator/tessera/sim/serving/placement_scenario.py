@@ -2,7 +2,7 @@
 Clockwork++ on a synthetic cluster, optionally sweeping rate, CV or SLO scale (paper §6.2, Fig. 12).
 
 Example: ``tessera/sim/data/placement-default.yaml``. Profiles are synthesised from each model's
-single-device latency and size with the α-model (spec §5.4) and marked synthetic in the output.
+single-device latency and size with the α-model (AlpaServe §3.3) and marked synthetic in the output.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Adapter only: placements come from ``tessera.policy.serving`` (AlpaServe's Algorithm 2, Selective
 Replication, Clockwork++) and every request goes through the same shortest-queue dispatcher the router
-runs. Following REF, a policy plans on one sample of the traffic and is scored on a fresh sample from the
+runs. Following the authors' code (alpa-projects/mms), a policy plans on one sample of the traffic and is scored on a fresh sample from the
 same distribution (Clockwork++ is the exception: an oracle on the scored trace's own windows).
 """
 
@@ -52,7 +52,7 @@ class PolicyReport:
 
 
 def power_law_rates(names: Sequence[str], total: float, exponent: float = 0.5) -> dict[str, float]:
-    """REF's skewed split (paper L3783–L3785): rate_i ∝ (i+1)^−exponent; exponent 0 is uniform."""
+    """The skewed split of AlpaServe §6.3: rate_i ∝ (i+1)^−exponent; exponent 0 is uniform."""
     w = np.array([(i + 1) ** -exponent for i in range(len(names))])
     return {m: float(total * x / w.sum()) for m, x in zip(names, w, strict=True)}
 
@@ -64,7 +64,7 @@ def gamma_workload(
     slo_s: Mapping[str, float],
     rng: np.random.Generator,
 ) -> Workload:
-    """One Gamma(rate, CV) stream per model (REF ``gen_train_workload``), merged."""
+    """One Gamma(rate, CV) stream per model (``gen_train_workload`` in the authors' code), merged."""
     streams = {m: gamma_arrivals(r, cv, duration_s, rng) if r > 0 else np.zeros(0) for m, r in rates.items()}
     return Workload.from_streams(streams, slo_s)
 

@@ -1,11 +1,11 @@
 """Run-time dispatch: shortest queue across the groups holding a model, FCFS pipelines, SLO admission.
 
-Paper §4.3 (L3170–L3182, spec §3.1): the controller sends each request to the group with the shortest
-queue; the group rejects it if it cannot finish within its SLO even if scheduled now (L2651–L2653).
-Queue length is the group's predicted drain time (its last-stage clock), the measure REF's fast
-simulator uses, so the planner's simulator and the router agree (spec §7.3). Ties go to the lowest group.
+AlpaServe §4.3: the controller sends each request to the group with the shortest
+queue; the group rejects it if it cannot finish within its SLO even if scheduled now (§3.2).
+Queue length is the group's predicted drain time (its last-stage clock), the measure the fast
+simulator in the authors' code uses, so the planner's simulator and the router agree. Ties go to the lowest group.
 
-Per-stage clocks implement the FCFS pipeline exactly (spec §3.3): request r starts stage k once it has
+Per-stage clocks implement the FCFS pipeline exactly (AlpaServe §5): request r starts stage k once it has
 left stage k−1 and the previous admitted request has left stage k. A rejected request changes nothing.
 """
 
@@ -160,7 +160,7 @@ class ShortestQueueDispatcher:
                         gi, lat, comm, pp = e
             add_g(gi)
             c = state[gi]
-            # x_k = max(clock_k, x_{k-1}) + lat_k with x_{-1} = arrival (spec §3.3)
+            # x_k = max(clock_k, x_{k-1}) + lat_k with x_{-1} = arrival (AlpaServe §5)
             if comm is not None:
                 x = t
                 done = []

@@ -1,6 +1,6 @@
 """Algorithm 1 (simulator-guided greedy model selection, with beam search) and the fast heuristic.
 
-Paper §4.2, L3019–L3122; spec §2.3, §2.4, §2.9. Given fixed groups and configs, add one model replica at
+AlpaServe §4.2. Given fixed groups and configs, add one model replica at
 a time; each candidate is scored by simulating the workload. The best selection seen in any iteration is
 returned, not the last (Alg. 1 lines 16–18): an extra replica can attract traffic and hurt others.
 """
@@ -141,7 +141,7 @@ def fast_greedy_selection(
     memory_rule: MemoryRule = "per_stage",
     fixed_overhead_s: float = 0.0,
 ) -> Scored:
-    """The fast heuristic (L3114–L3122, REF ``replica_placement_fast_greedy``): simulate once per added
+    """The fast heuristic (AlpaServe §4.2; ``replica_placement_fast_greedy`` in the authors' code): simulate once per added
     replica, then put the model with the most unserved requests on the least-loaded group (fewest routed
     requests) that has room for it. O((M+G)·R·S)."""
     names = workload.model_names

@@ -1,7 +1,7 @@
 """Scoring many placements that differ by one replica, without re-simulating what did not change.
 
-Algorithm 1 and the fast heuristic score a placement, add one replica, score again (paper L3067–L3122):
-the search's cost is almost all simulation (O(S) per candidate, spec §2.4). The simulation splits
+Algorithm 1 and the fast heuristic score a placement, add one replica, score again (AlpaServe §4.2):
+the search's cost is almost all simulation (O(S) per candidate, §4.2). The simulation splits
 exactly into *components*: groups linked by the models they share. A request for model m only ever looks
 at the clocks of the groups holding m, and a group's clocks only move with requests routed to it, so a
 component's outcome depends only on its own groups (their configs, models and order, which breaks

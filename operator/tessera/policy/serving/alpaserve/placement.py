@@ -1,8 +1,8 @@
 """A placement: disjoint device groups, a parallel config per group, and the models on each group.
 
-Exactly the paper's "placement" (L3006–L3008, spec §5.2). Memory feasibility follows spec §2.3: with
+Exactly the paper's "placement" (AlpaServe §4.2). Memory feasibility, per Algorithm 1: with
 config (pp, op) stage k of every model in a group lives on the same devices, so per stage
-Σ_m stage_weight[m][k] ≤ budget ("per_stage", exact) or REF's conservative Σ_m max_k ≤ budget ("max_stage").
+Σ_m stage_weight[m][k] ≤ budget ("per_stage", exact) or the authors' code's conservative Σ_m max_k ≤ budget ("max_stage").
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tessera.policy.serving.alpaserve.profiles import ModelProfile, ParallelConf
 
 MemoryRule = Literal["per_stage", "max_stage"]
 GB = 1e9  # Table 1 sizes are decimal GB
-GIB = float(1 << 30)  # REF budgets are GiB (spec §7.4)
+GIB = float(1 << 30)  # the authors' code budgets in GiB (Table 1 sizes are decimal GB)
 
 
 class PlacementError(ValueError):
@@ -75,7 +75,7 @@ class Placement:
         return sum(len(g.models) for g in self.groups)
 
     def key(self) -> tuple[tuple[tuple[int, ...], ParallelConfig, tuple[str, ...]], ...]:
-        """Normalised form for de-duplication: models sorted within each group (spec §2.3)."""
+        """Normalised form for de-duplication: models sorted within each group."""
         return tuple((g.devices, g.config, tuple(sorted(g.models))) for g in self.groups)
 
     def describe(self) -> str:

@@ -3,7 +3,7 @@
 A profile is what AlpaServe's auto-paralleliser hands the placement search (AlpaServe
 §4.1): for each candidate configuration ``(pp, op)`` the latency of every pipeline stage and the
 weight bytes every device of that stage holds. Without GPUs we synthesise profiles from a single-device
-latency with the α-model (spec §3.2, §5.4); such profiles are flagged ``synthetic``.
+latency with the α-model (AlpaServe §3.3); such profiles are flagged ``synthetic``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 class ParallelConfig:
     """``pp`` inter-op (pipeline) stages, each ``op``-way intra-op parallel; group size ``pp·op``.
 
-    Paper notation "(8,2)" is ``ParallelConfig(pp=8, op=2)`` (Fig. 13 caption, L3838–L3840).
+    Paper notation "(8,2)" is ``ParallelConfig(pp=8, op=2)`` (AlpaServe Fig. 13 caption).
     """
 
     pp: int
@@ -68,12 +68,12 @@ class StageProfile:
 
     @property
     def single_input_latency_s(self) -> float:
-        """D_s: latency of one request through an empty pipeline (spec §1.6)."""
+        """D_s: latency of one request through an empty pipeline (AlpaServe §3.4)."""
         return sum(self.stage_latency_s) + sum(self.stage_comm_s)
 
     @property
     def max_stage_latency_s(self) -> float:
-        """D_m: the bottleneck stage, which bounds throughput at 1/D_m (spec §3.2)."""
+        """D_m: the bottleneck stage, which bounds throughput at 1/D_m (AlpaServe §3.3)."""
         return max(self.stage_latency_s)
 
 
@@ -118,7 +118,7 @@ def synthetic_stage_profile(
     inter_op_overhead: float = 0.009,
     intra_op_comm: float = 0.1,
 ) -> StageProfile:
-    """The α-model (paper §3.3, L2707–L2716; spec §5.4) with REF's per-stage penalty.
+    """The α-model (AlpaServe §3.3) with the per-stage penalty of the authors' code (alpa-projects/mms).
 
     Each of ``pp`` equal stages takes ``α_pp·L/pp`` with ``α_pp = 1 + inter_op_overhead·(pp−1)``
     [OURS: the (1,1) profile is exactly the measured L]; intra-op splits a stage ``op`` ways and adds
@@ -141,7 +141,7 @@ def synthetic_profile(
     inter_op_overhead: float = 0.009,
     intra_op_comm: float = 0.1,
 ) -> ModelProfile:
-    """A profile for every config in ``configs``, marked synthetic (spec §5.4)."""
+    """A profile for every config in ``configs``, marked synthetic."""
     table = {
         cfg: synthetic_stage_profile(
             latency_s, weight_bytes, cfg, inter_op_overhead=inter_op_overhead, intra_op_comm=intra_op_comm
@@ -152,14 +152,14 @@ def synthetic_profile(
 
 
 def all_configs(max_pp: int, max_op: int) -> list[ParallelConfig]:
-    """Every (pp, op) with pp ≤ max_pp and op ≤ max_op, both powers of two (REF's enumeration)."""
+    """Every (pp, op) with pp ≤ max_pp and op ≤ max_op, both powers of two (as the authors' code enumerates them)."""
     pps = [1 << i for i in range(max_pp.bit_length()) if (1 << i) <= max_pp]
     ops = [1 << i for i in range(max_op.bit_length()) if (1 << i) <= max_op]
     return [ParallelConfig(pp, op) for pp in pps for op in ops]
 
 
 def partition_stages(layer_latency_s: Sequence[float], stages: int) -> tuple[float, list[tuple[int, int]]]:
-    """Serving DP of paper §4.1 (L2970–L2992, spec §2.1): slice layers into ``stages`` non-empty stages
+    """Serving DP of AlpaServe §4.1: slice layers into ``stages`` non-empty stages
     minimising the maximal stage latency, with latency(i, k) = Σ layer latencies.
 
     ``F(s,k) = min_{1≤i≤k} max{F(s−1,i−1), latency(i,k)}``, ``F(0,0)=0``, other boundaries +∞.

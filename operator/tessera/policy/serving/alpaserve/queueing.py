@@ -1,4 +1,4 @@
-"""Closed forms of paper §3.4 (L2812–L2930, spec §1.6): M/D/1 latency of simple versus pipelined
+"""Closed forms of AlpaServe §3.4: M/D/1 latency of simple versus pipelined
 placement, and the largest overheads α (communication) and β (uneven stages) for which the pipeline
 still wins (Fig. 10)."""
 
@@ -39,7 +39,7 @@ def beta_max(r: float) -> float:
 
 
 def alpha_max(r: float) -> float:
-    """Largest communication factor α at r = λD ∈ (0, 2) (REF queueing_theory_plot.py, spec §1.6)."""
+    """Largest communication factor α at r = λD ∈ (0, 2) (AlpaServe §3.4; queueing_theory_plot.py in the authors' code)."""
     if not 0 < r < 2:
         raise ValueError(f"utilisation r = λD must be in (0, 2), got {r}")
     disc = r**4 - 12 * r**3 + 56 * r**2 - 96 * r + 64

@@ -1,5 +1,5 @@
 """Algorithm 2: enumerate model buckets, device buckets, group partitions and parallel configs, run
-Algorithm 1 (or the fast heuristic) on each, keep the best (paper L3074–L3167; spec §2.5–§2.8).
+Algorithm 1 (or the fast heuristic) on each, keep the best (AlpaServe §4.2).
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ BucketOrder = Literal["latency_desc", "input"]
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """Knobs of the search (spec §5.1 ``ServingCluster.search``); defaults follow REF/paper."""
+    """Knobs of the search; defaults follow the paper and the authors' code (alpa-projects/mms)."""
 
     max_pp: int = 8
-    max_op: int = 4  # REF default; the paper's S4 answer needs 8 (spec §7.8)
+    max_op: int = 4  # the authors' code's default; the paper's S4 answer needs 8 (§6.3)
     devices_per_node: int = 8
-    beam_size: int = 1  # Alg. 1 default (L3020)
-    fast_heuristic: bool = True  # REF's search uses the fast greedy
-    bucket_threshold: float = 0.38  # REF; the paper gives no value (spec §7.5)
+    beam_size: int = 1  # Alg. 1 default (AlpaServe §4.2)
+    fast_heuristic: bool = True  # the authors' search uses the fast greedy
+    bucket_threshold: float = 0.38  # the authors' code; the paper gives no value
     bucket_order: BucketOrder = "latency_desc"  # Tessera's choice: canonical order
-    try_mixed: bool = True  # REF also tries all models in one bucket
+    try_mixed: bool = True  # the authors' code also tries all models in one bucket
     memory_rule: MemoryRule = "per_stage"
     fixed_overhead_s: float = 0.0
     prune_taus: tuple[float, ...] = (1.0, 0.5, 0.3, 0.2, 0.1)
@@ -65,9 +65,9 @@ class SearchResult:
 def bucket_models(
     profiles: Sequence[ModelProfile], threshold: float = 0.38, order: BucketOrder = "latency_desc"
 ) -> list[list[str]]:
-    """REF ``enumerate_separations`` (spec §2.7, T9b): a model joins the first bucket whose first member's
+    """``enumerate_separations`` of the authors' code (alpa-projects/mms): a model joins the first bucket whose first member's
     latency is within ``threshold`` (relative), else opens a new bucket. Separates models whose latency
-    differs a lot, against the convoy effect (L3126–L3141). Order-dependent; "latency_desc" makes it
+    differs a lot, against the convoy effect (AlpaServe §4.2). Order-dependent; "latency_desc" makes it
     canonical, "input" keeps the given order."""
     seq = list(profiles)
     if order == "latency_desc":
@@ -86,8 +86,8 @@ def bucket_models(
 
 
 def device_partitions(n: int, k: int, devices_per_node: int = 8) -> list[tuple[int, ...]]:
-    """REF ``get_partitions``: ordered k-part compositions of n devices keeping node alignment — a part
-    of size s is allowed iff s ≤ n mod node, (n − s) mod node = 0, or n mod node = 0 (spec §2.7)."""
+    """``get_partitions`` of the authors' code: ordered k-part compositions of n devices keeping node alignment — a part
+    of size s is allowed iff s ≤ n mod node, (n − s) mod node = 0, or n mod node = 0."""
     if k < 1 or n < k:
         return []
     if k == 1:
@@ -109,7 +109,7 @@ def prune_device_partitions(
     limit: int = 100,
 ) -> list[tuple[int, ...]]:
     """Drop device splits whose capacity share differs from the bucket's demand share by ≥ τ, trying
-    τ in order until fewer than ``limit`` remain (L3158–L3162, REF; spec §2.6)."""
+    τ in order until fewer than ``limit`` remain (AlpaServe §4.2 pruning, in the authors' code's form)."""
     total = sum(rates.get(p.name, 0.0) for b in buckets for p in b) or 1.0
     demand = [sum(rates.get(p.name, 0.0) for p in b) / total for b in buckets]
     kept = list(partitions)
@@ -129,7 +129,7 @@ def prune_device_partitions(
 
 
 def group_configs(n: int, opts: SearchOptions) -> list[list[ParallelConfig]]:
-    """REF ``enumerate_group_configs_uneven`` (spec §2.8): equal groups of a power-of-two size with one
+    """``enumerate_group_configs_uneven`` of the authors' code: equal groups of a power-of-two size with one
     shared (pp, op), plus leftover groups from the binary decomposition of n mod size as pipelines."""
     node = opts.devices_per_node
     out: list[list[ParallelConfig]] = []

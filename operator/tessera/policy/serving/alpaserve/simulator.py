@@ -1,4 +1,4 @@
-"""The placement simulator: the planner's objective (paper §5, L3217–L3228; spec §3.3).
+"""The placement simulator: the planner's objective (AlpaServe §5).
 
 FCFS without batching needs no event queue: one pass over requests in arrival order through the
 run-time dispatcher (the same code the router runs) is exact.
@@ -34,7 +34,7 @@ class SimStats:
 
     @property
     def attainment(self) -> float:
-        """SLO attainment: share of all requests served within SLO (spec §1.3, REF definition)."""
+        """SLO attainment: share of all requests served within SLO (AlpaServe §4.2, counted over all requests as the authors' code does)."""
         n = len(self.finish)
         return float(self.good.sum() / n) if n else 1.0
 
@@ -62,7 +62,7 @@ class SimStats:
         return np.bincount(self.group[self.good], minlength=self.num_groups)
 
     def score(self, num_replicas: int) -> float:
-        """REF's beam tie-break: attainment, then lower mean latency, then more replicas (spec §2.3)."""
+        """The authors' code's beam tie-break: attainment, then lower mean latency, then more replicas (Algorithm 1's beam, §4.2)."""
         mean = self.mean_latency if math.isfinite(self.mean_latency) else 1e3
         return self.attainment - mean / 1e4 + num_replicas / 1e6
 

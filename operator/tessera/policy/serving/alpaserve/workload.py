@@ -1,4 +1,4 @@
-"""The workload W: a time-sorted list of requests ``(arrival, model, slo)`` (spec §1.2).
+"""The workload W: a time-sorted list of requests ``(arrival, model, slo)`` (AlpaServe §4.2).
 
 Arrivals come in as arrays (generated, fitted or replayed elsewhere); this module only merges and
 slices them. Ties in arrival time break by model order so merging is deterministic (spec T13.9).
@@ -75,6 +75,6 @@ class Workload:
         return self._subset((self.arrivals >= start_s) & (self.arrivals < end_s))
 
     def only(self, models: Sequence[str]) -> Workload:
-        """Requests for ``models`` only: a bucket's share of W (paper L3151–L3153)."""
+        """Requests for ``models`` only: a bucket's share of W (AlpaServe §4.2)."""
         keep = [self.model_names.index(m) for m in models if m in self.model_names]
         return self._subset(np.isin(self.models, keep))

@@ -1,9 +1,9 @@
-"""Clockwork++ (paper L3696–L3707, footnote 5; spec §4.3): Clockwork with zero-cost re-placement.
+"""Clockwork++ (AlpaServe §6.2, footnote 5): Clockwork with zero-cost re-placement.
 
 At every window boundary the models are re-placed with Selective Replication fitted to that window's
-*own* traffic (an oracle, REF ``SelectiveReplicationReplacement``) and switched instantly — "a
+*own* traffic (an oracle, ``SelectiveReplicationReplacement`` in the authors' code) and switched instantly — "a
 hypothetical upper bound of Clockwork's performance". Work already admitted keeps its devices busy
-across a switch. Windows: 60 s for MAF1, 5.4K s for MAF2 in the paper (21,600 s in REF, spec §7.6).
+across a switch. Windows: 60 s for MAF1, 5.4K s for MAF2 in the paper (21,600 s in the authors' artifact).
 """
 
 from __future__ import annotations

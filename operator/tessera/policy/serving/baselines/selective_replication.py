@@ -1,4 +1,4 @@
-"""Selective Replication (AlpaServe's SR baseline, paper L3694–L3696; spec §4.3).
+"""Selective Replication (AlpaServe's SR baseline, §6.2).
 
 "AlpaServe's placement algorithm without model parallelism" — Clipper/Nexus-style replication: every
 device is its own group with config (1,1), filled by the same simulator-guided selection.
@@ -28,7 +28,7 @@ def selective_replication(
     fixed_overhead_s: float = 0.0,
     first_device: int = 0,
 ) -> Scored:
-    """SR placement on ``num_devices`` single-device groups. Models must fit one device (L3707–L3709)."""
+    """SR placement on ``num_devices`` single-device groups. Models must fit one device (AlpaServe §6.2)."""
     if num_devices < 1:
         raise ValueError(f"need at least one device, got {num_devices}")
     for p in profiles:
