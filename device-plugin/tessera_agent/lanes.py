@@ -6,7 +6,7 @@ agent applies what MPS offers, read by each client when its CUDA context starts:
 - HP: all active threads (100%), `CUDA_MPS_CLIENT_PRIORITY=0`, its pinned-memory limit;
 - BE: the GPU's current BE percentage `p_be` (never more than the lane's assigned compute), priority 1,
   its pinned-memory limit.
-Admission enforces Orion's assumption that collocated jobs fit in GPU memory together [O:L221]: on each GPU
+Admission enforces Orion's assumption that collocated jobs fit in GPU memory together (Orion §5.1.3): on each GPU
 the lanes' memory never adds up past the GPU's memory less its reserve, and at most one HP lane per GPU.
 """
 

@@ -1,6 +1,6 @@
 """Opt-in cooperative throttle for best-effort PyTorch jobs that share a GPU with a high-priority lane.
 
-Orion throttles best-effort (BE) work per kernel by intercepting CUDA launches [O:L165]. Without
+Orion throttles best-effort (BE) work per kernel by intercepting CUDA launches (Orion §5.1.1). Without
 interception, a BE job can do the same at module granularity:
 - before each module's forward pass it checks the node's HP-busy signal (a flag file the node agent publishes,
   path in `TESSERA_HP_BUSY_FILE`);

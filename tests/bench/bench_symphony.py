@@ -17,7 +17,7 @@ Clockwork's earliest-LEM rule (A.11.2), which scans every GPU on each arrival.
 
 Goodput: 4 identical models (α = 1 ms, β = 15 ms, SLO = 2ℓ(8) = 46 ms), 8 GPUs, 2 s of Poisson arrivals per
 point, seed 2; offered load as a multiple of Symphony's peak (highest rate with ≤ 1 % bad rate, bisection
-[S:L182]); goodput = requests finished by their deadline per second."""
+Symphony §3.4); goodput = requests finished by their deadline per second."""
 
 from __future__ import annotations
 

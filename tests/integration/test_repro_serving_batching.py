@@ -42,7 +42,7 @@ def test_orloj_close_to_best_on_static_model() -> None:
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="paper headline (+51-80 % finish rate over Clockwork, Nexus and Clipper, [P:L19, L396]) does not reproduce: the "
+    reason="paper headline (+51-80 % finish rate over Clockwork, Nexus and Clipper, Orloj abstract and §5) does not reproduce: the "
     "idealised Nexus and Triton-style timeout batchers of this simulator reach 0.90-1.00 at >= 3x P99 "
     "(Orloj 0.93-1.00); the lead holds only over Clockwork (+52 %/+61 % at 3x/5x) and Clipper",
 )

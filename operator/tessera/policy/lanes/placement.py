@@ -9,7 +9,7 @@ class, latency-critical (HP) or best-effort (BE).
 - Best-effort work may overcommit compute on GPUs without LC work (`best_effort_overcommit`), but never on a
   GPU with an LC pod: there the shares must add up to ≤ 100 so the LC lane keeps its share.
 - Complementary profiles are preferred: 1 − |c_a − (1 − c_b)| (spec C.3(e)); Conv2d–BN2d collocation gave
-  1.41× vs 0.98× for Conv2d–Conv2d (Table 2 [O:L119-L130]).
+  1.41× vs 0.98× for Conv2d–Conv2d (Orion Table 2, §3.2).
 
 Scores (each in [0, 1], higher is better), combined by weights (issue 6, "Node and GPU scoring"):
 - binpack: best-fit on the GPU (how full the chosen GPUs are after placement: the tightest remaining

@@ -1,6 +1,6 @@
 """Bisection controllers: Orion's SM_THRESHOLD search and the node agent's BE percentage `p_be`.
 
-Orion, training HP [O:L163]: every window (10 HP iterations in the authors' code) compare the HP iteration
+Orion, training HP (Orion §5.1.1): every window (10 HP iterations in the authors' code) compare the HP iteration
 time with its limit; too slow → `high = thr`, else `low = thr`; `thr = (low + high) / 2`, starting from the
 middle of `[0, max_sm_BE]`.
 

@@ -2,7 +2,7 @@
 
 A best-effort process that opts in checks, before each module's forward pass, whether it may launch more GPU
 work: while the node's HP client is busy it keeps the expected duration of its outstanding (launched, not yet
-completed) work at or below DUR_THRESHOLD, the same 2.5% of the HP request latency Orion uses [O:L165];
+completed) work at or below DUR_THRESHOLD, the same 2.5% of the HP request latency Orion uses (§5.1.1);
 while the HP client is idle it only bounds how far it runs ahead (`idle_depth` modules), so that an HP request
 arriving finds little BE work queued in front of it. Unlike Orion it cannot match compute/memory profiles per
 kernel. Pure: the caller measures outstanding work (CUDA events) and reads the HP-busy signal.

@@ -1,4 +1,4 @@
-"""Orion's BE admission policy, Listing 1 [O:L173-L209], with the fixes of the authors' scheduler.
+"""Orion's BE admission policy, Listing 1 (Orion §5.1.1), with the fixes of the authors' scheduler.
 
 `OrionPolicy` holds the state the listing keeps across loop iterations (`be_duration`, the throttle flag)
 and decides, for the BE kernel at the head of a client's queue, whether to launch it now. The caller (a
@@ -11,7 +11,7 @@ Resolutions (how the authors' code reads the ambiguous lines):
   then the counter resets *and* the waiting kernel is launched (line 15 is an else of line 13);
 - `hp_task_running` is true from the first kernel of an HP request (or iteration) until its last completes;
 - SM check `size + sm_needed <= SM_THRESHOLD`, `size` summing BE kernels launched in the same round;
-- `DUR_THRESHOLD` is a fraction (default 2.5% [O:L165]) of the HP job's dedicated request latency.
+- `DUR_THRESHOLD` is a fraction (default 2.5%, Orion §5.1.1) of the HP job's dedicated request latency.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from .profiles import Profile, different_profiles
 @dataclass(frozen=True, slots=True)
 class OrionConfig:
     num_sms: int = 80  # V100
-    sm_threshold: int | None = None  # None: all SMs [O:L158]
-    dur_threshold_fraction: float = 0.025  # of the HP request latency [O:L165]
+    sm_threshold: int | None = None  # None: all SMs (Orion §5.1.1)
+    dur_threshold_fraction: float = 0.025  # of the HP request latency (Orion §5.1.1)
     # The ablation of §6.4: which parts of the policy are on.
     use_profiles: bool = True
     use_sm_size: bool = True

@@ -1,4 +1,4 @@
-"""Kernel profiles (Orion §4.1 [O:L223-L233]) and the cost-saving formula (§6.2 [O:L314-L334])."""
+"""Kernel profiles (Orion §5.2) and the cost-saving formula (§6.2.1)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def blocks_per_sm(
 
 
 def sm_needed(num_blocks: int, threads_per_block: int, regs_per_thread: int, shmem_per_block: int = 0) -> int:
-    """`ceil(num_blocks / blocks_per_sm)` [O:L231]; may exceed the GPU's SM count (several waves)."""
+    """`ceil(num_blocks / blocks_per_sm)` (Orion §5.2); may exceed the GPU's SM count (several waves)."""
     if num_blocks <= 0:
         raise ValueError(f"a kernel has at least one block, got {num_blocks}")
     return math.ceil(num_blocks / blocks_per_sm(threads_per_block, regs_per_thread, shmem_per_block))
@@ -66,12 +66,12 @@ def classify(compute_util: float, memory_util: float, arithmetic_intensity: floa
 
 
 def different_profiles(hp: Profile | None, be: Profile) -> bool:
-    """Listing 1's `have_different_profiles`: unknown on either side is compatible with anything [O:L163]."""
+    """Listing 1's `have_different_profiles`: unknown on either side is compatible with anything (Orion §5.1.1)."""
     return hp is None or hp is Profile.UNKNOWN or be is Profile.UNKNOWN or hp != be
 
 
 def cost_saving(throughput_collocated: float, throughput_dedicated: float) -> float:
-    """`2·Throughput_collocated / Throughput_dedicated` of the BE job: two GPUs become one [O:L316]."""
+    """`2·Throughput_collocated / Throughput_dedicated` of the BE job: two GPUs become one (Orion §6.2.1)."""
     if throughput_dedicated <= 0 or throughput_collocated < 0:
         raise ValueError("dedicated throughput must be positive and collocated throughput non-negative")
     return 2.0 * throughput_collocated / throughput_dedicated

@@ -1,9 +1,9 @@
 """Orion's experiments on the kernel-level model: one HP client and BE clients on one GPU under each policy.
 
-Use cases [O:L258]: `inf-train` (HP inference, Poisson or uniform arrivals, BE training, closed loop) and
+Use cases (Orion §6.1): `inf-train` (HP inference, Poisson or uniform arrivals, BE training, closed loop) and
 `train-train` (both training). Metrics as in the paper: HP p50/p95/p99 latency (request latency, or iteration
 time for a training HP) and its ratio to the dedicated (ideal) run; BE throughput in iterations/s, its ratio
-to a dedicated GPU, and the cost saving `2·Throughput_collocated / Throughput_dedicated` [O:L316]; SM,
+to a dedicated GPU, and the cost saving `2·Throughput_collocated / Throughput_dedicated` (Orion §6.2.1); SM,
 compute and memory-bandwidth utilisation.
 """
 
@@ -44,12 +44,12 @@ class Workload:
     num_sms: int = 80
     seed: int = 0
     # Policy knobs.
-    dur_threshold: float = 0.025  # fraction of the HP latency [O:L165]
+    dur_threshold: float = 0.025  # fraction of the HP latency (Orion §5.1.1)
     sm_threshold: int | None = None  # None: all SMs
     be_percent: int | None = None  # Tessera's BE MPS cap; None: p_be0 from the HP profile
     tessera_priority: bool = True  # whether MPS client priority is honoured
     idle_depth: int = 12
-    # Training HP: Orion bisects SM_THRESHOLD against this multiple of the dedicated iteration time [O:L163]
+    # Training HP: Orion bisects SM_THRESHOLD against this multiple of the dedicated iteration time (Orion §5.1.1)
     # (unless sm_threshold is set). A knob: the paper reports HP within 16% of ideal in train-train.
     hp_limit_factor: float = 1.15
     # Host-side gap between a training job's iterations, as a fraction of its GPU time (data loading, Python):

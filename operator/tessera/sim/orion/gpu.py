@@ -8,7 +8,7 @@ The GPU model, in three rules, each chosen to show one effect the paper relies o
 1. SM sharing. A kernel can use `min(sm_needed, cap)` SMs, `cap` its client's MPS active-thread share. SMs are
    water-filled by priority level (the HP client first when the mechanism honours priorities: CUDA stream
    priorities, or MPS client priority), proportionally to demand within a level.
-2. No preemption [O:L211]: the hardware dispatches blocks as running ones retire, in launch order among kernels
+2. No preemption (Orion §5.1.2): the hardware dispatches blocks as running ones retire, in launch order among kernels
    of equal priority, so a kernel holding more SMs than its share keeps them until it completes (its later
    waves take the SMs its earlier waves free). Only a higher-priority kernel's blocks jump that queue: then a
    BE kernel gives SMs back at the end of its current wave (`duration / waves` after its start, waves =
@@ -17,7 +17,7 @@ The GPU model, in three rules, each chosen to show one effect the paper relies o
    L_c, L_m add up (each kernel's alone utilisation × the fraction of its SM demand it holds). A kernel slows by
    the overload of its dominant resource, and of the other in proportion to its relative use of it:
    `max(1, (c/u)·L_c/PEAK, (m/u)·L_m/PEAK)`, u = max(c, m). PEAK = 0.9 is the achievable fraction of the
-   hardware peak, the one constant fitted to Table 2 [O:L119-L130]: it makes BN2d‖BN2d take 1.65 ms as
+   hardware peak, the one constant fitted to Orion's Table 2 (§3.2): it makes BN2d‖BN2d take 1.65 ms as
    measured; Conv2d‖Conv2d then gives 1.0× and Conv2d‖BN2d 1.32× (paper 0.98× and 1.41×; a test checks the
    order).
 

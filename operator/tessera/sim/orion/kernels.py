@@ -6,9 +6,9 @@ unknown) and its compute and memory-bandwidth utilisation when alone.
 
 SYNTHETIC. The per-model mixes are not measured kernel traces: they are generated so that their
 duration-weighted compute and memory-bandwidth utilisation and SM occupancy match Table 1 of the paper
-(V100, [O:L88-L102]), their request latency or iteration time matches the paper's (inference: the
+(V100, Orion §3), their request latency or iteration time matches the paper's (inference: the
 DUR_THRESHOLD of the artifact, 160 µs and 100 µs at 2.5%, gives 6.4 ms and 4 ms; others scaled from Table 1's
-relative load; training: Table 4's dedicated it/s [O:L316-L332]). How:
+relative load; training: Table 4's dedicated it/s, Orion §6.2.1). How:
 - three kernel classes with fixed utilisations (compute-bound: 85% compute, 25% memory; memory-bound: 15%, 80%;
   small/unknown: 10%, 10%); the share of time in each class solves the two Table 1 averages (compute %, mem BW %)
   as a 2×2 linear system, clamped to [0, 1];
@@ -52,7 +52,7 @@ class Kernel:
 
 @dataclass(frozen=True, slots=True)
 class ModelRow:
-    """Table 1 [O:L88-L102] plus the latency or iteration time the mix is scaled to."""
+    """Orion's Table 1 (§3) plus the latency or iteration time the mix is scaled to."""
 
     model: str
     role: Role
@@ -143,6 +143,6 @@ def mix(model: str, role: Role, seed: int, num_sms: int = 80) -> tuple[Kernel, .
     return synthesize(MODELS[key], random.Random(f"{key}/{seed}"), num_sms)
 
 
-# Table 2's toy kernels (V100, batch 32 [O:L119-L130]). SM demand: Conv2d fills the GPU (two waves), BN2d 40%.
+# Table 2's toy kernels (V100, batch 32; Orion §3.2). SM demand: Conv2d fills the GPU (two waves), BN2d 40%.
 CONV2D = Kernel("conv2d", 1.35e-3, 160, Profile.COMPUTE, 0.89, 0.20)
 BN2D = Kernel("bn2d", 0.93e-3, 32, Profile.MEMORY, 0.14, 0.80)

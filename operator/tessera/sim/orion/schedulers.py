@@ -1,4 +1,4 @@
-"""The sharing policies compared in Orion §6 [O:L276-L284], plus Tessera's node policy.
+"""The sharing policies compared in Orion §6.1, plus Tessera's node policy.
 
 Each decides, at every event, which clients' next kernels to release to their streams (see `gpu.py`).
 HP kernels are released one at a time as the previous one starts, so an HP kernel is never held back by a
@@ -172,7 +172,7 @@ class Orion:
 class TesseraNode:
     """What Tessera's node agent can do without intercepting kernels: an MPS active-thread cap on BE
     clients, MPS client priority for the HP client (`priority`; the paper notes stream priorities may not be
-    honoured under MPS [O:L379]), and the opt-in cooperative throttle of BE processes at module granularity
+    honoured under MPS, Orion §6.4), and the opt-in cooperative throttle of BE processes at module granularity
     (`tessera.policy.orion.cooperative`); `throttle=None` is caps and priority only."""
 
     be_percent: int

@@ -1,12 +1,12 @@
 """Multi-GPU serving simulation for Symphony and its baselines (Symphony §5).
 
 Static models with latency profiles ℓ(b) = αb + β and per-model SLOs; requests arrive per model (Poisson
-or Gamma with a CV, equal popularity as in [S:L182]); a :class:`~tessera.policy.serving.common.
+or Gamma with a CV, equal popularity as in Symphony §3.4); a :class:`~tessera.policy.serving.common.
 ClusterScheduler` matches them to GPUs. Execution is deterministic at ℓ(b), as Symphony emulated GPUs by
-sleeping ℓ(b) [S:L294]. Every request ends in exactly one outcome: on time, late, or dropped.
+sleeping ℓ(b) (Symphony §5). Every request ends in exactly one outcome: on time, late, or dropped.
 
 Also here: the goodput search (highest offered rate whose bad rate stays within a bound, the paper's
-binary search [S:L182]), the minimum-GPU search for a fixed load, and an autoscaling loop driven by
+binary search, Symphony §3.4), the minimum-GPU search for a fixed load, and an autoscaling loop driven by
 :func:`~tessera.policy.serving.symphony.autoscale_advice` (A.8).
 """
 
@@ -242,7 +242,7 @@ def max_goodput(
     timeout: float | None = None,
     get_batch: str = "headGreedy",
 ) -> float:
-    """The highest total rate (req/s) with bad rate ≤ ``bad_rate``, by bisection [S:L182]."""
+    """The highest total rate (req/s) with bad rate ≤ ``bad_rate``, by bisection (Symphony §3.4)."""
     lo, hi = 0.0, 1.2 * staggered_capacity(models, n_gpus)
     for _ in range(iters):
         mid = 0.5 * (lo + hi)

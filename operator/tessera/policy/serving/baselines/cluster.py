@@ -1,7 +1,7 @@
 """Symphony's multi-GPU baselines, as Symphony §5 compares against: Clockwork and Shepherd (Flex).
 
 Both are centralised and **eager**: a free GPU takes work as soon as any is queued, which is what keeps
-their batches small [S:L76, L82]. They share Symphony's per-model deadline queues, its GETBATCH (the
+their batches small (Symphony §2.2). They share Symphony's per-model deadline queues, its GETBATCH (the
 largest head-greedy batch that still meets the head's deadline) and its drop rule (a head that cannot
 finish even alone is dropped, A.5 default), so a comparison isolates the dispatch rule:
 
@@ -10,7 +10,7 @@ finish even alone is dropped, A.5 default), so a comparison isolates the dispatc
   ``LEM = d_min − ℓ(b)``; ties to the larger batch. Arbitrary batch sizes, as Symphony's authors allowed.
 * :class:`ShepherdScheduler` — A.11.4: one candidate (the max feasible batch) per model; a free GPU
   runs the **largest** candidate; with no GPU free, a candidate at least ``preempt_factor`` (3) times
-  the smallest running batch preempts it [S:L78]. Preempted work is wasted; its requests are requeued
+  the smallest running batch preempts it (Symphony §2.2). Preempted work is wasted; its requests are requeued
   (GETBATCH later drops those that can no longer finish), the spec's resolution of an unstated detail.
 
 Interface: :class:`tessera.policy.serving.common.ClusterScheduler` (the same driving loop as

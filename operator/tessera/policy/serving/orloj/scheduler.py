@@ -50,7 +50,7 @@ class CandidateOrder(enum.Enum):
 class OrlojConfig:
     """Orloj's knobs (units: the caller's time unit, seconds in the simulator).
 
-    ``b`` defaults to 0.1/s, the paper's 10⁻⁴/ms [P:L367]. ``drop_estimator`` is ``mean``, ``min`` or
+    ``b`` defaults to 0.1/s, the paper's 10⁻⁴/ms (Orloj §4.4). ``drop_estimator`` is ``mean``, ``min`` or
     ``quantile:q`` (§2.4.1 item 3).
     """
 

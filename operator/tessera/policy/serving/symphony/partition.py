@@ -10,7 +10,7 @@ constraints: longest-processing-time first (models by descending normalised size
 each into the feasible partition with the smallest normalised load), then local search over single
 moves out of / into the most and least loaded partitions and swaps between them while the objective falls. From a
 previous assignment only the local search runs, and it stops before the moves would exceed C_max.
-:func:`random_partition` is the paper's baseline: random feasible partitions, keep the best [S:L518].
+:func:`random_partition` is the paper's baseline: random feasible partitions, keep the best (Symphony Appendix A.2).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Partition:
     objective: float
 
     def imbalance(self) -> tuple[float, float]:
-        """(max − min)/avg of load and of memory over partitions, the paper's metric [S:L520]."""
+        """(max − min)/avg of load and of memory over partitions, the paper's metric (Symphony Appendix A.2)."""
         return _imb(self.rates), _imb(self.mems)
 
 
@@ -230,7 +230,7 @@ def random_partition(
     r_max: float = math.inf,
     w: float = 1.0,
 ) -> Partition | None:
-    """The paper's random-search baseline [S:L518]: ``tries`` uniform random assignments, best feasible."""
+    """The paper's random-search baseline (Symphony Appendix A.2): ``tries`` uniform random assignments, best feasible."""
     best: Partition | None = None
     for _ in range(tries):
         st = _State(models, parts, w)

@@ -4,16 +4,16 @@ Per model: a deadline-ordered queue and one candidate (B, exec, latest) with exe
 (the frontrun) and latest = d − ℓ(|B|). A model timer at ``exec`` grants the lowest-id GPU free by then
 (argmin id concentrates load, A.7); a GPU timer at ``G.free`` picks the valid candidate with the closest
 ``latest``. Comparisons use ``≤`` (A.3 decision 1; the §3.3 trace only reproduces with it). The timeout
-variant replaces the frontrun with ``a_head + k``; ``k = 0`` is eager dispatch (A.2, [S:L182]).
+variant replaces the frontrun with ``a_head + k``; ``k = 0`` is eager dispatch (Symphony §3.1, §3.4).
 GETBATCH is head-greedy and drops requests that cannot finish even alone (A.5 default); a candidate
 whose ``latest`` passes is recomputed (A.3 decision 4, optional). ``get_batch="earlyDropForTarget"`` adds
 the open-source code's early drop (A.5, ``GetBatchByExpandedWindow``): while the queue holds a target batch,
 a head that cannot finish in it is shed before dispatch, so under overload every GPU still runs target-size
-batches and goodput stays flat at the peak (A.8 [S:L217]) instead of collapsing into small late batches.
+batches and goodput stays flat at the peak (Symphony §3.5) instead of collapsing into small late batches.
 The target is the staggered batch size, the largest b with (1 + 1/N)·ℓ(b) ≤ SLO (A.6 Eq. 1), the SLO being
 the head request's deadline − arrival.
 
-Cost (target ≥ 100,000 requests/s on one core, A.7 [S:L262]):
+Cost (target ≥ 100,000 requests/s on one core, Symphony §4.2):
 
 * Timers are one heap of ``(time, seq, code)`` entries, deleted lazily: an entry is live while its ``seq``
   is still the one recorded for its model, stale check or GPU, so cancelling is O(1). ``seq`` is the push
