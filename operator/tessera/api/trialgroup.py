@@ -98,7 +98,7 @@ class FluidSettings(WireModel):
 
 
 class Target(WireModel):
-    """Quality target for 'makespan to target' reports (§2.14, L1748-1751)."""
+    """Quality target for 'makespan to target' reports (Fluid, dissertation §3.6.1)."""
 
     metric: str = Field(min_length=1, description="Metric name the trials report, e.g. accuracy.")
     threshold: float
