@@ -1,4 +1,4 @@
-"""Fluid reproduction on seeded workloads (spec §4.2.8–9; seed Fig. 3.7, 3.10, 3.13a)."""
+"""Fluid reproduction on seeded workloads (Fluid, dissertation §3.6.2–3.6.3: Figs. 3.7, 3.10, 3.13a)."""
 
 import functools
 

@@ -110,7 +110,7 @@ def test_every_baseline_is_work_conserving_and_keeps_the_contract(name: str) -> 
         assert sum(len(g.gpus) for g in d.grants) == min(len(free), sum(a.unmet for a in apps))
 
 
-# --- GPU-choice rule (spec §4.1: only Gandiva, SRTF and Optimus look at placement) -------------------
+# --- GPU-choice rule (Themis §6.1: only Gandiva, SRTF and Optimus look at placement) -------------------
 
 SPREAD = Cluster.build([(1, 2), (1, 2), (1, 2)], machines_per_rack=8)
 

@@ -1,4 +1,4 @@
-"""Hypothesis: the StaticFluid invariants of spec §4.2.3 and the Lemma 1–3 bound of §4.2.7."""
+"""Hypothesis: the StaticFluid invariants of Algorithm 3.1 and the Lemma 1–3 bound (Fluid, dissertation §3.4.2, Appendix B)."""
 
 import itertools
 from fractions import Fraction

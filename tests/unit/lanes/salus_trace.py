@@ -1,4 +1,4 @@
-"""A seeded 100-job training trace shaped like Salus §2.5.1 (spec §1.10), for the Table 2.1 reproduction.
+"""A seeded 100-job training trace shaped like Salus §2.5.1, for the Table 2.1 reproduction.
 
 What the seed fixes: 100 jobs drawn from Table A.1's models × batch sizes, online arrivals, one 16 GB P100,
 mean exclusive execution ≈ 3.0 min (FIFO avg JCT − avg queuing, Salus §2.5), persistent memory

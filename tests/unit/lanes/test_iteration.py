@@ -1,4 +1,4 @@
-"""Iteration scheduler: one iteration at a time per lane, and each policy's order (spec §1.9, §4.1.3/6/7)."""
+"""Iteration scheduler: one iteration at a time per lane, and each policy's order (Salus §2.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Algorithm 2.1 against the worked sequence of spec §4.1.2 (C = 16 GB), errata included."""
+"""Algorithm 2.1 against the a worked admission sequence (C = 16 GB; Salus §2.3.3)."""
 
 from __future__ import annotations
 

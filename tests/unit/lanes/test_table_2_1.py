@@ -1,4 +1,4 @@
-"""Reproduce Table 2.1's orderings on a seeded 100-job single-GPU trace (spec §4.1.4-5)."""
+"""Reproduce Table 2.1's orderings on a seeded 100-job single-GPU trace (Salus §2.5.1)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Instantaneous fair share (DRF with GPUs as the only resource): freed GPUs go one at a time to the app
-with the least current share; no preemption, so leases never expire (paper L297–L306, Theorem 3.1)."""
+with the least current share; no preemption, so leases never expire (Themis §3.1.1, Theorem 3.1)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Gandiva as Themis re-implemented it: every app reports its placement preference and GPUs go
-"greedy highest preference first", maximising the average placement score 1/S (paper L1295–L1305)."""
+"greedy highest preference first", maximising the average placement score 1/S (Themis §6.1)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Optimus as Themis re-implemented it: one GPU at a time to the app with the largest throughput scaling
-(throughput with one more GPU / throughput now), paper L1314–L1319."""
+(throughput with one more GPU / throughput now), Themis §6.1."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """SLAQ as Themis re-implemented it: apps report the loss decrease the offered GPU would buy over one
-lease; "greedy highest loss first" (paper L1320–L1325).
+lease; "greedy highest loss first" (Themis §6.1).
 
 Tessera's choice: loss follows the usual O(1/√iterations) SGD curve in the app's progress p ∈ [0, 1]:
 loss(p) = 1/√(1 + 100·p); an extra GPU for one lease advances p by lease·(k+1)/S / total_work.

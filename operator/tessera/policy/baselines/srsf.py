@@ -1,5 +1,5 @@
 """SRSF: one GPU at a time to the app with the shortest remaining service (GPU × time), which is known
-exactly; it approximates Tiresias' Gittins-index policy (paper L1332–L1339)."""
+exactly; it approximates Tiresias' Gittins-index policy (Themis §6.1)."""
 
 from __future__ import annotations
 

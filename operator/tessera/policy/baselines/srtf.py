@@ -1,5 +1,5 @@
 """SRTF: shortest remaining time (with the offered GPUs, best placement) first; better packing means a
-shorter remaining time (paper L1326–L1331)."""
+shorter remaining time (Themis §6.1)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Tiresias (2D-LAS) as Themis re-implemented it: least attained GPU service first, placement-unaware
-(paper L1307–L1313)."""
+(Themis §6.1)."""
 
 from __future__ import annotations
 

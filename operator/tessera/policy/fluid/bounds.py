@@ -1,4 +1,4 @@
-"""StaticFluid's makespan bound (Theorems 1–2, Lemmas 1–3 and 5–7; spec §2.8–2.9 and test §4.2.7).
+"""StaticFluid's makespan bound (Theorems 1–2, Lemmas 1–3 and 5–7; Fluid, dissertation §3.4.2 and Appendix B).
 
 The seed closes B.7 with "= 2·OPT(I)", which does not follow; what the lemmas prove is
     makespan < max( 2·H_small + max_x h_{x,1/c},  2·H · β^{1/(β−1) − 1} )

@@ -29,7 +29,7 @@ def marginal_benefits(avg_iter_times: Sequence[float]) -> list[float]:
 def choose_packing_degree(avg_iter_times: Sequence[float], threshold: float = DEFAULT_THRESHOLD) -> int:
     """The largest p whose marginal benefit O_p is still above O_th (1 when O_2 is not).
 
-    We stop at the first p that fails: past the inflection point the curve only diminishes (spec §2.9).
+    We stop at the first p that fails: past the inflection point the curve only diminishes (Fluid, dissertation §3.4.2).
     """
     c = 1
     for p, o in enumerate(marginal_benefits(avg_iter_times), start=2):

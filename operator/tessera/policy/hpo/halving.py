@@ -1,7 +1,7 @@
 """Synchronous stage-based algorithms: Successive Halving, Hyperband and synchronous BOHB.
 
-Each rung of each bracket is one TrialGroup (spec §2.4: "all trials from a single iteration forms a
-TrialGroup"). A rung starts only when the previous one has ended; the top 1/η move on ("promote") and
+Each rung of each bracket is one TrialGroup (Fluid, dissertation §3.3.2: all trials of one iteration form a
+TrialGroup). A rung starts only when the previous one has ended; the top 1/η move on ("promote") and
 continue from their checkpoint to the next budget. Brackets run one after another.
 Hyperband (Li et al. 2018): s_max = ⌊log_η(R / r)⌋; bracket s has n = ⌈(s_max+1)/(s+1)·η^s⌉ configs
 starting at budget R·η^{−s}. SyncBOHB samples each bracket's configs from the TPE model instead.

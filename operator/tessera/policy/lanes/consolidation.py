@@ -1,4 +1,4 @@
-"""How many GPUs a set of jobs needs: lanes vs exclusive GPUs vs an equal-split MPS plugin (spec §4.1.8).
+"""How many GPUs a set of jobs needs: lanes vs exclusive GPUs vs an equal-split MPS plugin (Salus §2.5.2–2.5.3).
 
 - Lanes: first-fit over GPUs, each admitting with Algorithm 2.1 (persistent memory resident, ephemeral
   lanes shared; Salus §2.5.3). Algorithm 2.1 opens a new lane whenever one fits, so in arrival order small

@@ -187,7 +187,7 @@ class GpuLanes:
         return before - self.sum_persistent() - self.sum_lanes()
 
     def admit_queued(self, queue: list[LaneJob]) -> list[tuple[LaneJob, Admission]]:
-        """Retry queued sessions in order after an event (spec §1.8 erratum 3); returns who got in."""
+        """Retry queued sessions in order after an event (Algorithm 2.1, Salus §2.3.3, which leaves the retry order open); returns who got in."""
         placed = []
         for job in list(queue):
             where = self.admit(job)

@@ -1,4 +1,4 @@
-"""Replay training jobs on one GPU under a lane policy (Salus §2.5.1, Table 2.1; spec §4.1.4-5).
+"""Replay training jobs on one GPU under a lane policy (Salus §2.5.1, Table 2.1).
 
 Drives the same `GpuLanes` (Algorithm 2.1) and `IterationScheduler` the node agent uses, event by event:
 jobs arrive online, are admitted into lanes or queue, and run iteration by iteration. Lanes run in
