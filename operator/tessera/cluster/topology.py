@@ -177,7 +177,7 @@ class Cluster:
 
     @staticmethod
     def themis_paper(variant: str = "256") -> Cluster:
-        """The Themis simulator's heterogeneous cluster (spec §3.4).
+        """The Themis simulator's heterogeneous cluster (Themis §6.1).
 
         "168": the machine list as written (16×8-GPU [4 slots × 2], 6×4-GPU [4 × 1], 16×1-GPU).
         "256": the same mix scaled to 256 GPUs (the paper's stated size); the spec flags the mismatch.

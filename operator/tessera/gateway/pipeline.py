@@ -1,7 +1,7 @@
 """Pipeline stages that run: an ONNX model cut into stage graphs, one ONNX Runtime session per stage,
 activations handed from stage to stage.
 
-This is AlpaServe's inter-op (pipeline) parallelism on the data plane (paper §2, §4.1; spec §3.2, §5.3):
+This is AlpaServe's inter-op (pipeline) parallelism on the data plane (AlpaServe §2, §3.3, §4.1):
 a group with ``pp`` stages holds stage ``k`` of every model on its ``k``-th GPU (or lane), and a request
 runs through the stages in order. Two ways to cut a model:
 

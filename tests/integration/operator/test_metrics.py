@@ -53,8 +53,8 @@ async def test_metrics_expose_t_shared_t_independent_usage_and_pending(api: kmoc
         await wait_for(lambda: pods(api, **{contract.LABEL_APP: "a"}), what="App pod")
         await wait_for(lambda: "tessera_pending_pods{" in scrape(ctl), what="pending pods gauge")
         text = scrape(ctl)
-        # Alone on 4 GPUs with demand 2 at t = start: T_id = 1000 s·GPU / min(4, 2) × N_avg 1 = 500 s (Eq. 1,
-        # L955-965); T_sh = 0 s elapsed + 1000 iters × 1 s / 2 GPUs on one machine = 500 s; ρ = 1.
+        # Alone on 4 GPUs with demand 2 at t = start: T_id = 1000 s·GPU / min(4, 2) × N_avg 1 = 500 s (Themis Eq. 1,
+        # §4.3.1); T_sh = 0 s elapsed + 1000 iters × 1 s / 2 GPUs on one machine = 500 s; ρ = 1.
         assert 'tessera_app_t_independent_seconds{app="a",namespace="ml"} 500.0' in text
         assert 'tessera_app_t_shared_seconds{app="a",namespace="ml"} 500.0' in text
         assert 'tessera_app_rho{app="a",namespace="ml"} 1.0' in text

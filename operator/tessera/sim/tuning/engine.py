@@ -34,8 +34,8 @@ from tessera.policy.hpo import Decision, Result, TrialSpec, TuningAlgorithm
 log = logging.getLogger(__name__)
 Executor = Literal["fifo", "fluid"]
 # What Fluid takes as a trial's remaining h_{i,1}: up to its next milestone ("rung": the budget the
-# algorithm has committed, as in ASHA's rung jobs, spec §2.4 "a training budget associated to each
-# trial"), or up to its maximum budget ("budget"). Same for synchronous algorithms (no milestones).
+# algorithm has committed, as in ASHA's rung jobs; a TrialGroup gives each trial a training budget, Fluid
+# dissertation §3.3.2), or up to its maximum budget ("budget"). Same for synchronous algorithms (no milestones).
 Horizon = Literal["rung", "budget"]
 # When the time-to-target metric sees a trial's score: after every training iteration (Ray Tune trials
 # report each iteration and the paper plots "max accuracy over time", Fig. 3.10), or only

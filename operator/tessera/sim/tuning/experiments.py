@@ -1,4 +1,4 @@
-"""The reproduction experiments of spec §4.2.8–9 on seeded workloads, shared by tests, the CLI and the bench."""
+"""The reproduction experiments of Fluid's evaluation (dissertation §3.6.2–3.6.3) on seeded workloads, shared by tests, the CLI and the bench."""
 
 from __future__ import annotations
 
