@@ -11,7 +11,6 @@ window's goodput, attainment and idleness go to status, where the next pass's re
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -24,13 +23,14 @@ from tessera.api import contract
 from tessera.controller.arbiter import PostEvent
 from tessera.controller.conditions import Cond, Readiness, carry, condition, find, invalid_status
 from tessera.controller.config import OperatorConfig
-from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind, KubeApi, KubeError
+from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind, KubeApi
 from tessera.controller.pods import Owner, PodPlan
 from tessera.controller.pools import (
     DRAINING,
     ENV_GROUP,
     POOL_LABEL,
     POOL_SUFFIX,
+    PoolConfigOwner,
     PoolState,
     member_of,
     owner_references,
@@ -81,9 +81,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         self._stats_cond: dict[tuple[str, str], Cond] = {}  # the GatewayStats condition last decided
         self.pools: dict[tuple[str, str], PoolState] = {}  # (namespace, pool) → plan and placed groups
         self._pool_applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        self._pool_owned: dict[
-            tuple[str, str], dict[str, str]
-        ] = {}  # pool → worker pod → ownerReferences set
+        self._pool_config_uid: dict[tuple[str, str], str] = {}  # pool → its ConfigMap's uid (owns workers)
         url = config.gateway_url or gateway_service_url
         # Pool members are read at their pool's gateway (one for the pool), under their model's name.
         self.stats = StatsReader(
@@ -275,12 +273,28 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         owner_rec = self.records.get((rec.namespace, state.owner)) or members[0]
         state.owner = owner_rec.name
         owner = Owner(contract.KIND_MODELDEPLOYMENT, owner_rec.name, owner_rec.namespace, owner_rec.uid)
-        # Every member owns the pool's objects: deleting one (even the first) leaves them running.
+        # Every member owns the pool's gateway objects, and its ConfigMap owns the workers: deleting one
+        # member (even the first) leaves them running; the garbage collector takes them with the last.
         refs = owner_references(
             [Owner(contract.KIND_MODELDEPLOYMENT, r.name, r.namespace, r.uid) for r in members]
         )
         labels = {contract.LABEL_MODELDEPLOYMENT: owner_rec.name, contract.LABEL_ROLE: "worker"}
         plans = state.pod_plans(labels, contract.WORKLOAD_SERVING)
+        if plans:
+            objects = state.gateway_objects(
+                refs, self.config.gateway_image, labels, contract.WORKLOAD_SERVING
+            )
+            if self._pool_applied.get(key) != [o for _, o in objects] or key not in self._pool_config_uid:
+                for plural, obj in objects:
+                    got = await self._apply(KINDS[plural], rec.namespace, obj)
+                    if plural == "configmaps" and (uid := (got.get("metadata") or {}).get("uid")):
+                        self._pool_config_uid[key] = str(uid)
+                self._pool_applied[key] = [o for _, o in objects]
+            self._applied[rec.key] = []
+        cm_uid = self._pool_config_uid.get(key)
+        pod_owner = (
+            PoolConfigOwner("ConfigMap", pool + POOL_SUFFIX, rec.namespace, cm_uid) if cm_uid else owner
+        )
         existing = self._pool_workers(state)
         template = dict((owner_rec.body.get("spec") or {}).get("template") or {})
 
@@ -289,24 +303,17 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             t["spec"] = {**dict(t.get("spec") or {}), "hostname": p.name, "subdomain": state.workers_service}
             return t
 
-        result = await sync_pods(
-            self.api, owner, plans, existing,
-            gang_of=lambda p: p.env[contract.ENV_REPLICA], template_of=with_dns,
-            workload_class=contract.CLASS_LATENCY_CRITICAL, grace_seconds=self.config.preemption_grace_s,
-            recent=self.recent, socket_group=self.config.socket_group,
-        )  # fmt: skip
-        if result.created:
-            self._event(rec, "Normal", "WorkersCreated", ", ".join(result.created))
-        await self._own_pool_pods(key, refs, [p.name for p in existing if not p.deleting] + result.created)
-        if plans:
-            objects = state.gateway_objects(
-                refs, self.config.gateway_image, labels, contract.WORKLOAD_SERVING
-            )
-            if self._pool_applied.get(key) != [o for _, o in objects]:
-                for plural, obj in objects:
-                    await self._apply(KINDS[plural], rec.namespace, obj)
-                self._pool_applied[key] = [o for _, o in objects]
-            self._applied[rec.key] = []
+        if plans and cm_uid is None:  # the owner of new workers is not known yet: the next pass
+            log.warning("pool %s/%s: its ConfigMap has no uid yet; workers wait", rec.namespace, pool)
+        else:
+            result = await sync_pods(
+                self.api, pod_owner, plans, existing,
+                gang_of=lambda p: p.env[contract.ENV_REPLICA], template_of=with_dns,
+                workload_class=contract.CLASS_LATENCY_CRITICAL, grace_seconds=self.config.preemption_grace_s,
+                recent=self.recent, socket_group=self.config.socket_group,
+            )  # fmt: skip
+            if result.created:
+                self._event(rec, "Normal", "WorkersCreated", ", ".join(result.created))
         model = rec.spec.model.name
         mine = [g for g in state.plan.groups_of(model) if g.id in state.placed]
         rec.gpus = [state.placed[g.id] for g in mine]
@@ -315,6 +322,10 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         if "gpuIdlePercent" in measured:  # the pool gateway does not count worker busy time
             measured["gpuIdlePercent"] = None
         pred = state.plan.predicted.get(model)
+        if pred is not None:
+            self.metrics.gauge("tessera_serving_predicted_slo_attainment_ratio").labels(
+                namespace=rec.namespace, modeldeployment=rec.name, pool=pool
+            ).set(pred)
         status: dict[str, Any] = {
             "phase": "Serving" if mine else "Placing",
             "replicas": len(mine),
@@ -343,26 +354,6 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             for p in self.view.pods_with(POOL_LABEL, state.name, state.namespace)
             if p.labels.get(contract.LABEL_ROLE) == "worker"
         ]
-
-    async def _own_pool_pods(
-        self, key: tuple[str, str], refs: list[dict[str, Any]], names: list[str]
-    ) -> None:
-        """Bring the pool workers' ownerReferences to every member (a pod is created with one owner;
-        members come and go). Remembered per pod, so a steady pool makes no requests."""
-        digest = json.dumps(refs, sort_keys=True)
-        done = self._pool_owned.setdefault(key, {})
-        for name in names:
-            if done.get(name) == digest:
-                continue
-            try:
-                await self.api.patch(PODS, key[0], name, {"metadata": {"ownerReferences": refs}})
-            except KubeError as err:
-                if err.status != 404:
-                    raise
-                continue
-            done[name] = digest
-        for name in set(done) - set(names):
-            del done[name]
 
     def _running_groups(self, state: PoolState, namespace: str) -> set[str]:
         """Groups whose worker pod runs (its phase as the kubelet reports it)."""
@@ -421,8 +412,8 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         )
         return w.status()
 
-    async def _apply(self, kind: Kind, namespace: str, obj: dict[str, Any]) -> None:
-        """Create, or merge-patch what is there (a repeated reconcile is a no-op patch)."""
+    async def _apply(self, kind: Kind, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create, or merge-patch what is there (a repeated reconcile is a no-op patch); the object stored."""
         created = await self.api.create(kind, namespace, obj)
         if (
             created is obj
@@ -430,7 +421,8 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             body = {k: obj[k] for k in obj if k in ("spec", "data")}
             if "ownerReferences" in obj["metadata"]:
                 body["metadata"] = {"ownerReferences": obj["metadata"]["ownerReferences"]}
-            await self.api.patch(kind, namespace, obj["metadata"]["name"], body)
+            return await self.api.patch(kind, namespace, obj["metadata"]["name"], body)
+        return created
 
     async def _sync_workers(self, rec: ServingRecord, owner: Owner) -> None:
         existing = [
@@ -480,7 +472,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
                 if key[0] == namespace and key[1] not in live_pools:
                     gone.append(self.pools.pop(key))  # no member left: the pool goes
                     self._pool_applied.pop(key, None)
-                    self._pool_owned.pop(key, None)
+                    self._pool_config_uid.pop(key, None)
         # A pool's workers stay while any member lives (every member owns them); the last member takes them.
         pods = [
             p

@@ -481,5 +481,21 @@ def owner_references(members: Sequence[Owner]) -> list[dict[str, object]]:
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class PoolConfigOwner(Owner):
+    """The pool gateway's ConfigMap as the workers' owner: it is owned by every member, so the workers
+    outlive any one member and go (cascading) with the last. A ConfigMap needs no finalizer grant for
+    blockOwnerDeletion, which is left off."""
+
+    def reference(self) -> dict[str, object]:
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+        }
+
+
 def pool_gateway_url(namespace: str, pool: str) -> str:
     return f"http://{pool}{POOL_SUFFIX}.{namespace}.svc:{SERVICE_PORT}"

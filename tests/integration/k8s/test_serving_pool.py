@@ -110,3 +110,46 @@ async def test_pool_plan_in_status_and_group_workers_bound(
             g["id"]: g["models"] for g in plan
         }
         assert cluster.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/web-pool")
+
+        # Every member owns the gateway's objects and the ConfigMap owns the workers, so deleting the
+        # first member by name leaves them to the garbage collector's care only once all members go.
+        mds = {
+            m: cluster.get(cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace, m))["metadata"]["uid"]
+            for m in RATES
+        }
+        deploy = cluster.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/web-pool")
+        for obj in (cm, deploy):
+            assert sorted(r["uid"] for r in obj["metadata"]["ownerReferences"]) == sorted(mds.values())
+        for pod in got:
+            assert [r["uid"] for r in pod["metadata"]["ownerReferences"]] == [cm["metadata"]["uid"]]
+        # A ConfigMap m0 alone owns: once it is gone, the garbage collector has handled m0's deletion.
+        await call(
+            cluster, "POST", f"/api/v1/namespaces/{namespace}/configmaps",
+            {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "m0-only", "ownerReferences": [{
+                 "apiVersion": contract.API_VERSION, "kind": "ModelDeployment", "name": "m0", "uid": mds["m0"]}]}},
+        )  # fmt: skip
+        await call(cluster, "DELETE", cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace, "m0"))
+        await wait_for(
+            lambda: (
+                cluster.get(f"/api/v1/namespaces/{namespace}/configmaps/m0-only") is None
+                and cluster.get(cr_path(contract.PLURAL_MODELDEPLOYMENT, namespace, "m0")) is None
+            ),
+            120,
+            "m0 and what it alone owned deleted",
+        )
+        left = sorted(u for m, u in mds.items() if m != "m0")
+
+        def owned_by_the_rest() -> dict[str, Any] | None:
+            now = cluster.get(f"/api/v1/namespaces/{namespace}/configmaps/web-pool") or {}
+            refs = sorted(r["uid"] for r in (now.get("metadata") or {}).get("ownerReferences") or [])
+            return now if refs == left else None
+
+        now = await wait_for(owned_by_the_rest, 60, "the pool ConfigMap owned by the five members left")
+        assert now["metadata"]["uid"] == cm["metadata"]["uid"]  # never deleted and recreated
+        again = cluster.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/web-pool")
+        assert again is not None and again["metadata"]["uid"] == deploy["metadata"]["uid"]
+        workers = pool_workers(cluster, namespace)
+        assert workers and all(
+            [r["uid"] for r in p["metadata"]["ownerReferences"]] == [cm["metadata"]["uid"]] for p in workers
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import kmock
@@ -32,6 +33,26 @@ from .conftest import (
 )
 
 RATES = {"m0": 30, "m1": 30, "m2": 5, "m3": 5, "m4": 2, "m5": 2}
+
+
+@pytest.fixture(autouse=True)
+async def configmap_uids(api: kmock.KubernetesEmulator) -> AsyncIterator[None]:
+    """The API server's part kmock leaves out: a uid on every ConfigMap created (the pool gateway's
+    ConfigMap owns the workers, and an ownerReference needs its uid)."""
+
+    async def give() -> None:
+        n = 0
+        while True:
+            for (resource, ns, name), obj in list(api.objects.items()):
+                if resource.plural == "configmaps" and not (dict(obj).get("metadata") or {}).get("uid"):
+                    n += 1
+                    path = f"/api/v1/namespaces/{ns}/configmaps/{name}"
+                    await api.patch(path, json={"metadata": {"uid": f"uid-cm-{name}-{n}"}})
+            await asyncio.sleep(0.02)
+
+    task = asyncio.create_task(give())
+    yield
+    task.cancel()
 
 
 def member(name: str, rps: float) -> dict[str, Any]:
@@ -96,6 +117,13 @@ async def test_pool_plan_in_status_workers_per_group_and_routing(
             assert s["poolGroups"] == [g["id"] for g in plan if m in g["models"]]
             assert 0 <= s["predictedSLOAttainmentPercent"] <= 100
         assert st["m4"]["poolGroups"] == [] and st["m4"]["predictedSLOAttainmentPercent"] == 0
+        # The prediction as a metric too, next to the observed tessera_serving_requests_total.
+        for m, s in st.items():
+            got = ctl.metrics.registry.get_sample_value(
+                "tessera_serving_predicted_slo_attainment_ratio",
+                {"namespace": NS, "modeldeployment": m, "pool": "web"},
+            )
+            assert got == pytest.approx(s["predictedSLOAttainmentPercent"] / 100, abs=1e-4), m
         assert st["m4"]["phase"] == "Placing" and st["m1"]["replicas"] == 2
 
         # One worker per group, a gang of the group's GPUs on one node, loading every model of its group.
@@ -198,8 +226,9 @@ async def collect_garbage(k: kmock.KubernetesEmulator, uid: str) -> None:
 async def test_pool_objects_outlive_any_one_member(
     api: kmock.KubernetesEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every member owns the pool gateway and the workers: deleting the first member by name (once their
-    only owner) leaves them in place, neither deleted by the operator nor garbage-collected."""
+    """Every member owns the pool gateway's objects, whose ConfigMap owns the workers: deleting the first
+    member by name (once their only owner) leaves them in place, neither deleted by the operator nor
+    garbage-collected."""
     monkeypatch.setattr(pools, "DRAIN_TIMEOUT_S", 0.5)
     add_node(api, "n1", 4)
     add_node(api, "n2", 4)
@@ -215,11 +244,13 @@ async def test_pool_objects_outlive_any_one_member(
             return [r["uid"] for r in body["metadata"].get("ownerReferences") or []]
 
         def all_owned() -> bool:
-            objs = [deployment(api, "web-pool"), configmap(api, "web-pool")]
-            objs += list(pool_workers(api).values())
-            return len(objs) > 2 and all(
-                o is not None and sorted(owned_by(dict(o))) == sorted(uids.values()) for o in objs
-            )
+            """The gateway's objects owned by every member left, the workers by the gateway's ConfigMap."""
+            cm = configmap(api, "web-pool")
+            objs = [deployment(api, "web-pool"), cm]
+            if cm is None or any(o is None or sorted(owned_by(o)) != sorted(uids.values()) for o in objs):
+                return False
+            workers = pool_workers(api).values()
+            return bool(workers) and all(owned_by(p) == [cm["metadata"]["uid"]] for p in workers)
 
         def settled() -> bool:
             plan = status_of(api, MDS, "m0").get("poolPlan") or []
