@@ -387,6 +387,13 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         (*_NS_MD, "state"),
         frozenset({_OP, _SIM}),
     ),
+    MetricSpec(
+        "tessera_serving_predicted_slo_attainment_ratio",
+        MetricType.GAUGE,
+        "SLO attainment the AlpaServe planner's simulation predicts for a serving pool member under its plan (the observed one: tessera_serving_requests_total by outcome).",
+        (*_NS_MD, "pool"),
+        frozenset({_OP}),
+    ),
 )
 
 _BY_NAME: Final = {spec.name: spec for spec in CATALOG}

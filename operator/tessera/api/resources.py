@@ -126,6 +126,9 @@ KINDS: dict[str, ResourceKind] = {
             PrinterColumn("Phase", "string", ".status.phase", "Lifecycle phase."),
             _READY,
             PrinterColumn("Replicas", "integer", ".status.replicas", "Replicas serving."),
+            PrinterColumn(
+                "Pool", "string", ".status.pool", "Serving pool it is placed in with others, if any."
+            ),
             PrinterColumn("Policy", "string", ".status.policy", "Batch scheduler the gateway runs."),
             PrinterColumn("SLO-ms", "number", ".status.sloLatencyMs", "Resolved latency SLO in ms."),
             PrinterColumn(

@@ -91,7 +91,17 @@ def test_names_columns_and_subresources() -> None:
     assert columns == {
         "App": ["Phase", "Ready", "GPUs", "Rho", "Age"],
         "TrialGroup": ["Phase", "Ready", "Running", "Done", "GPUs", "Age"],
-        "ModelDeployment": ["Phase", "Ready", "Replicas", "Policy", "SLO-ms", "Attainment", "Goodput", "Age"],
+        "ModelDeployment": [
+            "Phase",
+            "Ready",
+            "Replicas",
+            "Pool",
+            "Policy",
+            "SLO-ms",
+            "Attainment",
+            "Goodput",
+            "Age",
+        ],
     }
     short = {k: c["spec"]["names"]["shortNames"] for k, c in by_kind.items()}
     assert short == {"App": ["tapp"], "TrialGroup": ["tg"], "ModelDeployment": ["md"]}
