@@ -83,11 +83,12 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         self._pool_applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._pool_config_uid: dict[tuple[str, str], str] = {}  # pool → its ConfigMap's uid (owns workers)
         url = config.gateway_url or gateway_service_url
+        pool_url = (lambda ns, p: url(ns, p + POOL_SUFFIX)) if config.gateway_url else pool_gateway_url
         # Pool members are read at their pool's gateway (one for the pool), under their model's name.
         self.stats = StatsReader(
             config.serving_stats_interval_s,
             lambda ns, name: (
-                pool_gateway_url(ns, p)
+                pool_url(ns, p)
                 if (r := self.records.get((ns, name))) is not None and (p := r.spec.placement.pool)
                 else url(ns, name)
             ),
@@ -235,8 +236,17 @@ class ModelDeployments(KindReconciler[ServingRecord]):
                 per_node[g.node] = per_node.get(g.node, 0) + 1
         dpn = max(per_node.values(), default=1)
         state = self.pools.get(key)
+        # The observed load feeds the plan: each member's last window at the pool gateway (this one's read
+        # now), through the same hysteresis as a change of expectedRps.
+        measured = await self._read_stats(rec, status_in)
+        if "gpuIdlePercent" in measured:  # the pool gateway does not count worker busy time
+            measured["gpuIdlePercent"] = None
+        observed = {
+            r.name: observed_load({**status_in, **measured} if r is rec else (r.body.get("status") or {}))
+            for r in members
+        }
         try:
-            inputs = [member_of(r) for r in members]
+            inputs = [member_of(r, observed[r.name]) for r in members]
             why = replan_reason(state.plan if state else None, inputs, dpn)
             if why is not None:
                 plan = await asyncio.to_thread(plan_pool, pool, inputs, dpn)
@@ -318,9 +328,6 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         mine = [g for g in state.plan.groups_of(model) if g.id in state.placed]
         rec.gpus = [state.placed[g.id] for g in mine]
         self._wanted[rec.key] = len(state.plan.groups_of(model))
-        measured = await self._read_stats(rec, status_in)
-        if "gpuIdlePercent" in measured:  # the pool gateway does not count worker busy time
-            measured["gpuIdlePercent"] = None
         pred = state.plan.predicted.get(model)
         if pred is not None:
             self.metrics.gauge("tessera_serving_predicted_slo_attainment_ratio").labels(
@@ -335,6 +342,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             "poolGroups": [g.id for g in state.plan.groups_of(model)],
             "predictedSLOAttainmentPercent": round(100 * pred, 3) if pred is not None else None,
             "profileSynthetic": state.plan.synthetic,
+            "observedLoadRps": round(load, 3) if (load := observed[rec.name]) is not None else None,
             "poolPlan": state.status_plan(),
         }
         status.update(spec_status(rec.spec))
@@ -500,6 +508,15 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         ):
             await self.api.delete(kind, namespace, obj)
         self.post_event(body, "Normal", "Cleanup", f"deleted {len(pods)} worker pod(s) and the gateway")
+
+
+def observed_load(status: dict[str, Any]) -> float | None:
+    """The offered rate the gateway saw over its last window (goodput over attainment, as for replicas),
+    or None when it has not reported one."""
+    goodput, attained = status.get("goodputRps"), status.get("sloAttainmentPercent")
+    if isinstance(goodput, int | float) and isinstance(attained, int | float) and attained > 0:
+        return float(goodput) / (float(attained) / 100)
+    return None
 
 
 def _differs(new: Cond, old: Any) -> bool:

@@ -11,7 +11,8 @@ A thin adapter from ModelDeployment specs to the planner of ``tessera.policy.ser
   a model's weights are ``memory.staticMiB`` (0 when not given).
 * **Profiles**: measured stage profiles are not in the spec yet, so each model's per-config profile is the
   α-model of spec §5.4 from its batch-1 latency ℓ(1) (``synthetic_profile``) and is marked synthetic.
-* **Workload**: per member a Gamma(rate = ``traffic.expectedRps``, cv = ``traffic.cv``) stream, seeded,
+* **Workload**: per member a Gamma(rate, cv = ``traffic.cv``) stream, seeded, the rate being the load the
+  pool gateway observed for it (``observedLoadRps``) when known, else ``traffic.expectedRps``,
   over ``max(60 s, 3000 / Σ rate)`` capped at 600 s (REF's ``gen_train_workload`` shape, shorter).
 * **Hysteresis** (re-planning is not per reconcile): a pool is re-planned when its members, SLOs,
   profiles, CVs or GPUs change, or when a member's rate moved more than ``RATE_HYSTERESIS`` (relative)
@@ -85,8 +86,9 @@ class PoolMember:
         )
 
 
-def member_of(rec: ServingRecord) -> PoolMember:
-    """The planner's view of a pool member; ServingSpecError when its spec lacks what planning needs."""
+def member_of(rec: ServingRecord, observed_rps: float | None = None) -> PoolMember:
+    """The planner's view of a pool member; ServingSpecError when its spec lacks what planning needs.
+    Its rate is ``observed_rps`` (the load the pool gateway saw) when known, else ``traffic.expectedRps``."""
     spec = rec.spec
     profile = batch_profile(spec)
     if not profile or profile[0][0] != 1:
@@ -100,7 +102,7 @@ def member_of(rec: ServingRecord) -> PoolMember:
     return PoolMember(
         deployment=rec.name,
         model=spec.model.name,
-        rate=spec.traffic.expected_rps,
+        rate=observed_rps if observed_rps is not None else spec.traffic.expected_rps,
         cv=spec.traffic.cv,
         slo_s=slo_ms / 1000.0,
         latency_s=profile[0][1] / 1000.0,

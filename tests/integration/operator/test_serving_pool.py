@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import kmock
 import pytest
+from aiohttp import web
 from tessera.api import contract
 from tessera.controller import pools
 from tessera.controller.pools import POOL_LABEL
@@ -163,6 +165,11 @@ async def test_pool_plan_in_status_workers_per_group_and_routing(
             f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/modeldeployments/m2",
             json={"spec": {"traffic": {"expectedRps": 5.5}}},
         )
+        # The re-plan below then sees m2 at 5.5 every run (same inputs, same plan).
+        await wait_for(
+            lambda: ctl.deployments.records[NS, "m2"].spec.traffic.expected_rps == 5.5,
+            what="m2's new rate read",
+        )
         await api.patch(
             f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/modeldeployments/m0",
             json={"spec": {"traffic": {"expectedRps": 60}}},
@@ -197,7 +204,12 @@ async def test_pool_plan_in_status_workers_per_group_and_routing(
         # pass can be gone before a status read).
         for e in events(api, "PoolSwitch")[switch_events:]:
             seen.update(w for w in e["message"].split() if w in ("Starting", "Retiring", "Draining"))
-        assert "Starting" in seen and ({"Retiring", "Draining"} & seen), seen
+        assert "Starting" in seen and ({"Retiring", "Draining"} & seen), (
+            seen,
+            [e["message"] for e in events(api, "PoolPlanned")],
+            [e["message"] for e in events(api, "PoolSwitch")],
+            switch_events,
+        )
         assert len(pool_workers(api)) == len(new_plan)
         config = json.loads(configmap(api, "web-pool")["data"]["gateway.json"])
         assert {g["id"]: sorted(g["models"]) for g in config["pool"]["groups"]} == {
@@ -301,3 +313,69 @@ async def test_pool_objects_outlive_any_one_member(
             what="a plan without m0",
         )
         assert st["pool"] == "web"
+
+
+async def test_observed_load_replans_past_the_hysteresis(
+    api: kmock.KubernetesEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool is planned from expectedRps (30 rps each) until its gateway reports a window: m0's offered
+    load then reads 60 rps (2× its expectedRps, past the 25 % band) and the pool re-plans for it; m1's
+    observed 31.5 rps (5 %) alone would not. The /stats answers are the pool gateway's document shape (the
+    e2e test checks the operator parses a real one); counters grow with the server's clock."""
+    monkeypatch.setattr(pools, "DRAIN_TIMEOUT_S", 0.5)
+    add_node(api, "n1", 4)
+    offered = {"m0": 30.0, "m1": 30.0}
+    t0 = asyncio.get_running_loop().time()
+
+    async def stats(_: web.Request) -> web.Response:
+        up = asyncio.get_running_loop().time() - t0
+        models = {
+            m: {"requests": {"slo_met": int(rps * up)}, "workers": 1, "busy_seconds": 0.0}
+            for m, rps in offered.items()
+        }
+        return web.json_response({"instance": "gw-1", "uptime_s": up, "models": models})
+
+    app = web.Application()
+    app.router.add_get("/stats", stats)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    seen: list[str] = []
+
+    def url(ns: str, name: str) -> str:
+        seen.append(name)
+        return f"http://127.0.0.1:{port}"
+
+    path = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/modeldeployments"
+    try:
+        async with running_operator(api, serving_stats_interval_s=0.5, gateway_url=url) as ctl:
+            await wait_for(lambda: len(ctl.view.nodes) == 1, what="the node in the view")
+            for name, rps in offered.items():
+                await api.post(path, json=member(name, rps))
+            await wait_for(lambda: len(events(api, "PoolPlanned")) >= 1, what="a first plan")
+            first = len(events(api, "PoolPlanned"))
+            st = await wait_for(
+                lambda: (s := status_of(api, MDS, "m1")).get("observedLoadRps") and s,
+                what="m1's observed load",
+            )
+            assert st["observedLoadRps"] == pytest.approx(30, rel=0.2)
+            offered["m1"] = 31.5  # inside the band
+            offered["m0"] = 60.0
+            await wait_for(
+                lambda: any(
+                    re.search(r"m0: rate [\d.]+ → ", e["message"]) for e in events(api, "PoolPlanned")[first:]
+                ),
+                what="a re-plan for m0's observed load",
+            )
+            msgs = [e["message"] for e in events(api, "PoolPlanned")[first:]]
+            assert not any("m1: rate" in m for m in msgs), msgs
+            assert "web-pool" in seen  # read at the pool's gateway
+            got = await wait_for(
+                lambda: (s := status_of(api, MDS, "m0")).get("observedLoadRps", 0) > 45 and s,
+                what="m0's observed load in status",
+            )
+            assert got["pool"] == "web"
+    finally:
+        await runner.cleanup()
