@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import kopf
 
 from tessera.api import contract
@@ -32,6 +31,7 @@ from tessera.controller.pools import (
     POOL_SUFFIX,
     PoolConfigOwner,
     PoolState,
+    drained_groups,
     member_of,
     owner_references,
     plan_pool,
@@ -374,23 +374,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         name = state.name + POOL_SUFFIX
         url = self.config.gateway_url(state.namespace, name) if self.config.gateway_url else None
         url = url or pool_gateway_url(state.namespace, state.name)
-        try:
-            async with (
-                aiohttp.ClientSession() as session,
-                session.get(f"{url}/stats", timeout=aiohttp.ClientTimeout(total=1.0)) as r,
-            ):
-                doc = await r.json()
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return set()
-        groups = doc.get("pool_groups") if isinstance(doc, dict) else None
-        if not isinstance(groups, dict):
-            return set()
-        return {
-            gid
-            for gid, e in state.groups.items()
-            if e.state == DRAINING
-            and (gid not in groups or (not groups[gid].get("routing") and not groups[gid].get("inflight")))
-        }
+        return await drained_groups(url, {gid for gid, e in state.groups.items() if e.state == DRAINING})
 
     async def _read_stats(self, rec: ServingRecord, status_in: dict[str, Any]) -> dict[str, Any]:
         """Status fields from the gateway's counters when a read is due (else {}): the window's figures;

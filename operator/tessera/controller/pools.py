@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import aiohttp
 import numpy as np
 
 from tessera.api import contract
@@ -497,6 +498,28 @@ class PoolConfigOwner(Owner):
             "uid": self.uid,
             "controller": True,
         }
+
+
+async def drained_groups(gateway_url: str, draining: set[str]) -> set[str]:
+    """Those of ``draining`` the pool gateway at ``gateway_url`` no longer routes to and has nothing in
+    flight on (its ``/stats`` ``pool_groups``; a group it no longer lists is drained); empty when it
+    cannot be read (the drain timeout then decides)."""
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{gateway_url}/stats", timeout=aiohttp.ClientTimeout(total=1.0)) as r,
+        ):
+            doc = await r.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return set()
+    groups = doc.get("pool_groups") if isinstance(doc, dict) else None
+    if not isinstance(groups, dict):
+        return set()
+    return {
+        gid
+        for gid in draining
+        if gid not in groups or (not groups[gid].get("routing") and not groups[gid].get("inflight"))
+    }
 
 
 def pool_gateway_url(namespace: str, pool: str) -> str:

@@ -21,7 +21,7 @@ import aiohttp
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tessera.controller.pools import PoolMember, plan_pool, workload
+from tessera.controller.pools import PoolMember, drained_groups, plan_pool, workload
 from tessera.controller.serving_stats import Counters
 from tessera.gateway.demo_models import early_exit_model
 from tessera.gateway.worker import ModelledCost, OnnxModel, Worker, make_worker_app
@@ -195,6 +195,8 @@ def test_switching_plans_mid_load_loses_no_request(model_path: Path, tmp_path: P
         path.write_text(json.dumps(before))
         url = s.start_gateway(before)
 
+        checks: list[set[str]] = []
+
         async def go() -> tuple[list[tuple[int, str]], dict[str, Any], dict[str, Any], dict[str, Any]]:
             answers: list[tuple[int, str]] = []
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -219,6 +221,9 @@ def test_switching_plans_mid_load_loses_no_request(model_path: Path, tmp_path: P
                         path.write_text(json.dumps(after))
                         while "g2" not in (during := await stats())["pool_groups"]:
                             await asyncio.sleep(0.01)
+                        # The operator's drain check on the live gateway: g0 still has the burst in
+                        # flight, so it is not drained yet.
+                        checks.append(await drained_groups(url, {"g0", "g1"}))
                     await asyncio.sleep(0.05)
                 await asyncio.gather(*tasks)
                 deadline = loop.time() + 20
@@ -227,6 +232,11 @@ def test_switching_plans_mid_load_loses_no_request(model_path: Path, tmp_path: P
                     if set(end["pool_groups"]) == {"g2"} or loop.time() > deadline:
                         break
                     await asyncio.sleep(0.05)
+                checks.append(await drained_groups(url, {"g0", "g1"}))
+                checks.append(await drained_groups(url, {"g2"}))  # routed: never drained
+                checks.append(
+                    await drained_groups("http://127.0.0.1:9", {"g0"})
+                )  # unreadable: timeout decides
             return answers, mid, during, end
 
         answers, mid, during, end = s.run(go)
@@ -238,6 +248,9 @@ def test_switching_plans_mid_load_loses_no_request(model_path: Path, tmp_path: P
     # Switched with the burst still running on g0: out of routing, draining, not cut off.
     assert during["pool_groups"]["g0"]["routing"] is False and during["pool_groups"]["g0"]["inflight"] > 0
     assert end["pool_groups"] == {"g2": {"routing": True, "inflight": 0, "healthy": True}}
+    # What the operator's drain check (tessera.controller.pools.drained_groups) made of those /stats.
+    assert "g0" not in checks[0]
+    assert checks[1:] == [{"g0", "g1"}, set(), set()], checks
     assert end["models"]["a"]["groups"].get("g2", 0) > 0 and end["models"]["a"]["groups"].get("g0", 0) > 0
     assert "g1" not in end["models"]["a"]["groups"] and "g0" not in end["models"]["b"]["groups"]
 
