@@ -23,7 +23,7 @@ from tessera.controller.handlers import Controller
 
 from .conftest import TESSERA, Credentials, ManualClock, Nodes, chart_objects, running_operator, wait_for
 from .controlplane import ControlPlane, Process
-from .workloads import pods_with, status_of
+from .workloads import operator, pods_with, status_of
 
 log = logging.getLogger(__name__)
 G, V = contract.GROUP, contract.VERSION
@@ -104,7 +104,11 @@ async def test_a_restart_keeps_every_lease_and_admission_and_creates_no_pod_twic
         before = {n: app_status(cluster, namespace, n) for n in ("a", "b")}
         pods_before = {n: pods_by_job(cluster, namespace, n) for n in ("a", "b")}
 
-    async with running_operator(cluster, creds, clock=clock, lease_s=600.0, admission_threshold=1.0) as ctl:
+    # The last operator deletes the test's objects before it stops: Apps left with their finalizer in a
+    # terminating namespace would bid in the next test's auction (the operator serves every namespace).
+    async with operator(
+        cluster, creds, namespace, clock=clock, lease_s=600.0, admission_threshold=1.0
+    ) as ctl:
         await wait_for(
             lambda: ctl.arbiter is not None and len(ctl.arbiter.records) == 2 and ctl.arbiter.rounds >= 1,
             90,
@@ -122,6 +126,7 @@ async def test_a_restart_keeps_every_lease_and_admission_and_creates_no_pod_twic
         await wait_for(lambda: ctl.arbiter is not None and ctl.arbiter.rounds > rounds, 60, "a round")
         after = {n: app_status(cluster, namespace, n) for n in ("a", "b")}
         pods_after = {n: pods_by_job(cluster, namespace, n) for n in ("a", "b")}
+        c_pods = app_pods(cluster, namespace, "c")
     for n in ("a", "b"):
         # Same leases: job, node, GPU indices, expiry and source; still admitted.
         assert after[n]["leases"] == before[n]["leases"], n
@@ -133,7 +138,7 @@ async def test_a_restart_keeps_every_lease_and_admission_and_creates_no_pod_twic
         ("Admitted", "False", "OverThreshold"),
         ("Ready", "False", "NotAdmitted"),
     ]
-    assert not app_pods(cluster, namespace, "c")
+    assert not c_pods
 
 
 def trialgroup(name: str, gpus: int) -> dict[str, Any]:
@@ -187,7 +192,7 @@ async def test_a_restart_keeps_a_trialgroups_pool_out_of_the_apps_auction(
         before = await wait_for(lambda: settled(cluster, namespace, "a", 2), 90, "a on the other two GPUs")
         await wait_for(lambda: tg_ready(cluster, namespace, "tg"), 90, "the group's trial pods")
         pods_before = pod_uids(cluster, namespace)
-    async with running_operator(cluster, creds, clock=clock, lease_s=600.0) as ctl:
+    async with operator(cluster, creds, namespace, clock=clock, lease_s=600.0) as ctl:
         await wait_for(
             lambda: (
                 ctl.arbiter is not None
@@ -204,8 +209,9 @@ async def test_a_restart_keeps_a_trialgroups_pool_out_of_the_apps_auction(
         await wait_for(lambda: ctl.arbiter is not None and ctl.arbiter.rounds > rounds, 60, "a round")
         after = app_status(cluster, namespace, "a")
         pods_after = pod_uids(cluster, namespace)
+        pool_after = pool_of(cluster, namespace, "tg")
     assert after["leases"] == before["leases"]
-    assert pool_of(cluster, namespace, "tg") == pool
+    assert pool_after == pool
     assert pods_after == pods_before
 
 
@@ -259,9 +265,10 @@ async def test_two_replicas_only_one_allocates_and_the_standby_takes_over_when_i
             90,
             "the active replica's keep-alive",
         )
-        async with running_operator(
+        async with operator(
             cluster,
             creds,
+            namespace,
             identity=LOW,
             standalone=False,
             peering_name=peering,
