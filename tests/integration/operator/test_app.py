@@ -226,7 +226,11 @@ async def test_a_lease_renewed_on_the_same_gpus_posts_no_event(api: kmock.Kubern
         renewed = await wait_for(
             lambda: (le := status(api, "a").get("leases")) and le != first and le, what="the renewed lease"
         )
-        assert ctl.arbiter.rounds > rounds
+        # The round writes statuses before it ends and posts its events as it ends: wait for both.
+        await wait_for(
+            lambda: ctl.arbiter is not None and ctl.arbiter.rounds > rounds and not ctl._tasks,
+            what="the renewal round ended and its events posted",
+        )
     assert [(le["node"], le["gpuIndices"]) for le in renewed] == [
         (le["node"], le["gpuIndices"]) for le in first
     ]

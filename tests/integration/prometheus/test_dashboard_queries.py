@@ -33,6 +33,7 @@ SCENE_LABELS = {
     "trialgroup": ["lr-sweep"],
     "trial": ["t0", "t1"],
     "modeldeployment": ["bert-qa"],
+    "pool": ["web"],
     "node": ["gpu-node-1"],
     "gpu": ["0"],
     "uuid": ["GPU-6a7b8c9d-0000-4000-8000-000000000000"],
