@@ -27,6 +27,8 @@ from aiohttp.test_utils import TestServer
 from tessera.commands.extender import ListenError, tls_context
 from tessera.extender.server import Extender, make_app
 
+from tests.requires import missing
+
 from .conftest import Env, node, pod
 from .fake_apiserver import FakeApiServer
 
@@ -55,7 +57,7 @@ def _signed(d: Path, name: str, ca: str, san: str | None = None) -> None:
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed (hack/install-test-deps.sh installs it)")
+        missing("openssl is not installed (hack/install-test-deps.sh installs it)")
     d = tmp_path_factory.mktemp("certs")
     _ca(d, "ca")  # signs the extender's certificate and kube-scheduler's client certificate
     _ca(d, "other-ca")  # anyone else's
