@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.requires import missing
+
 from .prom_server import PrometheusServer, prometheus_binary
 
 StartPrometheus = Callable[[Mapping[str, Sequence[str]]], PrometheusServer]
@@ -17,7 +19,7 @@ def prometheus(tmp_path: Path) -> Iterator[StartPrometheus]:
     """Factory: prometheus({"job": ["127.0.0.1:9100"]}) -> a ready PrometheusServer, stopped at teardown."""
     binary = prometheus_binary()
     if binary is None:
-        pytest.skip("prometheus binary not on PATH; install it with: bash hack/install-test-deps.sh")
+        missing("prometheus binary not on PATH; install it with: bash hack/install-test-deps.sh")
     servers: list[PrometheusServer] = []
 
     def start(targets: Mapping[str, Sequence[str]]) -> PrometheusServer:

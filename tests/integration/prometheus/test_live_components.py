@@ -36,6 +36,8 @@ from tessera.extender.kube import KubeClient, KubeConfig
 from tessera.extender.metrics import make_metrics_app
 from tessera.extender.server import Extender, make_app
 
+from tests.requires import missing
+
 from .conftest import StartPrometheus
 from .prom_server import free_port
 from .promql_scan import dashboard_metrics, dashboard_queries
@@ -268,7 +270,7 @@ async def test_every_dashboard_query_returns_data_from_running_components(
     prometheus: StartPrometheus, kmock: Any, tmp_path: Path
 ) -> None:
     if shutil.which("prometheus") is None:  # pragma: no cover - the fixture skips first
-        pytest.skip("prometheus binary not on PATH")
+        missing("prometheus binary not on PATH; install it with: bash hack/install-test-deps.sh")
     from tessera.gateway.demo_models import early_exit_model
 
     model = early_exit_model(tmp_path / "early_exit.onnx", width=gw.WIDTH)
@@ -308,18 +310,18 @@ async def test_every_dashboard_query_returns_data_from_running_components(
         names = await asyncio.to_thread(server.label_values, "__name__")
         live = {catalog.base_name(n) for n in names if n.startswith("tessera_")}
 
-        empty, missing, checked = [], [], 0
+        empty, absent, checked = [], [], 0
         for dashboard, where, expr, promql in dashboard_queries():
             metrics = dashboard_metrics(expr)
             if metrics & DEFERRED.keys():
                 continue
             checked += 1
             for name in metrics - live:
-                missing.append(f"{dashboard} {where}: {name}")
+                absent.append(f"{dashboard} {where}: {name}")
             if not await asyncio.to_thread(server.query, promql):
                 empty.append(f"{dashboard} {where}: {expr}")
         assert checked >= 35, f"only {checked} dashboard queries checked live"
-        assert not missing, "dashboard metrics no running component exported:\n" + "\n".join(missing)
+        assert not absent, "dashboard metrics no running component exported:\n" + "\n".join(absent)
         assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
 
         # Values, not only presence: rho per App from the arbiter, the extender's allocation from its binds.

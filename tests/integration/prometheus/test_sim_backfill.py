@@ -23,6 +23,8 @@ from tessera.sim.metrics_export import TRAINING_NOT_DERIVED, policy_namespace, w
 from tessera.sim.training.scenario import load, run
 from tessera.sim.training.simulator import AppOutcome, SimRun, simulate
 
+from tests.requires import missing
+
 from .prom_server import PrometheusServer, prometheus_binary, promtool_binary
 from .promql_scan import dashboard_metrics, dashboard_queries
 
@@ -81,7 +83,7 @@ def result() -> Any:
 def backfilled(tmp_path: Path, result: Any) -> Iterator[tuple[PrometheusServer, Any]]:
     prometheus, promtool = prometheus_binary(), promtool_binary()
     if prometheus is None or promtool is None:
-        pytest.skip("prometheus/promtool not on PATH; install them with: bash hack/install-test-deps.sh")
+        missing("prometheus/promtool not on PATH; install them with: bash hack/install-test-deps.sh")
     om = tmp_path / "run.om"
     n = write_training_openmetrics(result, om, start_unix=START)
     assert n > 0

@@ -10,14 +10,15 @@ import time
 from pathlib import Path
 
 import kopf
-import pytest
 from aiohttp import web
 from tessera.controller.kube import PODS, KubeApi
+
+from tests.requires import missing
 
 
 def _self_signed(tmp: Path) -> tuple[Path, Path]:
     if shutil.which("openssl") is None:
-        pytest.skip("no openssl to make a serving certificate")
+        missing("no openssl to make a serving certificate (hack/install-test-deps.sh installs it)")
     key, crt = tmp / "tls.key", tmp / "tls.crt"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",

@@ -19,6 +19,8 @@ from aiohttp import web
 from kubernetes_asyncio.config import kube_config
 from tessera.kube import KubeClient, KubeConfig, KubeError
 
+from tests.requires import missing
+
 
 def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True)
@@ -28,7 +30,7 @@ def _openssl(*args: str) -> None:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
     if shutil.which("openssl") is None:
-        pytest.skip("no openssl to make certificates")
+        missing("no openssl to make certificates (hack/install-test-deps.sh installs it)")
     d = tmp_path_factory.mktemp("pki")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=ca",
              "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"))  # fmt: skip
