@@ -65,7 +65,7 @@ def choose_pod(device_ids: Sequence[str], pods: Sequence[PodInfo], node: str) ->
 def container_allocation(
     pod: PodInfo, cfg: AgentConfig, lanes: LaneBook | None = None
 ) -> ContainerAllocation:
-    """The env and mounts that put the container in its lane (DESIGN.md "Env injected into containers").
+    """The env and mounts that put the container in its lane (the `ENV_*` names in `tessera.api.contract`).
 
     With a `LaneBook` the lane is admitted as HP or BE (at most one HP per GPU, lanes' memory within the GPU
     less its reserve) and gets its class's active-thread percentage and MPS client priority (`lanes.py`).

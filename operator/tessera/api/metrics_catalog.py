@@ -4,7 +4,7 @@ Pure data (no prometheus-client import) so that every component, the chart's das
 the same names. `tessera.metrics` turns entries into prometheus-client objects for the operator, extender,
 gateway and simulator; `tessera_agent.metrics_factory` does the same for the node agent.
 
-Label conventions (DESIGN.md "Contracts between the parts"): `namespace`, one of `app` | `trialgroup` |
+Label conventions (docs/architecture.md "How the parts talk"): `namespace`, one of `app` | `trialgroup` |
 `modeldeployment` naming the custom resource, `node`, `gpu` (the GPU's index on its node) and `lane`.
 Per-lane series also carry `pod` so they join with DCGM's and HAMi's per-container series
 (namespace/pod/container/lane labels, like HAMi's hami_container_* series). Ratios are 0..1 and

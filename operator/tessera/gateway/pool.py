@@ -1,4 +1,4 @@
-"""The AlpaServe router of a serving pool (paper §4.3; seed-alpaserve §3.1, §5.3).
+"""The AlpaServe router of a serving pool (AlpaServe §4.3; §3.1, §5.3).
 
 Every request of a pool model comes here. Among the groups holding the model it picks the one with the
 shortest queue — the earliest predicted drain time of its last stage, the measure the planner's

@@ -127,7 +127,8 @@ def validate(
     num_devices: int | None = None,
     rule: MemoryRule = "per_stage",
 ) -> None:
-    """Raise PlacementError unless the placement satisfies spec T13.7."""
+    """Raise PlacementError unless every group's devices are disjoint, its models have a profile for its
+    parallel config and fit the per-device memory budget (AlpaServe §4.2), and the cluster size matches."""
     seen: set[int] = set()
     for g in placement.groups:
         overlap = seen.intersection(g.devices)

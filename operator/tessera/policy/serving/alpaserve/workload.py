@@ -1,7 +1,7 @@
 """The workload W: a time-sorted list of requests ``(arrival, model, slo)`` (AlpaServe §4.2).
 
 Arrivals come in as arrays (generated, fitted or replayed elsewhere); this module only merges and
-slices them. Ties in arrival time break by model order so merging is deterministic (spec T13.9).
+slices them. Ties in arrival time break by model order so merging is deterministic.
 """
 
 from __future__ import annotations
