@@ -60,7 +60,7 @@ class TrialSpec(WireModel):
 
 
 class FluidSettings(WireModel):
-    """Fluid's tunables (§2.9, §3.2). The paper leaves O_th and ε open (part 5): defaults are ours."""
+    """Fluid's tunables (§2.9, §3.2). The dissertation gives no values for O_th and ε: the defaults are ours."""
 
     max_pack_per_gpu: int | None = Field(
         default=None,

@@ -33,8 +33,11 @@ class LaneError(ValueError):
 class LaneConfig:
     """Choices the paper leaves open or gets wrong; defaults are the spec's recommended fixes."""
 
-    join_checks_persistent: bool = True  # erratum 1
-    grow_never_shrinks: bool = True  # erratum 2
+    # Alg. 2.1 as printed lets steps 4-6 join a lane without checking that the new job's P still fits, which
+    # breaks Eq. 2.1; True adds that check (Σ P_i + P + Σ L_j ≤ C).
+    join_checks_persistent: bool = True
+    # Step 9 as printed can shrink a lane (L_r ← E); True keeps L_r ← max(L_r, E), a lane being its jobs' max E.
+    grow_never_shrinks: bool = True
     best_match: BestMatch = "best_fit"
     compute_mode: ComputeMode = "demand"  # lane share = its jobs' max demand, scaled to fit 100%
     min_compute_percent: int = 1
@@ -138,7 +141,7 @@ class GpuLanes:
         room_for_lane = self.config.max_lanes is None or len(self.lanes) < self.config.max_lanes
         if room_for_lane and p_sum + l_sum + e <= c + _EPS:
             return Admission(self._peek_lane_id(), "new")
-        # Steps 4-6: join a lane already ≥ E (erratum 1: only while everyone's P still fits).
+        # Steps 4-6: join a lane already ≥ E (only while everyone's P still fits: the check Alg. 2.1 omits).
         if not self.config.join_checks_persistent or p_sum + l_sum <= c + _EPS:
             fits = [lane for lane in self.lanes.values() if lane.size >= e - _EPS]
             if fits:
