@@ -13,6 +13,7 @@ naming the file (and the field, where there is one), never a traceback:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +86,19 @@ def load_yaml_file(path: str | Path, max_bytes: int = MAX_BYTES, max_depth: int 
     if len(docs) > 1:
         raise InputError(source, f"holds {len(docs)} YAML documents; expected one")
     data = docs[0] if docs else None
+    for field, problem in value_problems(data):
+        raise InputError(source, problem, field)
+    return data
+
+
+def load_json_file(path: str | Path, max_bytes: int = MAX_BYTES) -> Any:
+    """The JSON document of a file, with no NaN, infinity or over-long integer in it. Read as JSON, not
+    through YAML 1.1, which reads the JSON number 1e-05 as a string."""
+    source = str(path)
+    try:
+        data = json.loads(read_text(path, max_bytes))
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise InputError(source, f"not valid JSON: {err}") from None
     for field, problem in value_problems(data):
         raise InputError(source, problem, field)
     return data

@@ -16,7 +16,6 @@ Policy per model (``policy``):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -24,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tessera.api.contract import HEADER_APP
-from tessera.api.safe_load import InputError, load_yaml_file, read_text, value_problems
+from tessera.api.safe_load import InputError, load_json_file, load_yaml_file
 from tessera.policy.serving.baselines.batching import (
     ClipperScheduler,
     ClockworkScheduler,
@@ -288,15 +287,7 @@ class GatewayConfig(_Strict):
     def load(cls, path: str | Path) -> GatewayConfig:
         p = Path(path)
         try:  # size, UTF-8, nesting depth and NaN/infinity checked: one line naming the file
-            if p.suffix == ".json":  # not through YAML 1.1, which reads the JSON number 1e-05 as a string
-                try:
-                    data = json.loads(read_text(p))
-                except (json.JSONDecodeError, RecursionError) as err:
-                    raise InputError(str(p), f"not valid JSON: {err}") from None
-                for field, problem in value_problems(data):
-                    raise InputError(str(p), problem, field)
-            else:
-                data = load_yaml_file(p)
+            data = load_json_file(p) if p.suffix == ".json" else load_yaml_file(p)
         except InputError as err:
             raise ConfigError(f"gateway configuration {err}") from None
         if not isinstance(data, dict):
