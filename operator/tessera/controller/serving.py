@@ -314,12 +314,11 @@ class ServingRecord:
         profile = batch_profile(spec)
         priors = orloj_priors(spec)
         slo_ms = resolve_slo_ms(spec, profile, priors)
-        net = spec.network
         model: dict[str, Any] = {
             "name": spec.model.name,
             "namespace": self.namespace,
-            # Symphony Fig. 18 / A.9: the response's trip back comes out of every request's budget.
-            "slo_s": max(1e-6, slo_ms - net.response_latency_us / 1000.0) / 1000.0,
+            # Symphony Fig. 18: the response's trip back comes out of every request's budget.
+            "slo_s": max(1e-6, slo_ms - spec.network.response_latency_us / 1000.0) / 1000.0,
             "workers": [self.worker_url(p.name) for p in self.pod_plans()],
             "batch_sizes": list(spec.batching.supported_batch_sizes),
             "max_batch": max(spec.batching.supported_batch_sizes),
@@ -328,45 +327,11 @@ class ServingRecord:
             "policy": "symphony" if policy == "eager" else policy,
         }
         if policy in ("symphony", "eager"):
-            alpha, beta = linear_fit(profile)
-            # delay(bs) = d_ctrl + d_data·bs is paid before the batch can start (Fig. 18): fold it into ℓ(b).
-            model["symphony"] = {
-                "alpha": alpha + net.data_latency_per_item_us / 1e6,
-                "beta": beta + net.ctrl_latency_us / 1e6,
-                "timeout": 0.0 if policy == "eager" else None,
-                "get_batch": spec.batching.get_batch,
-            }
+            model["symphony"] = _symphony_settings(spec, policy, profile)
         elif policy == "orloj":
-            model["priors"] = priors or {spec.frontend.default_app: [profile[0][1] / 1000.0]}
-            model["latency"] = orloj_latency(spec, profile)
-            sch, dist, prof = spec.scheduler, spec.distribution, spec.profiler
-            model["orloj"] = {
-                "b": sch.anticipated_delay_rate_per_ms * 1000.0,
-                "miss_cost": spec.slo.miss_cost,
-                "mix_mode": _MIX_MODES[dist.batch_mix_mode],
-                "candidate_order": _ORDERS[sch.candidate_order],
-                "drop_estimator": sch.drop_estimator,
-                "window_s": prof.window_seconds,
-                "pickup_interval_s": prof.pickup_interval_seconds,
-                "min_samples": prof.min_samples_per_app,
-                "bin_width_s": dist.bin_width_ms / 1000.0 if dist.bin_width_ms is not None else None,
-            }
-            model["profiler"] = {
-                "sample_rate": prof.sample_rate,
-                "max_share": prof.max_gpu_share_percent / 100.0,
-            }
-        else:  # timeout: Triton-style max-queue-delay batching on the mean solo time
-            model["timeout"] = {"max_queue_delay_s": (spec.batching.timeout_ms or 0.0) / 1000.0}
-            samples = [x for xs in priors.values() for x in xs]
-            model["mean_solo_s"] = (
-                sum(samples) / len(samples)
-                if samples
-                else profile[0][1] / 1000.0
-                if profile
-                else slo_ms / 4000.0
-            )
-            if profile or priors:
-                model["latency"] = orloj_latency(spec, profile)
+            model.update(_orloj_settings(spec, profile, priors))
+        else:
+            model.update(_timeout_settings(spec, profile, priors, slo_ms))
         config: dict[str, Any] = {"host": "0.0.0.0", "port": GATEWAY_PORT, "models": [model]}
         if spec.frontend.grpc_port:
             config["grpc_port"] = spec.frontend.grpc_port
@@ -472,6 +437,63 @@ class ServingRecord:
                 },
             ),
         ]
+
+
+def _symphony_settings(
+    spec: ModelDeploymentSpec, policy: str, profile: Sequence[tuple[int, float]]
+) -> dict[str, Any]:
+    """The gateway's `symphony` section: the ℓ(b) = αb + β fit, with the network's delay folded in."""
+    alpha, beta = linear_fit(profile)
+    net = spec.network
+    # delay(bs) = d_ctrl + d_data·bs is paid before the batch can start (Symphony Fig. 18): fold it into ℓ(b).
+    return {
+        "alpha": alpha + net.data_latency_per_item_us / 1e6,
+        "beta": beta + net.ctrl_latency_us / 1e6,
+        "timeout": 0.0 if policy == "eager" else None,
+        "get_batch": spec.batching.get_batch,
+    }
+
+
+def _orloj_settings(
+    spec: ModelDeploymentSpec, profile: Sequence[tuple[int, float]], priors: dict[str, list[float]]
+) -> dict[str, Any]:
+    """The gateway model's Orloj keys: priors (ℓ(1) for the default app without any), the batch-time model,
+    the scheduler's knobs and the online profiler's."""
+    sch, dist, prof = spec.scheduler, spec.distribution, spec.profiler
+    return {
+        "priors": priors or {spec.frontend.default_app: [profile[0][1] / 1000.0]},
+        "latency": orloj_latency(spec, profile),
+        "orloj": {
+            "b": sch.anticipated_delay_rate_per_ms * 1000.0,
+            "miss_cost": spec.slo.miss_cost,
+            "mix_mode": _MIX_MODES[dist.batch_mix_mode],
+            "candidate_order": _ORDERS[sch.candidate_order],
+            "drop_estimator": sch.drop_estimator,
+            "window_s": prof.window_seconds,
+            "pickup_interval_s": prof.pickup_interval_seconds,
+            "min_samples": prof.min_samples_per_app,
+            "bin_width_s": dist.bin_width_ms / 1000.0 if dist.bin_width_ms is not None else None,
+        },
+        "profiler": {"sample_rate": prof.sample_rate, "max_share": prof.max_gpu_share_percent / 100.0},
+    }
+
+
+def _timeout_settings(
+    spec: ModelDeploymentSpec,
+    profile: Sequence[tuple[int, float]],
+    priors: dict[str, list[float]],
+    slo_ms: float,
+) -> dict[str, Any]:
+    """The gateway model's keys for Triton-style max-queue-delay batching, planned on the mean solo time
+    (of the priors, else ℓ(1), else a quarter of the SLO)."""
+    out: dict[str, Any] = {"timeout": {"max_queue_delay_s": (spec.batching.timeout_ms or 0.0) / 1000.0}}
+    samples = [x for xs in priors.values() for x in xs]
+    out["mean_solo_s"] = (
+        sum(samples) / len(samples) if samples else profile[0][1] / 1000.0 if profile else slo_ms / 4000.0
+    )
+    if profile or priors:
+        out["latency"] = orloj_latency(spec, profile)
+    return out
 
 
 def record_from_body(body: Mapping[str, Any]) -> ServingRecord:
