@@ -17,20 +17,18 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from tessera.api import contract
 from tessera.cluster import Cluster
 from tessera.controller.apps import AppRecord, template_of
 from tessera.controller.concurrency import gather_limited
-from tessera.controller.config import OperatorConfig
-from tessera.controller.kube import Kind, KubeApi, KubeError
+from tessera.controller.context import Context
+from tessera.controller.kube import Kind, KubeError
 from tessera.controller.pods import Owner, PodPlan
 from tessera.controller.readiness import app_conditions, missing_pods
 from tessera.controller.status_writes import Written, status_due, written
-from tessera.controller.sync import RecentCreates, sync_pods
-from tessera.controller.view import ClusterView, healthy_gpus
-from tessera.metrics import ComponentMetrics
+from tessera.controller.sync import RecentCreates
+from tessera.controller.view import healthy_gpus
 from tessera.policy.themis import Themis, ThemisConfig
 from tessera.policy.themis.bids import make_bid
 from tessera.policy.themis.estimate import NAvg
@@ -39,8 +37,6 @@ from tessera.policy.training import check_decision
 log = logging.getLogger(__name__)
 
 APPS = Kind(contract.GROUP, contract.VERSION, contract.PLURAL_APP)
-
-PostEvent = Callable[[dict[str, Any], str, str, str], None]  # (body, type, reason, message)
 
 
 @dataclass
@@ -53,19 +49,12 @@ class RoundReport:
 
 
 class Arbiter:
-    def __init__(
-        self,
-        config: OperatorConfig,
-        view: ClusterView,
-        api: KubeApi,
-        metrics: ComponentMetrics,
-        post_event: PostEvent,
-    ) -> None:
-        self.config = config
-        self.view = view
-        self.api = api
-        self.metrics = metrics
-        self.post_event = post_event
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        config = self.config = ctx.config
+        self.view = ctx.view
+        self.api = ctx.api
+        self.metrics = ctx.metrics
         self.themis = Themis(
             ThemisConfig(
                 fairness_knob=config.fairness_knob, lease_s=config.lease_s, starving_rank=config.starving_rank
@@ -260,25 +249,21 @@ class Arbiter:
 
     async def sync(self, rec: AppRecord) -> None:
         """Create and delete the App's pods so they match its leases (none once it is done)."""
-        owner = Owner(contract.KIND_APP, rec.name, rec.namespace, rec.uid)
         existing = self.view.pods_with(contract.LABEL_APP, rec.name, rec.namespace)
         plans = [] if rec.done else rec.pod_plans()
 
         def gang(p: PodPlan) -> str:
             return p.labels[contract.LABEL_JOB]
 
-        result = await sync_pods(
-            self.api,
-            owner,
+        result = await self.ctx.sync_pods(
+            app_owner(rec),
             plans,
             existing,
             gang_of=gang,
             template_of=lambda p: template_of(rec, gang(p)),
             workload_class=contract.CLASS_BEST_EFFORT,
-            grace_seconds=self.config.preemption_grace_s,
-            concurrency=self.config.api_concurrency,
             recent=self.recent,
-            socket_group=self.config.socket_group,
+            concurrency=self.config.api_concurrency,
         )
         if result.deleted:
             self._event(
@@ -370,9 +355,8 @@ class Arbiter:
                 self._post(rec, type_, reason, f"{message}; {rest}" if rest else message)
 
     def _post(self, rec: AppRecord, type_: str, reason: str, message: str) -> None:
-        body = {
-            "apiVersion": contract.API_VERSION,
-            "kind": contract.KIND_APP,
-            "metadata": {"name": rec.name, "namespace": rec.namespace, "uid": rec.uid},
-        }
-        self.post_event(body, type_, reason, message)
+        self.ctx.event(app_owner(rec), type_, reason, message)
+
+
+def app_owner(rec: AppRecord) -> Owner:
+    return Owner(contract.KIND_APP, rec.name, rec.namespace, rec.uid)

@@ -28,6 +28,7 @@ from tessera.controller.conditions import (
     with_ready,
 )
 from tessera.controller.config import OperatorConfig
+from tessera.controller.context import Context
 from tessera.controller.deployments import ModelDeployments
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
@@ -73,13 +74,10 @@ class Controller:
 
     def start(self, conn: kopf.ConnectionInfo) -> None:
         self.api = KubeApi(conn)
-        self.arbiter = Arbiter(self.config, self.view, self.api, self.metrics, self.post_event)
-        self.trialgroups = TrialGroups(
-            self.config, self.view, self.api, self.metrics, self.post_event, self.serving_and_app_gpus
-        )
-        self.deployments = ModelDeployments(
-            self.config, self.view, self.api, self.metrics, self.post_event, self.app_and_pool_gpus
-        )
+        ctx = Context(self.config, self.view, self.api, self.metrics, self.post_event)
+        self.arbiter = Arbiter(ctx)
+        self.trialgroups = TrialGroups(ctx, self.serving_and_app_gpus)
+        self.deployments = ModelDeployments(ctx, self.app_and_pool_gpus)
         self.arbiter.reserved = self.reserved_by_others
 
     def app_gpus(self) -> set[str]:

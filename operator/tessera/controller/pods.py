@@ -35,6 +35,14 @@ class Owner:
         meta = body.get("metadata") or {}
         return cls(str(body.get("kind")), str(meta["name"]), str(meta.get("namespace", "")), str(meta["uid"]))
 
+    def body(self) -> JsonObj:
+        """The owner as far as events and owner references need it."""
+        return {
+            "apiVersion": contract.API_VERSION,
+            "kind": self.kind,
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
+        }
+
     def reference(self) -> JsonObj:
         return {
             "apiVersion": contract.API_VERSION,

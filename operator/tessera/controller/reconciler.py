@@ -14,17 +14,12 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import kopf
 
-from tessera.api import contract
 from tessera.api.resources import ManifestError
-from tessera.controller.arbiter import PostEvent
 from tessera.controller.conditions import Readiness, carry, find, generation_of, invalid_status, with_ready
-from tessera.controller.config import OperatorConfig
-from tessera.controller.kube import KubeApi
-from tessera.controller.pods import PodPlan, template_errors
+from tessera.controller.context import Context
+from tessera.controller.pods import Owner, PodPlan, template_errors
 from tessera.controller.readiness import missing_pods
 from tessera.controller.sync import RecentCreates
-from tessera.controller.view import ClusterView
-from tessera.metrics import ComponentMetrics
 
 
 class Record(Protocol):
@@ -39,20 +34,13 @@ R = TypeVar("R", bound=Record)
 class KindReconciler(abc.ABC, Generic[R]):
     kind: str  # contract.KIND_*: the kind events are posted about
 
-    def __init__(
-        self,
-        config: OperatorConfig,
-        view: ClusterView,
-        api: KubeApi,
-        metrics: ComponentMetrics,
-        post_event: PostEvent,
-        held_elsewhere: Callable[[], set[str]],
-    ) -> None:
-        self.config = config
-        self.view = view
-        self.api = api
-        self.metrics = metrics
-        self.post_event = post_event
+    def __init__(self, ctx: Context, held_elsewhere: Callable[[], set[str]]) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.view = ctx.view
+        self.api = ctx.api
+        self.metrics = ctx.metrics
+        self.post_event = ctx.post_event
         self.held_elsewhere = held_elsewhere  # GPUs the other kinds hold (leases, pools, serving workers)
         self.records: dict[tuple[str, str], R] = {}
         self.lock = asyncio.Lock()
@@ -160,10 +148,8 @@ class KindReconciler(abc.ABC, Generic[R]):
         if not same:
             self.post_event(body, "Warning", "InvalidSpec", msg)
 
+    def owner(self, rec: R) -> Owner:
+        return Owner(self.kind, rec.name, rec.namespace, rec.uid)
+
     def _event(self, rec: R, type_: str, reason: str, message: str) -> None:
-        body = {
-            "apiVersion": contract.API_VERSION,
-            "kind": self.kind,
-            "metadata": {"name": rec.name, "namespace": rec.namespace, "uid": rec.uid},
-        }
-        self.post_event(body, type_, reason, message)
+        self.ctx.event(self.owner(rec), type_, reason, message)

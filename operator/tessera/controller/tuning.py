@@ -17,14 +17,12 @@ import kopf
 
 from tessera.api import contract
 from tessera.cluster import Cluster
-from tessera.controller.arbiter import PostEvent
 from tessera.controller.conditions import Readiness, condition
-from tessera.controller.config import OperatorConfig
-from tessera.controller.kube import PODS, KubeApi
-from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.context import Context
+from tessera.controller.kube import PODS
+from tessera.controller.pods import PodPlan
 from tessera.controller.readiness import trialgroup_readiness
 from tessera.controller.reconciler import KindReconciler
-from tessera.controller.sync import sync_pods
 from tessera.controller.trialgroups import (
     ENDED,
     TrialGroupRecord,
@@ -34,8 +32,7 @@ from tessera.controller.trialgroups import (
     record_from_body,
     recover_placement,
 )
-from tessera.controller.view import ClusterView, healthy_gpus
-from tessera.metrics import ComponentMetrics
+from tessera.controller.view import healthy_gpus
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +48,8 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
 
     kind = contract.KIND_TRIALGROUP
 
-    def __init__(
-        self,
-        config: OperatorConfig,
-        view: ClusterView,
-        api: KubeApi,
-        metrics: ComponentMetrics,
-        post_event: PostEvent,
-        held_elsewhere: Reserved,
-    ) -> None:
-        super().__init__(config, view, api, metrics, post_event, held_elsewhere)
+    def __init__(self, ctx: Context, held_elsewhere: Reserved) -> None:
+        super().__init__(ctx, held_elsewhere)
         self.replans = 0
 
     def reserved(self) -> set[str]:
@@ -155,7 +144,6 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         return True
 
     async def _sync(self, rec: TrialGroupRecord) -> None:
-        owner = Owner(contract.KIND_TRIALGROUP, rec.name, rec.namespace, rec.uid)
         ended = {name for name, st in rec.trials.items() if st.phase in ENDED}
         completed = {name for name, st in rec.trials.items() if st.phase == "Completed"}
         # Exited pods of ended trials stay (logs, results), and so do a Completed trial's pods that still
@@ -171,17 +159,14 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         def gang(p: PodPlan) -> str:
             return p.labels[contract.LABEL_TRIAL]
 
-        result = await sync_pods(
-            self.api,
-            owner,
+        result = await self.ctx.sync_pods(
+            self.owner(rec),
             rec.pod_plans(),
             existing,
             gang_of=gang,
             template_of=lambda _p: template,
             workload_class=contract.CLASS_BEST_EFFORT,
-            grace_seconds=self.config.preemption_grace_s,
             recent=self.recent,
-            socket_group=self.config.socket_group,
         )
         if result.deleted:
             self._event(rec, "Normal", "TrialPodsDeleted", ", ".join(result.deleted))

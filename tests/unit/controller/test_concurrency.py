@@ -9,6 +9,7 @@ import pytest
 from tessera.controller.arbiter import Arbiter
 from tessera.controller.concurrency import gather_limited
 from tessera.controller.config import OperatorConfig
+from tessera.controller.context import Context
 from tessera.controller.kube import KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.view import ClusterView
@@ -45,7 +46,7 @@ def test_a_caller_with_a_stale_clock_never_runs_a_round_back_in_time() -> None:
 
     async def run() -> tuple[float, float]:
         api = KubeApi(kopf.ConnectionInfo(server="http://127.0.0.1:9"))
-        arbiter = Arbiter(config, ClusterView(), api, operator_metrics(), lambda *_: None)
+        arbiter = Arbiter(Context(config, ClusterView(), api, operator_metrics(), lambda *_: None))
         await arbiter.run_round(t0 + 601)
         arbiter.dirty = True
         report = await arbiter.maybe_run(t0)

@@ -5,15 +5,17 @@ from tessera import cli
 from tessera.commands.operator import config_from_args
 from tessera.controller.arbiter import Arbiter
 from tessera.controller.config import OperatorConfig
+from tessera.controller.context import Context
 
 
 def test_themis_flags_reach_the_arbiter() -> None:
     argv = ["operator", "--lease-seconds", "300", "--fairness-knob", "0.5", "--starving-rank", "cap"]
     config = config_from_args(cli.build_parser().parse_args(argv))
-    arbiter = Arbiter(config, None, None, None, None)  # type: ignore[arg-type]  # only the config is read here
+    arbiter = Arbiter(Context(config, None, None, None, None))  # type: ignore[arg-type]  # only the config is read here
     themis = arbiter.themis.config
     assert (themis.lease_s, themis.fairness_knob, themis.starving_rank) == (300.0, 0.5, "cap")
-    default = Arbiter(config_from_args(cli.build_parser().parse_args(["operator"])), None, None, None, None)  # type: ignore[arg-type]
+    defaults = config_from_args(cli.build_parser().parse_args(["operator"]))
+    default = Arbiter(Context(defaults, None, None, None, None))  # type: ignore[arg-type]
     assert default.themis.config.starving_rank == "fair_share"
 
 
