@@ -19,10 +19,9 @@ from typing import Any
 import kopf
 
 from tessera.api import contract
-from tessera.controller.arbiter import PostEvent
 from tessera.controller.conditions import Cond, Readiness, carry, condition, find, invalid_status
-from tessera.controller.config import OperatorConfig
-from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind, KubeApi
+from tessera.controller.context import Context
+from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind
 from tessera.controller.pods import Owner, PodPlan
 from tessera.controller.pools import (
     DRAINING,
@@ -52,8 +51,7 @@ from tessera.controller.serving import (
 )
 from tessera.controller.serving_stats import StatsReader
 from tessera.controller.sync import sync_pods
-from tessera.controller.view import ClusterView, PodInfo
-from tessera.metrics import ComponentMetrics
+from tessera.controller.view import PodInfo
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +63,9 @@ GATEWAY_STATS = "GatewayStats"  # condition: whether the gateway's counters coul
 class ModelDeployments(KindReconciler[ServingRecord]):
     kind = contract.KIND_MODELDEPLOYMENT
 
-    def __init__(
-        self,
-        config: OperatorConfig,
-        view: ClusterView,
-        api: KubeApi,
-        metrics: ComponentMetrics,
-        post_event: PostEvent,
-        held_elsewhere: Callable[[], set[str]],
-    ) -> None:
-        super().__init__(config, view, api, metrics, post_event, held_elsewhere)
+    def __init__(self, ctx: Context, held_elsewhere: Callable[[], set[str]]) -> None:
+        super().__init__(ctx, held_elsewhere)
+        config = ctx.config
         self._applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._wanted: dict[tuple[str, str], int] = {}  # replicas the last pass decided on
         self.stats = StatsReader(config.serving_stats_interval_s, config.gateway_url or gateway_service_url)
