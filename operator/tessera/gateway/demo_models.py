@@ -12,30 +12,28 @@ Needs the ``onnx`` package (``pip install tessera[serving]``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from onnx import GraphProto
 
-def early_exit_model(path: str | Path, *, width: int = 256, seed: int = 0, max_layers: int = 10_000) -> Path:
-    """Write the early-exit model to ``path`` and return it.
 
-    Inputs: ``x`` float32 ``[batch, width]`` and ``n`` int64 ``[batch, 1]`` (layers per row, 0 to
-    ``max_layers``, declared in the model's metadata so the worker refuses other values with a 400).
-    Output: ``y`` float32 ``[batch, width]``.
-    """
-    try:
-        import onnx
-        from onnx import TensorProto, helper, numpy_helper
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise RuntimeError("building the demo model needs the 'onnx' package: pip install onnx") from err
-    if width < 1:
-        raise ValueError(f"width must be >= 1, got {width}")
+def _weights(width: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The layer's weight matrix and bias. Small weights keep tanh out of saturation so every layer does
+    real work."""
     rng = np.random.default_rng(seed)
-    # Small weights keep tanh out of saturation so every layer does real work.
     w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
     b = (0.01 * rng.standard_normal(width)).astype(np.float32)
+    return w, b
 
-    body = helper.make_graph(
+
+def _layer(width: int) -> GraphProto:
+    """The Loop body: one residual tanh layer, applied to the rows whose ``n`` exceeds the iteration."""
+    from onnx import TensorProto, helper
+
+    return helper.make_graph(
         [
             helper.make_node("MatMul", ["h_in", "W"], ["hw"]),
             helper.make_node("Add", ["hw", "B"], ["hwb"]),
@@ -56,10 +54,27 @@ def early_exit_model(path: str | Path, *, width: int = 256, seed: int = 0, max_l
             helper.make_tensor_value_info("h_out", TensorProto.FLOAT, ["batch", width]),
         ],
     )
+
+
+def early_exit_model(path: str | Path, *, width: int = 256, seed: int = 0, max_layers: int = 10_000) -> Path:
+    """Write the early-exit model to ``path`` and return it.
+
+    Inputs: ``x`` float32 ``[batch, width]`` and ``n`` int64 ``[batch, 1]`` (layers per row, 0 to
+    ``max_layers``, declared in the model's metadata so the worker refuses other values with a 400).
+    Output: ``y`` float32 ``[batch, width]``.
+    """
+    try:
+        import onnx
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise RuntimeError("building the demo model needs the 'onnx' package: pip install onnx") from err
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    w, b = _weights(width, seed)
     graph = helper.make_graph(
         [
             helper.make_node("ReduceMax", ["n"], ["n_max"], keepdims=0),
-            helper.make_node("Loop", ["n_max", "true", "x"], ["y"], body=body),
+            helper.make_node("Loop", ["n_max", "true", "x"], ["y"], body=_layer(width)),
         ],
         "early_exit",
         [
@@ -85,9 +100,7 @@ def early_exit_model(path: str | Path, *, width: int = 256, seed: int = 0, max_l
 
 def early_exit_reference(x: np.ndarray, n: np.ndarray, *, width: int = 256, seed: int = 0) -> np.ndarray:
     """The early-exit network in numpy (same weights as :func:`early_exit_model`), row by row."""
-    rng = np.random.default_rng(seed)
-    w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
-    b = (0.01 * rng.standard_normal(width)).astype(np.float32)
+    w, b = _weights(width, seed)
     out = np.array(x, dtype=np.float32, copy=True)
     for r in range(out.shape[0]):
         for _ in range(int(n[r, 0])):

@@ -90,6 +90,58 @@ def arrival_times(
         horizon *= 2
 
 
+def _plan(
+    apps: Sequence[AppLoad], rng: np.random.Generator, times: np.ndarray
+) -> tuple[list[int], list[bytes]]:
+    """For each send time, the application sending and the request body (a payload of that
+    application drawn at random). Each payload is written to JSON once, so the generator's own cost
+    stays small next to the server's."""
+    weights = np.array([a.weight for a in apps], dtype=np.float64)
+    picks = rng.choice(len(apps), size=times.size, p=weights / weights.sum()).tolist()
+    encoded: dict[tuple[int, int], bytes] = {}
+    bodies: list[bytes] = []
+    for i in picks:
+        j = int(rng.integers(len(apps[i].payloads)))
+        if (i, j) not in encoded:
+            encoded[(i, j)] = dumps(apps[i].payloads[j])
+        bodies.append(encoded[(i, j)])
+    return picks, bodies
+
+
+async def _send(
+    session: aiohttp.ClientSession, endpoint: str, app: AppLoad, body: bytes, at: float
+) -> Result:
+    """One request, timed from send to answer; a transport failure is a result with status 0."""
+    headers = {HEADER_APP: app.name, "Content-Type": "application/json"}
+    if app.deadline_ms is not None:
+        headers[HEADER_DEADLINE_MS] = f"{app.deadline_ms:g}"
+    t0 = time.perf_counter()
+    status, reason, slo_header, retries = 0, None, None, 0
+    overhead: float | None = None
+    worker: float | None = None
+    try:
+        async with session.post(endpoint, data=body, headers=headers) as resp:
+            status = resp.status
+            slo_header = resp.headers.get("x-tessera-slo")
+            data = loads(await resp.read())
+            if status != 200:
+                reason = str(data.get("reason") or data.get("error")) if isinstance(data, dict) else None
+                retries = int(data.get("retries", 0)) if isinstance(data, dict) else 0
+            elif isinstance(data, dict):
+                params = data.get("parameters") or {}
+                retries = int(params.get("tessera_retries", 0))
+                overhead = params.get("tessera_overhead_seconds")
+                worker = params.get("tessera_worker_seconds")
+    except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+        reason = f"transport: {type(err).__name__}: {err}"
+    lat = time.perf_counter() - t0
+    if app.deadline_ms is not None:
+        on_time = status == 200 and lat <= app.deadline_ms / 1000.0
+    else:
+        on_time = status == 200 and slo_header == "met"
+    return Result(app.name, at, status, lat, on_time, reason, retries, overhead, worker)
+
+
 async def run_load(
     url: str,
     model: str,
@@ -109,49 +161,13 @@ async def run_load(
         raise ValueError("the load needs at least one application")
     rng = np.random.default_rng(seed)
     times = arrival_times(rate, rng, duration=duration, count=count, cv=cv)
-    weights = np.array([a.weight for a in apps], dtype=np.float64)
-    picks = rng.choice(len(apps), size=times.size, p=weights / weights.sum())
-    # Each payload is written to JSON once, so the generator's own cost stays small next to the server's.
-    encoded: dict[tuple[int, int], bytes] = {}
-    bodies: list[bytes] = []
-    for i in picks.tolist():
-        j = int(rng.integers(len(apps[i].payloads)))
-        if (i, j) not in encoded:
-            encoded[(i, j)] = dumps(apps[i].payloads[j])
-        bodies.append(encoded[(i, j)])
+    picks, bodies = _plan(apps, rng, times)
     endpoint = f"{url.rstrip('/')}/v2/models/{model}/infer"
     results: list[Result] = []
     bar = Progress(times.size, "loadgen", enabled=progress)
 
     async def send(session: aiohttp.ClientSession, app: AppLoad, body: bytes, at: float) -> None:
-        headers = {HEADER_APP: app.name, "Content-Type": "application/json"}
-        if app.deadline_ms is not None:
-            headers[HEADER_DEADLINE_MS] = f"{app.deadline_ms:g}"
-        t0 = time.perf_counter()
-        status, reason, slo_header, retries = 0, None, None, 0
-        overhead: float | None = None
-        worker: float | None = None
-        try:
-            async with session.post(endpoint, data=body, headers=headers) as resp:
-                status = resp.status
-                slo_header = resp.headers.get("x-tessera-slo")
-                data = loads(await resp.read())
-                if status != 200:
-                    reason = str(data.get("reason") or data.get("error")) if isinstance(data, dict) else None
-                    retries = int(data.get("retries", 0)) if isinstance(data, dict) else 0
-                elif isinstance(data, dict):
-                    params = data.get("parameters") or {}
-                    retries = int(params.get("tessera_retries", 0))
-                    overhead = params.get("tessera_overhead_seconds")
-                    worker = params.get("tessera_worker_seconds")
-        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
-            reason = f"transport: {type(err).__name__}: {err}"
-        lat = time.perf_counter() - t0
-        if app.deadline_ms is not None:
-            on_time = status == 200 and lat <= app.deadline_ms / 1000.0
-        else:
-            on_time = status == 200 and slo_header == "met"
-        r = Result(app.name, at, status, lat, on_time, reason, retries, overhead, worker)
+        r = await _send(session, endpoint, app, body, at)
         results.append(r)
         if on_result is not None:
             on_result(r)
@@ -163,7 +179,7 @@ async def run_load(
     ) as session:
         tasks: list[asyncio.Task[None]] = []
         start = time.perf_counter()
-        for t, i, body in zip(times.tolist(), picks.tolist(), bodies, strict=True):
+        for t, i, body in zip(times.tolist(), picks, bodies, strict=True):
             delay = start + t - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)

@@ -39,7 +39,7 @@ import numpy as np
 from tessera.policy.serving.alpaserve.profiles import partition_stages
 
 if TYPE_CHECKING:  # onnx is an optional dependency of the serving extra
-    from onnx import GraphProto, ModelProto, NodeProto
+    from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
 RANGE_PREFIX = "tessera.range."  # the worker's input-range metadata (see gateway.worker)
 
@@ -150,20 +150,15 @@ def split_nodes(model: ModelProto | str | Path, stages: int) -> list[Stage]:
     return cut(m, [last for _, last in ranges[:-1]])
 
 
-def split_loop(model: ModelProto | str | Path, stages: int, layers: int) -> list[Stage]:
-    """Split the iterations of the model's one top-level ``Loop`` into ``stages`` ranges of about
-    ``layers / stages`` iterations (the last range open-ended) and cut the graph between them."""
-    from onnx import TensorProto, helper, shape_inference
-
-    m = shape_inference.infer_shapes(_load(model))  # a copy: the caller's model is left as it is
-    g = m.graph
+def _the_loop(g: GraphProto, stages: int, layers: int) -> int:
+    """The index of the graph's one top-level ``Loop``, checked to be one :func:`split_loop` can cut: a
+    trip count, a condition that stays true, no scan outputs."""
     loops = [i for i, n in enumerate(g.node) if n.op_type == "Loop"]
     if len(loops) != 1:
         raise ValueError(f"split_loop needs exactly one top-level Loop, the graph has {len(loops)}")
     if not 1 <= stages <= layers:
         raise ValueError(f"cannot split {layers} layers into {stages} stages")
-    li = loops[0]
-    loop = g.node[li]
+    loop = g.node[loops[0]]
     body = _subgraphs(loop)[0]
     carried = len(loop.input) - 2
     if len(body.output) != 1 + carried or len(loop.output) != carried:
@@ -175,60 +170,87 @@ def split_loop(model: ModelProto | str | Path, stages: int, layers: int) -> list
         raise ValueError(
             "split_loop needs a Loop with a trip count whose condition stays true (no early break)"
         )
+    return loops[0]
+
+
+def _range_trip(trip: str, tag: str, first: TensorProto, width: int | None) -> tuple[list[NodeProto], str]:
+    """Nodes computing one range's trip count, max(trip − first, 0), capped at ``width`` (None: the last,
+    open-ended range), and the name of their result."""
+    from onnx import TensorProto, helper
+
+    zero = helper.make_tensor(f"zero{tag}", TensorProto.INT64, [], [0])
+    nodes = [
+        helper.make_node("Constant", [], [f"first{tag}"], value=first),
+        helper.make_node("Constant", [], [f"zero{tag}"], value=zero),
+        helper.make_node("Sub", [trip, f"first{tag}"], [f"left{tag}"]),
+        helper.make_node("Max", [f"left{tag}", f"zero{tag}"], [f"left0{tag}"]),
+    ]
+    if width is None:
+        return nodes, f"left0{tag}"
+    cap = helper.make_tensor(f"width{tag}", TensorProto.INT64, [], [width])
+    nodes += [
+        helper.make_node("Constant", [], [f"width{tag}"], value=cap),
+        helper.make_node("Min", [f"left0{tag}", f"width{tag}"], [f"trip{tag}"]),
+    ]
+    return nodes, f"trip{tag}"
+
+
+def _range_body(body: GraphProto, tag: str, first: TensorProto) -> GraphProto:
+    """The loop body for one range: it sees the global layer index, i = local iteration + first layer."""
+    from onnx import TensorProto, helper
+
+    iter_name = body.input[0].name
+    return helper.make_graph(
+        [
+            helper.make_node("Constant", [], [f"first_b{tag}"], value=first),
+            helper.make_node("Add", [f"{iter_name}{tag}", f"first_b{tag}"], [iter_name]),
+            *body.node,
+        ],
+        f"{body.name}{tag}",
+        [helper.make_tensor_value_info(f"{iter_name}{tag}", TensorProto.INT64, []), *body.input[1:]],
+        list(body.output),
+        initializer=list(body.initializer),
+    )
+
+
+def split_loop(model: ModelProto | str | Path, stages: int, layers: int) -> list[Stage]:
+    """Split the iterations of the model's one top-level ``Loop`` into ``stages`` ranges of about
+    ``layers / stages`` iterations (the last range open-ended) and cut the graph between them."""
+    from onnx import TensorProto, helper, shape_inference
+
+    m = shape_inference.infer_shapes(_load(model))  # a copy: the caller's model is left as it is
+    g = m.graph
+    li = _the_loop(g, stages, layers)
+    loop = g.node[li]
+    body = _subgraphs(loop)[0]
     trip, cond = loop.input[0], loop.input[1]
     infos = {v.name: v for v in (*g.value_info, *g.output)}
     bounds = [round(j * layers / stages) for j in range(stages + 1)]
     chained: list[NodeProto] = []
+    boundaries: list[int] = []
     state = list(loop.input[2:])
-    iter_name = body.input[0].name
     for j in range(stages):
         tag = f"__stage{j}"
+        last = j == stages - 1
         first = helper.make_tensor(f"first{tag}", TensorProto.INT64, [], [bounds[j]])
-        zero = helper.make_tensor(f"zero{tag}", TensorProto.INT64, [], [0])
-        chained += [
-            helper.make_node("Constant", [], [f"first{tag}"], value=first),
-            helper.make_node("Constant", [], [f"zero{tag}"], value=zero),
-            helper.make_node("Sub", [trip, f"first{tag}"], [f"left{tag}"]),
-            helper.make_node("Max", [f"left{tag}", f"zero{tag}"], [f"left0{tag}"]),
-        ]
-        trip_j = f"left0{tag}"
-        if j < stages - 1:
-            width = helper.make_tensor(f"width{tag}", TensorProto.INT64, [], [bounds[j + 1] - bounds[j]])
-            chained += [
-                helper.make_node("Constant", [], [f"width{tag}"], value=width),
-                helper.make_node("Min", [f"left0{tag}", f"width{tag}"], [f"trip{tag}"]),
-            ]
-            trip_j = f"trip{tag}"
-        # the body sees the global layer index: i = local iteration + first layer of the range
-        sub = helper.make_graph(
-            [
-                helper.make_node("Constant", [], [f"first_b{tag}"], value=first),
-                helper.make_node("Add", [f"{iter_name}{tag}", f"first_b{tag}"], [iter_name]),
-                *body.node,
-            ],
-            f"{body.name}{tag}",
-            [helper.make_tensor_value_info(f"{iter_name}{tag}", TensorProto.INT64, []), *body.input[1:]],
-            list(body.output),
-            initializer=list(body.initializer),
-        )
-        outs = list(loop.output) if j == stages - 1 else [f"{o}{tag}" for o in loop.output]
-        if j < stages - 1:  # the state handed to the next range has the loop output's type and shape
+        nodes, trip_j = _range_trip(trip, tag, first, None if last else bounds[j + 1] - bounds[j])
+        outs = list(loop.output) if last else [f"{o}{tag}" for o in loop.output]
+        if not last:  # the state handed to the next range has the loop output's type and shape
             for o, name in zip(loop.output, outs, strict=True):
                 if o in infos:
                     v = g.value_info.add()
                     v.CopyFrom(infos[o])
                     v.name = name
-        chained.append(helper.make_node("Loop", [trip_j, cond, *state], outs, body=sub))
+        nodes.append(
+            helper.make_node("Loop", [trip_j, cond, *state], outs, body=_range_body(body, tag, first))
+        )
+        chained += nodes
+        boundaries.append(li + len(chained))
         state = outs
-    per_stage = [7 if j < stages - 1 else 5 for j in range(stages)]  # nodes each range added above
     new_nodes = [*g.node[:li], *chained, *g.node[li + 1 :]]
     del g.node[:]
     g.node.extend(new_nodes)
-    boundaries, at = [], li
-    for k in per_stage[:-1]:
-        at += k
-        boundaries.append(at)
-    return cut(m, boundaries)
+    return cut(m, boundaries[:-1])
 
 
 def declared_layers(model: ModelProto | str | Path) -> int | None:

@@ -96,6 +96,45 @@ def binary_size(t: Mapping[str, Any]) -> int | None:
     return None
 
 
+def _input_binary_size(i: int, t: Any, names: set[str]) -> int:
+    """Check one input tensor of a request (its name not among ``names``, added to them) and return the
+    bytes it carries as binary data (0 for a JSON ``data`` tensor)."""
+    where = f"inputs[{i}]"
+    if not isinstance(t, dict):
+        raise ProtocolError(f"{where} must be an object with name, shape, datatype and data")
+    name = t.get("name")
+    if not isinstance(name, str) or not name:
+        raise ProtocolError(f"{where} needs a non-empty string 'name'")
+    if name in names:
+        raise ProtocolError(f"input {name!r} appears twice")
+    names.add(name)
+    shape = t.get("shape")
+    if (
+        not isinstance(shape, list)
+        or not shape
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
+        raise ProtocolError(f"input {name!r}: 'shape' must be a non-empty list of integers >= 0")
+    dt = t.get("datatype")
+    if dt == "BYTES":
+        raise ProtocolError(f"input {name!r}: BYTES tensors are not supported; send numeric tensors")
+    if not isinstance(dt, str) or dt not in DATATYPES:  # a list or object here is unhashable
+        raise ProtocolError(f"input {name!r}: unknown datatype {dt!r}; use one of {sorted(DATATYPES)}")
+    params = t.get("parameters")
+    if params is not None and not isinstance(params, dict):
+        raise ProtocolError(f"input {name!r}: 'parameters' must be an object")
+    if params and "binary_data_size" in params:
+        size = params["binary_data_size"]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ProtocolError(f"input {name!r}: binary_data_size must be an integer >= 0, got {size!r}")
+        if "data" in t:
+            raise ProtocolError(f"input {name!r} has both 'data' and binary_data_size; send one")
+        return size
+    if "data" not in t:
+        raise ProtocolError(f"input {name!r} has no 'data' (and no binary_data_size)")
+    return 0
+
+
 def validate_request(body: Any, binary_len: int = 0) -> list[dict[str, Any]]:
     """Check the structure of a v2 inference request and return its ``inputs``.
 
@@ -109,41 +148,7 @@ def validate_request(body: Any, binary_len: int = 0) -> list[dict[str, Any]]:
     if not isinstance(inputs, list) or not inputs:
         raise ProtocolError("inference request needs a non-empty 'inputs' list")
     names: set[str] = set()
-    binary = 0
-    for i, t in enumerate(inputs):
-        where = f"inputs[{i}]"
-        if not isinstance(t, dict):
-            raise ProtocolError(f"{where} must be an object with name, shape, datatype and data")
-        name = t.get("name")
-        if not isinstance(name, str) or not name:
-            raise ProtocolError(f"{where} needs a non-empty string 'name'")
-        if name in names:
-            raise ProtocolError(f"input {name!r} appears twice")
-        names.add(name)
-        shape = t.get("shape")
-        if (
-            not isinstance(shape, list)
-            or not shape
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-        ):
-            raise ProtocolError(f"input {name!r}: 'shape' must be a non-empty list of integers >= 0")
-        dt = t.get("datatype")
-        if dt == "BYTES":
-            raise ProtocolError(f"input {name!r}: BYTES tensors are not supported; send numeric tensors")
-        if not isinstance(dt, str) or dt not in DATATYPES:  # a list or object here is unhashable
-            raise ProtocolError(f"input {name!r}: unknown datatype {dt!r}; use one of {sorted(DATATYPES)}")
-        params = t.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise ProtocolError(f"input {name!r}: 'parameters' must be an object")
-        if params and "binary_data_size" in params:
-            size = params["binary_data_size"]
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise ProtocolError(f"input {name!r}: binary_data_size must be an integer >= 0, got {size!r}")
-            if "data" in t:
-                raise ProtocolError(f"input {name!r} has both 'data' and binary_data_size; send one")
-            binary += size
-        elif "data" not in t:
-            raise ProtocolError(f"input {name!r} has no 'data' (and no binary_data_size)")
+    binary = sum(_input_binary_size(i, t, names) for i, t in enumerate(inputs))
     if binary != binary_len:
         raise ProtocolError(
             f"the inputs' binary_data_size add up to {binary} bytes, but {binary_len} binary bytes follow "

@@ -31,20 +31,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from tessera.api.contract import HEADER_DEADLINE_MS
 from tessera.gateway.batch_wire import CLIENT_MAX_BODY
 from tessera.gateway.config import ConfigError, GatewayConfig
-from tessera.gateway.http_errors import json_error, json_errors
+from tessera.gateway.http_errors import json_error
 from tessera.gateway.metrics import ModelMetrics
 from tessera.gateway.protocol import (
     HEADER_LENGTH,
     MODEL_VERSIONS,
     REASON_BAD_REQUEST,
     ProtocolError,
-    dumps,
     error_json,
     loads,
     split_body,
     validate_request,
 )
 from tessera.gateway.service import ModelService, Outcome
+from tessera.gateway.v2_routes import ModelNotFound, V2Server, json_response
 from tessera.metrics import ComponentMetrics
 
 log = logging.getLogger(__name__)
@@ -230,50 +230,44 @@ def _budget(raw: str | None) -> float | None:
     return ms / 1000.0
 
 
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(body=dumps(obj), status=status, content_type="application/json")
+class _GatewayEndpoints(V2Server):
+    """The gateway's v2 answers over its model services, plus ``/metrics`` and ``/stats``."""
 
+    server_name = "tessera-gateway"
+    extensions = SERVER_EXTENSIONS
 
-def make_gateway_app(
-    gateway: Gateway, *, grpc_port: int | None = None, grpc_host: str = "127.0.0.1"
-) -> web.Application:
-    """The HTTP application; with ``grpc_port`` it also serves the gRPC front on that port (0: any free
-    port, see ``app[GRPC_PORT]``) from the same event loop, over the same model queues."""
+    def __init__(self, gateway: Gateway, grpc_port: int | None, grpc_host: str) -> None:
+        self.gateway = gateway
+        self.grpc_port = grpc_port
+        self.grpc_host = grpc_host
 
-    def service(request: web.Request) -> ModelService:
+    def service(self, request: web.Request) -> ModelService:
+        """The service a request's path names; a JSON 404 if the gateway does not serve it."""
         try:
-            return gateway.service(request.match_info["name"], request.match_info.get("version"))
+            return self.gateway.service(request.match_info["name"], request.match_info.get("version"))
         except GatewayError as err:
-            raise web.HTTPNotFound(
-                text=err.outcome().body.decode(), content_type="application/json"
-            ) from None
+            raise ModelNotFound(err.message) from None
 
-    async def server_meta(_: web.Request) -> web.Response:
-        return _json({"name": "tessera-gateway", "version": "1", "extensions": SERVER_EXTENSIONS})
+    async def ready(self, _: web.Request) -> web.Response:
+        ok = self.gateway.ready
+        return json_response({"ready": ok}, status=200 if ok else 503)
 
-    async def live(_: web.Request) -> web.Response:
-        return _json({"live": True})
+    async def model_meta(self, request: web.Request) -> web.Response:
+        return json_response(self.service(request).metadata())
 
-    async def ready(_: web.Request) -> web.Response:
-        ok = gateway.ready
-        return _json({"ready": ok}, status=200 if ok else 503)
+    async def model_ready(self, request: web.Request) -> web.Response:
+        svc = self.service(request)
+        return json_response({"name": svc.cfg.name, "ready": svc.ready}, status=200 if svc.ready else 503)
 
-    async def model_meta(request: web.Request) -> web.Response:
-        return _json(service(request).metadata())
-
-    async def model_ready(request: web.Request) -> web.Response:
-        svc = service(request)
-        return _json({"name": svc.cfg.name, "ready": svc.ready}, status=200 if svc.ready else 503)
-
-    async def infer(request: web.Request) -> web.Response:
+    async def infer(self, request: web.Request) -> web.Response:
         arrived = time.perf_counter()
         name = request.match_info["name"]
-        svc = gateway.services.get(name)
+        svc = self.gateway.services.get(name)
         try:
             head, blob = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
         except ProtocolError as err:
             return json_error(400, str(err), REASON_BAD_REQUEST)
-        out = await gateway.infer(
+        out = await self.gateway.infer(
             name,
             request.match_info.get("version"),
             head,
@@ -282,59 +276,56 @@ def make_gateway_app(
             deadline_ms=request.headers.get(HEADER_DEADLINE_MS),
             arrived=arrived,
         )
-        headers = {}
-        if out.slo_met is not None:
-            headers["x-tessera-slo"] = "met" if out.slo_met else "missed"
-        if out.header_length is not None:
-            headers[HEADER_LENGTH] = str(out.header_length)
-            return web.Response(
-                body=out.body, status=out.status, headers=headers, content_type="application/octet-stream"
-            )
+        return _outcome_response(out)
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.gateway.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def stats(self, _: web.Request) -> web.Response:
+        return json_response(self.gateway.stats())
+
+    async def on_startup(self, app: web.Application) -> None:
+        await self.gateway.start()
+        if self.grpc_port is not None:
+            from tessera.gateway.grpc_server import start_grpc  # grpcio only when gRPC is served
+
+            server, port = await start_grpc(self.gateway, self.grpc_host, self.grpc_port)
+            app[GRPC_SERVER], app[GRPC_PORT] = server, port
+
+    async def on_cleanup(self, app: web.Application) -> None:
+        server = app.get(GRPC_SERVER)
+        if server is not None:
+            await server.stop(grace=1.0)
+        await self.gateway.close()
+
+
+def _outcome_response(out: Outcome) -> web.Response:
+    """An inference outcome as an HTTP answer: JSON, or a JSON header and binary outputs after it."""
+    headers = {}
+    if out.slo_met is not None:
+        headers["x-tessera-slo"] = "met" if out.slo_met else "missed"
+    if out.header_length is None:
         return web.Response(
             body=out.body, status=out.status, headers=headers, content_type="application/json"
         )
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(gateway.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
-
-    async def stats(_: web.Request) -> web.Response:
-        return _json(gateway.stats())
-
-    app = web.Application(client_max_size=CLIENT_MAX_BODY, middlewares=[json_errors])
-    routes = []
-    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        routes += [
-            web.get(base, model_meta),
-            web.get(f"{base}/ready", model_ready),
-            web.post(f"{base}/infer", infer),
-        ]
-    app.add_routes(
-        [
-            web.get("/v2", server_meta),
-            web.get("/v2/health/live", live),
-            web.get("/v2/health/ready", ready),
-            *routes,
-            web.get("/metrics", metrics),
-            web.get("/stats", stats),
-        ]
+    headers[HEADER_LENGTH] = str(out.header_length)
+    return web.Response(
+        body=out.body, status=out.status, headers=headers, content_type="application/octet-stream"
     )
 
-    async def on_startup(a: web.Application) -> None:
-        await gateway.start()
-        if grpc_port is not None:
-            from tessera.gateway.grpc_server import start_grpc  # grpcio only when gRPC is served
 
-            server, port = await start_grpc(gateway, grpc_host, grpc_port)
-            a[GRPC_SERVER], a[GRPC_PORT] = server, port
-
-    async def on_cleanup(a: web.Application) -> None:
-        server = a.get(GRPC_SERVER)
-        if server is not None:
-            await server.stop(grace=1.0)
-        await gateway.close()
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
+def make_gateway_app(
+    gateway: Gateway, *, grpc_port: int | None = None, grpc_host: str = "127.0.0.1"
+) -> web.Application:
+    """The HTTP application; with ``grpc_port`` it also serves the gRPC front on that port (0: any free
+    port, see ``app[GRPC_PORT]``) from the same event loop, over the same model queues."""
+    endpoints = _GatewayEndpoints(gateway, grpc_port, grpc_host)
+    app = endpoints.application(
+        max_body=CLIENT_MAX_BODY,
+        extra=[web.get("/metrics", endpoints.metrics), web.get("/stats", endpoints.stats)],
+    )
+    app.on_startup.append(endpoints.on_startup)
+    app.on_cleanup.append(endpoints.on_cleanup)
     return app

@@ -43,7 +43,7 @@ from tessera.gateway.batch_wire import (
     WORKER_MAX_BODY,
     frame_members,
 )
-from tessera.gateway.http_errors import json_error, json_errors
+from tessera.gateway.http_errors import json_error
 from tessera.gateway.protocol import (
     DATATYPES,
     HEADER_LENGTH,
@@ -61,6 +61,7 @@ from tessera.gateway.protocol import (
     tensor_bytes,
     validate_request,
 )
+from tessera.gateway.v2_routes import ModelNotFound, V2Server, json_response
 
 if TYPE_CHECKING:
     from tessera.gateway.pipeline import PipelinedModel
@@ -487,37 +488,40 @@ def _members(raw: bytes, header_length: str | None) -> tuple[list[Member], bool]
     return members, bool(body.get("solo", False))
 
 
-def make_worker_app(worker: Worker, *, max_body: int = WORKER_MAX_BODY) -> web.Application:
-    def check_name(request: web.Request) -> OnnxModel:
+class _WorkerEndpoints(V2Server):
+    """The worker's v2 answers for the models it serves, and the batch extension."""
+
+    server_name = "tessera-worker"
+    extensions = ("binary_tensor_data", "tessera_batch")
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def model(self, request: web.Request) -> OnnxModel:
+        """The model (and version) a request's path names; a JSON 404 if this worker does not serve it."""
         name = request.match_info["name"]
-        found = worker.models.get(name)
+        found = self.worker.models.get(name)
         if found is None:
-            served = ", ".join(repr(n) for n in worker.models)
-            raise _NotServed(f"model {name!r} is not served here; this worker serves {served}")
+            served = ", ".join(repr(n) for n in self.worker.models)
+            raise ModelNotFound(f"model {name!r} is not served here; this worker serves {served}")
         version = request.match_info.get("version")
         if version is not None and version not in MODEL_VERSIONS:
-            raise _NotServed(f"model {name!r} has no version {version!r}; versions: {list(MODEL_VERSIONS)}")
+            raise ModelNotFound(
+                f"model {name!r} has no version {version!r}; versions: {list(MODEL_VERSIONS)}"
+            )
         return found
 
-    def json(obj: Any, status: int = 200) -> web.Response:
-        return web.Response(body=dumps(obj), status=status, content_type="application/json")
+    async def ready(self, request: web.Request) -> web.Response:
+        return await self.live(request)  # a worker is ready once its models are loaded, i.e. once it runs
 
-    async def live(_: web.Request) -> web.Response:
-        return json({"live": True})
+    async def model_meta(self, request: web.Request) -> web.Response:
+        return json_response(self.model(request).metadata())
 
-    async def server_meta(_: web.Request) -> web.Response:
-        return json(
-            {"name": "tessera-worker", "version": "1", "extensions": ["binary_tensor_data", "tessera_batch"]}
-        )
+    async def model_ready(self, request: web.Request) -> web.Response:
+        return json_response({"name": self.model(request).name, "ready": True})
 
-    async def model_meta(request: web.Request) -> web.Response:
-        return json(check_name(request).metadata())
-
-    async def model_ready(request: web.Request) -> web.Response:
-        return json({"name": check_name(request).name, "ready": True})
-
-    async def infer(request: web.Request) -> web.Response:
-        model = check_name(request)
+    async def infer(self, request: web.Request) -> web.Response:
+        model = self.model(request)
         try:
             head, blob = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
             body = loads(head)
@@ -529,44 +533,22 @@ def make_worker_app(worker: Worker, *, max_body: int = WORKER_MAX_BODY) -> web.A
             validate_request(body, len(blob))
         except ProtocolError as err:
             return json_error(400, str(err))
-        result, queued = await worker.execute([Member(body, blob)], solo=False, model=model)
+        result, queued = await self.worker.execute([Member(body, blob)], solo=False, model=model)
         member = result.results[0]
         if member.error is not None:
             return json_error(400, member.error)
-        out: dict[str, Any] = {"model_name": model.name, "model_version": "1", "outputs": member.outputs}
-        if isinstance(body.get("id"), str):
-            out["id"] = body["id"]
-        out["parameters"] = {
-            "tessera_compute_seconds": result.compute_seconds,
-            "tessera_queue_seconds": queued,
-        }
-        header = dumps(out)
-        if not member.blobs:
-            return web.Response(body=header, content_type="application/json")
-        return web.Response(
-            body=header + b"".join(member.blobs),
-            headers={HEADER_LENGTH: str(len(header))},
-            content_type="application/octet-stream",
-        )
+        return _infer_response(model, body, member, result.compute_seconds, queued)
 
-    async def batch(request: web.Request) -> web.Response:
-        model = check_name(request)
+    async def batch(self, request: web.Request) -> web.Response:
+        model = self.model(request)
         try:
             members, solo = _members(await request.read(), request.headers.get(HEADER_LENGTH))
         except ProtocolError as err:
             return json_error(400, str(err))
-        result, queued = await worker.execute(members, solo=solo, model=model)
+        result, queued = await self.worker.execute(members, solo=solo, model=model)
         if request.headers.get(FRAMING_HEADER) == FRAMING_MEMBERS:
-            payload, spec = frame_members([m.fragment() for m in result.results])
-            headers = {
-                MEMBERS_HEADER: spec,
-                COMPUTE_HEADER: repr(result.compute_seconds),
-                QUEUE_HEADER: repr(queued),
-            }
-            if result.solo_seconds is not None:
-                headers[SOLO_HEADER] = ",".join("-" if t is None else repr(t) for t in result.solo_seconds)
-            return web.Response(body=payload, headers=headers, content_type="application/octet-stream")
-        return json(
+            return _framed_batch_response(result, queued)
+        return json_response(
             {
                 "model_name": model.name,
                 "results": [m.as_json() for m in result.results],
@@ -576,34 +558,50 @@ def make_worker_app(worker: Worker, *, max_body: int = WORKER_MAX_BODY) -> web.A
             }
         )
 
-    app = web.Application(client_max_size=max_body, middlewares=[json_errors])
-    routes = []
-    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        routes += [
-            web.get(base, model_meta),
-            web.get(f"{base}/ready", model_ready),
-            web.post(f"{base}/infer", infer),
-        ]
-    app.add_routes(
-        [
-            web.get("/v2", server_meta),
-            web.get("/v2/health/live", live),
-            web.get("/v2/health/ready", live),
-            *routes,
-            web.post("/v2/models/{name}/batch", batch),
-        ]
+    async def on_cleanup(self, _: web.Application) -> None:
+        self.worker.close()
+
+
+def _infer_response(
+    model: OnnxModel, body: Mapping[str, Any], member: MemberResult, compute_s: float, queued: float
+) -> web.Response:
+    """A v2 inference answer for one request run alone, with the worker's timings as parameters; binary
+    outputs follow the JSON header (binary tensor data extension)."""
+    out: dict[str, Any] = {"model_name": model.name, "model_version": "1", "outputs": member.outputs}
+    if isinstance(body.get("id"), str):
+        out["id"] = body["id"]
+    out["parameters"] = {"tessera_compute_seconds": compute_s, "tessera_queue_seconds": queued}
+    header = dumps(out)
+    if not member.blobs:
+        return web.Response(body=header, content_type="application/json")
+    return web.Response(
+        body=header + b"".join(member.blobs),
+        headers={HEADER_LENGTH: str(len(header))},
+        content_type="application/octet-stream",
     )
 
-    async def on_cleanup(_: web.Application) -> None:
-        worker.close()
 
-    app.on_cleanup.append(on_cleanup)
+def _framed_batch_response(result: BatchResult, queued: float) -> web.Response:
+    """A batch answer framed per member (:mod:`tessera.gateway.batch_wire`), timings in headers."""
+    payload, spec = frame_members([m.fragment() for m in result.results])
+    headers = {
+        MEMBERS_HEADER: spec,
+        COMPUTE_HEADER: repr(result.compute_seconds),
+        QUEUE_HEADER: repr(queued),
+    }
+    if result.solo_seconds is not None:
+        headers[SOLO_HEADER] = ",".join("-" if t is None else repr(t) for t in result.solo_seconds)
+    return web.Response(body=payload, headers=headers, content_type="application/octet-stream")
+
+
+def make_worker_app(worker: Worker, *, max_body: int = WORKER_MAX_BODY) -> web.Application:
+    """The worker's HTTP application: the v2 endpoints for its models and ``POST .../batch``."""
+    endpoints = _WorkerEndpoints(worker)
+    app = endpoints.application(
+        max_body=max_body, extra=[web.post("/v2/models/{name}/batch", endpoints.batch)]
+    )
+    app.on_cleanup.append(endpoints.on_cleanup)
     return app
-
-
-class _NotServed(web.HTTPNotFound):
-    def __init__(self, message: str) -> None:
-        super().__init__(text=error_json(message, "not-found").decode(), content_type="application/json")
 
 
 __all__ = [
