@@ -13,7 +13,9 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from tessera.api import contract
 from tessera.api.placement import Placement
@@ -44,14 +46,9 @@ class Owner:
         }
 
     def reference(self) -> JsonObj:
-        return {
-            "apiVersion": contract.API_VERSION,
-            "kind": self.kind,
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
+        """The owner reference kopf builds (controller, blockOwnerDeletion): Kubernetes' garbage collector
+        deletes the dependent with its owner, and foreground deletion of the owner waits for it."""
+        return dict(kopf.build_owner_reference(kopf.Body(cast(kopf.RawBody, self.body()))))
 
 
 @dataclass(frozen=True, slots=True)
