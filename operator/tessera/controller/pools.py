@@ -26,6 +26,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -40,6 +41,7 @@ from tessera.controller.serving import (
     ServingRecord,
     ServingSpecError,
     batch_profile,
+    gateway_manifests,
     resolve_slo_ms,
 )
 from tessera.controller.view import split_gpu_id
@@ -423,11 +425,10 @@ class PoolState:
 
     def gateway_objects(
         self, owners: Sequence[dict[str, object]], image: str, labels: dict[str, str], workload: str
-    ) -> list[tuple[str, dict[str, object]]]:
+    ) -> list[tuple[str, dict[str, Any]]]:
         """(kind, manifest): the pool gateway's ConfigMap, Deployment and Service, and the workers'
         headless Service, owned by every member (``owner_references``). No config digest on the pod
         template: a new plan is taken in place, not by a rollout that would cut off what is in flight."""
-        name = self.name + POOL_SUFFIX
         sel = {POOL_LABEL: self.name, contract.LABEL_ROLE: "gateway"}
         meta = {
             "namespace": self.namespace,
@@ -435,37 +436,10 @@ class PoolState:
             "ownerReferences": list(owners),
         }
         config = json.dumps(self.gateway_config(labels, workload), sort_keys=True)
-        return [
-            ("configmaps", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, **meta},
-                            "data": {"gateway.json": config}}),
-            ("deployments", {
-                "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, **meta},
-                "spec": {
-                    "replicas": 1,
-                    "selector": {"matchLabels": sel},
-                    "template": {
-                        "metadata": {"labels": meta["labels"]},
-                        "spec": {
-                            "containers": [{
-                                "name": "gateway", "image": image,
-                                "args": ["gateway", "--config", CONFIG_PATH],
-                                "ports": [{"containerPort": GATEWAY_PORT, "name": "http"}],
-                                "volumeMounts": [{"name": "config", "mountPath": "/etc/tessera"}],
-                            }],
-                            "volumes": [{"name": "config", "configMap": {"name": name}}],
-                        },
-                    },
-                },
-            }),
-            ("services", {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, **meta},
-                          "spec": {"selector": sel,
-                                   "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": GATEWAY_PORT}]}}),
-            ("services", {"apiVersion": "v1", "kind": "Service",
-                          "metadata": {"name": self.workers_service, **meta},
-                          "spec": {"clusterIP": "None",
-                                   "selector": {POOL_LABEL: self.name, contract.LABEL_ROLE: "worker"},
-                                   "ports": [{"name": "http", "port": WORKER_PORT}]}}),
-        ]  # fmt: skip
+        workers = {POOL_LABEL: self.name, contract.LABEL_ROLE: "worker"}
+        return gateway_manifests(
+            self.name + POOL_SUFFIX, meta, sel, config, image, (self.workers_service, workers)
+        )
 
     def status_plan(self) -> list[dict[str, object]]:
         return [

@@ -341,102 +341,98 @@ class ServingRecord:
     def gateway_objects(self, owner: Owner, image: str) -> list[tuple[str, dict[str, Any]]]:
         """(kind, manifest) of the gateway: ConfigMap, Deployment, Service, and the workers' headless
         Service that gives each worker pod its DNS name."""
-        name = self.name + GATEWAY_SUFFIX
-        labels = {
-            contract.LABEL_MODELDEPLOYMENT: self.name,
-            contract.LABEL_ROLE: "gateway",
-            contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE,
+        selector = {contract.LABEL_MODELDEPLOYMENT: self.name, contract.LABEL_ROLE: "gateway"}
+        meta = {
+            "namespace": self.namespace,
+            "labels": {**selector, contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE},
+            "ownerReferences": [owner.reference()],
         }
-        meta = {"namespace": self.namespace, "labels": labels, "ownerReferences": [owner.reference()]}
-        grpc = self.spec.frontend.grpc_port
-        ports = [{"containerPort": GATEWAY_PORT, "name": "http"}]
-        service_ports: list[dict[str, Any]] = [
-            {"name": "http", "port": SERVICE_PORT, "targetPort": GATEWAY_PORT}
-        ]
-        if grpc:  # the gateway serves it from its config's grpc_port
-            ports.append({"containerPort": grpc, "name": "grpc"})
-            service_ports.append({"name": "grpc", "port": grpc, "targetPort": grpc, "appProtocol": "grpc"})
         config = json.dumps(self.gateway_config(), sort_keys=True)
         # A new config rolls the gateway out. sha256, not hash(): str hashes differ between processes, so
         # every operator restart rolled out every gateway for an unchanged config.
         digest = hashlib.sha256(config.encode()).hexdigest()[:16]
-        return [
-            (
-                "configmaps",
-                {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "metadata": {"name": name, **meta},
-                    "data": {"gateway.json": config},
-                },
-            ),
-            (
-                "deployments",
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "Deployment",
-                    "metadata": {"name": name, **meta},
-                    "spec": {
-                        "replicas": 1,
-                        "selector": {
-                            "matchLabels": {
-                                contract.LABEL_MODELDEPLOYMENT: self.name,
-                                contract.LABEL_ROLE: "gateway",
-                            }
-                        },
-                        "template": {
-                            "metadata": {
-                                "labels": labels,
-                                "annotations": {"tessera.io/config-digest": digest},
-                            },
-                            "spec": {
-                                "containers": [
-                                    {
-                                        "name": "gateway",
-                                        "image": image,
-                                        "args": ["gateway", "--config", CONFIG_PATH],
-                                        "ports": ports,
-                                        "volumeMounts": [{"name": "config", "mountPath": "/etc/tessera"}],
-                                    }
-                                ],
-                                "volumes": [{"name": "config", "configMap": {"name": name}}],
-                            },
-                        },
-                    },
-                },
-            ),
-            (
-                "services",
-                {
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": {"name": name, **meta},
-                    "spec": {
-                        "selector": {
-                            contract.LABEL_MODELDEPLOYMENT: self.name,
-                            contract.LABEL_ROLE: "gateway",
-                        },
-                        "ports": service_ports,
-                    },
-                },
-            ),
-            (
-                "services",
-                {
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": {"name": self.workers_service, **meta},
-                    "spec": {
-                        "clusterIP": "None",
-                        "selector": {
-                            contract.LABEL_MODELDEPLOYMENT: self.name,
-                            contract.LABEL_ROLE: "worker",
-                        },
-                        "ports": [{"name": "http", "port": WORKER_PORT}],
-                    },
-                },
-            ),
-        ]
+        workers = {contract.LABEL_MODELDEPLOYMENT: self.name, contract.LABEL_ROLE: "worker"}
+        return gateway_manifests(
+            self.name + GATEWAY_SUFFIX,
+            meta,
+            selector,
+            config,
+            image,
+            (self.workers_service, workers),
+            grpc_port=self.spec.frontend.grpc_port,
+            pod_annotations={"tessera.io/config-digest": digest},
+        )
+
+
+def gateway_manifests(
+    name: str,
+    meta: dict[str, Any],
+    selector: dict[str, str],
+    config: str,
+    image: str,
+    workers: tuple[str, dict[str, str]],
+    *,
+    grpc_port: int | None = None,
+    pod_annotations: dict[str, str] | None = None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, manifest) of a gateway called ``name`` (a deployment's or a pool's): the ConfigMap holding
+    ``config``, the Deployment running it, its Service, and the headless Service (``workers``: name and
+    selector) that gives each worker pod its DNS name. ``meta``: namespace, labels, ownerReferences."""
+    ports: list[dict[str, Any]] = [{"containerPort": GATEWAY_PORT, "name": "http"}]
+    service_ports: list[dict[str, Any]] = [{"name": "http", "port": SERVICE_PORT, "targetPort": GATEWAY_PORT}]
+    if grpc_port:  # the gateway serves it from its config's grpc_port
+        ports.append({"containerPort": grpc_port, "name": "grpc"})
+        service_ports.append(
+            {"name": "grpc", "port": grpc_port, "targetPort": grpc_port, "appProtocol": "grpc"}
+        )
+    pod_meta: dict[str, Any] = {"labels": meta["labels"]}
+    if pod_annotations is not None:
+        pod_meta["annotations"] = pod_annotations
+    workers_name, workers_selector = workers
+    deployment = _deployment_spec(name, selector, pod_meta, image, ports)
+    headless = {
+        "clusterIP": "None",
+        "selector": workers_selector,
+        "ports": [{"name": "http", "port": WORKER_PORT}],
+    }
+    return [
+        ("configmaps", _manifest("v1", "ConfigMap", name, meta, data={"gateway.json": config})),
+        ("deployments", _manifest("apps/v1", "Deployment", name, meta, spec=deployment)),
+        (
+            "services",
+            _manifest("v1", "Service", name, meta, spec={"selector": selector, "ports": service_ports}),
+        ),
+        ("services", _manifest("v1", "Service", workers_name, meta, spec=headless)),
+    ]
+
+
+def _manifest(api_version: str, kind: str, name: str, meta: dict[str, Any], **body: Any) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, **meta}, **body}
+
+
+def _deployment_spec(
+    name: str, selector: dict[str, str], pod_meta: dict[str, Any], image: str, ports: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """One gateway pod running ``gateway --config`` on the ConfigMap ``name`` mounted at CONFIG_PATH."""
+    return {
+        "replicas": 1,
+        "selector": {"matchLabels": selector},
+        "template": {
+            "metadata": pod_meta,
+            "spec": {
+                "containers": [
+                    {
+                        "name": "gateway",
+                        "image": image,
+                        "args": ["gateway", "--config", CONFIG_PATH],
+                        "ports": ports,
+                        "volumeMounts": [{"name": "config", "mountPath": "/etc/tessera"}],
+                    }
+                ],
+                "volumes": [{"name": "config", "configMap": {"name": name}}],
+            },
+        },
+    }
 
 
 def _symphony_settings(
