@@ -1,7 +1,7 @@
 """Workload-side SDK: share a lane cooperatively and report progress.
 
-    from tessera.sdk import Lane
-    with Lane() as lane:                      # lane, job and socket from the env the agent injected
+    from tessera.sdk import LaneClient
+    with LaneClient() as lane:                # lane, job and socket from the env the agent injected
         for step in range(steps):
             with lane.iteration():            # blocks until the lane coordinator grants this job the lane
                 train_step()
@@ -16,7 +16,7 @@ in `securityContext.supplementalGroups` unless it runs as root (docs/node-agent.
 
 Progress needs no coordinator: `report_progress(n, total=m, loss=x)` posts to `TESSERA_PROGRESS_ENDPOINT`
 (injected by the agent's Allocate; `tessera_agent.progress`), and the agent writes the pod's
-`tessera.io/progress` annotation, which the operator reads. `Lane.report_progress` does both.
+`tessera.io/progress` annotation, which the operator reads. `LaneClient.report_progress` does both.
 This module depends on nothing but the standard library.
 """
 
@@ -99,7 +99,7 @@ def report_progress(
     return str(reply.get("annotation", ""))
 
 
-class Lane:
+class LaneClient:
     def __init__(
         self,
         socket_path: str | None = None,
@@ -190,7 +190,7 @@ class Lane:
         self._file.close()
         self._sock.close()
 
-    def __enter__(self) -> Lane:
+    def __enter__(self) -> LaneClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 from tessera.api import contract
 from tessera.progress import Progress
-from tessera.sdk import Lane
+from tessera.sdk import LaneClient
 from tessera_agent.config import AgentConfig
 from tessera_agent.coordinator import LaneCoordinator
 from tessera_agent.fake_backend import FakeGpuBackend
@@ -102,7 +102,7 @@ def coordinator_overhead(sock: Path, body_ms: float, progress: Progress) -> tupl
         for _ in range(ITERATIONS):
             time.sleep(body_ms / 1e3) if body_ms else None
         plain = (time.perf_counter() - t0) * 1e3 / ITERATIONS
-        with Lane(str(sock), lane="l1", job="j1") as lane:
+        with LaneClient(str(sock), lane="l1", job="j1") as lane:
             t0 = time.perf_counter()
             for i in range(ITERATIONS):
                 with lane.iteration(last=i == ITERATIONS - 1):

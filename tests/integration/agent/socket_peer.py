@@ -7,7 +7,7 @@ tree first), then obeys one command per line and prints one JSON line per answer
     connect <socket>         open a unix stream connection (peer credentials are taken now)
     send <hex>               send raw bytes on it, print the reply line (or {"eof": true} / {"timeout": true})
     progress <endpoint> <n> <total>   tessera.sdk.report_progress; {"ok": ..., "annotation"|"error": ...}
-    lane <socket> <lane> <job>        tessera.sdk.Lane: join, one iteration, report progress, leave
+    lane <socket> <lane> <job>        tessera.sdk.LaneClient: join, one iteration, report progress, leave
     exit
 """
 
@@ -66,10 +66,10 @@ def main() -> None:
                 except ProgressError as err:
                     say({"ok": False, "error": str(err)})
             elif cmd == "lane":
-                from tessera.sdk import Lane, LaneError
+                from tessera.sdk import LaneClient, LaneError
 
                 try:
-                    with Lane(args[0], lane=args[1], job=args[2], timeout_s=10) as lane:
+                    with LaneClient(args[0], lane=args[1], job=args[2], timeout_s=10) as lane:
                         with lane.iteration(last=True):
                             pass
                         lane.report_progress(1, total=2)

@@ -1,4 +1,4 @@
-"""Jobs sharing a lane through the coordinator and `tessera.sdk.Lane` (issue 7, second "done when" item).
+"""Jobs sharing a lane through the coordinator and `tessera.sdk.LaneClient` (issue 7, second "done when" item).
 
 Clients are real SDK objects in threads doing timed "iterations" (sleeps) of different lengths, so shares are
 measured from the clients' own clocks, not from the scheduler's bookkeeping.
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tessera.sdk import Lane, LaneError
+from tessera.sdk import LaneClient, LaneError
 from tessera_agent.coordinator import LaneCoordinator
 
 Interval = tuple[float, float, str]
@@ -25,7 +25,7 @@ def worker(
 ) -> None:
     while time.monotonic() < start_at:
         time.sleep(0.001)
-    with Lane(str(sock), lane="lane-0", job=job) as lane:
+    with LaneClient(str(sock), lane="lane-0", job=job) as lane:
         n = 0
         while time.monotonic() < stop_at:
             with lane.iteration():
@@ -95,15 +95,15 @@ async def test_fifo_lets_the_first_job_hold_the_lane(coordinator: LaneCoordinato
 
 async def test_progress_and_errors(coordinator: LaneCoordinator) -> None:
     def client() -> None:
-        with Lane(str(coordinator.socket_path), lane="lane-0", job="p") as lane:
+        with LaneClient(str(coordinator.socket_path), lane="lane-0", job="p") as lane:
             assert lane.policy == "FAIR"
             with lane.iteration():
                 pass
             lane.report_progress(3, total=10)
             assert coordinator.progress("lane-0") == {"p": (3, 10)}
             with pytest.raises(LaneError, match="already in this lane"):
-                Lane(str(coordinator.socket_path), lane="lane-0", job="p")
+                LaneClient(str(coordinator.socket_path), lane="lane-0", job="p")
 
     await asyncio.to_thread(client)
     with pytest.raises(LaneError, match="cannot reach the lane coordinator"):
-        Lane(str(coordinator.socket_path) + ".missing", lane="x", job="y")
+        LaneClient(str(coordinator.socket_path) + ".missing", lane="x", job="y")

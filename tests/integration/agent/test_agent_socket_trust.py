@@ -143,7 +143,7 @@ async def test_a_lane_is_joined_only_by_the_pods_assigned_to_it(
     reply = await intruder.send({"op": "join", "lane": "lane-2", "job": "trainer"})
     assert not reply["ok"] and "lane-1" in reply["error"], reply
     assert not (await intruder.send({"op": "begin"}))["ok"]
-    via_sdk = await intruder.ask(f"lane {sock} lane-2 trainer")  # tessera.sdk.Lane says why, then closes
+    via_sdk = await intruder.ask(f"lane {sock} lane-2 trainer")  # the SDK client says why, then closes
     assert not via_sdk["ok"] and "refused 'join'" in via_sdk["error"] and "lane-1" in via_sdk["error"]
     host = await spawn(peers, fake, None)
     assert (await host.ask(f"connect {sock}"))["connected"]
