@@ -1,7 +1,7 @@
 """Serving pools: ModelDeployments naming the same ``spec.placement.pool`` placed jointly by AlpaServe.
 
 A thin adapter from ModelDeployment specs to the planner of ``tessera.policy.serving.alpaserve``
-(Algorithm 2 over the fast heuristic, scored by the shortest-queue FCFS simulator; paper §4, spec §2, §5):
+(AlpaServe §4.2: Algorithm 2 over the fast heuristic, scored by the shortest-queue FCFS simulator of §5):
 
 * **Pool GPUs**: each member brings ``replicas × gpusPerReplica`` GPUs, so a pool uses exactly the GPUs its
   members would have used on dedicated replicas. Groups stay on one node: group sizes are powers of two up
@@ -10,10 +10,11 @@ A thin adapter from ModelDeployment specs to the planner of ``tessera.policy.ser
 * **Memory budget** per GPU: the smallest ``gpu.gpuMemoryMiB − reservedMiB`` (or lane size) among members;
   a model's weights are ``memory.staticMiB`` (0 when not given).
 * **Profiles**: measured stage profiles are not in the spec yet, so each model's per-config profile is the
-  α-model of spec §5.4 from its batch-1 latency ℓ(1) (``synthetic_profile``) and is marked synthetic.
+  α-model of AlpaServe §3.3 from its batch-1 latency ℓ(1) (``synthetic_profile``) and is marked synthetic.
 * **Workload**: per member a Gamma(rate, cv = ``traffic.cv``) stream, seeded, the rate being the load the
   pool gateway observed for it (``observedLoadRps``) when known, else ``traffic.expectedRps``,
-  over ``max(60 s, 3000 / Σ rate)`` capped at 600 s (REF's ``gen_train_workload`` shape, shorter).
+  over ``max(60 s, 3000 / Σ rate)`` capped at 600 s (the shape of ``gen_train_workload`` in the authors'
+  code, shorter).
 * **Hysteresis** (re-planning is not per reconcile): a pool is re-planned when its members, SLOs,
   profiles, CVs or GPUs change, or when a member's rate moved more than ``RATE_HYSTERESIS`` (relative)
   from the rate the plan was made for.
@@ -64,7 +65,8 @@ MIB = float(1 << 20)
 
 @dataclass(frozen=True)
 class PoolMember:
-    """What the planner needs of one ModelDeployment in a pool (spec §5.1)."""
+    """What the planner needs of one ModelDeployment in a pool: AlpaServe's per-model inputs (§4.2: SLO,
+    arrivals, single-device latency, weights) and the GPUs it brings."""
 
     deployment: str
     model: str
@@ -130,7 +132,7 @@ class GroupPlan:
 @dataclass(frozen=True)
 class PoolPlan:
     """The planner's answer: the paper's placement (groups, config per group, models per group) with the
-    simulated attainment per model (spec §5.2)."""
+    simulated attainment per model (AlpaServe §4.2)."""
 
     pool: str
     groups: tuple[GroupPlan, ...]
@@ -156,7 +158,8 @@ def group_sizes(devices_per_node: int) -> tuple[int, ...]:
 
 
 def workload(members: Sequence[PoolMember], seed: int = 0) -> Workload:
-    """Gamma arrivals per member (spec §1.4: shape 1/cv², scale cv²/rate), one generator per model."""
+    """Gamma arrivals per member (gaps of shape 1/cv², scale cv²/rate: mean 1/rate, CV cv), one generator
+    per model."""
     total = sum(m.rate for m in members)
     duration = min(600.0, max(60.0, 3000.0 / total)) if total > 0 else 60.0
     streams: dict[str, np.ndarray] = {}
@@ -252,7 +255,8 @@ def allocate(groups: Sequence[GroupPlan], free_by_node: dict[str, list[str]]) ->
     return out
 
 
-# Life of a group across re-placements (spec §5.3: bring up new groups, switch routing, drain old ones).
+# Life of a group across re-placements: new groups come up, routing switches to them, then the old ones
+# drain, so a re-plan cuts off no request in flight.
 STARTING = "Starting"  # in the new plan, worker being brought up; not routed yet
 ACTIVE = "Active"  # routed
 RETIRING = "Retiring"  # left out of the new plan, still routed until the new groups run
@@ -399,7 +403,7 @@ class PoolState:
 
     def gateway_config(self, labels: dict[str, str], workload: str) -> dict[str, object]:
         """The pool gateway's config: the routed groups with their worker, models and profiled stage
-        latencies, which the router's shortest-queue choice and admission check use (spec §3.1). The
+        latencies, which the router's shortest-queue choice and admission check use (AlpaServe §4.3). The
         gateway re-reads it (``reload_from``) and switches routing in place."""
         urls = {p.env[ENV_GROUP]: self.worker_url(p.name) for p in self.pod_plans(labels, workload)}
         members = {m.model: m for m in self.plan.members}

@@ -1,10 +1,11 @@
 """A ModelDeployment as the operator sees it: replica count, worker lanes, and the gateway in front.
 
-Replicas follow Symphony's load-proportional rule (seed-symphony-orion part A.7-A.8): GPUs in proportion
-to the offered load — ⌈rate / per-replica capacity⌉, the capacity being the best throughput b / ℓ(b) of a
-batch that still leaves half the SLO for queueing ([OURS] reading of deferred batching's budget) — and,
-once the gateway reports attainment and idleness in status, corrected by `autoscale_advice` (add N·r/(1−r)
-when the bad rate r exceeds 1 %, release N·f of idle GPUs). Bounds: placement.minGPUs..maxGPUs.
+Replicas follow Symphony's load-proportional rule (Symphony §3.5): GPUs in proportion to the offered
+load — ⌈rate / per-replica capacity⌉, the capacity being the best throughput b / ℓ(b) of a batch that
+still leaves half the SLO for queueing (the paper gives no share; half is Tessera's reading of deferred
+batching's budget) — and, once the gateway reports attainment and idleness in status, corrected by
+`autoscale_advice` (add N·r/(1−r) when the bad rate r exceeds 1 %, release N·f of idle GPUs).
+Bounds: placement.minGPUs..maxGPUs.
 Each replica's worker pod gets one lane (spec.gpu.lane, else a whole GPU) on its own GPU drawn from the
 GPUs no App lease, TrialGroup pool or other pod holds; the gateway is a Deployment + Service whose
 config (tessera.gateway.config) lists the workers by their stable DNS names.
@@ -187,9 +188,9 @@ def resolve_slo_ms(
 
 
 def orloj_latency(spec: ModelDeploymentSpec, profile: Sequence[tuple[int, float]]) -> dict[str, Any]:
-    """Batch time l_B(k) = a_k + s_k·max solo (seed-orloj Eq. 3-4): latencyModel linear gives Eq. 3
-    (a = c0, s_k = c1·k); a per-batch-size profile gives s_k = ℓ(k)/ℓ(1) ([OURS]: a batch costs its
-    longest member's solo time scaled as the profile scales); none: s_k = k (no batching gain assumed)."""
+    """Batch time l_B(k) = a_k + s_k·max solo (Orloj Eq. 3-4): latencyModel linear gives Eq. 3
+    (a = c0, s_k = c1·k); a per-batch-size profile gives s_k = ℓ(k)/ℓ(1) (not in the paper: a batch costs
+    its longest member's solo time scaled as the profile scales); none: s_k = k (no batching gain assumed)."""
     lm = spec.batching.latency_model
     if lm.type == "linear" and lm.c0_ms is not None and lm.c1 is not None:
         return {"a0": lm.c0_ms / 1000.0, "s0": 0.0, "s1": lm.c1}
