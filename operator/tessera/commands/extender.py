@@ -38,6 +38,14 @@ def register(subparsers: Any) -> None:
             "The view of nodes, GPUs and lanes comes from the API server (list + watch)."
         ),
     )
+    _listen_options(parser)
+    _cluster_options(parser)
+    _placement_options(parser)
+    parser.set_defaults(func=run)
+
+
+def _listen_options(parser: argparse.ArgumentParser) -> None:
+    """Where the extender and its metrics listen, and the TLS that guards /bind."""
     parser.add_argument("--port", type=int, default=8888, help="port to listen on (default 8888)")
     parser.add_argument(
         "--host",
@@ -63,10 +71,18 @@ def register(subparsers: Any) -> None:
         default="0.0.0.0",
         help="address of the metrics listener (default 0.0.0.0: read-only, for Prometheus and probes)",
     )
+
+
+def _cluster_options(parser: argparse.ArgumentParser) -> None:
+    """How the extender reaches the API server."""
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
     where.add_argument("--in-cluster", action="store_true", help="use the pod's service account (default)")
     parser.add_argument("--context", help="kubeconfig context (default: current-context)")
+
+
+def _placement_options(parser: argparse.ArgumentParser) -> None:
+    """How nodes and GPUs are scored and which pods count as latency-critical."""
     parser.add_argument(
         "--score",
         action="append",
@@ -96,7 +112,6 @@ def register(subparsers: Any) -> None:
         f"{contract.ANN_WORKLOAD} annotation names no class; give the node agent's --hp-priority-class "
         f"values (repeatable; default {contract.CLASS_LATENCY_CRITICAL})",
     )
-    parser.set_defaults(func=run)
 
 
 def placement_config(args: argparse.Namespace) -> PlacementConfig:

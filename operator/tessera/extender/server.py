@@ -261,69 +261,76 @@ class Extender:
     def filter(self, args: JsonObj) -> JsonObj:
         pod, names, cache_capable = _pod_and_nodes(args)
         spec = self.spec(pod)
-        resolved: dict[int | None, Request | str] = {}
         failed: dict[str, str] = {}
         codes: dict[str, int] = {}
         fixed = self._fixed_request(spec)
         if fixed is not None:
-            # All nodes at once on the FitIndex; only the rejected ones are looked at one by one (for why).
-            passed = self.view.fit_index(self.config).fits(fixed, self.view.rows(names))
-            for i in np.flatnonzero(~passed).tolist():
-                rejected = self._check(spec, names[i], resolved)
-                if rejected is None:
-                    passed[i] = True  # the index is a pre-check: the node's own summary has the last word
-                else:
-                    code, failed[names[i]] = rejected
-                    codes[code] = codes.get(code, 0) + 1
-            shape = self.shape(pod, spec)
-            if shape is not None:
-                # CPU, memory and GPU model of the nodes that have the GPUs: all at once on the packing arrays
-                self.view.observe(pod, shape)
-                st = self.view.packing_state()
-                rows = self.view.packing_rows(names)
-                fit = st.node_fits(np.maximum(rows, 0), shape) | (rows < 0)
-                for i in np.flatnonzero(passed & ~fit).tolist():
-                    code, failed[names[i]] = (
-                        m.NO_FIT,
-                        self.view.why_not_node(names[i], shape) or "node is full",
-                    )
-                    codes[code] = codes.get(code, 0) + 1
-                passed &= fit
-            ok = [names[i] for i in np.flatnonzero(passed).tolist()]
+            ok = self._filter_indexed(pod, spec, fixed, names, failed, codes)
         else:
-            ok = []
-            for name in names:
-                rejected = self._check(spec, name, resolved) or self._node_fit(pod, spec, name)
-                if rejected is None:
-                    ok.append(name)
-                else:
-                    code, failed[name] = rejected
-                    codes[code] = codes.get(code, 0) + 1
+            ok = self._filter_each(pod, spec, names, failed, codes)
         if codes:
             self.metrics.rejected(codes)
+        self._remember_filtered(pod, failed)
+        return _filter_result(args, ok, failed, cache_capable)
+
+    def _filter_indexed(
+        self,
+        pod: JsonObj,
+        spec: PodSpec | None,
+        fixed: Request,
+        names: list[str],
+        failed: dict[str, str],
+        codes: dict[str, int],
+    ) -> list[str]:
+        """Filter for a request that is the same on every node: all nodes at once on the FitIndex, then
+        the packing arrays; only the rejected ones are looked at one by one (for why)."""
+        resolved: dict[int | None, Request | str] = {}
+        passed = self.view.fit_index(self.config).fits(fixed, self.view.rows(names))
+        for i in np.flatnonzero(~passed).tolist():
+            rejected = self._check(spec, names[i], resolved)
+            if rejected is None:
+                passed[i] = True  # the index is a pre-check: the node's own summary has the last word
+            else:
+                _reject(failed, codes, names[i], rejected)
+        shape = self.shape(pod, spec)
+        if shape is not None:
+            # CPU, memory and GPU model of the nodes that have the GPUs: all at once on the packing arrays
+            self.view.observe(pod, shape)
+            st = self.view.packing_state()
+            rows = self.view.packing_rows(names)
+            fit = st.node_fits(np.maximum(rows, 0), shape) | (rows < 0)
+            for i in np.flatnonzero(passed & ~fit).tolist():
+                why = self.view.why_not_node(names[i], shape) or "node is full"
+                _reject(failed, codes, names[i], (m.NO_FIT, why))
+            passed &= fit
+        return [names[i] for i in np.flatnonzero(passed).tolist()]
+
+    def _filter_each(
+        self,
+        pod: JsonObj,
+        spec: PodSpec | None,
+        names: list[str],
+        failed: dict[str, str],
+        codes: dict[str, int],
+    ) -> list[str]:
+        """Filter node by node, for a request that resolves differently per node (or does not parse)."""
+        resolved: dict[int | None, Request | str] = {}
+        ok = []
+        for name in names:
+            rejected = self._check(spec, name, resolved) or self._node_fit(pod, spec, name)
+            if rejected is None:
+                ok.append(name)
+            else:
+                _reject(failed, codes, name, rejected)
+        return ok
+
+    def _remember_filtered(self, pod: JsonObj, failed: dict[str, str]) -> None:
+        """Keep the nodes this pod's body failed on, so prioritize need not look at them again."""
         uid = pod["metadata"].get("uid")
         if uid:
             self._filtered[uid] = (self.view.generation, self._digest(pod), frozenset(failed))
             if len(self._filtered) > self.SPEC_CACHE:
                 self._filtered.popitem(last=False)
-        result: JsonObj = {
-            "Nodes": None,
-            "NodeNames": None,
-            "FailedNodes": failed,
-            "FailedAndUnresolvableNodes": {},
-            "Error": "",
-        }
-        if cache_capable:
-            result["NodeNames"] = ok
-        else:
-            keep = set(ok)
-            items = [
-                n
-                for n in (args.get("Nodes") or {}).get("items") or []
-                if n.get("metadata", {}).get("name") in keep
-            ]
-            result["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
-        return result
 
     def prioritize(self, args: JsonObj) -> list[JsonObj]:
         pod, names, _ = _pod_and_nodes(args)
@@ -540,6 +547,34 @@ class Extender:
                 apply(obj)
             elif kind == "ERROR":
                 raise KubeError(f"watch {path}: {obj.get('message', obj)}")
+
+
+def _reject(failed: dict[str, str], codes: dict[str, int], node: str, rejected: tuple[str, str]) -> None:
+    """Count a node's rejection by its code and keep why, for the scheduler's FailedNodes."""
+    code, failed[node] = rejected
+    codes[code] = codes.get(code, 0) + 1
+
+
+def _filter_result(args: JsonObj, ok: list[str], failed: dict[str, str], cache_capable: bool) -> JsonObj:
+    """kube-scheduler's ExtenderFilterResult: node names when its cache holds the nodes, else the nodes."""
+    result: JsonObj = {
+        "Nodes": None,
+        "NodeNames": None,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": {},
+        "Error": "",
+    }
+    if cache_capable:
+        result["NodeNames"] = ok
+    else:
+        keep = set(ok)
+        items = [
+            n
+            for n in (args.get("Nodes") or {}).get("items") or []
+            if n.get("metadata", {}).get("name") in keep
+        ]
+        result["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
+    return result
 
 
 def _error(status: int, reason: str) -> web.Response:
