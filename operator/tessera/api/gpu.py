@@ -15,7 +15,7 @@ DEFAULT_RESERVED_MIB = 300
 """Headroom Salus' public code holds back per GPU (SymbioticLab/Salus; not in the paper)."""
 
 
-class Lane(WireModel):
+class LaneSize(WireModel):
     """A fixed slice of one GPU (Salus lane §1.5), enforced with MPS memory and thread limits."""
 
     memory_mib: int = Field(
@@ -57,7 +57,7 @@ class GPUUsage(WireModel):
         le=MAX_MIB,
         description="E: peak ephemeral memory per iteration in MiB; measured when unset.",
     )
-    lane: Lane | None = Field(
+    lane: LaneSize | None = Field(
         default=None, description="Pin the workload to a lane of this size; unset lets Salus choose."
     )
     workload_class: Literal["latency-critical", "best-effort"] = Field(
