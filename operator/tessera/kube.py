@@ -16,9 +16,10 @@ that moment and removed before the client is returned: no key material stays on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,15 @@ def _private_file(path: Path, data: str | bytes | None) -> str | None:
     return str(path)
 
 
+@contextlib.contextmanager
+def _transport_errors(what: str) -> Iterator[None]:
+    """A connection or timeout failure during `what` (e.g. "GET /api/v1/pods") as a KubeError (status 0)."""
+    try:
+        yield
+    except (aiohttp.ClientError, TimeoutError) as err:
+        raise KubeError(f"{what}: {err or type(err).__name__}") from err
+
+
 class KubeClient:
     """JSON calls to one API server. The ApiClient is built on the first call (credentials loading is
     async) and shared by every call after; `close` ends its connection pool."""
@@ -220,7 +230,7 @@ class KubeClient:
         timeout: aiohttp.ClientTimeout = REQUEST_TIMEOUT,
     ) -> aiohttp.ClientResponse:
         api = await self._client()
-        try:
+        with _transport_errors(f"{method} {path}"):
             resp: aiohttp.ClientResponse = await api.call_api(
                 path,
                 method,
@@ -231,8 +241,6 @@ class KubeClient:
                 _preload_content=False,
                 _request_timeout=timeout,
             )
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise KubeError(f"{method} {path}: {err or type(err).__name__}") from err
         if resp.status >= 300:
             text = (await resp.read()).decode(errors="replace")
             resp.release()
@@ -251,9 +259,8 @@ class KubeClient:
         """One call; the decoded JSON reply ({} when empty). Any status >= 300 raises KubeError."""
         resp = await self._send(method, path, query=query, body=body, content_type=content_type)
         try:
-            data = await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise KubeError(f"{method} {path}: {err or type(err).__name__}") from err
+            with _transport_errors(f"{method} {path}"):
+                data = await resp.read()
         finally:
             resp.release()
         result: JsonObj = orjson.loads(data) if data else {}
@@ -268,12 +275,11 @@ class KubeClient:
             params["resourceVersion"] = resource_version
         resp = await self._send("GET", path, query=params, timeout=WATCH_TIMEOUT)
         try:
-            while line := await resp.content.readline():
-                if line.strip():
-                    event: JsonObj = orjson.loads(line)
-                    yield event
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise KubeError(f"watch {path}: {err or type(err).__name__}") from err
+            with _transport_errors(f"watch {path}"):
+                while line := await resp.content.readline():
+                    if line.strip():
+                        event: JsonObj = orjson.loads(line)
+                        yield event
         finally:
             resp.close()
 
