@@ -6,15 +6,11 @@ import argparse
 import logging
 from typing import Any
 
-from aiohttp import web
-
 from tessera.gateway.config import ConfigError, GatewayConfig
 from tessera.gateway.server import Gateway, make_gateway_app
+from tessera.gateway.v2_routes import serve
 
 log = logging.getLogger(__name__)
-# On SIGTERM (or SIGINT) run_app stops accepting connections and gives requests in flight this long to
-# finish before cancelling them: inside kubelet's default 30 s grace period.
-SHUTDOWN_SECONDS = 10.0
 
 
 def register(subparsers: Any) -> None:
@@ -51,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     grpc_port = args.grpc_port if args.grpc_port is not None else config.grpc_port
     app = make_gateway_app(Gateway(config, seed=args.seed), grpc_port=grpc_port, grpc_host=host)
     try:
-        web.run_app(app, host=host, port=port, print=None, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
+        serve(app, host, port)
     except ConfigError as err:
         print(err)
         return 2

@@ -6,14 +6,10 @@ import argparse
 import logging
 from typing import Any
 
-from aiohttp import web
-
+from tessera.gateway.v2_routes import serve
 from tessera.gateway.worker import ModelledCost, OnnxModel, Worker, make_worker_app
 
 log = logging.getLogger(__name__)
-# On SIGTERM (or SIGINT) run_app stops accepting connections and gives requests in flight this long to
-# finish before cancelling them: inside kubelet's default 30 s grace period.
-SHUTDOWN_SECONDS = 10.0
 
 
 def register(subparsers: Any) -> None:
@@ -88,12 +84,5 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"tessera worker: {err}")
         return 2
-    web.run_app(
-        make_worker_app(Worker(*models)),
-        host=args.host,
-        port=args.port,
-        print=None,
-        access_log=None,
-        shutdown_timeout=SHUTDOWN_SECONDS,
-    )
+    serve(make_worker_app(Worker(*models)), args.host, args.port)
     return 0

@@ -3,7 +3,8 @@
 ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, and per model ``GET /v2/models/{name}``,
 ``GET /v2/models/{name}/ready`` and ``POST /v2/models/{name}/infer``, each model path also under
 ``/v2/models/{name}/versions/{version}``. A server subclasses :class:`V2Server` with its own answers;
-the route table, the JSON error middleware and the 404 for an unknown model are shared.
+the route table, the JSON error middleware, the 404 for an unknown model and :func:`serve` (run until
+SIGTERM, then drain) are shared.
 """
 
 from __future__ import annotations
@@ -74,3 +75,13 @@ class V2Server(ABC):
         app = web.Application(client_max_size=max_body, middlewares=[json_errors])
         app.add_routes([*self.routes(), *extra])
         return app
+
+
+# On SIGTERM (or SIGINT) run_app stops accepting connections and gives requests in flight this long to
+# finish before cancelling them: inside kubelet's default 30 s grace period.
+SHUTDOWN_SECONDS = 10.0
+
+
+def serve(app: web.Application, host: str, port: int) -> None:
+    """Serve `app` until SIGTERM or SIGINT, then drain requests in flight for up to SHUTDOWN_SECONDS."""
+    web.run_app(app, host=host, port=port, print=None, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
