@@ -22,6 +22,7 @@ from tessera.api.base import (
     PodTemplateSpec,
     Timestamp,
     WireModel,
+    unique_by,
 )
 from tessera.api.gpu import GPUUsage
 
@@ -145,14 +146,7 @@ class AppSpec(WireModel):
     tuning: Tuning = Field(default_factory=Tuning)
     gpu: GPUUsage = Field(default_factory=GPUUsage)
 
-    cross_field_rules = (
-        CrossFieldRule(
-            cel="self.jobs.all(j, self.jobs.exists_one(k, k.name == j.name))",
-            message="job names must be unique",
-            check=lambda s: len({j.name for j in s.jobs}) == len(s.jobs),
-            field_path=".jobs",
-        ),
-    )
+    cross_field_rules = (unique_by("jobs", "name", "job names must be unique"),)
 
 
 class JobStatus(WireModel):

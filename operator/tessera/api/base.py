@@ -57,6 +57,17 @@ class CrossFieldRule:
     field_path: str = ""
 
 
+def unique_by(items: str, key: str, message: str) -> CrossFieldRule:
+    """The rule that no two elements of the list field `items` share `key` (one-word names, the same on
+    the wire and in Python)."""
+    return CrossFieldRule(
+        cel=f"self.{items}.all(x, self.{items}.exists_one(y, y.{key} == x.{key}))",
+        message=message,
+        check=lambda s: len({getattr(x, key) for x in getattr(s, items)}) == len(getattr(s, items)),
+        field_path=f".{items}",
+    )
+
+
 Timestamp = Annotated[datetime, Field(strict=False)]
 """An RFC 3339 time; accepted as a string, since that is how status comes back from the API server."""
 

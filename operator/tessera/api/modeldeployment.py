@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from tessera.api.base import Condition, CrossFieldRule, PodTemplateSpec, WireModel
+from tessera.api.base import Condition, CrossFieldRule, PodTemplateSpec, WireModel, unique_by
 from tessera.api.gpu import GPUUsage
 
 MAX_BATCH_SIZES = 64
@@ -414,12 +414,7 @@ class ModelDeploymentSpec(WireModel):
             check=lambda s: s.scheduler.policy != "timeout" or s.batching.timeout_ms is not None,
             field_path=".batching.timeoutMs",
         ),
-        CrossFieldRule(
-            cel="self.applications.all(a, self.applications.exists_one(b, b.id == a.id))",
-            message="application ids must be unique",
-            check=lambda s: len({a.id for a in s.applications}) == len(s.applications),
-            field_path=".applications",
-        ),
+        unique_by("applications", "id", "application ids must be unique"),
     )
 
 

@@ -21,6 +21,7 @@ from tessera.api.base import (
     PodTemplateSpec,
     Timestamp,
     WireModel,
+    unique_by,
 )
 from tessera.api.gpu import GPUUsage
 
@@ -122,12 +123,7 @@ class TrialGroupSpec(WireModel):
     gpu: GPUUsage = Field(default_factory=GPUUsage)
 
     cross_field_rules = (
-        CrossFieldRule(
-            cel="self.trials.all(t, self.trials.exists_one(u, u.name == t.name))",
-            message="trial names must be unique",
-            check=lambda s: len({t.name for t in s.trials}) == len(s.trials),
-            field_path=".trials",
-        ),
+        unique_by("trials", "name", "trial names must be unique"),
         CrossFieldRule(
             cel="!has(self.fluid) || !has(self.fluid.maxPackPerGPU) || !has(self.gpu) || !has(self.gpu.lane) "
             "|| self.fluid.maxPackPerGPU * self.gpu.lane.memoryMiB <= self.gpu.gpuMemoryMiB - self.gpu.reservedMiB",
