@@ -1,77 +1,108 @@
-"""Node agent settings, with the contract's defaults (paths, resource name, slots per GPU)."""
+"""Node agent settings, with the contract's defaults (paths, resource name, slots per GPU).
+
+`AgentConfig` is what the agent's parts run with; `AgentSettings` is everything `tessera-agent` is told (the
+config plus the process's own options). Both are pydantic models: unknown fields are refused, numbers are
+finite and bounded, and an error names its field path (`agent.be_percent`), as the CRDs' errors do;
+`settings_errors` turns pydantic's errors into (field path, message) pairs.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, Self
 
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 from tessera.api import contract
+from tessera.api.base import MAX_MIB, MAX_SECONDS
+from tessera.policy.lanes.iteration import Policy
+
+MAX_SLOTS_PER_GPU = 48  # MPS serves at most 48 clients per GPU (Volta and later); the chart's bound too
+MAX_FAKE_GPUS = 256  # far past any node; a demo's fake GPUs are built and sampled one by one
+MAX_GID = 2**32 - 2  # gid_t is 32 bits and (gid_t)-1 means "no change" to chown
+SUN_PATH_MAX = 107  # bytes of a unix socket path: sockaddr_un.sun_path holds 108, the last a NUL
 
 
-@dataclass(frozen=True)
-class AgentConfig:
+def _fail(message: str, field: str = "") -> PydanticCustomError:
+    """An error in the CRDs' form: `message` as is, pointing at `field` (a path relative to the model)."""
+    return PydanticCustomError(
+        "cross_field", message, {"message": message, "field_path": f".{field}" if field else ""}
+    )
+
+
+def _socket_path(path: Path, field: str = "") -> Path:
+    size = len(os.fsencode(path))
+    if size > SUN_PATH_MAX:
+        raise _fail(f"a unix socket path must be at most {SUN_PATH_MAX} bytes, {path} has {size}", field)
+    return path
+
+
+SocketPath = Annotated[Path, AfterValidator(_socket_path)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class AgentConfig(_Settings):
     node_name: str
     resource_name: str = contract.RESOURCE_GPU
-    slots_per_gpu: int = contract.DEFAULT_SLOTS_PER_GPU
+    slots_per_gpu: int = Field(contract.DEFAULT_SLOTS_PER_GPU, ge=1, le=MAX_SLOTS_PER_GPU)
     device_plugin_dir: Path = Path(contract.DEVICE_PLUGIN_DIR)
-    socket_name: str = contract.AGENT_SOCKET_NAME
-    kubelet_socket_name: str = "kubelet.sock"
+    socket_name: str = Field(contract.AGENT_SOCKET_NAME, min_length=1)
+    kubelet_socket_name: str = Field("kubelet.sock", min_length=1)
     mps_root: Path = Path(contract.MPS_ROOT)  # host path holding pipe/, log/ and shm/
     mps_container_root: str = contract.MPS_CONTAINER_ROOT
     # How CUDA_MPS_PINNED_DEVICE_MEM_LIMIT names devices: container-visible ordinals (0..n-1, what NVIDIA's
     # plugin uses for its daemon limits after limits by UUID were not applied) or the GPU UUIDs.
     mem_limit_key: Literal["ordinal", "uuid"] = "ordinal"
-    coordinator_socket: Path | None = None  # host path of the lane coordinator; None = not offered
+    coordinator_socket: SocketPath | None = None  # host path of the lane coordinator; None = not offered
     coordinator_container_dir: str = "/run/tessera/coordinator"
-    progress_socket: Path | None = None  # host path of the progress endpoint; None = not offered
+    progress_socket: SocketPath | None = None  # host path of the progress endpoint; None = not offered
     progress_container_dir: str = "/run/tessera/progress"
     # Node sockets (coordinator, progress): mode 0660 owned by this group, which workload pods are given as a
     # supplemental group; None keeps the agent's own group (root), reachable by root-run workloads only.
-    socket_group: int | None = None
+    socket_group: int | None = Field(None, ge=0, le=MAX_GID)
     peer_check: bool = True  # map each socket connection to its pod; off only for demos without pods
     proc_root: Path = Path(
         "/proc"
     )  # where peers' /proc/<pid>/cgroup is read (hostPID); tests use a fake tree
-    extra_reserve_mib: int = 0  # margin kept off every GPU's usable memory beyond the driver reserve
-    restart_poll_s: float = 1.0  # how often to look for a kubelet restart (§1.4)
+    # margin kept off every GPU's usable memory beyond the driver reserve
+    extra_reserve_mib: int = Field(0, ge=0, le=MAX_MIB)
+    restart_poll_s: Seconds = 1.0  # how often to look for a kubelet restart (§1.4)
     # HP/BE lanes (lanes.py): class-specific MPS env and per-GPU admission at Allocate; off = every lane
     # gets its assigned share with no client priority, as before.
     hp_be_lanes: bool = False
-    hp_priority_classes: tuple[str, ...] = (contract.CLASS_LATENCY_CRITICAL,)
-    be_percent: int = 50  # BE active-thread percentage until the feedback loop moves it
+    hp_priority_classes: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
+        (contract.CLASS_LATENCY_CRITICAL,), min_length=1
+    )
+    be_percent: int = Field(50, ge=1, le=100)  # BE active-thread percentage until the feedback loop moves it
     # The BE feedback loop (interference.py): needs hp_be_lanes and the progress socket (its latency signal);
     # it deletes BE pods that checkpoint, so the agent's RBAC must allow pods delete and events create.
     be_feedback: bool = False
-    be_epsilon: float = 0.15  # target: HP p99 <= (1 + epsilon) x its p99 alone
-    be_min_interval_s: float = 300.0  # between two changes on a GPU, and two deletions of a pod
-    be_hysteresis: int = 5  # percentage points a change must exceed
-    be_step_interval_s: float = 30.0  # how often the loop looks at the HP p99
+    be_epsilon: float = Field(0.15, gt=0, lt=10)  # target: HP p99 <= (1 + epsilon) x its p99 alone
+    be_min_interval_s: float = Field(
+        300.0, ge=0, le=MAX_SECONDS
+    )  # between two changes on a GPU, two deletions
+    be_hysteresis: int = Field(5, ge=0, le=100)  # percentage points a change must exceed
+    be_step_interval_s: Seconds = 30.0  # how often the loop looks at the HP p99
 
-    def __post_init__(self) -> None:
-        self._check_lanes()
+    @model_validator(mode="after")
+    def _check(self) -> Self:
         if not self.node_name:
-            raise ValueError("the node name is required (set NODE_NAME from the downward API or pass --node)")
-        if self.slots_per_gpu < 1:
-            raise ValueError(f"slots per GPU must be at least 1, got {self.slots_per_gpu}")
-        if self.socket_group is not None and not 0 <= self.socket_group < 2**32 - 1:
-            raise ValueError(f"socket group must be a group id in [0, 2^32-2], got {self.socket_group}")
-        if self.extra_reserve_mib < 0:
-            raise ValueError("extra reserve must not be negative")
-
-    def _check_lanes(self) -> None:
-        if not 1 <= self.be_percent <= 100:
-            raise ValueError(f"BE percentage must be in 1..100, got {self.be_percent}")
+            raise _fail(
+                "the node name is required (set NODE_NAME from the downward API or pass --node)", "node_name"
+            )
         if self.be_feedback and not self.hp_be_lanes:
-            raise ValueError("the BE feedback loop needs HP/BE lanes (--hp-be-lanes)")
+            raise _fail("the BE feedback loop needs HP/BE lanes (--hp-be-lanes)", "be_feedback")
         if self.be_feedback and self.progress_socket is None:
-            raise ValueError("the BE feedback loop reads HP iteration times from the progress socket")
-        if not 0 < self.be_epsilon < 10:
-            raise ValueError(f"BE epsilon must be in (0, 10), got {self.be_epsilon}")
-        if not self.be_min_interval_s >= 0 or not self.be_step_interval_s > 0:
-            raise ValueError("BE minimum interval must be >= 0 and the step interval > 0 seconds")
-        if self.be_hysteresis < 0:
-            raise ValueError(f"BE hysteresis must be >= 0 points, got {self.be_hysteresis}")
+            raise _fail(
+                "the BE feedback loop reads HP iteration times from the progress socket", "be_feedback"
+            )
+        _socket_path(self.plugin_socket, "device_plugin_dir")
+        return self
 
     @property
     def plugin_socket(self) -> Path:
@@ -88,3 +119,39 @@ class AgentConfig:
     @property
     def mps_log_dir(self) -> Path:
         return self.mps_root / "log"
+
+
+class AgentSettings(_Settings):
+    """Everything `tessera-agent` runs with: the agent's config and the process's own options."""
+
+    agent: AgentConfig
+    mps: bool = True  # run the MPS control daemon (off: one runs elsewhere)
+    mps_binary: str = Field("nvidia-cuda-mps-control", min_length=1)
+    metrics_port: int = Field(9400, ge=0, le=65535)  # 0 = no metrics server
+    sample_interval_s: Seconds = 10.0
+    shutdown_timeout_s: Seconds = 10.0  # for in-flight work after SIGTERM
+    lane_policy: Policy = "FAIR"
+    fake_gpus: int = Field(0, ge=0, le=MAX_FAKE_GPUS)  # > 0: fake GPUs and no Kubernetes API
+    fake_pods: Path | None = None  # with fake GPUs: a JSON list of pod manifests
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.agent.be_feedback and self.fake_gpus:
+            raise _fail(
+                "the BE feedback loop deletes pods through the Kubernetes API; fake GPUs have none",
+                "fake_gpus",
+            )
+        if self.fake_pods is not None and not self.fake_gpus:
+            raise _fail("fake pods need fake GPUs", "fake_pods")
+        return self
+
+
+def settings_errors(err: ValidationError) -> list[tuple[str, str]]:
+    """(field path, message) for each problem, paths as `agent.be_percent`, messages as the CRDs' errors."""
+    from tessera.api.resources import validation_errors  # the CRD models' import cost, on errors only
+
+    own = {"extra_forbidden": "unknown field", "finite_number": "must be a finite number"}
+    return [
+        (path.lstrip("."), own.get(e["type"], msg))
+        for (path, msg), e in zip(validation_errors(err), err.errors(), strict=True)
+    ]

@@ -10,11 +10,15 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic.alias_generators import to_camel
 from tessera.api import contract
 from tessera.api.assignment import Assignment, AssignmentError
 from tessera.api.quantity import QuantityError, resource_quantity
+from tessera.api.safe_load import InputError, load_json_file
 from tessera.kube import KubeClient, default_config
 
 log = logging.getLogger(__name__)
@@ -112,6 +116,65 @@ def _seconds(raw: object, where: str) -> float | None:
         "%s: %s must be a positive number of seconds, got %r; ignored", where, contract.ANN_P99_DEDICATED, raw
     )
     return None
+
+
+class _PodPart(BaseModel):
+    """A part of a v1.Pod: the fields the agent reads are typed; the rest of Kubernetes' schema, which the
+    agent neither reads nor owns, is let through (a manifest copied from a cluster is accepted whole)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+
+class _PodMetadata(_PodPart):
+    name: str = Field(min_length=1)
+    namespace: str = "default"
+    uid: str = Field(min_length=1)  # how the peer check finds a socket's pod, from its cgroup
+    creation_timestamp: str = ""
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class _ContainerResources(_PodPart):
+    limits: dict[str, str | int | float] = Field(default_factory=dict)
+    requests: dict[str, str | int | float] = Field(default_factory=dict)
+
+
+class _PodContainer(_PodPart):
+    resources: _ContainerResources = _ContainerResources()
+
+
+class _PodSpec(_PodPart):
+    containers: list[_PodContainer] = Field(default_factory=list)
+    priority_class_name: str = ""
+    node_name: str = ""
+
+
+class _PodStatus(_PodPart):
+    phase: str = ""
+
+
+class PodManifest(_PodPart):
+    """A pod as `--fake-pods` gives it: a v1.Pod's JSON, checked before the agent reads it."""
+
+    metadata: _PodMetadata
+    spec: _PodSpec = _PodSpec()
+    status: _PodStatus = _PodStatus()
+
+
+_MANIFESTS = TypeAdapter(list[PodManifest])
+
+
+def load_pod_manifests(path: Path) -> list[PodInfo]:
+    """The pods of a JSON list of pod manifests; InputError naming the file and the first bad field."""
+    data = load_json_file(path)
+    try:
+        manifests = _MANIFESTS.validate_python(data)
+    except ValidationError as err:
+        from tessera.api.resources import validation_errors
+
+        (field, problem), *rest = validation_errors(err)
+        more = f" (and {len(rest)} more)" if rest else ""
+        raise InputError(str(path), problem + more, field or "(top level)") from None
+    return [pod_info_from_manifest(m.model_dump(by_alias=True)) for m in manifests]
 
 
 class KubernetesPodSource(PodSource):

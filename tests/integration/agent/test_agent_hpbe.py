@@ -198,7 +198,7 @@ def test_feedback_needs_lanes_and_the_progress_socket() -> None:
         AgentConfig(node_name=NODE, be_feedback=True, progress_socket=Path("/tmp/x.sock"))
     with pytest.raises(ValueError, match="progress socket"):
         AgentConfig(node_name=NODE, hp_be_lanes=True, be_feedback=True)
-    with pytest.raises(ValueError, match=r"1\.\.100"):
+    with pytest.raises(ValueError, match=r"be_percent\n.*greater than or equal to 1"):
         AgentConfig(node_name=NODE, hp_be_lanes=True, be_percent=0)
 
 
@@ -218,4 +218,6 @@ def test_cli_refuses_feedback_without_its_prerequisites(capsys: pytest.CaptureFi
         "/tmp/p",
     ]
     assert cli.main(argv) == 2
-    assert "--fake-gpus has none" in capsys.readouterr().err
+    assert "--fake-gpus (fake_gpus): the BE feedback loop deletes pods through the Kubernetes API" in (
+        capsys.readouterr().err
+    )
