@@ -28,9 +28,9 @@ from tessera.controller.pods import PodPlan
 from tessera.controller.view import PodInfo, group_by_node, split_gpu_id
 from tessera.policy.fluid import (
     FluidConfig,
-    Placement,
     RuntimeModel,
     TrialDemand,
+    TrialGroupPlacement,
     dynamic_rescale,
     place,
     plan_makespan,
@@ -88,7 +88,7 @@ class TrialGroupRecord:
     body: Mapping[str, Any]
     pool: list[str] = field(default_factory=list)
     trials: dict[str, TrialState] = field(default_factory=dict)
-    placement: Placement | None = None
+    placement: TrialGroupPlacement | None = None
     last_rule: str | None = None
     last_time: str | None = None  # when the last plan was made (status.lastReallocation.time)
 
@@ -118,11 +118,11 @@ class TrialGroupRecord:
 
     # --- planning ---------------------------------------------------------------------------------
 
-    def plan(self, cluster: Cluster) -> Placement:
+    def plan(self, cluster: Cluster) -> TrialGroupPlacement:
         """StaticFluid the first time, DynamicFluid (Alg. 3.2) afterwards; then place on the pool."""
         live = self.live()
         if not live:
-            self.placement = Placement(widths={})
+            self.placement = TrialGroupPlacement(widths={})
             return self.placement
         pool = [g for g in self.pool if g in set(cluster.gpu_ids)]
         if not pool:

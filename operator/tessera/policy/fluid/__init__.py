@@ -13,9 +13,9 @@ from tessera.policy.fluid.packing_benefit import (
     marginal_benefits,
 )
 from tessera.policy.fluid.placement import (
-    Lane,
-    Placement,
+    PackedLane,
     TrialDemand,
+    TrialGroupPlacement,
     choose_gang,
     place,
     plan_trial_group,
@@ -35,12 +35,12 @@ from tessera.policy.fluid.water_filling import (
 __all__ = [
     "DEFAULT_THRESHOLD",
     "FluidConfig",
-    "Lane",
-    "Placement",
+    "PackedLane",
     "Rescale",
     "Rule",
     "RuntimeModel",
     "TrialDemand",
+    "TrialGroupPlacement",
     "choose_gang",
     "choose_packing_degree",
     "d_binds",

@@ -28,7 +28,7 @@ class TrialDemand:
 
 
 @dataclass(frozen=True, slots=True)
-class Lane:
+class PackedLane:
     """A packed trial's slice of one GPU (enforced on the node with MPS)."""
 
     gpu_id: str
@@ -38,10 +38,10 @@ class Lane:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class TrialGroupPlacement:
     widths: dict[str, Fraction]
     gangs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # trial → its whole GPUs (w ≥ 1)
-    lanes: dict[str, tuple[Lane, ...]] = field(default_factory=dict)  # GPU → packed lanes on it
+    lanes: dict[str, tuple[PackedLane, ...]] = field(default_factory=dict)  # GPU → packed lanes on it
     queued: tuple[str, ...] = ()  # trials with no room yet, in the order they should start
 
     def gpus_of(self, trial_id: str) -> tuple[str, ...]:
@@ -77,8 +77,8 @@ def place(
     demands: Sequence[TrialDemand],
     widths: Sequence[Fraction],
     c: int,
-    existing_lanes: Mapping[str, Sequence[Lane]] | None = None,
-) -> Placement:
+    existing_lanes: Mapping[str, Sequence[PackedLane]] | None = None,
+) -> TrialGroupPlacement:
     """Place trials with given widths on `gpu_ids`.
 
     `existing_lanes` are lanes already running on some of these GPUs (packed trials of this group); new
@@ -139,10 +139,10 @@ def place(
             lanes[gpu] = []
             open_gpus.append(gpu)
         share = cluster.gpu(gpu).memory_mib // c
-        lanes[gpu].append(Lane(gpu, d.trial_id, d.memory_mib or share, 100 // c))
+        lanes[gpu].append(PackedLane(gpu, d.trial_id, d.memory_mib or share, 100 // c))
         if len(lanes[gpu]) >= c:
             open_gpus.remove(gpu)
-    return Placement(
+    return TrialGroupPlacement(
         widths=dict(zip(ids, widths, strict=True)),
         gangs=gangs,
         lanes={g: tuple(ls) for g, ls in lanes.items()},
@@ -152,7 +152,7 @@ def place(
 
 def _packing_gpu(
     cluster: Cluster,
-    lanes: Mapping[str, Sequence[Lane]],
+    lanes: Mapping[str, Sequence[PackedLane]],
     open_gpus: Sequence[str],
     free: Sequence[str],
     d: TrialDemand,
@@ -173,7 +173,7 @@ def _packing_gpu(
 
 def plan_trial_group(
     cluster: Cluster, gpu_ids: Sequence[str], demands: Sequence[TrialDemand], config: FluidConfig
-) -> Placement:
+) -> TrialGroupPlacement:
     """StaticFluid on the given idle GPUs (n = len(gpu_ids)), then placement. The operator's entry point."""
     if not gpu_ids:
         raise ValueError("a TrialGroup needs at least one GPU to plan on")

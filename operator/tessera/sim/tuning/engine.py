@@ -28,7 +28,7 @@ from tessera.policy.fluid import (
     rescale_rule,
     static_widths,
 )
-from tessera.policy.fluid.placement import Lane
+from tessera.policy.fluid.placement import PackedLane
 from tessera.policy.hpo import Decision, Result, TrialSpec, TuningAlgorithm
 
 log = logging.getLogger(__name__)
@@ -393,7 +393,9 @@ class TuningSim:
         free = self._free()
         c = self.fluid.c
         open_lanes = {
-            g: [Lane(g, tid, 0, 100 // c) for tid in ids] for g, ids in self._lanes.items() if len(ids) < c
+            g: [PackedLane(g, tid, 0, 100 // c) for tid in ids]
+            for g, ids in self._lanes.items()
+            if len(ids) < c
         }
         widths = [
             t.width if t.width < 1 else Fraction(min(int(t.width), max(1, len(free)))) for t in self._pending
