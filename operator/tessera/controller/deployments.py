@@ -19,6 +19,7 @@ from typing import Any
 import kopf
 
 from tessera.api import contract
+from tessera.cluster import Cluster
 from tessera.controller.conditions import Cond, Readiness, carry, condition, find, invalid_status
 from tessera.controller.context import Context
 from tessera.controller.kube import CONFIGMAPS, DEPLOYMENTS, PODS, SERVICES, Kind
@@ -42,6 +43,7 @@ from tessera.controller.reconciler import KindReconciler
 from tessera.controller.serving import (
     GATEWAY_SUFFIX,
     WORKERS_SUFFIX,
+    Decision,
     ServingRecord,
     ServingSpecError,
     desired_replicas,
@@ -97,19 +99,11 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         return deployment_readiness(rec, wanted, missing)
 
     async def _reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
-        meta = body.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        fresh = self._parse(body, patch, record_from_body)
-        if fresh is None:
+        """A pass: the record; a pool member's pass, or the deployment's own: replicas decided from the
+        load and placed, worker pods and the gateway made to match, status and replica gauges written."""
+        rec = self._record(body, patch)
+        if rec is None:
             return
-        rec = self.records.get(key)
-        if rec is None or rec.uid != fresh.uid:
-            if rec is not None:  # the name was reused by a new object: its gateway starts from nothing
-                self.stats.forget(key)
-                self._stats_cond.pop(key, None)
-            rec = self.records[key] = fresh
-        else:
-            rec.spec, rec.body = fresh.spec, body
         cluster = self.view.cluster()
         if not len(cluster):
             return
@@ -120,88 +114,123 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         measured = await self._read_stats(rec, status_in)
         decision = desired_replicas(rec.spec, {**status_in, **measured}, len(rec.gpus))
         self._wanted[rec.key] = decision.replicas
-        before = len(rec.gpus)
-        if decision.replicas < before:
-            rec.gpus = rec.gpus[: decision.replicas]
-        elif decision.replicas > before:
-            taken = self.reserved() | self.held_elsewhere() | self.view.used_by_pods()
-            models = set(rec.spec.placement.gpu_types)  # empty: any GPU model
-            free = [
-                g.id
-                for g in cluster.gpus
-                if g.healthy and g.id not in taken and (not models or g.model in models)
-            ]
-            per = rec.spec.gpus_per_replica
-            by_node: dict[str, list[str]] = {}
-            for g in free:
-                by_node.setdefault(g.rpartition("/")[0], []).append(g)
-            # Spread replicas over nodes (one failure domain per replica where possible).
-            while len(rec.gpus) < decision.replicas:
-                nodes = sorted(
-                    (n for n, gs in by_node.items() if len(gs) >= per),
-                    key=lambda n: (sum(1 for r in rec.gpus if r[0].startswith(n + "/")), n),
-                )
-                if not nodes:
-                    break
-                rec.gpus.append(by_node[nodes[0]][:per])
-                by_node[nodes[0]] = by_node[nodes[0]][per:]
-        if len(rec.gpus) != before:
-            short = (
-                ""
-                if len(rec.gpus) == decision.replicas
-                else f" (only {len(rec.gpus)} placed: no free GPUs"
-                + (f" of {', '.join(rec.spec.placement.gpu_types)})" if rec.spec.placement.gpu_types else ")")
-            )
-            self._event(
-                rec, "Normal", "Scaled", f"{before} → {len(rec.gpus)} replicas: {decision.reason}{short}"
-            )
-        owner = Owner(contract.KIND_MODELDEPLOYMENT, rec.name, rec.namespace, rec.uid)
+        self._scale(rec, cluster, decision)
+        owner = self.owner(rec)
         await self._sync_workers(rec, owner)
         # The gateway routes to workers: it is configured once a replica is placed. Without one the
         # deployment waits for GPUs; its config (which wants a worker) is not a spec error.
-        if rec.gpus:
-            try:
-                objects = rec.gateway_objects(owner, self.config.gateway_image)
-            except ValueError as err:
-                self._invalid(body, patch, invalid_status([("spec", f"gateway config: {err}")]))
-                return
-            if self._applied.get(rec.key) != [o for _, o in objects]:
-                for plural, obj in objects:
-                    await self._apply(KINDS[plural], rec.namespace, obj)
-                self._applied[rec.key] = [o for _, o in objects]
-        status: dict[str, Any] = {
-            "phase": "Serving" if rec.gpus else "Placing",
-            "replicas": len(rec.gpus),
-            "gpusAssigned": sum(len(g) for g in rec.gpus),
-            "groups": [",".join(g) for g in rec.gpus],
-        }
-        status.update(spec_status(rec.spec))
-        status.update(measured)
-        status["observedLoadRps"] = round(decision.load_rps, 3) if decision.observed else None
+        if rec.gpus and not await self._apply_gateway(rec, owner, body, patch):
+            return
         scaled = condition(
             "Scaled",
             len(rec.gpus) == decision.replicas,
             "LoadProportional",
             f"{decision.replicas} replicas for {decision.load_rps:g} rps: {decision.reason}",
         )
+        self._write_status(rec, patch, status_in, _deployment_status(rec, decision, measured), [scaled])
+        self._export_replicas(rec, decision.replicas)
+
+    def _record(self, body: dict[str, Any], patch: kopf.Patch) -> ServingRecord | None:
+        """The object's record with this body's spec (None: invalid, and reported). A name reused by a
+        new object starts from nothing, its gateway's counters included."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        fresh = self._parse(body, patch, record_from_body)
+        if fresh is None:
+            return None
+        rec = self.records.get(key)
+        if rec is None or rec.uid != fresh.uid:
+            if rec is not None:  # the name was reused by a new object: its gateway starts from nothing
+                self.stats.forget(key)
+                self._stats_cond.pop(key, None)
+            rec = self.records[key] = fresh
+        else:
+            rec.spec, rec.body = fresh.spec, body
+        return rec
+
+    def _scale(self, rec: ServingRecord, cluster: Cluster, decision: Decision) -> None:
+        """Replicas to the decided count: the first ones keep their GPUs, the last go on scale-down, new
+        ones take free GPUs; an event when the count moved (saying why fewer were placed)."""
+        before = len(rec.gpus)
+        if decision.replicas < before:
+            rec.gpus = rec.gpus[: decision.replicas]
+        elif decision.replicas > before:
+            self._place_replicas(rec, cluster, decision.replicas)
+        if len(rec.gpus) == before:
+            return
+        short = (
+            ""
+            if len(rec.gpus) == decision.replicas
+            else f" (only {len(rec.gpus)} placed: no free GPUs"
+            + (f" of {', '.join(rec.spec.placement.gpu_types)})" if rec.spec.placement.gpu_types else ")")
+        )
+        self._event(rec, "Normal", "Scaled", f"{before} → {len(rec.gpus)} replicas: {decision.reason}{short}")
+
+    def _place_replicas(self, rec: ServingRecord, cluster: Cluster, replicas: int) -> None:
+        """New replicas on healthy GPUs nobody holds (of placement.gpuTypes if given), all of a replica's
+        GPUs on one node, while the free GPUs last."""
+        taken = self.reserved() | self.held_elsewhere() | self.view.used_by_pods()
+        models = set(rec.spec.placement.gpu_types)  # empty: any GPU model
+        by_node: dict[str, list[str]] = {}
+        for g in cluster.gpus:
+            if g.healthy and g.id not in taken and (not models or g.model in models):
+                by_node.setdefault(g.id.rpartition("/")[0], []).append(g.id)
+        per = rec.spec.gpus_per_replica
+        # Spread replicas over nodes (one failure domain per replica where possible).
+        while len(rec.gpus) < replicas:
+            nodes = sorted(
+                (n for n, gs in by_node.items() if len(gs) >= per),
+                key=lambda n: (sum(1 for r in rec.gpus if r[0].startswith(n + "/")), n),
+            )
+            if not nodes:
+                break
+            rec.gpus.append(by_node[nodes[0]][:per])
+            by_node[nodes[0]] = by_node[nodes[0]][per:]
+
+    async def _apply_gateway(
+        self, rec: ServingRecord, owner: Owner, body: dict[str, Any], patch: kopf.Patch
+    ) -> bool:
+        """The gateway's objects applied when they changed; False after reporting a spec the gateway's
+        config cannot be made from."""
+        try:
+            objects = rec.gateway_objects(owner, self.config.gateway_image)
+        except ValueError as err:
+            self._invalid(body, patch, invalid_status([("spec", f"gateway config: {err}")]))
+            return False
+        if self._applied.get(rec.key) != [o for _, o in objects]:
+            for plural, obj in objects:
+                await self._apply(KINDS[plural], rec.namespace, obj)
+            self._applied[rec.key] = [o for _, o in objects]
+        return True
+
+    def _write_status(
+        self,
+        rec: ServingRecord,
+        patch: kopf.Patch,
+        status_in: dict[str, Any],
+        status: dict[str, Any],
+        own: list[Cond],
+    ) -> None:
+        """Patch `status` and the pass's conditions (`own`, then GatewayStats) when any of them says
+        something other than what is stored (a repeated pass writes nothing)."""
         stored = list(status_in.get("conditions") or [])
-        conditions = carry([scaled, *([c] if (c := self._stats_cond.get(rec.key)) else [])], stored)
+        conditions = carry([*own, *([c] if (c := self._stats_cond.get(rec.key)) else [])], stored)
         if any(status_in.get(k) != v for k, v in status.items()) or any(
             _differs(c, find(stored, c["type"])) for c in conditions
         ):
             patch.status.update(status)
             patch.status["conditions"] = conditions
-        self.metrics.gauge("tessera_serving_replicas").labels(
-            namespace=rec.namespace, modeldeployment=rec.name, state="desired"
-        ).set(decision.replicas)
+
+    def _export_replicas(self, rec: ServingRecord, desired: int) -> None:
+        """tessera_serving_replicas: those decided, and those whose worker pod runs."""
+        gauge = self.metrics.gauge("tessera_serving_replicas")
+        gauge.labels(namespace=rec.namespace, modeldeployment=rec.name, state="desired").set(desired)
         ready = sum(
             1
             for p in self.view.pods_with(contract.LABEL_MODELDEPLOYMENT, rec.name, rec.namespace)
             if p.phase == "Running" and p.labels.get(contract.LABEL_ROLE) == "worker"
         )
-        self.metrics.gauge("tessera_serving_replicas").labels(
-            namespace=rec.namespace, modeldeployment=rec.name, state="ready"
-        ).set(ready)
+        gauge.labels(namespace=rec.namespace, modeldeployment=rec.name, state="ready").set(ready)
 
     async def _reconcile_pool_member(
         self, rec: ServingRecord, body: dict[str, Any], patch: kopf.Patch, status_in: dict[str, Any]
@@ -492,6 +521,21 @@ def observed_load(status: dict[str, Any]) -> float | None:
     if isinstance(goodput, int | float) and isinstance(attained, int | float) and attained > 0:
         return float(goodput) / (float(attained) / 100)
     return None
+
+
+def _deployment_status(rec: ServingRecord, decision: Decision, measured: dict[str, Any]) -> dict[str, Any]:
+    """A deployment's status after a pass: its replicas and their GPUs, what the spec resolves to, the
+    gateway's last window, and the load the replica count followed when the gateway measured it."""
+    status: dict[str, Any] = {
+        "phase": "Serving" if rec.gpus else "Placing",
+        "replicas": len(rec.gpus),
+        "gpusAssigned": sum(len(g) for g in rec.gpus),
+        "groups": [",".join(g) for g in rec.gpus],
+    }
+    status.update(spec_status(rec.spec))
+    status.update(measured)
+    status["observedLoadRps"] = round(decision.load_rps, 3) if decision.observed else None
+    return status
 
 
 def _differs(new: Cond, old: Any) -> bool:
