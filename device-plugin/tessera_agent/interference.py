@@ -27,7 +27,7 @@ from typing import Protocol
 
 from tessera.policy.orion.controller import PBeController
 
-from .lanes import Lane, LaneBook
+from .lanes import LaneBook, PodLane
 from .metrics_factory import AgentMetrics
 from .pods import PodInfo
 from .restarts import RestartRefused
@@ -40,7 +40,7 @@ REASON_NOT_RESTARTED = "BENotRestarted"
 
 
 class Restarter(Protocol):
-    async def restart(self, lane: Lane, reason: str) -> None:
+    async def restart(self, lane: PodLane, reason: str) -> None:
         """Delete the BE pod so its controller recreates it (it resumes from its checkpoint)."""
         ...
 

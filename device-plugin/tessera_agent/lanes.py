@@ -48,7 +48,7 @@ def lane_class(
 
 
 @dataclass(frozen=True)
-class Lane:
+class PodLane:
     uid: str
     pod: str  # namespace/name
     gpu: str  # UUID
@@ -69,17 +69,17 @@ class LaneBook:
     usable_mib: Mapping[str, int]
     hp_priority_classes: tuple[str, ...] = (contract.CLASS_LATENCY_CRITICAL,)
     default_be_percent: int = DEFAULT_BE_PERCENT
-    lanes: dict[tuple[str, str], Lane] = field(default_factory=dict)  # (uid, gpu) → lane
+    lanes: dict[tuple[str, str], PodLane] = field(default_factory=dict)  # (uid, gpu) → lane
     be_percent: dict[str, int] = field(default_factory=dict)  # per GPU; default_be_percent when unset
 
     def __post_init__(self) -> None:
         if not 1 <= self.default_be_percent <= 100:
             raise ValueError(f"BE percentage must be in 1..100, got {self.default_be_percent}")
 
-    def on_gpu(self, gpu: str) -> list[Lane]:
+    def on_gpu(self, gpu: str) -> list[PodLane]:
         return [ln for ln in self.lanes.values() if ln.gpu == gpu]
 
-    def hp_lane(self, gpu: str) -> Lane | None:
+    def hp_lane(self, gpu: str) -> PodLane | None:
         return next((ln for ln in self.on_gpu(gpu) if ln.klass == "HP"), None)
 
     def be_percent_of(self, gpu: str) -> int:
@@ -90,7 +90,7 @@ class LaneBook:
             raise ValueError(f"BE percentage must be in 1..100, got {percent}")
         self.be_percent[gpu] = percent
 
-    def admit(self, pod: PodInfo) -> list[Lane]:
+    def admit(self, pod: PodInfo) -> list[PodLane]:
         """Record the pod's lane on each of its GPUs, or refuse it with the reason (nothing recorded)."""
         a = pod.assignment
         if a is None:
@@ -113,7 +113,7 @@ class LaneBook:
                     f"{used + a.memory_mib} MiB, over the {self.usable_mib[gpu]} MiB usable (memory less reserve)"
                 )
             new.append(
-                Lane(
+                PodLane(
                     pod.uid,
                     pod.key,
                     gpu,
@@ -128,7 +128,7 @@ class LaneBook:
             self.lanes[(ln.uid, ln.gpu)] = ln
         return new
 
-    def sync(self, live_uids: Iterable[str]) -> list[Lane]:
+    def sync(self, live_uids: Iterable[str]) -> list[PodLane]:
         """Forget lanes of pods no longer on the node; returns what was dropped."""
         live = set(live_uids)
         gone = [k for k, ln in self.lanes.items() if ln.uid not in live]

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from tessera.api import contract
 from tessera.kube import KubeClient, KubeError
 
-from .lanes import Lane, LaneAdmissionError, lane_class
+from .lanes import LaneAdmissionError, PodLane, lane_class
 from .pods import pod_info_from_manifest
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class KubernetesPodRestarter:
         self._last: dict[str, float] = {}  # namespace/name → when this agent last deleted it
         self.deleted: list[str] = []
 
-    async def restart(self, lane: Lane, reason: str) -> None:
+    async def restart(self, lane: PodLane, reason: str) -> None:
         now = self._clock()
         last = self._last.get(lane.pod)
         if last is not None and now - last < self.min_interval_s:

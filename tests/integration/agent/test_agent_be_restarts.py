@@ -20,7 +20,7 @@ from tessera_agent.interference import (
     InterferenceLoop,
     WindowedLatency,
 )
-from tessera_agent.lanes import Lane, LaneBook
+from tessera_agent.lanes import LaneBook, PodLane
 from tessera_agent.pods import PodInfo
 from tessera_agent.restarts import KubernetesEventSink, KubernetesPodRestarter, RestartRefused
 
@@ -92,8 +92,8 @@ def events(k: kmock.KubernetesEmulator) -> list[dict[str, Any]]:
     return [r.data for r in k if r.method == "POST" and r.resource and r.resource.plural == "events"]
 
 
-def lane_of(pod: PodInfo, klass: str = "BE") -> Lane:
-    return Lane(pod.uid, pod.key, U0, klass, 2000, 100, pod.checkpoints)  # type: ignore[arg-type]
+def lane_of(pod: PodInfo, klass: str = "BE") -> PodLane:
+    return PodLane(pod.uid, pod.key, U0, klass, 2000, 100, pod.checkpoints)  # type: ignore[arg-type]
 
 
 async def test_restarter_deletes_only_checkpointing_be_pods_within_the_interval(
@@ -111,7 +111,7 @@ async def test_restarter_deletes_only_checkpointing_be_pods_within_the_interval(
     assert delete.data["preconditions"] == {"uid": "uid-be"}  # never a pod that replaced the lane's
 
     # The lane book may be stale (here it says the pod checkpoints); the API server's pod is what counts.
-    stale = Lane(plain.uid, plain.key, U0, "BE", 2000, 100, checkpoints=True)
+    stale = PodLane(plain.uid, plain.key, U0, "BE", 2000, 100, checkpoints=True)
     with pytest.raises(RestartRefused, match="checkpoints"):
         await restarter.restart(stale, "x")
     with pytest.raises(RestartRefused, match="latency-critical"):
@@ -121,12 +121,12 @@ async def test_restarter_deletes_only_checkpointing_be_pods_within_the_interval(
     seed(kmock, "be", "training:best-effort", checkpoints=True, uid="uid-be-2")
     clock.now += 299
     with pytest.raises(RestartRefused, match="minimum interval"):
-        await restarter.restart(Lane("uid-be-2", "ml/be", U0, "BE", 2000, 100, True), "x")
+        await restarter.restart(PodLane("uid-be-2", "ml/be", U0, "BE", 2000, 100, True), "x")
     # A lane whose pod was replaced under it: refused.
     clock.now += 2
     with pytest.raises(RestartRefused, match="replaced"):
         await restarter.restart(lane_of(be), "x")
-    await restarter.restart(Lane("uid-be-2", "ml/be", U0, "BE", 2000, 100, True), "x")
+    await restarter.restart(PodLane("uid-be-2", "ml/be", U0, "BE", 2000, 100, True), "x")
     assert deletes(kmock) == ["be", "be"] and restarter.deleted == ["ml/be", "ml/be"]
 
 

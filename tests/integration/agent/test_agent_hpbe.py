@@ -22,7 +22,7 @@ from tessera_agent.allocate import progress_endpoint
 from tessera_agent.config import AgentConfig
 from tessera_agent.fake_backend import FakeGpuBackend
 from tessera_agent.interference import REASON_CHANGED, REASON_NOT_RESTARTED
-from tessera_agent.lanes import Lane
+from tessera_agent.lanes import PodLane
 from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.pods import PodInfo, StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import api_pb2, api_pb2_grpc
@@ -58,7 +58,7 @@ class Recorder:
     restarts: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
-    async def restart(self, lane: Lane, reason: str) -> None:
+    async def restart(self, lane: PodLane, reason: str) -> None:
         self.restarts.append(lane.pod)
 
     async def event(self, pod: str, reason: str, message: str, *, warning: bool = False) -> None:

@@ -621,7 +621,7 @@ async def test_be_feedback_restarts_and_events_use_exactly_their_grants(
     restarter re-reads a BE pod and deletes it (UID precondition), refuses one that does not checkpoint
     and a latency-critical one after reading them, and every change or refusal is an Event. The calls it
     makes are exactly what feedback adds to the agent's ClusterRole (the rest is the default agent test's)."""
-    from tessera_agent.lanes import Lane
+    from tessera_agent.lanes import PodLane
     from tessera_agent.restarts import KubernetesEventSink, KubernetesPodRestarter, RestartRefused
 
     objs, creds = feedback_rbac
@@ -633,7 +633,7 @@ async def test_be_feedback_restarts_and_events_use_exactly_their_grants(
     ):
         status, body = cluster.request("POST", f"/api/v1/namespaces/{namespace}/pods", be_pod(name, **kw))
         assert status == 201, body
-        lanes[name] = Lane(body["metadata"]["uid"], f"{namespace}/{name}", "GPU-0", "BE", 1024, 30, True)
+        lanes[name] = PodLane(body["metadata"]["uid"], f"{namespace}/{name}", "GPU-0", "BE", 1024, 30, True)
     api = agent_api(creds)
     restarter = KubernetesPodRestarter(api, min_interval_s=300)
     sink = KubernetesEventSink(api, "node-fb")

@@ -17,7 +17,7 @@ from tessera_agent.interference import (
     WindowedLatency,
     agent_metrics_sink,
 )
-from tessera_agent.lanes import Lane, LaneBook
+from tessera_agent.lanes import LaneBook, PodLane
 from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.pods import PodInfo
 
@@ -35,7 +35,7 @@ class Recorder:
     events: list[tuple[str, str, str]] = field(default_factory=list)
     now: float = 0.0
 
-    async def restart(self, lane: Lane, reason: str) -> None:
+    async def restart(self, lane: PodLane, reason: str) -> None:
         self.restarts.append((self.now, lane.pod))
 
     async def event(self, pod: str, reason: str, message: str, *, warning: bool = False) -> None:
