@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tessera.policy.lanes.model import Admission, GpuLanes, LaneConfig, LaneError, LaneJob
+from tessera.policy.lanes.model import Admission, GpuLanes, LaneConfig, LaneJob, LaneModelError
 
 A = LaneJob("A", 0.5, 6)
 B = LaneJob("B", 0.8, 5)
@@ -97,15 +97,15 @@ def test_first_fit_option() -> None:
 
 
 def test_bad_input_is_rejected_with_reason() -> None:
-    with pytest.raises(LaneError, match="capacity"):
+    with pytest.raises(LaneModelError, match="capacity"):
         GpuLanes(0)
-    with pytest.raises(LaneError, match=">= 0"):
+    with pytest.raises(LaneModelError, match=">= 0"):
         LaneJob("a", -1, 1)
     g = GpuLanes(16)
     g.admit(A)
-    with pytest.raises(LaneError, match="already"):
+    with pytest.raises(LaneModelError, match="already"):
         g.admit(A)
-    with pytest.raises(LaneError, match="not on this GPU"):
+    with pytest.raises(LaneModelError, match="not on this GPU"):
         g.depart("zzz")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from tessera.policy.lanes.model import GpuLanes, LaneConfig, LaneError, LaneJob
+from tessera.policy.lanes.model import GpuLanes, LaneConfig, LaneJob, LaneModelError
 
 
 def gpus_with_lanes(
@@ -26,13 +26,13 @@ def gpus_with_lanes(
     order: Literal["arrival", "largest_first"] = "arrival",
 ) -> list[GpuLanes]:
     if order not in ("arrival", "largest_first"):
-        raise LaneError(f"order must be 'arrival' or 'largest_first', got {order!r}")
+        raise LaneModelError(f"order must be 'arrival' or 'largest_first', got {order!r}")
     if order == "largest_first":
         jobs = sorted(jobs, key=lambda j: (-j.ephemeral, -j.persistent))
     gpus: list[GpuLanes] = []
     for job in jobs:
         if job.persistent + job.ephemeral > capacity:
-            raise LaneError(f"job {job.job_id!r} does not fit on an empty GPU of {capacity}")
+            raise LaneModelError(f"job {job.job_id!r} does not fit on an empty GPU of {capacity}")
         if not any(g.admit(job) is not None for g in gpus):
             gpus.append(GpuLanes(capacity, config))
             gpus[-1].admit(job)
@@ -46,6 +46,6 @@ def gpus_exclusive(jobs: list[LaneJob]) -> int:
 def gpus_equal_split(jobs: list[LaneJob], capacity: float, context_overhead: float) -> int:
     need = max(j.persistent + j.ephemeral + context_overhead for j in jobs)
     if need > capacity:
-        raise LaneError(f"the largest job needs {need}, more than a whole GPU ({capacity})")
+        raise LaneModelError(f"the largest job needs {need}, more than a whole GPU ({capacity})")
     replicas = math.floor(capacity / need)
     return math.ceil(len(jobs) / replicas)

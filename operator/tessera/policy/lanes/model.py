@@ -25,7 +25,7 @@ ComputeMode = Literal["demand", "equal"]
 _EPS = 1e-9
 
 
-class LaneError(ValueError):
+class LaneModelError(ValueError):
     """Bad input to the lane model (negative sizes, unknown or duplicate job)."""
 
 
@@ -47,11 +47,11 @@ class LaneConfig:
 
     def __post_init__(self) -> None:
         if self.max_lanes is not None and self.max_lanes < 1:
-            raise LaneError(f"max_lanes must be >= 1 or None, got {self.max_lanes}")
+            raise LaneModelError(f"max_lanes must be >= 1 or None, got {self.max_lanes}")
         if self.best_match not in ("best_fit", "first_fit"):
-            raise LaneError(f"best_match must be 'best_fit' or 'first_fit', got {self.best_match!r}")
+            raise LaneModelError(f"best_match must be 'best_fit' or 'first_fit', got {self.best_match!r}")
         if self.compute_mode not in ("demand", "equal"):
-            raise LaneError(f"compute_mode must be 'demand' or 'equal', got {self.compute_mode!r}")
+            raise LaneModelError(f"compute_mode must be 'demand' or 'equal', got {self.compute_mode!r}")
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ class LaneJob:
 
     def __post_init__(self) -> None:
         if self.persistent < 0 or self.ephemeral < 0:
-            raise LaneError(f"job {self.job_id!r}: persistent and ephemeral memory must be >= 0")
+            raise LaneModelError(f"job {self.job_id!r}: persistent and ephemeral memory must be >= 0")
         if self.compute_percent is not None and not 1 <= self.compute_percent <= 100:
-            raise LaneError(
+            raise LaneModelError(
                 f"job {self.job_id!r}: compute_percent must be in 1..100, got {self.compute_percent}"
             )
 
@@ -97,7 +97,7 @@ class GpuLanes:
         self, capacity: float, config: LaneConfig | None = None, *, lane_prefix: str = "lane"
     ) -> None:
         if capacity <= 0:
-            raise LaneError(f"GPU memory capacity must be positive, got {capacity}")
+            raise LaneModelError(f"GPU memory capacity must be positive, got {capacity}")
         self.capacity = float(capacity)
         self.config = config or LaneConfig()
         self.lanes: dict[str, Lane] = {}
@@ -126,7 +126,7 @@ class GpuLanes:
         try:
             return self._job_lane[job_id]
         except KeyError:
-            raise LaneError(f"job {job_id!r} is not on this GPU") from None
+            raise LaneModelError(f"job {job_id!r} is not on this GPU") from None
 
     def jobs(self) -> list[str]:
         return list(self._job_lane)
@@ -160,7 +160,9 @@ class GpuLanes:
     def admit(self, job: LaneJob) -> Admission | None:
         """Run Algorithm 2.1 and place `job`; None means not found (queue and retry after a departure)."""
         if job.job_id in self._job_lane:
-            raise LaneError(f"job {job.job_id!r} is already on this GPU (lane {self._job_lane[job.job_id]})")
+            raise LaneModelError(
+                f"job {job.job_id!r} is already on this GPU (lane {self._job_lane[job.job_id]})"
+            )
         where = self.find_lane(job)
         if where is None:
             return None

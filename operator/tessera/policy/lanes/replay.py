@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from tessera.policy.lanes.iteration import IterationScheduler, Policy, make_iteration_scheduler
-from tessera.policy.lanes.model import GpuLanes, LaneError, LaneJob
+from tessera.policy.lanes.model import GpuLanes, LaneJob, LaneModelError
 
 _EPS = 1e-9
 
@@ -36,9 +36,11 @@ class TrainingJob:
 
     def __post_init__(self) -> None:
         if self.duration <= 0 or self.iteration <= 0:
-            raise LaneError(f"job {self.job_id!r}: duration and iteration must be positive")
+            raise LaneModelError(f"job {self.job_id!r}: duration and iteration must be positive")
         if not 0 < self.utilization <= 1:
-            raise LaneError(f"job {self.job_id!r}: utilization must be in (0, 1], got {self.utilization}")
+            raise LaneModelError(
+                f"job {self.job_id!r}: utilization must be in (0, 1], got {self.utilization}"
+            )
 
 
 @dataclass
@@ -94,10 +96,10 @@ class _SingleLane:
 def replay(jobs: list[TrainingJob], policy: Policy, capacity: float) -> ReplayResult:
     """Run `jobs` to completion on one GPU of `capacity` under `policy`; returns per-job times."""
     if not jobs:
-        raise LaneError("replay needs at least one job")
+        raise LaneModelError("replay needs at least one job")
     for tj in jobs:
         if tj.persistent + tj.ephemeral > capacity:
-            raise LaneError(
+            raise LaneModelError(
                 f"job {tj.job_id!r} needs {tj.persistent + tj.ephemeral} > GPU capacity {capacity}"
             )
     pending = sorted(jobs, key=lambda j: j.arrival)
@@ -145,7 +147,9 @@ def replay(jobs: list[TrainingJob], policy: Policy, capacity: float) -> ReplayRe
         result.max_lanes = max(result.max_lanes, len(sched))
         if not running:
             if i >= len(pending):
-                raise LaneError(f"replay stalled at t={t}: {len(queue)} queued jobs can never be admitted")
+                raise LaneModelError(
+                    f"replay stalled at t={t}: {len(queue)} queued jobs can never be admitted"
+                )
             t = pending[i].arrival
             continue
         load = sum(by_id[job].utilization for job, _ in running.values())
