@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tessera.policy.orion.controller import PBeController
+from tessera.policy.orion.controller import PBeController, PBeDecision
 
 from .lanes import LaneBook, PodLane
 from .metrics_factory import AgentMetrics
@@ -157,77 +157,102 @@ class InterferenceLoop:
             self.on_metric(name, {"node": self.node, "uuid": gpu, **labels}, value)
 
     async def step(self, now: float) -> list[Change]:
+        """One look at every GPU's HP p99; the BE share changes it led to (applied by restarting BE pods)."""
         changes = []
         for gpu in sorted({ln.gpu for ln in self.book.lanes.values()}):
-            hp = self.book.hp_lane(gpu)
-            be = [ln for ln in self.book.on_gpu(gpu) if ln.klass == "BE"]
-            p99 = self.latency.p99(gpu, now)
-            if hp is None or p99 is None:
-                continue
-            if hp.p99_dedicated_s is not None:
-                self.p99_dedicated[gpu] = hp.p99_dedicated_s  # the HP pod's own word wins
-            elif not be:
-                self.p99_dedicated.setdefault(gpu, p99)  # the HP lane alone: its dedicated latency
-            if not be:
-                continue
-            if gpu not in self.p99_dedicated:
-                continue  # no baseline yet: never guess one from a shared GPU
-            ctl = self.controllers.get(gpu)
-            if ctl is not None and ctl.p99_dedicated != self.p99_dedicated[gpu]:
-                ctl = None  # a new baseline (another HP pod): the search starts over from the applied share
-            if ctl is None:
-                ctl = self.controllers[gpu] = PBeController(
-                    self.p99_dedicated[gpu],
-                    self.epsilon,
-                    self.p_min,
-                    self.p_max,
-                    max(self.p_min, min(self.p_max, self.book.be_percent_of(gpu))),
-                    self.min_interval_s,
-                    self.hysteresis,
-                )
-            old = ctl.applied
-            d = ctl.observe(now, p99)
-            self._metric("tessera_lane_be_compute_ratio", gpu, ctl.applied / 100)
-            why = f"HP {hp.pod} p99 {p99 * 1e3:.2f} ms vs target {ctl.target * 1e3:.2f} ms"
-            if d.apply is None:
-                if d.why_not and self._held.get(gpu) != d.proposed:
-                    self._held[gpu] = d.proposed
-                    for ln in be:
-                        await self.events.event(
-                            ln.pod,
-                            REASON_HELD,
-                            f"BE share stays {old}% (would be {d.proposed}%): {d.why_not}; {why}",
-                        )
-                continue
-            self._held.pop(gpu, None)
-            self.book.set_be_percent(gpu, d.apply)
-            restarted, kept = [], []
-            for ln in be:
-                if ln.compute_percent <= min(old, d.apply):
-                    continue  # its own assigned share is the binding cap either way: nothing to apply
-                msg = f"BE share {old}% → {d.apply}% ({d.reason}): {why}"
-                if ln.checkpoints:
-                    try:
-                        await self.restarter.restart(ln, msg)
-                    except RestartRefused as err:
-                        await self.events.event(
-                            ln.pod, REASON_NOT_RESTARTED, f"{msg}; not restarted: {err}", warning=True
-                        )
-                        kept.append(ln.pod)
-                        continue
-                    await self.events.event(ln.pod, REASON_CHANGED, msg + "; restarted to apply it")
-                    self._metric("tessera_lane_be_restarts_total", gpu, 1, reason=d.reason)
-                    restarted.append(ln.pod)
-                else:
-                    await self.events.event(
-                        ln.pod,
-                        REASON_NOT_RESTARTED,
-                        msg + "; not restarted: it does not checkpoint",
-                        warning=True,
-                    )
-                    kept.append(ln.pod)
-            if isinstance(self.latency, WindowedLatency):
-                self.latency.reset(gpu)
-            log.info("GPU %s: BE share %d%% -> %d%% (%s), restarted %s", gpu, old, d.apply, why, restarted)
-            changes.append(Change(gpu, old, d.apply, p99, ctl.target, tuple(restarted), tuple(kept)))
+            change = await self._step_gpu(gpu, now)
+            if change is not None:
+                changes.append(change)
         return changes
+
+    async def _step_gpu(self, gpu: str, now: float) -> Change | None:
+        hp = self.book.hp_lane(gpu)
+        be = [ln for ln in self.book.on_gpu(gpu) if ln.klass == "BE"]
+        p99 = self.latency.p99(gpu, now)
+        if hp is None or p99 is None:
+            return None
+        self._learn_baseline(gpu, hp, p99, alone=not be)
+        if not be or gpu not in self.p99_dedicated:
+            return None  # nothing to share with, or no baseline yet: never guess one from a shared GPU
+        ctl = self._controller(gpu)
+        old = ctl.applied
+        d = ctl.observe(now, p99)
+        self._metric("tessera_lane_be_compute_ratio", gpu, ctl.applied / 100)
+        why = f"HP {hp.pod} p99 {p99 * 1e3:.2f} ms vs target {ctl.target * 1e3:.2f} ms"
+        if d.apply is None:
+            await self._report_held(gpu, be, old, d, why)
+            return None
+        self._held.pop(gpu, None)
+        self.book.set_be_percent(gpu, d.apply)
+        restarted, kept = await self._apply(gpu, be, old, d.apply, d.reason, why)
+        if isinstance(self.latency, WindowedLatency):
+            self.latency.reset(gpu)
+        log.info("GPU %s: BE share %d%% -> %d%% (%s), restarted %s", gpu, old, d.apply, why, restarted)
+        return Change(gpu, old, d.apply, p99, ctl.target, tuple(restarted), tuple(kept))
+
+    def _learn_baseline(self, gpu: str, hp: PodLane, p99: float, *, alone: bool) -> None:
+        """The HP lane's p99 alone on its GPU: the HP pod's own word wins, else what it shows running alone."""
+        if hp.p99_dedicated_s is not None:
+            self.p99_dedicated[gpu] = hp.p99_dedicated_s
+        elif alone:
+            self.p99_dedicated.setdefault(gpu, p99)
+
+    def _controller(self, gpu: str) -> PBeController:
+        """The GPU's controller; a new one when the baseline changed (another HP pod), starting from the
+        share the GPU has now."""
+        ctl = self.controllers.get(gpu)
+        if ctl is not None and ctl.p99_dedicated == self.p99_dedicated[gpu]:
+            return ctl
+        ctl = self.controllers[gpu] = PBeController(
+            self.p99_dedicated[gpu],
+            self.epsilon,
+            self.p_min,
+            self.p_max,
+            max(self.p_min, min(self.p_max, self.book.be_percent_of(gpu))),
+            self.min_interval_s,
+            self.hysteresis,
+        )
+        return ctl
+
+    async def _report_held(self, gpu: str, be: list[PodLane], old: int, d: PBeDecision, why: str) -> None:
+        """A change held back (interval, hysteresis): an event on each BE pod, once per proposal."""
+        if not d.why_not or self._held.get(gpu) == d.proposed:
+            return
+        self._held[gpu] = d.proposed
+        for ln in be:
+            await self.events.event(
+                ln.pod, REASON_HELD, f"BE share stays {old}% (would be {d.proposed}%): {d.why_not}; {why}"
+            )
+
+    async def _apply(
+        self, gpu: str, be: list[PodLane], old: int, new: int, reason: str, why: str
+    ) -> tuple[list[str], list[str]]:
+        """Restart the BE pods the new share binds and that checkpoint; (restarted, kept) pod names."""
+        restarted, kept = [], []
+        for ln in be:
+            if ln.compute_percent <= min(old, new):
+                continue  # its own assigned share is the binding cap either way: nothing to apply
+            msg = f"BE share {old}% → {new}% ({reason}): {why}"
+            if await self._restart(ln, msg):
+                self._metric("tessera_lane_be_restarts_total", gpu, 1, reason=reason)
+                restarted.append(ln.pod)
+            else:
+                kept.append(ln.pod)
+        return restarted, kept
+
+    async def _restart(self, ln: PodLane, msg: str) -> bool:
+        """Restart one BE pod to apply `msg`'s change, with an event saying whether it was; True if it was."""
+        if not ln.checkpoints:
+            why_not = "it does not checkpoint"
+        else:
+            try:
+                await self.restarter.restart(ln, msg)
+            except RestartRefused as err:
+                why_not = str(err)
+            else:
+                await self.events.event(ln.pod, REASON_CHANGED, msg + "; restarted to apply it")
+                return True
+        await self.events.event(
+            ln.pod, REASON_NOT_RESTARTED, f"{msg}; not restarted: {why_not}", warning=True
+        )
+        return False
