@@ -12,7 +12,7 @@ from tessera.policy.lanes.fragmentation import (
     PackingState,
     Shape,
     ShapeDistribution,
-    Workload,
+    ShapeMix,
     fragmentation,
     score_rows,
     workload_of,
@@ -43,7 +43,7 @@ def state_of(*nodes: tuple[list[float], float, float], model: str = "T4") -> Pac
     return st
 
 
-def frag(st: PackingState, wl: Workload, measure: Measure | None = None) -> list[float]:
+def frag(st: PackingState, wl: ShapeMix, measure: Measure | None = None) -> list[float]:
     n = st.rows
     out = fragmentation(
         st.comp[:n],
@@ -61,28 +61,28 @@ def frag(st: PackingState, wl: Workload, measure: Measure | None = None) -> list
 def test_node_fragmentation_by_shape_and_expectation() -> None:
     st = state_of(([0.3, 1.0], 8000, 8000))
     # a 0.5-GPU pod can use the idle GPU but not the 0.3 left: 0.3 is fragmented
-    assert frag(st, Workload([HALF], [1.0], ["T4"])) == [0.3]
+    assert frag(st, ShapeMix([HALF], [1.0], ["T4"])) == [0.3]
     # a 2-GPU pod cannot run here at all: every free share (1.3) is fragmented
-    assert frag(st, Workload([TWO], [1.0], ["T4"])) == [1.3]
+    assert frag(st, ShapeMix([TWO], [1.0], ["T4"])) == [1.3]
     # the expectation over a 50/50 workload (Eq. 2)
-    assert frag(st, Workload([HALF, TWO], [1.0, 1.0], ["T4"])) == [0.8]
+    assert frag(st, ShapeMix([HALF, TWO], [1.0, 1.0], ["T4"])) == [0.8]
     # a CPU-only pod counts all free GPU as fragment (it can use none of it)
-    assert frag(st, Workload([Shape.share(0, 0, 1000)], [1.0], ["T4"])) == [1.3]
+    assert frag(st, ShapeMix([Shape.share(0, 0, 1000)], [1.0], ["T4"])) == [1.3]
 
 
 def test_node_lacking_cpu_or_model_fragments_everything() -> None:
     st = state_of(([0.5, 1.0], 2000, 8000))
     hungry = Shape.share(1, 500, cpu_milli=4000)
-    assert frag(st, Workload([hungry], [1.0], ["T4"])) == [1.5]
+    assert frag(st, ShapeMix([hungry], [1.0], ["T4"])) == [1.5]
     v100_only = Shape(1, 0.5, gpu_memory_frac=0.5, models=frozenset({"V100M16"}))
-    assert frag(st, Workload([v100_only], [1.0], ["T4", "V100M16"])) == [1.5]
+    assert frag(st, ShapeMix([v100_only], [1.0], ["T4", "V100M16"])) == [1.5]
 
 
 def test_tight_looking_gpu_that_fragments_more_loses() -> None:
     """Best-fit would put a 0.3-GPU pod on the half-used GPU (0.5 free); against a workload of 0.5-GPU pods
     that leaves 0.2 nobody can use, while the idle GPU keeps 0.7 ≥ 0.5 usable: FGD takes the idle one."""
     st = state_of(([0.5, 1.0], 8000, 8000))
-    wl = Workload([HALF], [1.0], ["T4"])
+    wl = ShapeMix([HALF], [1.0], ["T4"])
     pod = Shape.share(1, 300)
     scored = score_rows(st, np.arange(1), pod, wl, Measure.fgd())
     assert scored.gpus_of(0) == (1,)
@@ -96,7 +96,7 @@ def test_tight_node_short_of_cpu_loses() -> None:
     """Node 1 is fuller (best-fit's pick) but the pod would take the CPU its last idle GPU needs."""
     st = state_of(([1.0, 1.0], 16000, 64000), ([0.5, 1.0], 12000, 64000))
     pod = Shape.share(1, 500, cpu_milli=8000)
-    wl = Workload([pod], [1.0], ["T4"])
+    wl = ShapeMix([pod], [1.0], ["T4"])
     scored = score_rows(st, np.arange(2), pod, wl, Measure.fgd())
     assert scored.delta.tolist() == pytest.approx([0.0, 1.0])  # node 1: its remaining 1.0 GPU is stranded
     assert Fgd(wl).choose(st, pod, random.Random(0)) == (0, (0,))
@@ -106,7 +106,7 @@ def test_node_memory_only_in_tessera_measure() -> None:
     """FGD's measure looks at CPU only; Tessera's also at node memory: the same pod strands the idle GPU."""
     st = state_of(([1.0, 1.0], 64000, 64000), ([0.5, 1.0], 64000, 40000))
     pod = Shape.share(1, 500, cpu_milli=1000, memory_mib=24000)
-    wl = Workload([pod], [1.0], ["T4"])
+    wl = ShapeMix([pod], [1.0], ["T4"])
     fgd = score_rows(st, np.arange(2), pod, wl, Measure.fgd())
     ours = score_rows(st, np.arange(2), pod, wl, Measure.tessera())
     assert fgd.delta.tolist() == pytest.approx([0.0, -0.0])  # blind to memory: a tie
@@ -118,7 +118,7 @@ def test_gpu_memory_dimension() -> None:
     """A GPU with compute left but its memory taken is fragmented for Tessera's measure, not for FGD's."""
     st = state_of(([1.0], 8000, 8000))
     st.take(0, (0,), Shape(1, 0.2, gpu_memory_mib=800.0))  # 0.8 compute, 200 MiB left
-    wl = Workload([Shape(1, 0.5, gpu_memory_mib=500.0)], [1.0], ["T4"])
+    wl = ShapeMix([Shape(1, 0.5, gpu_memory_mib=500.0)], [1.0], ["T4"])
     assert frag(st, wl, Measure.fgd()) == [0.0]
     assert frag(st, wl, Measure.tessera()) == [pytest.approx((0.8 + 0.2) / 2)]
 
@@ -127,7 +127,7 @@ def test_whole_gpu_pod_goes_where_it_strands_least() -> None:
     """Workload of 2-GPU pods: a 1-GPU pod on the node with 3 idle GPUs leaves 2 usable; on the one with 2 it
     leaves a single, useless GPU."""
     st = state_of(([1.0, 1.0, 0.0, 0.0], 8000, 8000), ([1.0, 1.0, 1.0, 0.0], 8000, 8000))
-    wl = Workload([TWO], [1.0], ["T4"])
+    wl = ShapeMix([TWO], [1.0], ["T4"])
     scored = score_rows(st, np.arange(2), WHOLE, wl, Measure.fgd())
     assert scored.delta.tolist() == pytest.approx([1.0, 0.0])
     assert Fgd(wl).choose(st, WHOLE, random.Random(0))[0] == 1
@@ -135,7 +135,7 @@ def test_whole_gpu_pod_goes_where_it_strands_least() -> None:
 
 def test_equal_nodes_scored_once_and_gpus_mapped() -> None:
     st = state_of(([0.0, 0.5], 8000, 8000), ([0.5, 0.0], 8000, 8000))
-    scored = score_rows(st, np.arange(2), HALF, Workload([HALF], [1.0], ["T4"]), Measure.fgd())
+    scored = score_rows(st, np.arange(2), HALF, ShapeMix([HALF], [1.0], ["T4"]), Measure.fgd())
     assert len(scored.reps) == 1
     assert scored.gpus_of(0) == (1,) and scored.gpus_of(1) == (0,)
 
@@ -143,7 +143,7 @@ def test_equal_nodes_scored_once_and_gpus_mapped() -> None:
 def test_infeasible_rows_left_out() -> None:
     st = state_of(([0.2], 8000, 8000), ([1.0], 100, 8000), ([1.0], 8000, 8000))
     scored = score_rows(
-        st, np.arange(3), Shape.share(1, 500, 1000), Workload([HALF], [1.0], ["T4"]), Measure.fgd()
+        st, np.arange(3), Shape.share(1, 500, 1000), ShapeMix([HALF], [1.0], ["T4"]), Measure.fgd()
     )
     assert scored.rows.tolist() == [2]
 
@@ -184,7 +184,7 @@ def test_bad_inputs() -> None:
     with pytest.raises(PackingInputError):
         ShapeDistribution(decay=0.0)
     with pytest.raises(PackingInputError):
-        Workload([HALF], [1.0, 2.0], [])
+        ShapeMix([HALF], [1.0, 2.0], [])
 
 
 def test_workload_of_counts() -> None:
@@ -200,7 +200,7 @@ def test_incremental_score_equals_fragmentation_after_minus_before() -> None:
     scratch after the chosen placement, for both measures and for 0, 1 and 2-GPU pods."""
     rng = random.Random(7)
     shapes = [Shape.share(0, 0, 2000, 4000), Shape.share(1, 300, 1000), Shape.share(1, 1000, 4000), TWO]
-    wl = Workload([*shapes, Shape(1, 0.4, gpu_memory_mib=600.0, memory_mib=9000)], [3, 2, 2, 1, 1], ["T4"])
+    wl = ShapeMix([*shapes, Shape(1, 0.4, gpu_memory_mib=600.0, memory_mib=9000)], [3, 2, 2, 1, 1], ["T4"])
     nodes = [
         (
             [rng.choice([0.0, 0.2, 0.5, 0.7, 1.0]) for _ in range(4)],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from tessera.policy.lanes.fragmentation import Shape, Workload
+from tessera.policy.lanes.fragmentation import Shape, ShapeMix
 from tessera.policy.lanes.packing import POLICIES, GpuClustering, make_policy
 from test_fragmentation import state_of
 
@@ -13,7 +13,7 @@ QUARTER = Shape.share(1, 250, cpu_milli=1000)
 
 
 def pick(name: str, st: object, shape: Shape, seed: int = 0) -> tuple[int, tuple[int, ...]] | None:
-    return make_policy(name, Workload([shape], [1.0], ["T4"])).choose(st, shape, random.Random(seed))  # type: ignore[arg-type]
+    return make_policy(name, ShapeMix([shape], [1.0], ["T4"])).choose(st, shape, random.Random(seed))  # type: ignore[arg-type]
 
 
 def test_every_policy_only_picks_feasible_and_none_when_full() -> None:
@@ -84,4 +84,4 @@ def test_gpu_model_constraint() -> None:
 
 def test_unknown_policy() -> None:
     with pytest.raises(ValueError, match="unknown packing policy"):
-        make_policy("worst-fit", Workload([], [], []))
+        make_policy("worst-fit", ShapeMix([], [], []))

@@ -89,7 +89,7 @@ class Measure:
         return Measure()
 
 
-class Workload:
+class ShapeMix:
     """A distribution over pod shapes as arrays (weights sum to 1); built by ShapeDistribution."""
 
     def __init__(self, shapes: Sequence[Shape], weights: Sequence[float], models: Sequence[str]) -> None:
@@ -135,7 +135,7 @@ class ShapeDistribution:
     _w: dict[Shape, float] = field(default_factory=dict, init=False)
     _scale: float = field(default=1.0, init=False)
     _version: int = field(default=0, init=False)
-    _built: tuple[int, tuple[str, ...], Workload] | None = field(default=None, init=False)
+    _built: tuple[int, tuple[str, ...], ShapeMix] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.decay <= 1.0:
@@ -162,8 +162,8 @@ class ShapeDistribution:
     def weights(self) -> dict[Shape, float]:
         return {s: w / self._scale for s, w in self._w.items()}
 
-    def workload(self, models: Sequence[str]) -> Workload:
-        """The current distribution as a Workload over `models` (cached until a pod is observed)."""
+    def workload(self, models: Sequence[str]) -> ShapeMix:
+        """The current distribution as a ShapeMix over `models` (cached until a pod is observed)."""
         key = tuple(models)
         built = self._built
         if built is not None and built[0] == self._version and built[1] == key:
@@ -171,17 +171,17 @@ class ShapeDistribution:
         total = sum(self._w.values())
         top = sorted(self._w.items(), key=lambda kv: -kv[1])[: self.max_shapes]
         top = [(s, w) for s, w in top if w >= self.min_weight * total]
-        wl = Workload([s for s, _ in top], [w for _, w in top], models)
+        wl = ShapeMix([s for s, _ in top], [w for _, w in top], models)
         self._built = (self._version, key, wl)
         return wl
 
 
-def workload_of(shapes: Iterable[Shape], models: Sequence[str]) -> Workload:
+def workload_of(shapes: Iterable[Shape], models: Sequence[str]) -> ShapeMix:
     """The empirical distribution of `shapes` (by count): FGD's target workload (§4.2)."""
     counts: dict[Shape, float] = {}
     for s in shapes:
         counts[s] = counts.get(s, 0.0) + 1.0
-    return Workload(list(counts), list(counts.values()), models)
+    return ShapeMix(list(counts), list(counts.values()), models)
 
 
 class PackingState:
@@ -317,7 +317,7 @@ def fragmentation(
     cpu: F64,
     mem: F64,
     model: npt.NDArray[np.intp],
-    wl: Workload,
+    wl: ShapeMix,
     measure: Measure,
 ) -> F64:
     """Each row's expected fragmented GPU share over the workload (FGD §4.2 Eq. 2; see the module docstring).
@@ -352,7 +352,7 @@ def fragmentation(
     return res
 
 
-def model_map(state: PackingState, wl: Workload) -> npt.NDArray[np.intp]:
+def model_map(state: PackingState, wl: ShapeMix) -> npt.NDArray[np.intp]:
     """state model id → workload model id (len(wl.models) for models the workload does not name)."""
     index = {m: i for i, m in enumerate(wl.models)}
     return np.array([index.get(m, len(wl.models)) for m in state.models] or [0], dtype=np.intp)
@@ -429,7 +429,7 @@ def score_rows(
     state: PackingState,
     rows: npt.NDArray[np.intp],
     shape: Shape,
-    wl: Workload,
+    wl: ShapeMix,
     measure: Measure,
 ) -> Scored:
     """FGD's score for placing `shape` on each of `rows` that can host it (the others are left out).

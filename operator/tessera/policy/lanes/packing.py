@@ -37,7 +37,7 @@ from tessera.policy.lanes.fragmentation import (
     Scored,
     Shape,
     ShapeDistribution,
-    Workload,
+    ShapeMix,
     score_rows,
 )
 
@@ -232,7 +232,7 @@ class GpuClustering(_Base):
 class Fgd(_Base):
     """FGD (§4.3, Alg. 1): least fragmentation increase against a fixed target workload."""
 
-    workload: Workload
+    workload: ShapeMix
     measure: Measure = field(default_factory=Measure.fgd)
     name: str = "fgd"
 
@@ -271,7 +271,7 @@ class Tessera(_Base):
 
 
 def make_policy(
-    name: str, workload: Workload, distribution: ShapeDistribution | None = None
+    name: str, workload: ShapeMix, distribution: ShapeDistribution | None = None
 ) -> PackingPolicy:
     """A policy by name; `workload` is FGD's target, `distribution` Tessera's starting point."""
     if name == "random":
