@@ -30,6 +30,7 @@ from tessera.controller.pools import (
     POOL_LABEL,
     POOL_SUFFIX,
     PoolConfigOwner,
+    PoolPlan,
     PoolState,
     drained_groups,
     member_of,
@@ -52,7 +53,7 @@ from tessera.controller.serving import (
     spec_status,
 )
 from tessera.controller.serving_stats import StatsReader
-from tessera.controller.sync import sync_pods
+from tessera.controller.sync import SyncResult
 from tessera.controller.view import PodInfo
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             return
         status_in = body.get("status") or {}
         if rec.spec.placement.pool:
-            await self._reconcile_pool_member(rec, body, patch, status_in)
+            await self._reconcile_pool_member(rec, cluster, body, patch, status_in)
             return
         measured = await self._read_stats(rec, status_in)
         decision = desired_replicas(rec.spec, {**status_in, **measured}, len(rec.gpus))
@@ -233,29 +234,20 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         gauge.labels(namespace=rec.namespace, modeldeployment=rec.name, state="ready").set(ready)
 
     async def _reconcile_pool_member(
-        self, rec: ServingRecord, body: dict[str, Any], patch: kopf.Patch, status_in: dict[str, Any]
+        self,
+        rec: ServingRecord,
+        cluster: Cluster,
+        body: dict[str, Any],
+        patch: kopf.Patch,
+        status_in: dict[str, Any],
     ) -> None:
         """A pool member's pass: (re-)plan the pool when its inputs moved past the hysteresis, place its
         groups, keep one worker per group and the pool gateway, and write this member's share of the
-        plan to status. The pool's objects are owned by its first member by name."""
+        plan to status. The pool's objects are owned by every member."""
         pool = rec.spec.placement.pool
         assert pool is not None
-        key = (rec.namespace, pool)
-        members = sorted(
-            (
-                r
-                for r in self.records.values()
-                if r.namespace == rec.namespace and r.spec.placement.pool == pool
-            ),
-            key=lambda r: r.name,
-        )
-        cluster = self.view.cluster()
-        per_node: dict[str, int] = {}
-        for g in cluster.gpus:
-            if g.healthy:
-                per_node[g.node] = per_node.get(g.node, 0) + 1
-        dpn = max(per_node.values(), default=1)
-        state = self.pools.get(key)
+        members = self._pool_members(rec.namespace, pool)
+        state = self.pools.get((rec.namespace, pool))
         # The observed load feeds the plan: each member's last window at the pool gateway (this one's read
         # now), through the same hysteresis as a change of expectedRps.
         measured = await self._read_stats(rec, status_in)
@@ -266,26 +258,60 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             for r in members
         }
         try:
-            inputs = [member_of(r, observed[r.name]) for r in members]
-            why = replan_reason(state.plan if state else None, inputs, dpn)
-            if why is not None:
-                plan = await asyncio.to_thread(plan_pool, pool, inputs, dpn)
+            new = await _new_pool_plan(state, pool, members, observed, devices_per_node(cluster))
         except ServingSpecError as err:
             self._invalid(body, patch, invalid_status([("spec", f"pool {pool}: {err}")]))
             return
         now = time.monotonic()
-        if why is not None:
-            if state is None:
-                state = self.pools[key] = PoolState.first(rec.namespace, plan, members[0].name, why)
-            else:
-                state.replace(plan, now, why)
-            self._event(
-                rec, "Normal", "PoolPlanned",
-                f"pool {pool} ({why}): {len(plan.groups)} groups, predicted attainment "
-                f"{100 * plan.attainment:.1f}%, search {plan.search_seconds:.2f}s",
-            )  # fmt: skip
+        if new is not None:
+            state = self._adopt_pool_plan(rec, state, members, *new, now)
         assert state is not None
-        # Bring up new groups, switch routing, drain old ones (spec §5.3), one step per pass.
+        await self._switch_groups(rec, state, cluster, now)
+        owner_rec = self.records.get((rec.namespace, state.owner)) or members[0]
+        state.owner = owner_rec.name
+        labels = {contract.LABEL_MODELDEPLOYMENT: owner_rec.name, contract.LABEL_ROLE: "worker"}
+        plans = state.pod_plans(labels, contract.WORKLOAD_SERVING)
+        if plans:
+            await self._apply_pool_gateway(rec, state, members, labels)
+        await self._sync_pool_workers(rec, state, owner_rec, plans)
+        status = self._member_status(rec, state, measured, observed[rec.name])
+        self._write_status(rec, patch, status_in, status, [])
+
+    def _pool_members(self, namespace: str, pool: str) -> list[ServingRecord]:
+        """The deployments naming `pool`, by name (the first is the pool's first owner)."""
+        return sorted(
+            (r for r in self.records.values() if r.namespace == namespace and r.spec.placement.pool == pool),
+            key=lambda r: r.name,
+        )
+
+    def _adopt_pool_plan(
+        self,
+        rec: ServingRecord,
+        state: PoolState | None,
+        members: list[ServingRecord],
+        why: str,
+        plan: PoolPlan,
+        now: float,
+    ) -> PoolState:
+        """The pool's state with `plan` as its target (a first plan makes the state), and an event."""
+        if state is None:
+            state = self.pools[(rec.namespace, plan.pool)] = PoolState.first(
+                rec.namespace, plan, members[0].name, why
+            )
+        else:
+            state.replace(plan, now, why)
+        self._event(
+            rec, "Normal", "PoolPlanned",
+            f"pool {plan.pool} ({why}): {len(plan.groups)} groups, predicted attainment "
+            f"{100 * plan.attainment:.1f}%, search {plan.search_seconds:.2f}s",
+        )  # fmt: skip
+        return state
+
+    async def _switch_groups(
+        self, rec: ServingRecord, state: PoolState, cluster: Cluster, now: float
+    ) -> None:
+        """One step of the switch between plans (bring up new groups on free GPUs, switch routing, drain
+        old ones), one step per pass; an event naming each group whose state moved."""
         taken = self.reserved() | self.held_elsewhere() | self.view.used_by_pods(exclude_label=POOL_LABEL)
         by_node: dict[str, list[str]] = {}
         for g in cluster.gpus:
@@ -299,52 +325,52 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         if before != after:
             moved = sorted(g for g in {*before, *after} if before.get(g) != after.get(g))
             changes = ", ".join(f"{g} {before.get(g, 'new')} → {after.get(g, 'gone')}" for g in moved)
-            self._event(rec, "Normal", "PoolSwitch", f"pool {pool}: {changes}")
-        owner_rec = self.records.get((rec.namespace, state.owner)) or members[0]
-        state.owner = owner_rec.name
-        owner = Owner(contract.KIND_MODELDEPLOYMENT, owner_rec.name, owner_rec.namespace, owner_rec.uid)
+            self._event(rec, "Normal", "PoolSwitch", f"pool {state.name}: {changes}")
+
+    async def _apply_pool_gateway(
+        self, rec: ServingRecord, state: PoolState, members: list[ServingRecord], labels: dict[str, str]
+    ) -> None:
+        """The pool gateway's objects applied when they changed, or while its ConfigMap's uid (the
+        workers' owner) is not known."""
+        key = (state.namespace, state.name)
         # Every member owns the pool's gateway objects, and its ConfigMap owns the workers: deleting one
         # member (even the first) leaves them running; the garbage collector takes them with the last.
-        refs = owner_references(
-            [Owner(contract.KIND_MODELDEPLOYMENT, r.name, r.namespace, r.uid) for r in members]
-        )
-        labels = {contract.LABEL_MODELDEPLOYMENT: owner_rec.name, contract.LABEL_ROLE: "worker"}
-        plans = state.pod_plans(labels, contract.WORKLOAD_SERVING)
-        if plans:
-            objects = state.gateway_objects(
-                refs, self.config.gateway_image, labels, contract.WORKLOAD_SERVING
-            )
-            if self._pool_applied.get(key) != [o for _, o in objects] or key not in self._pool_config_uid:
-                for plural, obj in objects:
-                    got = await self._apply(KINDS[plural], rec.namespace, obj)
-                    if plural == "configmaps" and (uid := (got.get("metadata") or {}).get("uid")):
-                        self._pool_config_uid[key] = str(uid)
-                self._pool_applied[key] = [o for _, o in objects]
-            self._applied[rec.key] = []
-        cm_uid = self._pool_config_uid.get(key)
-        pod_owner = (
-            PoolConfigOwner("ConfigMap", pool + POOL_SUFFIX, rec.namespace, cm_uid) if cm_uid else owner
-        )
-        existing = self._pool_workers(state)
-        template = dict((owner_rec.body.get("spec") or {}).get("template") or {})
+        refs = owner_references([self.owner(r) for r in members])
+        objects = state.gateway_objects(refs, self.config.gateway_image, labels, contract.WORKLOAD_SERVING)
+        if self._pool_applied.get(key) != [o for _, o in objects] or key not in self._pool_config_uid:
+            for plural, obj in objects:
+                got = await self._apply(KINDS[plural], rec.namespace, obj)
+                if plural == "configmaps" and (uid := (got.get("metadata") or {}).get("uid")):
+                    self._pool_config_uid[key] = str(uid)
+            self._pool_applied[key] = [o for _, o in objects]
+        self._applied[rec.key] = []
 
-        def with_dns(p: PodPlan) -> dict[str, Any]:
-            t = dict(template)
-            t["spec"] = {**dict(t.get("spec") or {}), "hostname": p.name, "subdomain": state.workers_service}
-            return t
-
+    async def _sync_pool_workers(
+        self, rec: ServingRecord, state: PoolState, owner_rec: ServingRecord, plans: list[PodPlan]
+    ) -> None:
+        """One worker per placed group, from the owner member's template, owned by the pool's ConfigMap
+        (by the owner member while there is no group to start and the ConfigMap is not known)."""
+        cm_uid = self._pool_config_uid.get((state.namespace, state.name))
         if plans and cm_uid is None:  # the owner of new workers is not known yet: the next pass
-            log.warning("pool %s/%s: its ConfigMap has no uid yet; workers wait", rec.namespace, pool)
-        else:
-            result = await sync_pods(
-                self.api, pod_owner, plans, existing,
-                gang_of=lambda p: p.env[contract.ENV_REPLICA], template_of=with_dns,
-                workload_class=contract.CLASS_LATENCY_CRITICAL, grace_seconds=self.config.preemption_grace_s,
-                recent=self.recent, socket_group=self.config.socket_group,
-            )  # fmt: skip
-            if result.created:
-                self._event(rec, "Normal", "WorkersCreated", ", ".join(result.created))
-        model = rec.spec.model.name
+            log.warning("pool %s/%s: its ConfigMap has no uid yet; workers wait", rec.namespace, state.name)
+            return
+        pod_owner = (
+            PoolConfigOwner("ConfigMap", state.name + POOL_SUFFIX, rec.namespace, cm_uid)
+            if cm_uid
+            else self.owner(owner_rec)
+        )
+        template = dict((owner_rec.body.get("spec") or {}).get("template") or {})
+        existing = self._pool_workers(state)
+        result = await self._sync_worker_pods(pod_owner, plans, existing, template, state.workers_service)
+        if result.created:
+            self._event(rec, "Normal", "WorkersCreated", ", ".join(result.created))
+
+    def _member_status(
+        self, rec: ServingRecord, state: PoolState, measured: dict[str, Any], load: float | None
+    ) -> dict[str, Any]:
+        """This member's share of the plan taken (its placed groups as its replicas, the groups it is
+        planned on as wanted, its predicted attainment as a gauge) and its status."""
+        pool, model = state.name, rec.spec.model.name
         mine = [g for g in state.plan.groups_of(model) if g.id in state.placed]
         rec.gpus = [state.placed[g.id] for g in mine]
         self._wanted[rec.key] = len(state.plan.groups_of(model))
@@ -362,18 +388,12 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             "poolGroups": [g.id for g in state.plan.groups_of(model)],
             "predictedSLOAttainmentPercent": round(100 * pred, 3) if pred is not None else None,
             "profileSynthetic": state.plan.synthetic,
-            "observedLoadRps": round(load, 3) if (load := observed[rec.name]) is not None else None,
+            "observedLoadRps": round(load, 3) if load is not None else None,
             "poolPlan": state.status_plan(),
         }
         status.update(spec_status(rec.spec))
         status.update(measured)
-        stored = list(status_in.get("conditions") or [])
-        conditions = carry([c] if (c := self._stats_cond.get(rec.key)) else [], stored)
-        if any(status_in.get(k) != v for k, v in status.items()) or any(
-            _differs(c, find(stored, c["type"])) for c in conditions
-        ):
-            patch.status.update(status)
-            patch.status["conditions"] = conditions
+        return status
 
     def _pool_workers(self, state: PoolState) -> list[PodInfo]:
         """The pool's worker pods, found by the pool's label (not by a member's: any member may go)."""
@@ -443,32 +463,39 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             if p.labels.get(contract.LABEL_ROLE) == "worker"
         ]
         template = dict((rec.body.get("spec") or {}).get("template") or {})
-
-        def with_dns(p: PodPlan) -> dict[str, Any]:
-            t = dict(template)
-            spec = dict(t.get("spec") or {})
-            spec.update({"hostname": p.name, "subdomain": rec.workers_service})
-            t["spec"] = spec
-            return t
-
-        result = await sync_pods(
-            self.api,
-            owner,
-            rec.pod_plans(),
-            existing,
-            gang_of=lambda p: p.env[contract.ENV_REPLICA],
-            template_of=with_dns,
-            workload_class=contract.CLASS_LATENCY_CRITICAL,
-            grace_seconds=self.config.preemption_grace_s,
-            recent=self.recent,
-            socket_group=self.config.socket_group,
-        )
+        result = await self._sync_worker_pods(owner, rec.pod_plans(), existing, template, rec.workers_service)
         if result.created:
             self._event(rec, "Normal", "WorkersCreated", ", ".join(result.created))
         if result.deleted:
             self._event(rec, "Normal", "WorkersDeleted", ", ".join(result.deleted))
         for gang, why in result.failed_gangs.items():
             self._event(rec, "Warning", "GangFailed", f"replica {gang}: no pod created: {why}")
+
+    async def _sync_worker_pods(
+        self,
+        owner: Owner,
+        plans: list[PodPlan],
+        existing: list[PodInfo],
+        template: dict[str, Any],
+        subdomain: str,
+    ) -> SyncResult:
+        """Worker pods to match `plans`, a gang per replica (or pool group), each pod named in cluster DNS
+        by its hostname under the headless Service `subdomain`."""
+
+        def with_dns(p: PodPlan) -> dict[str, Any]:
+            t = dict(template)
+            t["spec"] = {**dict(t.get("spec") or {}), "hostname": p.name, "subdomain": subdomain}
+            return t
+
+        return await self.ctx.sync_pods(
+            owner,
+            plans,
+            existing,
+            gang_of=lambda p: p.env[contract.ENV_REPLICA],
+            template_of=with_dns,
+            workload_class=contract.CLASS_LATENCY_CRITICAL,
+            recent=self.recent,
+        )
 
     async def delete(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         async with self.lock:
@@ -521,6 +548,31 @@ def observed_load(status: dict[str, Any]) -> float | None:
     if isinstance(goodput, int | float) and isinstance(attained, int | float) and attained > 0:
         return float(goodput) / (float(attained) / 100)
     return None
+
+
+def devices_per_node(cluster: Cluster) -> int:
+    """The most healthy GPUs one node has (1 with none): a pool's widest group."""
+    per_node: dict[str, int] = {}
+    for g in cluster.gpus:
+        if g.healthy:
+            per_node[g.node] = per_node.get(g.node, 0) + 1
+    return max(per_node.values(), default=1)
+
+
+async def _new_pool_plan(
+    state: PoolState | None,
+    pool: str,
+    members: list[ServingRecord],
+    observed: dict[str, float | None],
+    dpn: int,
+) -> tuple[str, PoolPlan] | None:
+    """Why the pool needs a new plan and that plan (searched off the event loop), or None while its
+    inputs stay within the hysteresis; ServingSpecError when a member's spec cannot be planned."""
+    inputs = [member_of(r, observed[r.name]) for r in members]
+    why = replan_reason(state.plan if state else None, inputs, dpn)
+    if why is None:
+        return None
+    return why, await asyncio.to_thread(plan_pool, pool, inputs, dpn)
 
 
 def _deployment_status(rec: ServingRecord, decision: Decision, measured: dict[str, Any]) -> dict[str, Any]:
