@@ -15,9 +15,9 @@ from tessera.sim.training import simulator
 from tessera.sim.training.trace import AppSpec, JobSpec, Trace, parse_apps
 from tessera.sim.tuning.engine import Placed, TuningSim
 from tessera.sim.tuning.two_level import FluidAppRuntime, Lease
-from tessera.sim.tuning.workload import Workload
+from tessera.sim.tuning.workload import TuningWorkload
 
-WORKLOAD = Workload(seed=1, iter_time=20.0)
+WORKLOAD = TuningWorkload(seed=1, iter_time=20.0)
 TUNE = {
     "id": "tune",
     "arrival": 0,

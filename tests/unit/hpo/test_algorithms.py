@@ -19,7 +19,7 @@ from tessera.policy.hpo import (
     successive_halving,
 )
 from tessera.sim.tuning.engine import TuningSim
-from tessera.sim.tuning.workload import Workload
+from tessera.sim.tuning.workload import TuningWorkload
 
 SPACE = SearchSpace(("x0", "x1"))
 
@@ -66,7 +66,7 @@ def test_pbt_exploits_top_trial() -> None:
 @pytest.mark.parametrize("name", ["hyperband", "asha"])
 def test_deterministic_for_a_seed(name: str) -> None:
     def once() -> tuple[float, float | None]:
-        w = Workload(seed=3)
+        w = TuningWorkload(seed=3)
         alg = (
             hyperband(w.space, 27, 1, 3, random.Random(5))
             if name == "hyperband"
@@ -109,7 +109,7 @@ class MedianPruningTuner:
 
 def test_external_tuner_drives_trial_groups_under_fluid() -> None:
     tuner = MedianPruningTuner(12, random.Random(1))
-    w = Workload(dims=3, seed=1)
+    w = TuningWorkload(dims=3, seed=1)
     c = Cluster.homogeneous(1, 4)
     sim = TuningSim(c, c.gpu_ids, w, ExternalTunerAlgorithm(tuner), "fluid", FluidConfig(max_pack=2))
     r = sim.run()

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from tessera.policy.orion.profiles import cost_saving
-from tessera.sim.orion.experiment import ABLATION, POLICIES, ExperimentResult, Workload, run_experiment
+from tessera.sim.orion.experiment import ABLATION, POLICIES, Collocation, ExperimentResult, run_experiment
 from tessera.sim.orion.gpu import ClientSpec, GpuSim
 from tessera.sim.orion.kernels import BN2D, CONV2D, MODELS, mix, summary
 from tessera.sim.orion.schedulers import FreeForAll
 
-W = Workload(requests=300)
+W = Collocation(requests=300)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def inf_train() -> ExperimentResult:
 
 @pytest.fixture(scope="module")
 def train_train() -> ExperimentResult:
-    w = Workload(
+    w = Collocation(
         hp_model="bert", hp_role="training", be_models=("mobilenetv2",), requests=20, warmup_requests=2
     )
     return run_experiment(w, ("dedicated", "mps", "reef", "tessera"))
@@ -60,7 +60,7 @@ def test_synthetic_mix_matches_its_table1_row(key: str) -> None:
 
 
 def test_deterministic() -> None:
-    w = Workload(requests=20, warmup_requests=2)
+    w = Collocation(requests=20, warmup_requests=2)
     a, b = run_experiment(w, ("mps", "orion")), run_experiment(w, ("mps", "orion"))
     assert [r.to_json() for r in a.results.values()] == [r.to_json() for r in b.results.values()]
 

@@ -14,7 +14,7 @@ from tessera.sim.training.trace import TraceError, parse_apps
 from tessera.sim.tuning.app_spec import TuningAppSpec
 from tessera.sim.tuning.engine import TuningSim
 from tessera.sim.tuning.experiments import make_algorithm
-from tessera.sim.tuning.workload import Workload
+from tessera.sim.tuning.workload import TuningWorkload
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "scenarios"
 
@@ -77,7 +77,7 @@ def test_every_policy_runs_a_tuning_app_to_the_end(policy: str) -> None:
     assert not tune.rejected and tune.best_score is not None
     # The same algorithm alone on a fixed 4-GPU pool finds the same best config: leases change timing,
     # not Hyperband's (synchronous) decisions.
-    w = Workload(seed=1)  # the block's default workload with the app's seed
+    w = TuningWorkload(seed=1)  # the block's default workload with the app's seed
     alone = TuningSim(cluster, cluster.gpu_ids[:4], w, make_algorithm("hyperband", w, 1), "fluid").run()
     assert tune.best_score == pytest.approx(alone.best_score)
     assert tune.finish - tune.arrival >= 0.99 * alone.makespan  # sharing never beats owning the GPUs

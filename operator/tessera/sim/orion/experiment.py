@@ -33,7 +33,7 @@ class ExperimentError(ValueError):
 
 
 @dataclass(frozen=True)
-class Workload:
+class Collocation:
     hp_model: str = "resnet50"
     hp_role: Role = "inference"
     be_models: tuple[str, ...] = ("resnet50",)
@@ -86,14 +86,14 @@ class PolicyResult:
 
 @dataclass
 class ExperimentResult:
-    workload: Workload
+    workload: Collocation
     hp_latency_dedicated: float
     be_dedicated: list[float]
     results: dict[str, PolicyResult] = field(default_factory=dict)
     be_percent: int = 0
 
 
-def _arrivals(w: Workload, rng: random.Random, n: int) -> tuple[float, ...]:
+def _arrivals(w: Collocation, rng: random.Random, n: int) -> tuple[float, ...]:
     t, out = 0.0, []
     for _ in range(n):
         t += rng.expovariate(w.rate_rps) if w.arrival == "poisson" else 1.0 / w.rate_rps
@@ -101,7 +101,7 @@ def _arrivals(w: Workload, rng: random.Random, n: int) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _clients(w: Workload) -> tuple[ClientSpec, list[ClientSpec]]:
+def _clients(w: Collocation) -> tuple[ClientSpec, list[ClientSpec]]:
     rng = random.Random(w.seed)
     hp_k = mix(w.hp_model, w.hp_role, w.seed, w.num_sms)
     n = w.requests + w.warmup_requests
@@ -119,7 +119,7 @@ def _clients(w: Workload) -> tuple[ClientSpec, list[ClientSpec]]:
     return hp, be
 
 
-def _horizon(w: Workload, hp: ClientSpec) -> tuple[float, float]:
+def _horizon(w: Collocation, hp: ClientSpec) -> tuple[float, float]:
     """(warmup, horizon): inference by the arrival times, training by HP iterations at dedicated speed."""
     if hp.arrivals is not None:
         return hp.arrivals[w.warmup_requests - 1] if w.warmup_requests else 0.0, hp.arrivals[-1] + 0.05
@@ -127,7 +127,7 @@ def _horizon(w: Workload, hp: ClientSpec) -> tuple[float, float]:
     return w.warmup_requests * it, (w.warmup_requests + w.requests) * it
 
 
-def make_scheduler(policy: str, w: Workload, hp_latency: float, be_percent: int) -> Scheduler:
+def make_scheduler(policy: str, w: Collocation, hp_latency: float, be_percent: int) -> Scheduler:
     cfg = OrionConfig(w.num_sms, w.sm_threshold, w.dur_threshold)
     rule = ThrottleRule.for_hp_latency(hp_latency, w.dur_threshold, w.idle_depth)
     match policy:
@@ -165,7 +165,7 @@ def _percentiles(c_lat: list[tuple[float, float]], warmup: float, pending: list[
     return float(p50), float(p95), float(p99), len(lat)
 
 
-def run_one(policy: str, w: Workload, hp_latency: float = 0.0, be_percent: int = 50) -> PolicyResult:
+def run_one(policy: str, w: Collocation, hp_latency: float = 0.0, be_percent: int = 50) -> PolicyResult:
     hp, be = _clients(w)
     clients = [hp] if policy == "dedicated" else [hp, *be]
     sched = make_scheduler(policy, w, hp_latency or sum(k.duration for k in hp.kernels), be_percent)
@@ -188,7 +188,7 @@ def run_one(policy: str, w: Workload, hp_latency: float = 0.0, be_percent: int =
     )  # fmt: skip
 
 
-def run_experiment(w: Workload, policies: tuple[str, ...] = POLICIES) -> ExperimentResult:
+def run_experiment(w: Collocation, policies: tuple[str, ...] = POLICIES) -> ExperimentResult:
     hp, be = _clients(w)
     hp_latency = sum(k.duration for k in hp.kernels)  # the HP request latency alone, from its profile
     be_percent = w.be_percent or initial_be_percent(
@@ -217,5 +217,5 @@ def spec_progress(sim: GpuSim) -> float:
     return sim.clients[0].progress()
 
 
-def hp_kernels(w: Workload) -> tuple[Kernel, ...]:
+def hp_kernels(w: Collocation) -> tuple[Kernel, ...]:
     return _clients(w)[0].kernels

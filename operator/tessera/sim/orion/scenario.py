@@ -18,7 +18,7 @@ from tessera.sim.inputs import Bool, Count, Input, Int, Positive, Requests, one_
 from tessera.sim.inputs import validate as validate_input
 from tessera.sim.scenario import ScenarioError
 
-from .experiment import ABLATION, POLICIES, ExperimentError, ExperimentResult, Workload, run_experiment
+from .experiment import ABLATION, POLICIES, Collocation, ExperimentError, ExperimentResult, run_experiment
 from .kernels import MODELS
 
 
@@ -27,7 +27,7 @@ class OrionScenario:
     source: str
     name: str
     seed: int
-    workload: Workload
+    workload: Collocation
     policies: tuple[str, ...]
 
 
@@ -91,7 +91,7 @@ def load(data: dict[str, Any], source: str) -> OrionScenario:
     if f"{wl.hp_model}-{wl.hp_role}" not in MODELS:
         raise ScenarioError(source, "workload.hp_model", f"no {wl.hp_role} kernel mix for {wl.hp_model!r}")
     try:
-        w = Workload(
+        w = Collocation(
             hp_model=wl.hp_model,
             hp_role=wl.hp_role,
             be_models=tuple(wl.be_models),

@@ -12,7 +12,7 @@ inside whatever lease it holds. In a trace YAML the App carries a `tuning` block
         max_gpus: 8                   # the most GPUs it asks for (default: the cluster)
         samples: 40                   # configs for asha/bohb
         max_budget: 27                # iterations per trial at most
-        workload: {iter_time: 20, target: 0.85}   # tessera.sim.tuning.workload.Workload fields
+        workload: {iter_time: 20, target: 0.85}   # tessera.sim.tuning.workload.TuningWorkload fields
         fluid: {max_pack: 2, max_workers: 4}      # c, d, ε (epsilon: the scenario's restart_s if unset)
 """
 
@@ -29,11 +29,11 @@ from tessera.sim.inputs import Budget, Gpus, Input, Seed, Trials, given, mirror
 from tessera.sim.inputs import validate as validate_input
 from tessera.sim.scenario import ScenarioError
 from tessera.sim.tuning.experiments import ALGORITHMS
-from tessera.sim.tuning.workload import Workload
+from tessera.sim.tuning.workload import TuningWorkload
 
-# A `workload` block sets any Workload field but the seed (which comes from the run); a `fluid` block any
+# A `workload` block sets any TuningWorkload field but the seed (which comes from the run); a `fluid` block any
 # FluidConfig field (c, d, ε and the mechanism switches).
-WorkloadInput = mirror(Workload, exclude=frozenset({"seed"}))
+WorkloadInput = mirror(TuningWorkload, exclude=frozenset({"seed"}))
 FluidInput = mirror(FluidConfig)
 
 
@@ -69,9 +69,9 @@ class TuningSpecError(ValueError):
         self.field, self.problem = field, problem
 
 
-def build_workload(block: Any) -> Workload:
-    """The Workload a validated `workload` block describes (its own checks raise ValueError)."""
-    return Workload(**given(block))
+def build_workload(block: Any) -> TuningWorkload:
+    """The TuningWorkload a validated `workload` block describes (its own checks raise ValueError)."""
+    return TuningWorkload(**given(block))
 
 
 def build_fluid(block: Any) -> FluidConfig:
@@ -85,12 +85,12 @@ class TuningAppSpec:
     max_gpus: int | None = None  # None: the whole cluster
     samples: int = 40
     max_budget: int = 27
-    workload: Workload = field(default_factory=Workload)
+    workload: TuningWorkload = field(default_factory=TuningWorkload)
     fluid: FluidConfig = field(default_factory=FluidConfig)
     epsilon_given: bool = False  # the block set fluid.epsilon (else the simulator's restart cost is used)
 
     def to_dict(self) -> dict[str, Any]:
-        w, base = dataclasses.asdict(self.workload), dataclasses.asdict(Workload())
+        w, base = dataclasses.asdict(self.workload), dataclasses.asdict(TuningWorkload())
         fluid = dataclasses.asdict(self.fluid)
         if not self.epsilon_given:
             fluid.pop("epsilon")

@@ -19,13 +19,13 @@ from tessera.policy.hpo import (
     sync_bohb,
 )
 from tessera.sim.tuning.engine import Executor, Horizon, Observe, TuningResult, TuningSim
-from tessera.sim.tuning.workload import Workload
+from tessera.sim.tuning.workload import TuningWorkload
 
 ALGORITHMS = ("hyperband", "syncbohb", "asha", "bohb", "pbt")
 
 
 def make_algorithm(
-    name: str, w: Workload, seed: int, max_budget: int = 27, samples: int = 40
+    name: str, w: TuningWorkload, seed: int, max_budget: int = 27, samples: int = 40
 ) -> TuningAlgorithm:
     rng = random.Random(seed)
     makers: dict[str, Callable[[], TuningAlgorithm]] = {
@@ -45,7 +45,7 @@ def run_one(
     executor: Executor,
     gpus: int,
     seed: int,
-    workload: Workload,
+    workload: TuningWorkload,
     fluid: FluidConfig,
     *,
     samples: int = 40,
@@ -111,11 +111,11 @@ def runs(
     executor: Executor,
     seeds: Iterable[int],
     gpus: int = 8,
-    workload: Workload | None = None,
+    workload: TuningWorkload | None = None,
     fluid: FluidConfig | None = None,
     samples: int = 40,
 ) -> list[TuningResult]:
-    w, f = workload or Workload(), fluid or FluidConfig(max_pack=2, max_workers=4)
+    w, f = workload or TuningWorkload(), fluid or FluidConfig(max_pack=2, max_workers=4)
     return [run_one(name, executor, gpus, s, w, f, samples=samples) for s in seeds]
 
 
@@ -127,7 +127,7 @@ def packing_overhead_runs(
 
     Returns (FIFO run, Fluid run, chosen c). `fluid` overrides everything but c (ablations).
     """
-    w = Workload(seed=seed, alpha=1.0, time_spread=1.0)
+    w = TuningWorkload(seed=seed, alpha=1.0, time_spread=1.0)
     c = choose_packing_degree(iter_times_from_alpha(w.iter_time, alpha, 4))
     fluid = replace(fluid or FluidConfig(max_workers=4), max_pack=c)
     rng = random.Random(seed)
@@ -150,7 +150,7 @@ def packing_overhead_grid(
 
 def grid_heights(configs: int = 27, seed: int = 0, budget: int = 27) -> list[float]:
     """The single-GPU runtimes of `packing_overhead_grid`'s trials (for independent checks)."""
-    w = Workload(seed=seed, alpha=1.0, time_spread=1.0)
+    w = TuningWorkload(seed=seed, alpha=1.0, time_spread=1.0)
     rng = random.Random(seed)
     specs = [TrialSpec(f"t{i}", w.space.sample(rng), budget) for i in range(configs)]
     return [budget * w.iteration_time(s) for s in specs]
@@ -162,7 +162,7 @@ class AlphaWorkload:
     The α range check of Lemma 4 is deliberately skipped: the experiment shows Eq. 3.1 choosing c = 1.
     """
 
-    def __init__(self, w: Workload, alpha: float) -> None:
+    def __init__(self, w: TuningWorkload, alpha: float) -> None:
         if alpha < 1.0:
             raise ValueError(f"packing overhead alpha must be >= 1, got {alpha}")
         self._w, self.alpha = w, alpha

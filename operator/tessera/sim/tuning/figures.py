@@ -23,7 +23,7 @@ from tessera.sim.tuning.experiments import (
     paired_speedup,
     runs,
 )
-from tessera.sim.tuning.workload import Workload
+from tessera.sim.tuning.workload import TuningWorkload
 
 SEEDS = range(200)  # as tests/integration/test_repro_fluid.py: one seed's ratio is noisy
 FLUID = FluidConfig(max_pack=2, max_workers=4)
@@ -55,7 +55,7 @@ def asha_curves(seeds: range = SEEDS) -> dict[tuple[int, str], list[float]]:
         for ex in ("fifo", "fluid"):
             sums = [0.0] * len(CURVE_TIMES)
             for seed in seeds:
-                w = replace(Workload(), seed=seed)
+                w = replace(TuningWorkload(), seed=seed)
                 cl = Cluster.homogeneous(1, n)
                 sim = TuningSim(cl, cl.gpu_ids, w, make_algorithm("asha", w, seed), ex, FLUID)
                 for k, t in enumerate(CURVE_TIMES):

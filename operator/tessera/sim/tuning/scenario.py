@@ -35,7 +35,7 @@ from tessera.sim.scenario import ScenarioError
 from tessera.sim.tuning.app_spec import FluidInput, WorkloadInput, build_fluid, build_workload
 from tessera.sim.tuning.engine import Executor, Horizon, Observe, TuningResult
 from tessera.sim.tuning.experiments import ALGORITHMS, run_one
-from tessera.sim.tuning.workload import Workload
+from tessera.sim.tuning.workload import TuningWorkload
 
 _EXECUTORS: tuple[Executor, ...] = ("fifo", "fluid")
 METRICS = ("time_to_target", "makespan", "utilisation", "gpu_seconds")
@@ -55,7 +55,7 @@ class TuningScenario:
     fluid: FluidConfig
     horizon: Horizon
     observe: Observe
-    workload: Workload
+    workload: TuningWorkload
 
 
 def _names(known: tuple[str, ...]) -> Any:

@@ -17,7 +17,7 @@ from tessera.policy.hpo import Config, SearchSpace, TrialSpec
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
+class TuningWorkload:
     name: str = "cifar10-like"
     dims: int = 3
     iter_time: float = 10.0  # seconds per iteration on one GPU at x_0 = ½
