@@ -71,22 +71,24 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         config = ctx.config
         self._applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._wanted: dict[tuple[str, str], int] = {}  # replicas the last pass decided on
-        self.stats = StatsReader(config.serving_stats_interval_s, config.gateway_url or gateway_service_url)
+        self.stats = StatsReader(config.serving_stats_interval_s, self._gateway_url)
         self._stats_cond: dict[tuple[str, str], Cond] = {}  # the GatewayStats condition last decided
         self.pools: dict[tuple[str, str], PoolState] = {}  # (namespace, pool) → plan and placed groups
         self._pool_applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._pool_config_uid: dict[tuple[str, str], str] = {}  # pool → its ConfigMap's uid (owns workers)
-        url = config.gateway_url or gateway_service_url
-        pool_url = (lambda ns, p: url(ns, p + POOL_SUFFIX)) if config.gateway_url else pool_gateway_url
-        # Pool members are read at their pool's gateway (one for the pool), under their model's name.
-        self.stats = StatsReader(
-            config.serving_stats_interval_s,
-            lambda ns, name: (
-                pool_url(ns, p)
-                if (r := self.records.get((ns, name))) is not None and (p := r.spec.placement.pool)
-                else url(ns, name)
-            ),
-        )
+
+    def _gateway_url(self, namespace: str, name: str) -> str:
+        """Where ModelDeployment `name`'s gateway counters are read: a pool member's at its pool's gateway
+        (one for the pool, under the member's model name), any other's at its own."""
+        rec = self.records.get((namespace, name))
+        if rec is not None and (pool := rec.spec.placement.pool):
+            return self._pool_gateway_url(namespace, pool)
+        return (self.config.gateway_url or gateway_service_url)(namespace, name)
+
+    def _pool_gateway_url(self, namespace: str, pool: str) -> str:
+        if self.config.gateway_url:
+            return self.config.gateway_url(namespace, pool + POOL_SUFFIX)
+        return pool_gateway_url(namespace, pool)
 
     def reserved(self) -> set[str]:
         own = {g for r in self.records.values() if not r.spec.placement.pool for g in r.held()}
@@ -411,9 +413,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
     async def _drained_groups(self, state: PoolState) -> set[str]:
         """Draining groups the pool gateway no longer routes to and has nothing in flight on (its /stats);
         empty when it cannot be read (the drain timeout then decides)."""
-        name = state.name + POOL_SUFFIX
-        url = self.config.gateway_url(state.namespace, name) if self.config.gateway_url else None
-        url = url or pool_gateway_url(state.namespace, state.name)
+        url = self._pool_gateway_url(state.namespace, state.name)
         return await drained_groups(url, {gid for gid, e in state.groups.items() if e.state == DRAINING})
 
     async def _read_stats(self, rec: ServingRecord, status_in: dict[str, Any]) -> dict[str, Any]:
