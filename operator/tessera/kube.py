@@ -26,9 +26,10 @@ from typing import Any
 
 import aiohttp
 import orjson
-import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.config import ConfigException, incluster_config, kube_config
+
+from tessera.api.safe_load import InputError, load_yaml_file
 
 JsonObj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
@@ -101,10 +102,14 @@ class KubeConfig:
     def from_kubeconfig(cls, path: str | Path, context: str | None = None) -> KubeConfig:
         """Check now that the file reads and names the context (a bad flag fails at start, not at the first
         call); the credentials themselves are loaded when the client is built."""
+        try:  # size, UTF-8, nesting and one document checked first; its fields by the official loader
+            doc = load_yaml_file(path)
+        except InputError as err:
+            where = f"{err.field}: " if err.field else ""
+            raise KubeError(f"cannot use kubeconfig {path}: {where}{err.problem}") from None
         try:
-            doc = yaml.safe_load(Path(path).read_text())
             kube_config.KubeConfigLoader(doc, active_context=context)
-        except (OSError, yaml.YAMLError, ConfigException, AssertionError, TypeError, KeyError) as err:
+        except (ConfigException, AssertionError, TypeError, KeyError) as err:
             raise KubeError(f"cannot use kubeconfig {path}: {err or type(err).__name__}") from err
         return cls(kubeconfig=str(path), context=context)
 

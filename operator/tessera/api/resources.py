@@ -228,6 +228,18 @@ def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
+def input_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    """`validation_errors` for a file that is not a manifest (a gateway configuration, request payloads):
+    the same paths and messages, but an unknown field without the `kubectl explain` hint and a
+    validator's own message without pydantic's "Value error, " in front."""
+    own = {"extra_forbidden": "unknown field"}
+    out: list[tuple[str, str]] = []
+    for (path, message), err in zip(validation_errors(exc), exc.errors(), strict=True):
+        message = own.get(err["type"], message)
+        out.append((path, message.removeprefix("Value error, ")))
+    return out
+
+
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str]:
     kind = obj.get("kind")
     meta = obj.get("metadata")

@@ -17,15 +17,19 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import yaml
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 MAX_BYTES: Final = 16 << 20
 MAX_DEPTH: Final = 64
 MAX_INT: Final = (1 << 63) - 1  # an int64: what the API server stores for an integer field
 
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+M = TypeVar("M", bound="BaseModel")
 
 
 class InputError(ValueError):
@@ -102,6 +106,23 @@ def load_json_file(path: str | Path, max_bytes: int = MAX_BYTES) -> Any:
     for field, problem in value_problems(data):
         raise InputError(source, problem, field)
     return data
+
+
+def validated(model: type[M], data: Any, source: str) -> M:
+    """`data` (a parsed file) as the pydantic `model`; InputError naming the field path of the first
+    problem, as the CRDs' errors do (`models[0].policy: must be one of ...`), and how many more there are."""
+    from pydantic import ValidationError
+
+    from tessera.api.resources import input_errors  # the resource models load only when a file is bad
+
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        problems = input_errors(err)
+        field, problem = problems[0]
+        if len(problems) > 1:
+            problem += f" (and {len(problems) - 1} more problem(s))"
+        raise InputError(source, problem, field) from None
 
 
 def value_problems(data: Any, prefix: str = "") -> Iterator[tuple[str, str]]:

@@ -188,7 +188,6 @@ def run(args: argparse.Namespace) -> int:
             else KubeConfig.in_cluster()
         )
     except (PlacementError, KubeError, ListenError) as err:
-        log.error("%s", err)
         print(f"tessera extender: {err}", file=sys.stderr)
         return 2
     for flag, value in (("--port", args.port), ("--metrics-port", args.metrics_port)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from typing import Any
 
 from tessera.gateway.config import ConfigError, GatewayConfig
@@ -39,8 +40,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = GatewayConfig.load(args.config)
     except ConfigError as err:
-        log.error("%s", err)
-        print(err)
+        print(f"tessera gateway: {err}", file=sys.stderr)
         return 2
     host = args.host or config.host
     port = args.port if args.port is not None else config.port
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     app = make_gateway_app(Gateway(config, seed=args.seed), grpc_port=grpc_port, grpc_host=host)
     try:
         serve(app, host, port)
-    except ConfigError as err:
-        print(err)
+    except ConfigError as err:  # a model its scheduler refuses, found when the gateway starts
+        print(f"tessera gateway: {err}", file=sys.stderr)
         return 2
     return 0

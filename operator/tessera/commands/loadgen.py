@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from typing import Any
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )  # fmt: skip
     except ValueError as err:
-        print(f"tessera loadgen: {err}")
+        print(f"tessera loadgen: {err}", file=sys.stderr)
         return 2
     summary = summarize(results, time.perf_counter() - start)
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))

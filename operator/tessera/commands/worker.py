@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from typing import Any
 
 from tessera.gateway.v2_routes import serve
@@ -65,7 +66,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     names = [n for n in (args.names or "").split(",") if n]
     if not args.model and not (names and args.model_dir):
-        print("tessera worker: --model is required (or --names with --model-dir, or --write-demo-model PATH)")
+        print(
+            "tessera worker: --model is required (or --names with --model-dir, or --write-demo-model PATH)",
+            file=sys.stderr,
+        )
         return 2
     try:
         cost = None
@@ -82,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             models = [OnnxModel(args.model, name=args.name, **kw)]
     except (FileNotFoundError, ValueError, RuntimeError) as err:
-        print(f"tessera worker: {err}")
+        print(f"tessera worker: {err}", file=sys.stderr)
         return 2
     serve(make_worker_app(Worker(*models)), args.host, args.port)
     return 0

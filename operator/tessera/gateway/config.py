@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tessera.api.contract import HEADER_APP
-from tessera.api.safe_load import InputError, load_json_file, load_yaml_file
+from tessera.api.safe_load import InputError, load_json_file, load_yaml_file, validated
 from tessera.policy.serving.baselines.batching import (
     ClipperScheduler,
     ClockworkScheduler,
@@ -277,11 +277,13 @@ class GatewayConfig(_Strict):
         return self
 
     @classmethod
-    def parse(cls, data: Mapping[str, Any]) -> GatewayConfig:
+    def parse(cls, data: Mapping[str, Any], source: str = "") -> GatewayConfig:
+        """The configuration in `data` (read from the file `source`, if any); a ConfigError of one line
+        naming the field path otherwise."""
         try:
-            return cls.model_validate(data)
-        except ValidationError as err:
-            raise ConfigError(f"invalid gateway configuration:\n{err}") from None
+            return validated(cls, data, source)
+        except InputError as err:
+            raise ConfigError(f"gateway configuration{' ' if source else ''}{err}") from None
 
     @classmethod
     def load(cls, path: str | Path) -> GatewayConfig:
@@ -291,8 +293,8 @@ class GatewayConfig(_Strict):
         except InputError as err:
             raise ConfigError(f"gateway configuration {err}") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{p}: the configuration must be a mapping with a 'models' list")
-        return cls.parse(data)
+            raise ConfigError(f"gateway configuration {p}: must be a mapping with 'models' or a 'pool'")
+        return cls.parse(data, str(p))
 
 
 def build_scheduler(cfg: ModelConfig) -> BatchScheduler | SymphonyScheduler:

@@ -7,7 +7,6 @@ percentiles. Every request sent is accounted for: answered, refused with a reaso
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections import Counter
@@ -18,8 +17,10 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from tessera.api.contract import HEADER_APP, HEADER_DEADLINE_MS
+from tessera.api.safe_load import InputError, load_json_file, validated
 from tessera.gateway.protocol import dumps, loads
 from tessera.progress import Progress
 from tessera.sim.serving.arrivals import gamma_arrivals
@@ -58,16 +59,26 @@ class Result:
     worker_s: float | None = None
 
 
+class _Payload(BaseModel):
+    """A v2 inference request body, as far as the generator looks: the server checks the tensors."""
+
+    model_config = ConfigDict(extra="allow")
+    inputs: list[dict[str, Any]] = Field(min_length=1)
+
+
+class _Payloads(RootModel[list[_Payload]]):
+    root: list[_Payload] = Field(min_length=1)
+
+
 def load_payloads(path: str | Path) -> list[dict[str, Any]]:
-    """A JSON file holding one v2 request body or a list of them."""
-    p = Path(path)
+    """A JSON file holding one v2 request body or a list of them; a ValueError of one line naming the file
+    and the field (`[2].inputs: required field is missing`) otherwise."""
     try:
-        data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot read request payloads from {p}: {err}") from None
-    items = data if isinstance(data, list) else [data]
-    if not items or not all(isinstance(x, dict) and "inputs" in x for x in items):
-        raise ValueError(f"{p}: expected a v2 request object (with 'inputs') or a non-empty list of them")
+        data = load_json_file(path)
+        validated(_Payloads if isinstance(data, list) else _Payload, data, str(path))
+    except InputError as err:
+        raise ValueError(f"request payloads {err}") from None
+    items: list[dict[str, Any]] = data if isinstance(data, list) else [data]
     return items
 
 
