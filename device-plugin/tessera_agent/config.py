@@ -3,7 +3,7 @@
 `AgentConfig` is what the agent's parts run with; `AgentSettings` is everything `tessera-agent` is told (the
 config plus the process's own options). Both are pydantic models: unknown fields are refused, numbers are
 finite and bounded, and an error names its field path (`agent.be_percent`), as the CRDs' errors do;
-`settings_errors` turns pydantic's errors into (field path, message) pairs.
+`field_errors` turns pydantic's errors into (field path, message) pairs (for the files the agent reads too).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class AgentSettings(_Settings):
         return self
 
 
-def settings_errors(err: ValidationError) -> list[tuple[str, str]]:
+def field_errors(err: ValidationError) -> list[tuple[str, str]]:
     """(field path, message) for each problem, paths as `agent.be_percent`, messages as the CRDs' errors."""
     from tessera.api.resources import validation_errors  # the CRD models' import cost, on errors only
 

@@ -169,9 +169,9 @@ def load_pod_manifests(path: Path) -> list[PodInfo]:
     try:
         manifests = _MANIFESTS.validate_python(data)
     except ValidationError as err:
-        from tessera.api.resources import validation_errors
+        from .config import field_errors
 
-        (field, problem), *rest = validation_errors(err)
+        (field, problem), *rest = field_errors(err)
         more = f" (and {len(rest)} more)" if rest else ""
         raise InputError(str(path), problem + more, field or "(top level)") from None
     return [pod_info_from_manifest(m.model_dump(by_alias=True)) for m in manifests]

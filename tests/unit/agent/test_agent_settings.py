@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from tessera.api import contract
 from tessera.api.safe_load import InputError
 from tessera_agent import cli
-from tessera_agent.config import AgentConfig, AgentSettings, settings_errors
+from tessera_agent.config import AgentConfig, AgentSettings, field_errors
 from tessera_agent.pods import load_pod_manifests
 
 from tests.unit.chart.chart_render import find, objects, render
@@ -122,7 +122,7 @@ def test_wrong_type_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
 def test_unknown_field_is_named_with_its_path() -> None:
     with pytest.raises(ValidationError) as err:
         AgentSettings.model_validate({"agent": {"node_name": "n", "slot_per_gpu": 4}, "metrics_prot": 1})
-    assert settings_errors(err.value) == [
+    assert field_errors(err.value) == [
         ("agent.slot_per_gpu", "unknown field"),
         ("metrics_prot", "unknown field"),
     ]
