@@ -10,11 +10,11 @@ import json
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
-class PlacementError(ValueError):
+class PlacementAnnotationError(ValueError):
     """A `tessera.io/placement` annotation that cannot be used, with the reason."""
 
 
-class Placement(BaseModel):
+class PlacementAnnotation(BaseModel):
     model_config = ConfigDict(populate_by_name=True, frozen=True, extra="ignore")
 
     node: str = Field(min_length=1)
@@ -31,10 +31,12 @@ class Placement(BaseModel):
         return json.dumps(self.model_dump(by_alias=True), separators=(",", ":"))
 
     @classmethod
-    def parse(cls, raw: str, *, where: str = "pod") -> Placement:
+    def parse(cls, raw: str, *, where: str = "pod") -> PlacementAnnotation:
         try:
             return cls.model_validate_json(raw)
         except ValidationError as err:
             first = err.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])
-            raise PlacementError(f"{where}: tessera.io/placement is malformed: {loc} {first['msg']}") from err
+            raise PlacementAnnotationError(
+                f"{where}: tessera.io/placement is malformed: {loc} {first['msg']}"
+            ) from err

@@ -18,7 +18,7 @@ from typing import Any, cast
 import kopf
 
 from tessera.api import contract
-from tessera.api.placement import Placement
+from tessera.api.placement import PlacementAnnotation
 
 JsonObj = dict[str, Any]
 
@@ -66,8 +66,8 @@ class PodPlan:
     annotations: Mapping[str, str] = field(default_factory=dict)
 
     @property
-    def placement(self) -> Placement:
-        return Placement(node=self.node, gpu_indices=list(self.gpu_indices))
+    def placement(self) -> PlacementAnnotation:
+        return PlacementAnnotation(node=self.node, gpu_indices=list(self.gpu_indices))
 
     @property
     def name(self) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from tessera.api import contract
 from tessera.api.assignment import Assignment, AssignmentError
 from tessera.api.gpu_inventory import GpuInfo, GpuInventoryError, parse_node_gpus
-from tessera.api.placement import Placement, PlacementError
+from tessera.api.placement import PlacementAnnotation, PlacementAnnotationError
 from tessera.cluster import GPU, Cluster, Machine
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,9 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
             log.warning("%s", err)
     if not indices and contract.ANN_PLACEMENT in ann:
         try:
-            p = Placement.parse(ann[contract.ANN_PLACEMENT], where=where)
+            p = PlacementAnnotation.parse(ann[contract.ANN_PLACEMENT], where=where)
             node, indices = p.node, tuple(p.gpu_indices)
-        except PlacementError as err:
+        except PlacementAnnotationError as err:
             log.warning("%s", err)
     return PodInfo(
         namespace=str(meta.get("namespace", "")),

@@ -24,8 +24,7 @@ from kubernetes.utils.quantity import parse_quantity
 from tessera.api import contract
 from tessera.api.assignment import Assignment, AssignmentError
 from tessera.api.gpu_inventory import GpuInventoryError, parse_node_gpus
-from tessera.api.placement import Placement
-from tessera.api.placement import PlacementError as PlacementParseError
+from tessera.api.placement import PlacementAnnotation, PlacementAnnotationError
 from tessera.api.quantity import QuantityError, resource_quantity
 from tessera.policy.lanes.fragmentation import PackingState, Shape, ShapeDistribution
 from tessera.policy.lanes.placement import (
@@ -142,7 +141,7 @@ class PodSpec:
     compute_percent: int
     compute_fraction: float
     workload_class: WorkloadClass
-    placement: Placement | None = None
+    placement: PlacementAnnotation | None = None
     problem: str | None = None  # the request itself is bad
     placement_problem: str | None = None  # the tessera.io/placement annotation is bad
 
@@ -213,8 +212,8 @@ def pod_spec(
     )
     if contract.ANN_PLACEMENT in ann:
         try:
-            placement = Placement.parse(ann[contract.ANN_PLACEMENT], where=key)
-        except PlacementParseError as err:
+            placement = PlacementAnnotation.parse(ann[contract.ANN_PLACEMENT], where=key)
+        except PlacementAnnotationError as err:
             return PodSpec(
                 key, spec.gpus, spec.memory_mib, compute, profile, klass, placement_problem=str(err)
             )
