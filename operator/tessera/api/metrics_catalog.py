@@ -28,7 +28,7 @@ class MetricType(StrEnum):
 
 class Component(StrEnum):
     """The processes that export metrics. The simulator writes the operator's and gateway's series so a
-    dashboard can show a what-if run next to the live cluster (issue 10)."""
+    dashboard can show a what-if run next to the live cluster."""
 
     OPERATOR = "operator"
     EXTENDER = "extender"

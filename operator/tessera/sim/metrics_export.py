@@ -1,4 +1,4 @@
-"""Simulator runs as timestamped Prometheus series, so the live dashboards can show a what-if run (issue 10).
+"""Simulator runs as timestamped Prometheus series, so the live dashboards can show a what-if run.
 
 `write_openmetrics` writes any catalogue series (tessera.api.metrics_catalog) as OpenMetrics text with
 explicit timestamps, the input `promtool tsdb create-blocks-from openmetrics` backfills into a TSDB that

@@ -11,7 +11,7 @@ class, latency-critical (HP) or best-effort (BE).
 - Complementary profiles are preferred: 1 − |c_a − (1 − c_b)| (spec C.3(e)); Conv2d–BN2d collocation gave
   1.41× vs 0.98× for Conv2d–Conv2d (Orion Table 2, §3.2).
 
-Scores (each in [0, 1], higher is better), combined by weights (issue 6, "Node and GPU scoring"):
+Scores (each in [0, 1], higher is better), combined by weights:
 - binpack: best-fit on the GPU (how full the chosen GPUs are after placement: the tightest remaining
   memory + compute that fits wins) averaged with how full the node is after placement (prefer nodes in use,
   the node policy HAMi and gpushare default to, as in their scheduler configs). spread is 1 − binpack.
