@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 from tessera.policy.serving.alpaserve import (
     GB,
+    ModelPlacement,
     ModelProfile,
     ParallelConfig,
-    Placement,
     SearchOptions,
     StageProfile,
     all_configs,
@@ -112,7 +112,7 @@ def _alg1(
     names = [p.name for p in profs]
 
     def run() -> dict[str, object]:
-        base = Placement.empty(configs)
+        base = ModelPlacement.empty(configs)
         if fast:
             return _plan(fast_greedy_selection(names, base, by_name, w, 13 * GB))
         return _plan(greedy_selection(names, base, by_name, w, 13 * GB, beam_size=beam))

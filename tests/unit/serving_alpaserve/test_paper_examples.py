@@ -10,9 +10,9 @@ from tessera.policy.serving.alpaserve import (
     GB,
     GIB,
     Group,
+    ModelPlacement,
     ModelProfile,
     ParallelConfig,
-    Placement,
     StageProfile,
     Workload,
     bucket_models,
@@ -33,13 +33,13 @@ def _toy(stage: tuple[float, float], comm: tuple[float, ...]) -> dict[str, Model
     return {m: ModelProfile(m, 1.0, 1.0, cfgs) for m in "AB"}
 
 
-def _latencies(profiles: dict[str, ModelProfile], plm: Placement) -> list[float]:
+def _latencies(profiles: dict[str, ModelProfile], plm: ModelPlacement) -> list[float]:
     w = Workload.from_streams({"A": [0.0] * 4, "B": []}, {"A": INF, "B": INF})
     return [round(x, 9) for x in simulate(plm, profiles, w).latencies]
 
 
-SIMPLE = Placement((Group((0,), P1, ("A",)), Group((1,), P1, ("B",))))
-MP = Placement((Group((0, 1), P2, ("A", "B")),))
+SIMPLE = ModelPlacement((Group((0,), P1, ("A",)), Group((1,), P1, ("B",))))
+MP = ModelPlacement((Group((0, 1), P2, ("A", "B")),))
 
 
 def test_fig1_toy_simple_vs_model_parallel() -> None:
@@ -61,8 +61,8 @@ def test_two_model_queueing_closed_form() -> None:
 def _two_model_means(rates: dict[str, float], cv: float, duration: float, seed: int) -> tuple[float, float]:
     prof = two_model_profiles()
     w = gamma_workload(rates, cv, duration, {"m1": INF, "m2": INF}, seed)
-    simple = Placement((Group((0,), P1, ("m1",)), Group((1,), P1, ("m2",))))
-    mp = Placement((Group((0, 1), P2, ("m1", "m2")),))
+    simple = ModelPlacement((Group((0,), P1, ("m1",)), Group((1,), P1, ("m2",))))
+    mp = ModelPlacement((Group((0, 1), P2, ("m1", "m2")),))
     return simulate(simple, prof, w).mean_latency, simulate(mp, prof, w).mean_latency
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from tessera.policy.serving.alpaserve import (
     GB,
+    ModelPlacement,
     ParallelConfig,
-    Placement,
     SearchOptions,
     all_configs,
     bucket_models,
@@ -26,7 +26,7 @@ from tessera.policy.serving.baselines.selective_replication import selective_rep
 from .alpaserve_cases import P1, P2, gamma_workload, two_model_profiles
 
 
-def _configs(plm: Placement) -> list[ParallelConfig]:
+def _configs(plm: ModelPlacement) -> list[ParallelConfig]:
     return [g.config for g in plm.groups]
 
 
@@ -50,7 +50,7 @@ def test_alg2_avoids_pipeline_when_overhead_saturates_it() -> None:
     res = place(list(prof.values()), 2, w, 16 * GB, SearchOptions(max_op=2, devices_per_node=2))
     assert _configs(res.placement) == [P1, P1]
     assert res.attainment > 0.99
-    mp = evaluate(Placement.empty([P2]).with_model(0, "m1").with_model(0, "m2"), prof, w)
+    mp = evaluate(ModelPlacement.empty([P2]).with_model(0, "m1").with_model(0, "m2"), prof, w)
     assert mp.attainment < 0.9
 
 
@@ -91,7 +91,7 @@ def test_alg2_at_least_every_enumerated_alg1() -> None:
     by_name = {p.name: p for p in profs}
     names = [p.name for p in profs]
     for cfgs in group_configs(4, opts):
-        one = fast_greedy_selection(names, Placement.empty(cfgs), by_name, w.only(names), 13 * GB)
+        one = fast_greedy_selection(names, ModelPlacement.empty(cfgs), by_name, w.only(names), 13 * GB)
         assert res.best.score >= one.score - 1e-12
 
 
@@ -100,7 +100,7 @@ def test_alg1_returns_best_seen_and_beam_not_worse() -> None:
     profs, w = _mixed_instance(4, n_models=4)
     by_name = {p.name: p for p in profs}
     names = [p.name for p in profs]
-    base = Placement.empty([P1] * 4)
+    base = ModelPlacement.empty([P1] * 4)
     g1 = greedy_selection(names, base, by_name, w, 13 * GB, beam_size=1)
     g3 = greedy_selection(names, base, by_name, w, 13 * GB, beam_size=3)
     assert g3.score >= g1.score - 1e-12

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from tessera.policy.serving.alpaserve import (
     GB,
     Group,
+    ModelPlacement,
     ModelProfile,
     ParallelConfig,
-    Placement,
     StageProfile,
     Workload,
     simulate,
@@ -64,13 +64,13 @@ def workloads(draw: st.DrawFn, max_n: int = 120) -> Workload:
 
 
 @st.composite
-def placements(draw: st.DrawFn) -> Placement:
+def placements(draw: st.DrawFn) -> ModelPlacement:
     groups, d = [], 0
     for pp in draw(st.lists(st.sampled_from(PPS), min_size=1, max_size=4)):
         models = draw(st.lists(st.sampled_from(NAMES), unique=True, max_size=4))
         groups.append(Group(tuple(range(d, d + pp)), ParallelConfig(pp), tuple(models)))
         d += pp
-    return Placement(tuple(groups))
+    return ModelPlacement(tuple(groups))
 
 
 def _same(a: SimStats, b: SimStats) -> None:
@@ -80,7 +80,7 @@ def _same(a: SimStats, b: SimStats) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(placements(), workloads(), st.sampled_from([0.0, 0.011, 0.125]))
-def test_replay_equals_dispatch_per_request(plm: Placement, w: Workload, overhead: float) -> None:
+def test_replay_equals_dispatch_per_request(plm: ModelPlacement, w: Workload, overhead: float) -> None:
     _same(simulate(plm, PROFILES, w, fixed_overhead_s=overhead),
           simulate_reference(plm, PROFILES, w, fixed_overhead_s=overhead))  # fmt: skip
 
@@ -105,7 +105,7 @@ def test_component_cache_equals_whole_simulation(
     full replays, resume_limit 1.0 never gives up on resuming, 0.0 gives up at once."""
     keep, limit = cache_cfg
     cache = ComponentCache(PROFILES, w, fixed_overhead_s=overhead, keep=keep, resume_limit=limit)
-    base = Placement.empty([ParallelConfig(pp) for pp in pps])
+    base = ModelPlacement.empty([ParallelConfig(pp) for pp in pps])
     seen = [base]
     _same(cache.simulate(base), simulate_reference(base, PROFILES, w, fixed_overhead_s=overhead))
     for gi, m, branch in steps:
@@ -128,7 +128,7 @@ def test_resuming_reevaluates_few_requests_on_bursty_traffic() -> None:
 
     profs, w = bench_instance(16)
     by_name = {p.name: p for p in profs}
-    plm = Placement.empty([ParallelConfig(4)] * 4)
+    plm = ModelPlacement.empty([ParallelConfig(4)] * 4)
     for i, m in enumerate(sorted(by_name)):
         plm = plm.with_model(i % 4, m)
     cache = ComponentCache(by_name, w)

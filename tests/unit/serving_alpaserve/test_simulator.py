@@ -11,8 +11,8 @@ from tessera.policy.serving.alpaserve import (
     GB,
     NO_REPLICA,
     Group,
+    ModelPlacement,
     ParallelConfig,
-    Placement,
     ShortestQueueDispatcher,
     Workload,
     simulate,
@@ -31,7 +31,7 @@ PROFILES = {
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> tuple[Placement, Workload]:
+def cases(draw: st.DrawFn) -> tuple[ModelPlacement, Workload]:
     sizes = draw(st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=3))
     groups, d = [], 0
     for s in sizes:
@@ -43,14 +43,14 @@ def cases(draw: st.DrawFn) -> tuple[Placement, Workload]:
     models = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
     slos = draw(st.lists(st.floats(0.05, 5.0), min_size=n, max_size=n))
     names = tuple(sorted(PROFILES))
-    return Placement(tuple(groups)), Workload(
+    return ModelPlacement(tuple(groups)), Workload(
         names, np.array(arrivals), np.array(models, dtype=np.int64), np.array(slos)
     )
 
 
 @settings(max_examples=60, deadline=None)
 @given(cases())
-def test_simulator_invariants(case: tuple[Placement, Workload]) -> None:
+def test_simulator_invariants(case: tuple[ModelPlacement, Workload]) -> None:
     plm, w = case
     d = ShortestQueueDispatcher(plm, PROFILES)
     finish, group = [], []
@@ -75,7 +75,7 @@ def test_simulator_invariants(case: tuple[Placement, Workload]) -> None:
     assert stats.per_model_requests().sum() == len(w)
     assert stats.per_group_good().sum() == stats.good.sum()
     # T13.6: with no deadline a placement that holds every model serves everything
-    full = Placement((Group((0, 1), ParallelConfig(2), tuple(sorted(PROFILES))),))
+    full = ModelPlacement((Group((0, 1), ParallelConfig(2), tuple(sorted(PROFILES))),))
     inf = Workload(w.model_names, w.arrivals, w.models, np.full(len(w), np.inf))
     assert simulate(full, PROFILES, inf).attainment == 1.0
 
@@ -84,7 +84,7 @@ def test_fcfs_no_overtaking_in_pipeline() -> None:
     """Invariant: for one group, admitted requests leave every stage in arrival order."""
     prof = two_model_profiles()
     w = gamma_workload({"m1": 2.0, "m2": 2.0}, 3.0, 200.0, {"m1": 3.0, "m2": 3.0}, seed=4)
-    plm = Placement((Group((0, 1), P2, ("m1", "m2")),))
+    plm = ModelPlacement((Group((0, 1), P2, ("m1", "m2")),))
     stats = simulate(plm, prof, w)
     f = stats.finish[stats.good]
     assert np.all(np.diff(f) >= -1e-12)

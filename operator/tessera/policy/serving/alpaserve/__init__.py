@@ -1,7 +1,7 @@
 """AlpaServe (OSDI'23): model-parallel placement for statistical multiplexing (Li et al., OSDI'23).
 
 Profiles per parallel config → Algorithm 2 (buckets, group partitions, configs) → Algorithm 1 or the fast
-heuristic, scored by the placement simulator → a Placement served by shortest-queue dispatch.
+heuristic, scored by the placement simulator → a ModelPlacement served by shortest-queue dispatch.
 """
 
 from tessera.policy.serving.alpaserve.dispatch import NO_REPLICA, ShortestQueueDispatcher
@@ -16,8 +16,8 @@ from tessera.policy.serving.alpaserve.placement import (
     GIB,
     Group,
     MemoryRule,
-    Placement,
-    PlacementError,
+    ModelPlacement,
+    ModelPlacementError,
     fits,
     stage_memory,
     validate,
@@ -50,10 +50,10 @@ __all__ = [
     "NO_REPLICA",
     "Group",
     "MemoryRule",
+    "ModelPlacement",
+    "ModelPlacementError",
     "ModelProfile",
     "ParallelConfig",
-    "Placement",
-    "PlacementError",
     "Scored",
     "SearchOptions",
     "SearchResult",

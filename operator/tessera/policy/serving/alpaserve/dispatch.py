@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from tessera.policy.serving.alpaserve.placement import Placement
+from tessera.policy.serving.alpaserve.placement import ModelPlacement
 from tessera.policy.serving.alpaserve.profiles import ModelProfile
 
 NO_REPLICA = -1
@@ -55,7 +55,7 @@ class ShortestQueueDispatcher:
 
     def __init__(
         self,
-        placement: Placement,
+        placement: ModelPlacement,
         profiles: Mapping[str, ModelProfile],
         *,
         fixed_overhead_s: float = 0.0,

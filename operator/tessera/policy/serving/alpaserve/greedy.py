@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera.policy.serving.alpaserve.incremental import ComponentCache
-from tessera.policy.serving.alpaserve.placement import Group, MemoryRule, Placement, stage_memory
+from tessera.policy.serving.alpaserve.placement import Group, MemoryRule, ModelPlacement, stage_memory
 from tessera.policy.serving.alpaserve.profiles import ModelProfile, ParallelConfig
 from tessera.policy.serving.alpaserve.simulator import SimStats, simulate
 from tessera.policy.serving.alpaserve.workload import Workload
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Scored:
-    placement: Placement
+    placement: ModelPlacement
     stats: SimStats
     score: float
     simulations: int = 0
@@ -35,7 +35,7 @@ class Scored:
 
 
 def evaluate(
-    placement: Placement,
+    placement: ModelPlacement,
     profiles: Mapping[str, ModelProfile],
     workload: Workload,
     *,
@@ -54,7 +54,9 @@ class _Scorer:
     ) -> None:
         self._cache = ComponentCache(profiles, workload, fixed_overhead_s=fixed_overhead_s)
 
-    def __call__(self, placement: Placement, parent: tuple[Placement, int, str] | None = None) -> Scored:
+    def __call__(
+        self, placement: ModelPlacement, parent: tuple[ModelPlacement, int, str] | None = None
+    ) -> Scored:
         stats = self._cache.simulate(placement, parent)
         return Scored(placement, stats, stats.score(placement.num_replicas()), 1)
 
@@ -89,7 +91,7 @@ class _Fits:
 
 def greedy_selection(
     models: Sequence[str],
-    base: Placement,
+    base: ModelPlacement,
     profiles: Mapping[str, ModelProfile],
     workload: Workload,
     budget_bytes: float,
@@ -133,7 +135,7 @@ def greedy_selection(
 
 def fast_greedy_selection(
     models: Sequence[str],
-    base: Placement,
+    base: ModelPlacement,
     profiles: Mapping[str, ModelProfile],
     workload: Workload,
     budget_bytes: float,

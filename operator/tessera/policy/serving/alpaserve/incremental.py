@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tessera.policy.serving.alpaserve.dispatch import NO_REPLICA, ShortestQueueDispatcher, advance
-from tessera.policy.serving.alpaserve.placement import Group, Placement
+from tessera.policy.serving.alpaserve.placement import Group, ModelPlacement
 from tessera.policy.serving.alpaserve.profiles import ModelProfile, ParallelConfig
 from tessera.policy.serving.alpaserve.simulator import SimStats
 from tessera.policy.serving.alpaserve.workload import Workload
@@ -85,7 +85,9 @@ class ComponentCache:
         self.replayed = 0
         self.reevaluated = 0
 
-    def simulate(self, placement: Placement, parent: tuple[Placement, int, str] | None = None) -> SimStats:
+    def simulate(
+        self, placement: ModelPlacement, parent: tuple[ModelPlacement, int, str] | None = None
+    ) -> SimStats:
         n = len(self.workload)
         finish = np.full(n, np.inf)
         group = np.full(n, NO_REPLICA, dtype=np.int64)
@@ -115,13 +117,13 @@ class ComponentCache:
             finish[run.idx] = run.finish
         return SimStats(self.workload, finish, group, len(placement.groups))
 
-    def _replay(self, placement: Placement, comp: list[int]) -> _Run:
+    def _replay(self, placement: ModelPlacement, comp: list[int]) -> _Run:
         groups = [placement.groups[gi] for gi in comp]
         models = sorted({m for g in groups for m in g.models})
         parts = [self._requests[m] for m in models if m in self._requests]
         idx = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
         d = ShortestQueueDispatcher(
-            Placement(tuple(groups)), self.profiles, fixed_overhead_s=self.fixed_overhead_s
+            ModelPlacement(tuple(groups)), self.profiles, fixed_overhead_s=self.fixed_overhead_s
         )
         names = self.workload.model_names
         rel, fin, done = d.replay(
@@ -134,7 +136,7 @@ class ComponentCache:
         return _Run(idx, to_abs[np.array(rel, dtype=np.int64)], np.array(fin, dtype=np.float64), done)
 
     def _resume(
-        self, placement: Placement, comp: list[int], parent: Placement, added_to: int, added: str
+        self, placement: ModelPlacement, comp: list[int], parent: ModelPlacement, added_to: int, added: str
     ) -> _Run | None:
         """Replay component ``comp`` of ``placement`` = ``parent`` + ``added`` on group ``added_to``,
         starting from the parent's runs of the components it merges (None if one is no longer cached).
@@ -306,7 +308,7 @@ class ComponentCache:
         return _Run(idx, new_group, new_finish, new_done)
 
 
-def _key(placement: Placement, comp: list[int]) -> tuple[GroupKey, ...]:
+def _key(placement: ModelPlacement, comp: list[int]) -> tuple[GroupKey, ...]:
     gs = placement.groups
     return tuple((gi, gs[gi].devices, gs[gi].config, frozenset(gs[gi].models)) for gi in comp)
 

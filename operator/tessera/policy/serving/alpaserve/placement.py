@@ -18,7 +18,7 @@ GB = 1e9  # Table 1 sizes are decimal GB
 GIB = float(1 << 30)  # the authors' code budgets in GiB (Table 1 sizes are decimal GB)
 
 
-class PlacementError(ValueError):
+class ModelPlacementError(ValueError):
     """A placement that breaks an invariant (overlapping devices, memory, duplicate models...)."""
 
 
@@ -30,12 +30,12 @@ class Group:
 
     def __post_init__(self) -> None:
         if len(self.devices) != self.config.size:
-            raise PlacementError(
+            raise ModelPlacementError(
                 f"group on devices {self.devices} has {len(self.devices)} devices but config "
                 f"{self.config} needs pp·op = {self.config.size}"
             )
         if len(set(self.models)) != len(self.models):
-            raise PlacementError(f"group on devices {self.devices} holds a model twice: {self.models}")
+            raise ModelPlacementError(f"group on devices {self.devices} holds a model twice: {self.models}")
 
     def stage_devices(self, k: int) -> tuple[int, ...]:
         """Devices of pipeline stage k: consecutive blocks of ``op`` devices."""
@@ -47,11 +47,11 @@ class Group:
 
 
 @dataclass(frozen=True)
-class Placement:
+class ModelPlacement:
     groups: tuple[Group, ...]
 
     @classmethod
-    def empty(cls, configs: Sequence[ParallelConfig], first_device: int = 0) -> Placement:
+    def empty(cls, configs: Sequence[ParallelConfig], first_device: int = 0) -> ModelPlacement:
         """Empty groups with the given configs on consecutive devices starting at ``first_device``."""
         groups, d = [], first_device
         for cfg in configs:
@@ -63,10 +63,10 @@ class Placement:
     def num_devices(self) -> int:
         return sum(len(g.devices) for g in self.groups)
 
-    def with_model(self, group_index: int, model: str) -> Placement:
+    def with_model(self, group_index: int, model: str) -> ModelPlacement:
         gs = list(self.groups)
         gs[group_index] = gs[group_index].with_model(model)
-        return Placement(tuple(gs))
+        return ModelPlacement(tuple(gs))
 
     def replicas(self, model: str) -> int:
         return sum(model in g.models for g in self.groups)
@@ -120,31 +120,33 @@ def fits(
 
 
 def validate(
-    placement: Placement,
+    placement: ModelPlacement,
     profiles: Mapping[str, ModelProfile],
     budget_bytes: float,
     *,
     num_devices: int | None = None,
     rule: MemoryRule = "per_stage",
 ) -> None:
-    """Raise PlacementError unless every group's devices are disjoint, its models have a profile for its
+    """Raise ModelPlacementError unless every group's devices are disjoint, its models have a profile for its
     parallel config and fit the per-device memory budget (AlpaServe §4.2), and the cluster size matches."""
     seen: set[int] = set()
     for g in placement.groups:
         overlap = seen.intersection(g.devices)
         if overlap:
-            raise PlacementError(f"devices {sorted(overlap)} belong to more than one group")
+            raise ModelPlacementError(f"devices {sorted(overlap)} belong to more than one group")
         seen.update(g.devices)
         for m in g.models:
             if m not in profiles:
-                raise PlacementError(f"group {list(g.devices)} holds unknown model {m!r}")
+                raise ModelPlacementError(f"group {list(g.devices)} holds unknown model {m!r}")
             if not profiles[m].supports(g.config):
-                raise PlacementError(f"model {m!r} has no profile for config {g.config}")
+                raise ModelPlacementError(f"model {m!r} has no profile for config {g.config}")
         mem = stage_memory(g, profiles, rule)
         if max(mem, default=0.0) > budget_bytes * (1 + 1e-12):
-            raise PlacementError(
+            raise ModelPlacementError(
                 f"group {list(g.devices)} {g.config} needs {max(mem) / GB:.2f} GB per device, "
                 f"over the {budget_bytes / GB:.2f} GB budget"
             )
     if num_devices is not None and placement.num_devices != num_devices:
-        raise PlacementError(f"placement uses {placement.num_devices} devices, cluster has {num_devices}")
+        raise ModelPlacementError(
+            f"placement uses {placement.num_devices} devices, cluster has {num_devices}"
+        )

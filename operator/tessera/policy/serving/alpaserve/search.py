@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tessera.policy.serving.alpaserve.greedy import Scored, evaluate, fast_greedy_selection, greedy_selection
-from tessera.policy.serving.alpaserve.placement import MemoryRule, Placement
+from tessera.policy.serving.alpaserve.placement import MemoryRule, ModelPlacement
 from tessera.policy.serving.alpaserve.profiles import ModelProfile, ParallelConfig
 from tessera.policy.serving.alpaserve.workload import Workload
 
@@ -51,7 +51,7 @@ class SearchOptions:
 
 @dataclass(frozen=True)
 class SearchResult:
-    placement: Placement
+    placement: ModelPlacement
     best: Scored
     simulations: int
     candidates: int
@@ -160,11 +160,11 @@ def group_configs(n: int, opts: SearchOptions) -> list[list[ParallelConfig]]:
     return out
 
 
-Select = Callable[[Sequence[str], Placement, Workload], Scored]
+Select = Callable[[Sequence[str], ModelPlacement, Workload], Scored]
 
 
 def _selector(profiles: Mapping[str, ModelProfile], budget_bytes: float, opts: SearchOptions) -> Select:
-    def select(models: Sequence[str], base: Placement, w: Workload) -> Scored:
+    def select(models: Sequence[str], base: ModelPlacement, w: Workload) -> Scored:
         if opts.fast_heuristic:
             return fast_greedy_selection(
                 models, base, profiles, w, budget_bytes,
@@ -193,7 +193,7 @@ def place_bucket(
     best: Scored | None = None
     sims = cands = 0
     for configs in group_configs(num_devices, opts):
-        r = select(models, Placement.empty(configs, first_device), w)
+        r = select(models, ModelPlacement.empty(configs, first_device), w)
         sims += r.simulations
         cands += 1
         if best is None or r.score > best.score:
@@ -241,7 +241,7 @@ def place(
     best_buckets: list[list[str]] = []
     sims = cands = 0
     for step, (buckets, part) in enumerate(plans):
-        pieces: list[Placement] = []
+        pieces: list[ModelPlacement] = []
         offset = 0
         for b, h in zip(buckets, part, strict=True):
             key = (tuple(b), h, offset)
@@ -251,7 +251,7 @@ def place(
                 cands += cache[key][2]
             pieces.append(cache[key][0].placement)
             offset += h
-        plm = Placement(tuple(g for p in pieces for g in p.groups))
+        plm = ModelPlacement(tuple(g for p in pieces for g in p.groups))
         scored = evaluate(plm, by_name, workload, fixed_overhead_s=opts.fixed_overhead_s)
         sims += 1
         if best is None or scored.score > best.score:

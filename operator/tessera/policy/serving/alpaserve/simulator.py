@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tessera.policy.serving.alpaserve.dispatch import NO_REPLICA, ShortestQueueDispatcher
-from tessera.policy.serving.alpaserve.placement import Placement
+from tessera.policy.serving.alpaserve.placement import ModelPlacement
 from tessera.policy.serving.alpaserve.profiles import ModelProfile
 from tessera.policy.serving.alpaserve.workload import Workload
 
@@ -68,7 +68,7 @@ class SimStats:
 
 
 def simulate(
-    placement: Placement,
+    placement: ModelPlacement,
     profiles: Mapping[str, ModelProfile],
     workload: Workload,
     *,
@@ -86,7 +86,7 @@ def simulate(
 
 
 def simulate_reference(
-    placement: Placement,
+    placement: ModelPlacement,
     profiles: Mapping[str, ModelProfile],
     workload: Workload,
     *,

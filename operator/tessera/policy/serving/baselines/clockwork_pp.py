@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera.policy.serving.alpaserve.dispatch import ShortestQueueDispatcher
-from tessera.policy.serving.alpaserve.placement import MemoryRule, Placement
+from tessera.policy.serving.alpaserve.placement import MemoryRule, ModelPlacement
 from tessera.policy.serving.alpaserve.profiles import ModelProfile
 from tessera.policy.serving.alpaserve.simulator import SimStats, simulate
 from tessera.policy.serving.alpaserve.workload import Workload
@@ -27,7 +27,7 @@ class Schedule:
     """Placements in force from each window start."""
 
     starts: tuple[float, ...]
-    placements: tuple[Placement, ...]
+    placements: tuple[ModelPlacement, ...]
 
 
 def clockwork_pp_schedule(

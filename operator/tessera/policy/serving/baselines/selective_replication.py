@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tessera.policy.serving.alpaserve.greedy import Scored, fast_greedy_selection, greedy_selection
-from tessera.policy.serving.alpaserve.placement import MemoryRule, Placement
+from tessera.policy.serving.alpaserve.placement import MemoryRule, ModelPlacement
 from tessera.policy.serving.alpaserve.profiles import ModelProfile, ParallelConfig
 from tessera.policy.serving.alpaserve.workload import Workload
 
@@ -41,7 +41,7 @@ def selective_replication(
             )
     by_name = {p.name: p for p in profiles}
     names = [p.name for p in profiles]
-    base = Placement.empty([SINGLE] * num_devices, first_device)
+    base = ModelPlacement.empty([SINGLE] * num_devices, first_device)
     w = workload.only(names)
     if fast_heuristic:
         return fast_greedy_selection(
