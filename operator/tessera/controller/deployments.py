@@ -49,6 +49,7 @@ from tessera.controller.serving import (
     ServingSpecError,
     desired_replicas,
     gateway_service_url,
+    observed_load,
     record_from_body,
     spec_status,
 )
@@ -539,15 +540,6 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         ):
             await self.api.delete(kind, namespace, obj)
         self.post_event(body, "Normal", "Cleanup", f"deleted {len(pods)} worker pod(s) and the gateway")
-
-
-def observed_load(status: dict[str, Any]) -> float | None:
-    """The offered rate the gateway saw over its last window (goodput over attainment, as for replicas),
-    or None when it has not reported one."""
-    goodput, attained = status.get("goodputRps"), status.get("sloAttainmentPercent")
-    if isinstance(goodput, int | float) and isinstance(attained, int | float) and attained > 0:
-        return float(goodput) / (float(attained) / 100)
-    return None
 
 
 def devices_per_node(cluster: Cluster) -> int:

@@ -228,6 +228,15 @@ class Decision:
     observed: bool = False  # load_rps came from the gateway's report, not spec.traffic.expectedRps
 
 
+def observed_load(status: Mapping[str, Any]) -> float | None:
+    """The offered rate the gateway saw over its last window (goodputRps over sloAttainmentPercent), or
+    None when it has not reported one."""
+    goodput, attained = status.get("goodputRps"), status.get("sloAttainmentPercent")
+    if isinstance(goodput, int | float) and isinstance(attained, int | float) and attained > 0:
+        return float(goodput) / (float(attained) / 100)
+    return None
+
+
 def desired_replicas(spec: ModelDeploymentSpec, status: Mapping[str, Any], current: int) -> Decision:
     """Symphony's load-proportional count from the load (observed: the gateway's goodputRps over its
     sloAttainmentPercent, i.e. the offered rate; else spec.traffic.expectedRps), then its bad-rate/idle
@@ -235,18 +244,15 @@ def desired_replicas(spec: ModelDeploymentSpec, status: Mapping[str, Any], curre
     per = spec.gpus_per_replica
     lo = math.ceil(spec.placement.min_gpus / per)
     hi = max(lo, spec.placement.max_gpus // per)
-    goodput, attained = status.get("goodputRps"), status.get("sloAttainmentPercent")
-    if isinstance(goodput, int | float) and isinstance(attained, int | float) and attained > 0:
-        load, observed = float(goodput) / (float(attained) / 100), True
-    else:
-        load, observed = spec.traffic.expected_rps, False
+    seen = observed_load(status)
+    load, observed = (seen, True) if seen is not None else (spec.traffic.expected_rps, False)
     cap = replica_capacity_rps(spec)
     if cap is None or load <= 0:
         want, reason = spec.replicas, "spec.replicas (no latency profile or load to scale by)"
     else:
         want = math.ceil(load / cap - 1e-9)
         reason = f"load {load:g} rps / {cap:g} rps per replica"
-    idle = status.get("gpuIdlePercent")
+    attained, idle = status.get("sloAttainmentPercent"), status.get("gpuIdlePercent")
     if current > 0 and isinstance(attained, int | float) and isinstance(idle, int | float):
         bad = min(0.99, max(0.0, 1 - attained / 100))
         advice = autoscale_advice(current * per, bad, min(1.0, max(0.0, idle / 100)))
