@@ -32,7 +32,7 @@ TuningAlgorithmName = Literal[
 ]
 
 
-class TuningAlgorithm(WireModel):
+class TuningAlgorithmInfo(WireModel):
     """The tuner that emitted this group (Table 3.1); informational for Fluid, used by reports."""
 
     name: TuningAlgorithmName
@@ -117,7 +117,7 @@ class TrialGroupSpec(WireModel):
         le=MAX_GPUS,
         description="n: GPUs available to the group; unset takes what the cluster grants.",
     )
-    algorithm: TuningAlgorithm | None = None
+    algorithm: TuningAlgorithmInfo | None = None
     fluid: FluidSettings = Field(default_factory=FluidSettings)
     target: Target | None = None
     gpu: GPUUsage = Field(default_factory=GPUUsage)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 from tessera.cluster import Cluster
 from tessera.policy.fluid import FluidConfig, RuntimeModel
-from tessera.policy.hpo import GridSearch, TrialSpec
+from tessera.policy.hpo import GridSearch, TrialRun
 from tessera.sim.tuning.engine import Observe, TuningSim
 
 
@@ -17,13 +17,13 @@ class Ramp:
     gpu_util: float = 1.0
     target: float = 0.5
 
-    def iteration_time(self, spec: TrialSpec) -> float:
+    def iteration_time(self, spec: TrialRun) -> float:
         return spec.config["h"]
 
-    def runtime_model(self, spec: TrialSpec) -> RuntimeModel:
+    def runtime_model(self, spec: TrialRun) -> RuntimeModel:
         return RuntimeModel(self.alpha, 1.0)
 
-    def score(self, spec: TrialSpec, iteration: int) -> float:
+    def score(self, spec: TrialRun, iteration: int) -> float:
         return iteration / 10.0
 
 

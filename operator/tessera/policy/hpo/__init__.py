@@ -1,7 +1,7 @@
 """Tuning algorithms that emit TrialGroups and react to results (Fluid, dissertation §3.3.2-3.3.3)."""
 
 from tessera.policy.hpo.asha import ASHA, asha, bohb
-from tessera.policy.hpo.base import Config, Decision, Result, TrialGroupSpec, TrialSpec, TuningAlgorithm
+from tessera.policy.hpo.base import Config, Decision, Result, TrialRun, TrialRunGroup, TuningAlgorithm
 from tessera.policy.hpo.external import ExternalTuner, ExternalTunerAlgorithm, Suggestion
 from tessera.policy.hpo.grid_random import GridSearch, RandomSearch
 from tessera.policy.hpo.halving import (
@@ -31,8 +31,8 @@ __all__ = [
     "Suggestion",
     "SyncHalving",
     "TPESampler",
-    "TrialGroupSpec",
-    "TrialSpec",
+    "TrialRun",
+    "TrialRunGroup",
     "TuningAlgorithm",
     "asha",
     "bohb",

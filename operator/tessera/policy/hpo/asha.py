@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from tessera.policy.hpo.base import (
     Decision,
     Result,
-    TrialGroupSpec,
-    TrialSpec,
+    TrialRun,
+    TrialRunGroup,
     TuningAlgorithm,
     check_positive,
 )
@@ -60,7 +60,7 @@ class ASHA(TuningAlgorithm):
         self.milestones = tuple(ms)
         self._rungs = {m: [] for m in ms}
 
-    def next_groups(self, slots: int, now: float) -> list[TrialGroupSpec]:
+    def next_groups(self, slots: int, now: float) -> list[TrialRunGroup]:
         k = min(slots, self.num_samples - self._launched)
         if k <= 0:
             return []
@@ -69,10 +69,10 @@ class ASHA(TuningAlgorithm):
             tid = f"t{self._launched}"
             cfg = self.sampler.sample(self.rng) if self.sampler else self.space.sample(self.rng)
             self._configs[tid] = cfg
-            trials.append(TrialSpec(tid, cfg, self.max_budget, milestones=self.milestones))
+            trials.append(TrialRun(tid, cfg, self.max_budget, milestones=self.milestones))
             self._launched += 1
             self._open.add(tid)
-        return [TrialGroupSpec(f"g{trials[0].trial_id}", tuple(trials))]
+        return [TrialRunGroup(f"g{trials[0].trial_id}", tuple(trials))]
 
     def on_result(self, result: Result) -> Decision:
         if self.sampler is not None:

@@ -16,7 +16,7 @@ Config = Mapping[str, float]
 
 
 @dataclass(frozen=True, slots=True)
-class TrialSpec:
+class TrialRun:
     """Run `config` from iteration `start` (a checkpoint) up to `budget`, reporting at each milestone.
 
     A promoted trial reappears with the same id and a larger budget; a PBT child names its `parent`,
@@ -38,9 +38,9 @@ class TrialSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class TrialGroupSpec:
+class TrialRunGroup:
     group_id: str
-    trials: tuple[TrialSpec, ...]
+    trials: tuple[TrialRun, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,7 @@ class TuningAlgorithm(ABC):
     synchronous: bool = field(init=False, default=True)
 
     @abstractmethod
-    def next_groups(self, slots: int, now: float) -> list[TrialGroupSpec]:
+    def next_groups(self, slots: int, now: float) -> list[TrialRunGroup]:
         """New TrialGroups to run now. `slots` = how many more trials the executor can run at once
         (asynchronous algorithms size their launches by it; synchronous ones ignore it)."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from tessera.policy.hpo.base import Config, Decision, Result, TrialGroupSpec, TrialSpec, TuningAlgorithm
+from tessera.policy.hpo.base import Config, Decision, Result, TrialRun, TrialRunGroup, TuningAlgorithm
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ class ExternalTunerAlgorithm(TuningAlgorithm):
         self.name = self.label
         self.synchronous = False
 
-    def next_groups(self, slots: int, now: float) -> list[TrialGroupSpec]:
+    def next_groups(self, slots: int, now: float) -> list[TrialRunGroup]:
         if slots <= 0:
             return []
         suggestions = self.tuner.ask(slots)[:slots]
@@ -60,10 +60,10 @@ class ExternalTunerAlgorithm(TuningAlgorithm):
             if s.trial_id in self._open:
                 raise ValueError(f"external tuner reused the id of running trial {s.trial_id!r}")
             ms = tuple(range(s.report_every, s.budget, s.report_every)) if s.report_every else ()
-            trials.append(TrialSpec(s.trial_id, s.config, s.budget, milestones=ms))
+            trials.append(TrialRun(s.trial_id, s.config, s.budget, milestones=ms))
             self._open.add(s.trial_id)
         self._groups += 1
-        return [TrialGroupSpec(f"ext{self._groups - 1}", tuple(trials))]
+        return [TrialRunGroup(f"ext{self._groups - 1}", tuple(trials))]
 
     def on_result(self, result: Result) -> Decision:
         keep = self.tuner.tell(result.trial_id, result.iteration, result.score)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from tessera.policy.hpo.base import Config, Decision, Result, TrialGroupSpec, TrialSpec, TuningAlgorithm
+from tessera.policy.hpo.base import Config, Decision, Result, TrialRun, TrialRunGroup, TuningAlgorithm
 from tessera.policy.hpo.search_space import SearchSpace
 
 
@@ -23,14 +23,14 @@ class OneGroupSearch(TuningAlgorithm):
         if self.budget < 1:
             raise ValueError(f"{self.name}: budget must be >= 1 iteration")
 
-    def next_groups(self, slots: int, now: float) -> list[TrialGroupSpec]:
+    def next_groups(self, slots: int, now: float) -> list[TrialRunGroup]:
         if self._emitted:
             return []
         self._emitted = True
         ms = tuple(range(self.report_every, self.budget, self.report_every)) if self.report_every else ()
-        trials = tuple(TrialSpec(f"t{i}", c, self.budget, milestones=ms) for i, c in enumerate(self.configs))
+        trials = tuple(TrialRun(f"t{i}", c, self.budget, milestones=ms) for i, c in enumerate(self.configs))
         self._open = {t.trial_id for t in trials}
-        return [TrialGroupSpec("g0", trials)]
+        return [TrialRunGroup("g0", trials)]
 
     def on_result(self, result: Result) -> Decision:
         return Decision.CONTINUE

@@ -17,8 +17,8 @@ from tessera.policy.hpo.base import (
     Config,
     Decision,
     Result,
-    TrialGroupSpec,
-    TrialSpec,
+    TrialRun,
+    TrialRunGroup,
     TuningAlgorithm,
     check_positive,
 )
@@ -68,7 +68,7 @@ class SyncHalving(TuningAlgorithm):
     def _budget(self, b: int, k: int) -> int:
         return int(self.brackets[b].r * self.eta**k)
 
-    def next_groups(self, slots: int, now: float) -> list[TrialGroupSpec]:
+    def next_groups(self, slots: int, now: float) -> list[TrialRunGroup]:
         if self._open or not self._queue:
             return []
         b, k = self._queue.pop(0)
@@ -87,10 +87,10 @@ class SyncHalving(TuningAlgorithm):
             start = self._budget(b, k - 1)
         self._rung_members = members
         budget = self._budget(b, k)
-        trials = tuple(TrialSpec(tid, cfg, budget, start=start) for tid, cfg in members)
+        trials = tuple(TrialRun(tid, cfg, budget, start=start) for tid, cfg in members)
         self._open = {t.trial_id for t in trials}
         self._groups += 1
-        return [TrialGroupSpec(f"g{self._groups - 1}-b{b}r{k}", trials)]
+        return [TrialRunGroup(f"g{self._groups - 1}-b{b}r{k}", trials)]
 
     def on_result(self, result: Result) -> Decision:
         self._scores[result.trial_id] = result.score

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from tessera.policy.hpo.base import (
     Decision,
     Result,
-    TrialGroupSpec,
-    TrialSpec,
+    TrialRun,
+    TrialRunGroup,
     TuningAlgorithm,
     check_positive,
 )
@@ -32,7 +32,7 @@ class PBT(TuningAlgorithm):
     quantile: float = 0.25
     _latest: dict[str, float] = field(default_factory=dict, init=False)
     _configs: dict[str, dict[str, float]] = field(default_factory=dict, init=False)
-    _pending: list[TrialSpec] = field(default_factory=list, init=False)
+    _pending: list[TrialRun] = field(default_factory=list, init=False)
     _open: set[str] = field(default_factory=set, init=False)
     _next: int = field(default=0, init=False)
     _started: bool = field(default=False, init=False)
@@ -44,14 +44,14 @@ class PBT(TuningAlgorithm):
         self.name = "pbt"
         self.synchronous = False
 
-    def _spec(self, cfg: dict[str, float], start: int, parent: str | None) -> TrialSpec:
+    def _spec(self, cfg: dict[str, float], start: int, parent: str | None) -> TrialRun:
         tid = f"t{self._next}"
         self._next += 1
         self._configs[tid] = cfg
         ms = tuple(m for m in range(self.interval, self.max_budget, self.interval) if m > start)
-        return TrialSpec(tid, cfg, self.max_budget, start=start, milestones=ms, parent=parent)
+        return TrialRun(tid, cfg, self.max_budget, start=start, milestones=ms, parent=parent)
 
-    def next_groups(self, slots: int, now: float) -> list[TrialGroupSpec]:
+    def next_groups(self, slots: int, now: float) -> list[TrialRunGroup]:
         if not self._started:
             self._started = True
             self._pending = [self._spec(self.space.sample(self.rng), 0, None) for _ in range(self.population)]
@@ -59,7 +59,7 @@ class PBT(TuningAlgorithm):
             return []
         trials, self._pending = tuple(self._pending), []
         self._open |= {t.trial_id for t in trials}
-        return [TrialGroupSpec(f"g{trials[0].trial_id}", trials)]
+        return [TrialRunGroup(f"g{trials[0].trial_id}", trials)]
 
     def on_result(self, result: Result) -> Decision:
         self._latest[result.trial_id] = result.score

@@ -29,7 +29,7 @@ from tessera.policy.fluid import (
     static_widths,
 )
 from tessera.policy.fluid.placement import PackedLane
-from tessera.policy.hpo import Decision, Result, TrialSpec, TuningAlgorithm
+from tessera.policy.hpo import Decision, Result, TrialRun, TuningAlgorithm
 
 log = logging.getLogger(__name__)
 Executor = Literal["fifo", "fluid"]
@@ -51,16 +51,16 @@ class TrialModel(Protocol):
     @property
     def target(self) -> float: ...  # score that counts as reaching the target (time-to-target)
 
-    def iteration_time(self, spec: TrialSpec) -> float: ...
+    def iteration_time(self, spec: TrialRun) -> float: ...
 
-    def runtime_model(self, spec: TrialSpec) -> RuntimeModel: ...
+    def runtime_model(self, spec: TrialRun) -> RuntimeModel: ...
 
-    def score(self, spec: TrialSpec, iteration: int) -> float: ...
+    def score(self, spec: TrialRun, iteration: int) -> float: ...
 
 
 @dataclass
 class _Trial:
-    spec: TrialSpec
+    spec: TrialRun
     seq: int
     t1: float
     model: RuntimeModel

@@ -11,7 +11,7 @@ from tessera.policy.fluid import FluidConfig, RuntimeModel, choose_packing_degre
 from tessera.policy.hpo import (
     PBT,
     GridSearch,
-    TrialSpec,
+    TrialRun,
     TuningAlgorithm,
     asha,
     bohb,
@@ -152,7 +152,7 @@ def grid_heights(configs: int = 27, seed: int = 0, budget: int = 27) -> list[flo
     """The single-GPU runtimes of `packing_overhead_grid`'s trials (for independent checks)."""
     w = TuningWorkload(seed=seed, alpha=1.0, time_spread=1.0)
     rng = random.Random(seed)
-    specs = [TrialSpec(f"t{i}", w.space.sample(rng), budget) for i in range(configs)]
+    specs = [TrialRun(f"t{i}", w.space.sample(rng), budget) for i in range(configs)]
     return [budget * w.iteration_time(s) for s in specs]
 
 
@@ -168,11 +168,11 @@ class AlphaWorkload:
         self._w, self.alpha = w, alpha
         self.gpu_util, self.target = w.gpu_util, w.target
 
-    def iteration_time(self, spec: TrialSpec) -> float:
+    def iteration_time(self, spec: TrialRun) -> float:
         return self._w.iteration_time(spec)
 
-    def runtime_model(self, spec: TrialSpec) -> RuntimeModel:
+    def runtime_model(self, spec: TrialRun) -> RuntimeModel:
         return RuntimeModel(self.alpha, self._w.beta)
 
-    def score(self, spec: TrialSpec, iteration: int) -> float:
+    def score(self, spec: TrialRun, iteration: int) -> float:
         return self._w.score(spec, iteration)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tessera.cluster import Cluster
 from tessera.policy.fluid import FluidConfig, RuntimeModel
-from tessera.policy.hpo import GridSearch, TrialSpec
+from tessera.policy.hpo import GridSearch, TrialRun
 from tessera.sim.tuning.engine import Executor, TuningResult, TuningSim
 
 
@@ -20,13 +20,13 @@ class FixedHeights:
     gpu_util: float = 1.0
     target: float = float("inf")
 
-    def iteration_time(self, spec: TrialSpec) -> float:
+    def iteration_time(self, spec: TrialRun) -> float:
         return spec.config["h"]
 
-    def runtime_model(self, spec: TrialSpec) -> RuntimeModel:
+    def runtime_model(self, spec: TrialRun) -> RuntimeModel:
         return RuntimeModel(self.alpha, self.beta)
 
-    def score(self, spec: TrialSpec, iteration: int) -> float:
+    def score(self, spec: TrialRun, iteration: int) -> float:
         return 0.0
 
 

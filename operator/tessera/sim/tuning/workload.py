@@ -13,7 +13,7 @@ import zlib
 from dataclasses import dataclass
 
 from tessera.policy.fluid import RuntimeModel
-from tessera.policy.hpo import Config, SearchSpace, TrialSpec
+from tessera.policy.hpo import Config, SearchSpace, TrialRun
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +50,13 @@ class TuningWorkload:
         dist = sum((config[f"x{i}"] - o) ** 2 for i, o in enumerate(opt)) / self.dims
         return self.best - self.quality_spread * 4.0 * dist
 
-    def iteration_time(self, spec: TrialSpec) -> float:
+    def iteration_time(self, spec: TrialRun) -> float:
         return self.iter_time * math.exp(self.time_spread * (spec.config["x0"] - 0.5))
 
-    def runtime_model(self, spec: TrialSpec) -> RuntimeModel:
+    def runtime_model(self, spec: TrialRun) -> RuntimeModel:
         return RuntimeModel(self.alpha, self.beta)
 
-    def score(self, spec: TrialSpec, iteration: int) -> float:
+    def score(self, spec: TrialRun, iteration: int) -> float:
         tau = self.tau * (0.5 + spec.config[f"x{self.dims - 1}"])
         key = zlib.crc32(
             f"{self.seed}/{spec.trial_id}/{iteration}".encode()
