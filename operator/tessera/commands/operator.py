@@ -70,6 +70,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL ('' disables)"
     )
+    parser.add_argument(
+        "--pass-deadline-seconds",
+        type=float,
+        default=None,
+        help="the liveness probe fails once a round or pass has run this long (default: the lease period, "
+        "at least 60)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -88,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         priority=args.priority,
         peering_lifetime_s=args.peering_lifetime_seconds,
         socket_group=args.socket_group,
+        pass_deadline_s=args.pass_deadline_seconds,
     )
 
 

@@ -24,6 +24,7 @@ from tessera.controller.apps import AppRecord, template_of
 from tessera.controller.concurrency import gather_limited
 from tessera.controller.context import Context
 from tessera.controller.kube import Kind, KubeError
+from tessera.controller.liveness import PassClock
 from tessera.controller.pods import Owner, PodPlan
 from tessera.controller.readiness import app_conditions, missing_pods
 from tessera.controller.status_writes import Written, status_due, written
@@ -68,6 +69,7 @@ class Arbiter:
         self.recent = RecentCreates()  # pods created that the watch may not list yet
         self._written: dict[tuple[str, str], Written] = {}
         self.rounds = 0
+        self.passes = PassClock(config.clock)  # for the liveness probe
         self.status_writes = 0
         self.heartbeats = 0
         self._last_heartbeat = -math.inf
@@ -120,7 +122,8 @@ class Arbiter:
     async def run_round(self, now: float) -> RoundReport:
         self._held = {}
         try:
-            return await self._run_round(now)
+            with self.passes.timing():
+                return await self._run_round(now)
         finally:
             self._post_held()
 
@@ -134,8 +137,26 @@ class Arbiter:
         self.last_round = now
         report = RoundReport(now)
         cluster = self.view.cluster()
-        changed: set[tuple[str, str]] = set()
+        changed = self._advance(now, report)
+        active = [r for r in self.records.values() if not r.done]
+        free = self._free_gpus(cluster, active)
+        report.free = len(free)
         gained: set[tuple[str, str]] = set()  # Apps granted GPUs in this round
+        if free and active:
+            gained = self._auction(now, cluster, active, free, before, report)
+            changed |= gained
+        self._export(now, cluster)
+        await self._write_round(now, changed, gained)
+        report.seconds = time.perf_counter() - t0
+        self.metrics.histogram("tessera_auction_duration_seconds").observe(report.seconds)
+        self.rounds += 1
+        log.debug("arbiter round: %s", report)
+        return report
+
+    def _advance(self, now: float, report: RoundReport) -> set[tuple[str, str]]:
+        """Bring every App to `now`: GPU-seconds, progress from its pods, leases of finished jobs and
+        expired leases returned, N_avg, completion. Returns the Apps whose status this changed."""
+        changed: set[tuple[str, str]] = set()
         n_active = sum(1 for r in self.records.values() if not r.done)
         for rec in self.records.values():
             rec.account(now)
@@ -162,38 +183,56 @@ class Arbiter:
                 rec.finished_at = now
                 self._event(rec, "Normal", "Succeeded", "all jobs completed; GPUs returned")
                 changed.add(rec.key)
-        active = [r for r in self.records.values() if not r.done]
+        return changed
+
+    def _free_gpus(self, cluster: Cluster, active: list[AppRecord]) -> list[str]:
+        """Healthy GPUs no App leases, no other pod holds, and no TrialGroup pool or serving reserves."""
         held = {g for r in active for g in r.held()}
         others = self.view.used_by_pods(exclude_label=contract.LABEL_APP)
         reserved = self.reserved()
-        free = [g for g in healthy_gpus(cluster) if g not in held and g not in others and g not in reserved]
-        report.free = len(free)
-        if free and active:
-            # The policy reasons about GPUs the cluster has: a lease on a node that left (or is not
-            # listed yet) is kept to its expiry but is not part of the App's holding in a bid.
-            known = set(cluster.gpu_ids)
-            states = [r.state(now, known) for r in active]
-            decision = self.themis.allocate(now, states, cluster, free, self.rng)
-            check_decision(decision, states, free)
-            by_id = {f"{r.namespace}/{r.name}": r for r in active}
-            for grant in decision.grants:
-                rec = by_id[grant.app_id]
-                leases = rec.grant(grant.gpus, grant.expiry, grant.source, cluster)
-                if leases:
-                    changed.add(rec.key)
-                    gained.add(rec.key)
-                    n = sum(len(lease.gpus) for lease in leases)
-                    report.granted[grant.app_id] = report.granted.get(grant.app_id, 0) + n
-                    self._count_lease(rec, "granted", n)
-                    # An event says what moved; a lease renewed on the same GPUs for the same jobs (most
-                    # of them, each lease period) shows in status only (new expiresAt).
-                    pairs = {(lease.job, g) for lease in leases for g in lease.gpus}
-                    if not pairs <= before.get(rec.key, set()):
-                        where = ", ".join(f"{lease.job}@{','.join(lease.gpus)}" for lease in leases)
-                        self._event(
-                            rec, "Normal", "LeaseGranted", f"{grant.source}: {where} until {grant.expiry:.0f}"
-                        )
-            self.metrics.counter("tessera_auction_rounds_total").inc()
+        return [g for g in healthy_gpus(cluster) if g not in held and g not in others and g not in reserved]
+
+    def _auction(
+        self,
+        now: float,
+        cluster: Cluster,
+        active: list[AppRecord],
+        free: list[str],
+        before: dict[tuple[str, str], set[tuple[str, str]]],
+        report: RoundReport,
+    ) -> set[tuple[str, str]]:
+        """Themis' allocation of `free` among the active Apps, turned into leases. Returns the Apps that
+        were granted GPUs."""
+        # The policy reasons about GPUs the cluster has: a lease on a node that left (or is not listed
+        # yet) is kept to its expiry but is not part of the App's holding in a bid.
+        known = set(cluster.gpu_ids)
+        states = [r.state(now, known) for r in active]
+        decision = self.themis.allocate(now, states, cluster, free, self.rng)
+        check_decision(decision, states, free)
+        by_id = {f"{r.namespace}/{r.name}": r for r in active}
+        gained: set[tuple[str, str]] = set()
+        for grant in decision.grants:
+            rec = by_id[grant.app_id]
+            leases = rec.grant(grant.gpus, grant.expiry, grant.source, cluster)
+            if not leases:
+                continue
+            gained.add(rec.key)
+            n = sum(len(lease.gpus) for lease in leases)
+            report.granted[grant.app_id] = report.granted.get(grant.app_id, 0) + n
+            self._count_lease(rec, "granted", n)
+            # An event says what moved; a lease renewed on the same GPUs for the same jobs (most of them,
+            # each lease period) shows in status only (new expiresAt).
+            pairs = {(lease.job, g) for lease in leases for g in lease.gpus}
+            if not pairs <= before.get(rec.key, set()):
+                where = ", ".join(f"{lease.job}@{','.join(lease.gpus)}" for lease in leases)
+                self._event(
+                    rec, "Normal", "LeaseGranted", f"{grant.source}: {where} until {grant.expiry:.0f}"
+                )
+        self.metrics.counter("tessera_auction_rounds_total").inc()
+        return gained
+
+    def _export(self, now: float, cluster: Cluster) -> None:
+        """ρ and its parts for every App that holds only GPUs the cluster knows, as status and gauges."""
         for rec in self.records.values():
             if len(cluster) and not rec.done and set(rec.held()) <= set(cluster.gpu_ids):
                 self._estimate(rec, now, cluster)
@@ -207,21 +246,20 @@ class Arbiter:
                     rec.t_independent
                 )
             self.metrics.gauge("tessera_app_gpus").labels(**labels).set(len(rec.held()))
-        # Each App's writes are independent of the others': send them together, bounded. Statuses of
-        # Apps that gained GPUs go last, so a reader never sees a GPU leased to the winner while the
-        # loser's status still lists it (sequential writes in name order did not promise even that).
+
+    async def _write_round(
+        self, now: float, changed: set[tuple[str, str]], gained: set[tuple[str, str]]
+    ) -> None:
+        """Every App's pods, then the statuses the round changed. Each App's writes are independent of the
+        others': sent together, bounded. Statuses of Apps that gained GPUs go last, so a reader never
+        sees a GPU leased to the winner while the loser's status still lists it (sequential writes in
+        name order did not promise even that). Statuses due only to age are left to `refresh_stale`."""
         keys = sorted(self.records)
         await self._each(self.sync(self.records[k]) for k in keys)
-        # Statuses due only to age are not the round's: `refresh_stale` spreads them between rounds.
         for batch in ([k for k in keys if k not in gained], [k for k in keys if k in gained]):
             await self._each(
                 self.write_status(self.records[k], now, force=k in changed, heartbeat=False) for k in batch
             )
-        report.seconds = time.perf_counter() - t0
-        self.metrics.histogram("tessera_auction_duration_seconds").observe(report.seconds)
-        self.rounds += 1
-        log.debug("arbiter round: %s", report)
-        return report
 
     def _estimate(self, rec: AppRecord, now: float, cluster: Cluster) -> None:
         """ρ = T_sh / T_id from the bid's empty row (what `Themis.current_rho` evaluates, §2.3 Eq. 1):

@@ -43,6 +43,9 @@ class OperatorConfig:
     # (namespace, ModelDeployment name) → the gateway's base URL; None: its Service's cluster DNS name.
     # Tests point it at a gateway on loopback.
     gateway_url: Callable[[str, str], str] | None = field(default=None, compare=False, repr=False)
+    # Liveness (controller/liveness.py): the probe fails once a round or pass has run this long. None: a
+    # lease period (longer, and leases lapse unrenewed), at least 60 s.
+    pass_deadline_s: float | None = None
     # Wall clock for leases and rounds. Tests pass a clock they advance, so lease expiry happens when the
     # test says and not when a loaded machine happens to get there.
     clock: Callable[[], float] = field(default=time.time, compare=False, repr=False)
@@ -70,6 +73,8 @@ class OperatorConfig:
             raise ValueError(f"API concurrency must be >= 1 request in flight, got {self.api_concurrency}")
         if self.peering_lifetime_s < 1:
             raise ValueError(f"peering lifetime must be >= 1 second, got {self.peering_lifetime_s}")
+        if self.pass_deadline_s is not None and not self.pass_deadline_s > 0:
+            raise ValueError(f"pass deadline must be positive seconds, got {self.pass_deadline_s}")
         if not self.clusterwide and not self.namespaces:
             raise ValueError("give --namespace at least once, or --all-namespaces")
 
@@ -80,3 +85,7 @@ class OperatorConfig:
     @property
     def tick(self) -> float:
         return self.tick_s if self.tick_s is not None else max(0.05, self.lease_s / 10)
+
+    @property
+    def pass_deadline(self) -> float:
+        return self.pass_deadline_s if self.pass_deadline_s is not None else max(60.0, self.lease_s)

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 
 from tessera.api import contract
 from tessera.api.resources import ManifestError
-from tessera.controller.apps import record_from_body, template_of
+from tessera.controller.apps import AppRecord, record_from_body, template_of
 from tessera.controller.arbiter import Arbiter
 from tessera.controller.claims import Claim, app_claim, deployment_claim, trialgroup_claim, unloaded
 from tessera.controller.conditions import (
@@ -33,6 +33,7 @@ from tessera.controller.deployments import ModelDeployments
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
+from tessera.controller.reconciler import KindReconciler
 from tessera.controller.tuning import TrialGroups
 from tessera.controller.usage import UsageMetrics
 from tessera.controller.view import ClusterView
@@ -42,6 +43,7 @@ from tessera.policy.themis import admit
 log = logging.getLogger(__name__)
 
 G, V = contract.GROUP, contract.VERSION
+T = TypeVar("T")
 CLAIM_INDICES = {
     contract.KIND_APP: "app_claims",
     contract.KIND_TRIALGROUP: "trialgroup_claims",
@@ -61,6 +63,7 @@ class Controller:
     connection: kopf.ConnectionInfo | None = None
     # kind → kopf index of the GPUs each object claims in the API server (controller/claims.py)
     claims: dict[str, Mapping[tuple[str, str], Iterable[Claim]]] = field(default_factory=dict)
+    watched: float | None = None  # when the node or pod watch last delivered an event (config.clock)
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
     usage: UsageMetrics = field(init=False)
 
@@ -116,20 +119,29 @@ class Controller:
         out = self.app_gpus() | (self.trialgroups.reserved() if self.trialgroups is not None else set())
         return out | self.unloaded_gpus()
 
-    def need_deployments(self) -> ModelDeployments:
-        if self.deployments is None:
+    @staticmethod
+    def need(part: T | None) -> T:
+        """A part made at login (arbiter, reconcilers); a handler that runs before it retries."""
+        if part is None:
             raise kopf.TemporaryError("operator not logged in yet", delay=1)
-        return self.deployments
+        return part
 
-    def need_trialgroups(self) -> TrialGroups:
-        if self.trialgroups is None:
-            raise kopf.TemporaryError("operator not logged in yet", delay=1)
-        return self.trialgroups
-
-    def need_arbiter(self) -> Arbiter:
-        if self.arbiter is None:
-            raise kopf.TemporaryError("operator not logged in yet", delay=1)
-        return self.arbiter
+    def liveness(self) -> dict[str, Any]:
+        """The liveness probe's report: each controller's passes (`PassClock.report`, which raises past
+        the deadline) and seconds since the node or pod watch last delivered an event."""
+        deadline = self.config.pass_deadline
+        out: dict[str, Any] = {
+            name: part.passes.report(deadline)
+            for name, part in (
+                ("arbiter", self.arbiter),
+                ("trialgroups", self.trialgroups),
+                ("deployments", self.deployments),
+            )
+            if part is not None
+        }
+        since = None if self.watched is None else max(0.0, self.config.clock() - self.watched)
+        out["secondsSinceWatchEvent"] = since
+        return out
 
 
 def _login(controller: Controller, **kwargs: Any) -> kopf.ConnectionInfo:
@@ -147,6 +159,18 @@ def make_registry(
 ) -> tuple[kopf.OperatorRegistry, Controller]:
     registry = kopf.OperatorRegistry()
     ctl = Controller(config, connection=connection)
+    _operator_handlers(registry, ctl)
+    _claim_indices(registry)
+    _view_handlers(registry, ctl)
+    _app_handlers(registry, ctl)
+    _kind_handlers(registry, ctl, contract.PLURAL_TRIALGROUP, "trialgroup", lambda: ctl.trialgroups, "spec")
+    _kind_handlers(registry, ctl, contract.PLURAL_MODELDEPLOYMENT, "deployment", lambda: ctl.deployments)
+    return registry, ctl
+
+
+def _operator_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
+    """Login, kopf's settings, the API client's close, and the liveness probes."""
+    config = ctl.config
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo:
@@ -169,112 +193,70 @@ def make_registry(
         if ctl.api is not None:
             await ctl.api.close()
 
-    # --- what each object claims, known before any handler runs ----------------------------------
-    # kopf fills indices from its first listing and only then runs handlers: a handler that runs a round
-    # sees the leases, pools and replicas of objects whose own handlers have not run yet.
+    # Served on --liveness (/healthz): a probe that raises answers 500, and the kubelet restarts the pod.
+    @kopf.on.probe(id="passes", errors=kopf.ErrorsMode.PERMANENT, registry=registry)
+    async def passes(**_: Any) -> dict[str, Any]:
+        return ctl.liveness()
 
-    @kopf.index(G, V, contract.PLURAL_APP, id=CLAIM_INDICES[contract.KIND_APP], registry=registry)
-    def app_claims(
-        body: kopf.Body, namespace: str | None, name: str, **_: Any
-    ) -> dict[tuple[str, str], Claim]:
-        return {(namespace or "", name): app_claim(body)}
 
-    @kopf.index(
-        G, V, contract.PLURAL_TRIALGROUP, id=CLAIM_INDICES[contract.KIND_TRIALGROUP], registry=registry
-    )
-    def trialgroup_claims(
-        body: kopf.Body, namespace: str | None, name: str, **_: Any
-    ) -> dict[tuple[str, str], Claim]:
-        return {(namespace or "", name): trialgroup_claim(body)}
+def _claim_indices(registry: kopf.OperatorRegistry) -> None:
+    """What each object claims, known before any handler runs: kopf fills indices from its first listing
+    and only then runs handlers, so a handler that runs a round sees the leases, pools and replicas of
+    objects whose own handlers have not run yet."""
+    claims: dict[str, tuple[str, Callable[[Mapping[str, Any]], Claim]]] = {
+        contract.KIND_APP: (contract.PLURAL_APP, app_claim),
+        contract.KIND_TRIALGROUP: (contract.PLURAL_TRIALGROUP, trialgroup_claim),
+        contract.KIND_MODELDEPLOYMENT: (contract.PLURAL_MODELDEPLOYMENT, deployment_claim),
+    }
+    for kind, (plural, claim_of) in claims.items():
+        kopf.index(G, V, plural, id=CLAIM_INDICES[kind], registry=registry)(_claim_index(claim_of))
 
-    @kopf.index(
-        G,
-        V,
-        contract.PLURAL_MODELDEPLOYMENT,
-        id=CLAIM_INDICES[contract.KIND_MODELDEPLOYMENT],
-        registry=registry,
-    )
-    def deployment_claims(
-        body: kopf.Body, namespace: str | None, name: str, **_: Any
-    ) -> dict[tuple[str, str], Claim]:
-        return {(namespace or "", name): deployment_claim(body)}
 
-    # --- the cluster view -------------------------------------------------------------------------
-    # async: kopf runs a plain `def` handler in a worker thread, where it mutated the view while a round
-    # or another event's handler iterated it on the loop ("dictionary changed size during iteration").
+def _claim_index(
+    claim_of: Callable[[Mapping[str, Any]], Claim],
+) -> Callable[..., dict[tuple[str, str], Claim]]:
+    def index(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[tuple[str, str], Claim]:
+        return {(namespace or "", name): claim_of(body)}
+
+    return index
+
+
+def _view_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
+    """The cluster view from the node and pod watches. async: kopf runs a plain `def` handler in a worker
+    thread, where it mutated the view while a round or another event's handler iterated it on the loop
+    ("dictionary changed size during iteration")."""
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        ctl.watched = ctl.config.clock()
         ctl.view.on_node(dict(body), deleted=type == "DELETED")
         if ctl.arbiter is not None:
             ctl.arbiter.dirty = True
 
     @kopf.on.event("", "v1", "pods", registry=registry)
     async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
-        before = ctl.view.pods.get((body.metadata.namespace or "", body.metadata.name or ""))
+        ctl.watched = ctl.config.clock()
+        key = (body.metadata.namespace or "", body.metadata.name or "")
+        before = ctl.view.pods.get(key)
         ctl.view.on_pod(dict(body), deleted=type == "DELETED")
-        after = ctl.view.pods.get((body.metadata.namespace or "", body.metadata.name or ""))
+        after = ctl.view.pods.get(key)
         freed = before is not None and before.holds_gpus and (after is None or not after.holds_gpus)
         if before != after:
             ctl.usage.update_soon(ctl.view.pods.values)  # tessera_namespace_gpus, tessera_pending_pods
         if freed and ctl.arbiter is not None:
             ctl.arbiter.dirty = True  # GPUs became available: a Themis resource-available event
 
-    # --- App --------------------------------------------------------------------------------------
+
+def _app_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
+    """Apps: admission and membership in the one shared arbiter; its rounds do the rest."""
 
     @kopf.on.resume(G, V, contract.PLURAL_APP, registry=registry)
     @kopf.on.create(G, V, contract.PLURAL_APP, registry=registry)
     @kopf.on.update(G, V, contract.PLURAL_APP, field="spec", registry=registry)
     async def app_reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        arbiter = ctl.need_arbiter()
-        now = config.clock()
-        raw = dict(body)
-        gen = generation_of(raw)
-        stored = (raw.get("status") or {}).get("conditions") or []
-        try:
-            rec = record_from_body(raw, now)
-        except ManifestError as err:
-            status, msg = invalid_status(err, generation=gen, previous=stored)
-            patch.status.update(status)
-            ctl.post_event(raw, "Warning", "InvalidSpec", msg)
-            return
-        bad = template_errors(raw["spec"].get("template"), "spec.template")
-        for j in rec.spec.jobs:
-            if not template_of(rec, j.name):
-                bad.append((f"spec.jobs[{j.name}].template", "a pod template is required"))
-        if bad:
-            status, msg = invalid_status(bad, generation=gen, previous=stored)
-            patch.status.update(status)
-            ctl.post_event(raw, "Warning", "InvalidSpec", msg)
-            return
-        admitted = find(stored, "Admitted")
-        # Admission is decided once: an App admitted before (by this operator before a restart, or by the
-        # peer it took over from) keeps bidding, whatever the order in which Apps load now.
-        if rec.key not in arbiter.records and not (admitted is not None and admitted.get("status") == "True"):
-            total = len(ctl.view.cluster())
-            if total and not admit(rec.demand(), arbiter.outstanding(), total, config.admission_threshold):
-                msg = f"{rec.demand()} GPUs would take outstanding demand past the admission threshold"
-                refused = condition("Admitted", False, "OverThreshold", msg, generation=gen)
-                ready = Readiness(False, "NotAdmitted", msg)
-                patch.status["conditions"] = with_ready([refused], ready, gen, stored)
-                if gen is not None:
-                    patch.status["observedGeneration"] = gen
-                ctl.post_event(raw, "Warning", "NotAdmitted", msg)
-                raise kopf.TemporaryError(msg, delay=max(1.0, config.lease_s))
-        # An admitted App's conditions (Admitted, Ready) and observedGeneration are written by the arbiter
-        # with its status, so one writer owns the list.
-        async with arbiter.lock:
-            new = arbiter.upsert(rec)
-            if not new:  # a spec change: the status says which generation it reflects without a round
-                rec_now = arbiter.records[rec.key]
-                await arbiter.write_status(rec_now, max(now, arbiter.last_round), heartbeat=False)
-        if new:
-            ctl.post_event(
-                raw, "Normal", "Admitted", f"demand {rec.demand()} GPUs; leases of {config.lease_s:g}s"
-            )
-        await arbiter.maybe_run(now)
+        await reconcile_app(ctl, dict(body), patch)
 
-    @kopf.timer(G, V, contract.PLURAL_APP, interval=config.tick, registry=registry)
+    @kopf.timer(G, V, contract.PLURAL_APP, interval=ctl.config.tick, registry=registry)
     async def app_tick(**_: Any) -> None:
         # Every App's timer drives the one shared arbiter; a round runs only when due, so N timers make
         # one round per lease period. kopf stops timers on a paused (lower-priority) peer. Between rounds
@@ -286,58 +268,110 @@ def make_registry(
     @kopf.on.delete(G, V, contract.PLURAL_APP, registry=registry)
     async def app_delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
         namespace = namespaced(namespace)
-        arbiter = ctl.need_arbiter()
-        await arbiter.remove((namespace, name))
+        await ctl.need(ctl.arbiter).remove((namespace, name))
         assert ctl.api is not None
         pods = ctl.view.pods_with(contract.LABEL_APP, name, namespace)
         for pod in pods:
-            await ctl.api.delete(PODS, namespace, pod.name, grace_seconds=config.preemption_grace_s)
+            await ctl.api.delete(PODS, namespace, pod.name, grace_seconds=ctl.config.preemption_grace_s)
         ctl.post_event(dict(body), "Normal", "Cleanup", f"deleted {len(pods)} pod(s); leases returned")
 
-    # --- TrialGroup -------------------------------------------------------------------------------
 
-    @kopf.on.resume(G, V, contract.PLURAL_TRIALGROUP, registry=registry)
-    @kopf.on.create(G, V, contract.PLURAL_TRIALGROUP, registry=registry)
-    @kopf.on.update(G, V, contract.PLURAL_TRIALGROUP, field="spec", registry=registry)
-    async def trialgroup_reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        await ctl.need_trialgroups().reconcile(dict(body), patch)
+async def reconcile_app(ctl: Controller, raw: dict[str, Any], patch: kopf.Patch) -> None:
+    """Parse the App, admit it once, and hand it to the arbiter (which writes its status from then on)."""
+    arbiter = ctl.need(ctl.arbiter)
+    now = ctl.config.clock()
+    rec = _parse_app(ctl, raw, patch, now)
+    _admit(ctl, arbiter, rec, raw, patch)
+    # An admitted App's conditions (Admitted, Ready) and observedGeneration are written by the arbiter
+    # with its status, so one writer owns the list.
+    async with arbiter.lock:
+        new = arbiter.upsert(rec)
+        if not new:  # a spec change: the status says which generation it reflects without a round
+            rec_now = arbiter.records[rec.key]
+            await arbiter.write_status(rec_now, max(now, arbiter.last_round), heartbeat=False)
+    if new:
+        lease = f"{ctl.config.lease_s:g}s"
+        ctl.post_event(raw, "Normal", "Admitted", f"demand {rec.demand()} GPUs; leases of {lease}")
+    await arbiter.maybe_run(now)
 
-    @kopf.timer(G, V, contract.PLURAL_TRIALGROUP, interval=config.tick, registry=registry)
-    async def trialgroup_tick(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        # Trials end on pod events; the timer folds them in and re-plans (kopf pauses it on a passive peer).
-        if ctl.trialgroups is not None and not body.metadata.get("deletionTimestamp"):
-            await ctl.trialgroups.reconcile(dict(body), patch)
 
-    @kopf.on.delete(G, V, contract.PLURAL_TRIALGROUP, registry=registry)
-    async def trialgroup_delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
-        namespace = namespaced(namespace)
-        await ctl.need_trialgroups().delete(namespace, name, dict(body))
-        ctl.need_trialgroups().discard(str(body.metadata.uid))
+def _parse_app(ctl: Controller, raw: dict[str, Any], patch: kopf.Patch, now: float) -> AppRecord:
+    """The App's record; an invalid spec is reported (Valid and Ready False, an event) and ends the
+    handler for good: only a new spec can fix it, and that runs the update handler."""
+    gen = generation_of(raw)
+    stored = (raw.get("status") or {}).get("conditions") or []
+    try:
+        rec = record_from_body(raw, now)
+    except ManifestError as err:
+        bad: ManifestError | list[tuple[str, str]] = err
+    else:
+        bad = template_errors(raw["spec"].get("template"), "spec.template")
+        for j in rec.spec.jobs:
+            if not template_of(rec, j.name):
+                bad.append((f"spec.jobs[{j.name}].template", "a pod template is required"))
+        if not bad:
+            return rec
+    status, msg = invalid_status(bad, generation=gen, previous=stored)
+    patch.status.update(status)
+    ctl.post_event(raw, "Warning", "InvalidSpec", msg)
+    raise kopf.PermanentError(msg)
+
+
+def _admit(ctl: Controller, arbiter: Arbiter, rec: AppRecord, raw: dict[str, Any], patch: kopf.Patch) -> None:
+    """Admission (Themis footnote 2) is decided once: an App admitted before (by this operator before a
+    restart, or by the peer it took over from) keeps bidding, whatever the order in which Apps load now.
+    A refused App is retried a lease period later (Apps may have finished by then)."""
+    stored = (raw.get("status") or {}).get("conditions") or []
+    admitted = find(stored, "Admitted")
+    if rec.key in arbiter.records or (admitted is not None and admitted.get("status") == "True"):
+        return
+    total = len(ctl.view.cluster())
+    threshold = ctl.config.admission_threshold
+    if not total or admit(rec.demand(), arbiter.outstanding(), total, threshold):
+        return
+    gen = generation_of(raw)
+    msg = f"{rec.demand()} GPUs would take outstanding demand past the admission threshold"
+    refused = condition("Admitted", False, "OverThreshold", msg, generation=gen)
+    patch.status["conditions"] = with_ready([refused], Readiness(False, "NotAdmitted", msg), gen, stored)
+    if gen is not None:
+        patch.status["observedGeneration"] = gen
+    ctl.post_event(raw, "Warning", "NotAdmitted", msg)
+    raise kopf.TemporaryError(msg, delay=max(1.0, ctl.config.lease_s))
+
+
+def _kind_handlers(
+    registry: kopf.OperatorRegistry,
+    ctl: Controller,
+    plural: str,
+    prefix: str,
+    reconciler: Callable[[], KindReconciler[Any] | None],
+    update_field: str | None = None,
+) -> None:
+    """TrialGroups and ModelDeployments: a pass on create, resume, update (of `update_field`, else any)
+    and on a timer (kopf pauses it on a passive peer); delete cleans up and frees GPUs for Apps."""
+
+    @kopf.on.resume(G, V, plural, id=f"{prefix}_reconcile", registry=registry)
+    @kopf.on.create(G, V, plural, id=f"{prefix}_reconcile", registry=registry)
+    @kopf.on.update(G, V, plural, id=f"{prefix}_reconcile", field=update_field, registry=registry)
+    async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        refused = await ctl.need(reconciler()).reconcile(dict(body), patch)
+        if refused is not None:  # reported in status and an event; only a new spec can fix it
+            raise kopf.PermanentError(refused)
+
+    @kopf.timer(G, V, plural, id=f"{prefix}_tick", interval=ctl.config.tick, registry=registry)
+    async def tick(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        # Pods end, GPUs free up, gateways report: the timer folds that in (a refused object stays refused).
+        rec = reconciler()
+        if rec is not None and not body.metadata.get("deletionTimestamp"):
+            await rec.reconcile(dict(body), patch)
+
+    @kopf.on.delete(G, V, plural, id=f"{prefix}_delete", registry=registry)
+    async def delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+        rec = ctl.need(reconciler())
+        await rec.delete(namespaced(namespace), name, dict(body))
+        rec.discard(str(body.metadata.uid))
         if ctl.arbiter is not None:
-            ctl.arbiter.dirty = True  # the pool's GPUs are free for Apps again
-
-    # --- ModelDeployment --------------------------------------------------------------------------
-
-    @kopf.on.resume(G, V, contract.PLURAL_MODELDEPLOYMENT, registry=registry)
-    @kopf.on.create(G, V, contract.PLURAL_MODELDEPLOYMENT, registry=registry)
-    @kopf.on.update(G, V, contract.PLURAL_MODELDEPLOYMENT, registry=registry)
-    async def deployment_reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        await ctl.need_deployments().reconcile(dict(body), patch)
-
-    @kopf.timer(G, V, contract.PLURAL_MODELDEPLOYMENT, interval=config.tick, registry=registry)
-    async def deployment_tick(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        if ctl.deployments is not None and not body.metadata.get("deletionTimestamp"):
-            await ctl.deployments.reconcile(dict(body), patch)
-
-    @kopf.on.delete(G, V, contract.PLURAL_MODELDEPLOYMENT, registry=registry)
-    async def deployment_delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
-        namespace = namespaced(namespace)
-        await ctl.need_deployments().delete(namespace, name, dict(body))
-        ctl.need_deployments().discard(str(body.metadata.uid))
-        if ctl.arbiter is not None:
-            ctl.arbiter.dirty = True
-
-    return registry, ctl
+            ctl.arbiter.dirty = True  # the object's GPUs are free for Apps again
 
 
 def namespaced(namespace: str | None) -> str:

@@ -17,6 +17,7 @@ import kopf
 from tessera.api.resources import ManifestError
 from tessera.controller.conditions import Readiness, carry, find, generation_of, invalid_status, with_ready
 from tessera.controller.context import Context
+from tessera.controller.liveness import PassClock
 from tessera.controller.pods import Owner, PodPlan, template_errors
 from tessera.controller.readiness import missing_pods
 from tessera.controller.sync import RecentCreates
@@ -46,23 +47,32 @@ class KindReconciler(abc.ABC, Generic[R]):
         self.lock = asyncio.Lock()
         self.recent = RecentCreates()  # pods created that the watch may not list yet
         self.reconciles = 0  # completed passes (tests wait on it instead of on time)
-        self._refused = False  # this pass reported the object invalid (Ready is written with that report)
+        self.passes = PassClock(ctx.config.clock)  # for the liveness probe
+        # Why this pass refused the object (Ready is written with that report); None: not refused.
+        self._refused: str | None = None
         self._ready: dict[str, dict[str, Any]] = {}  # uid → the Ready condition last written
         # uid → (message, generation) last reported invalid: the create handler and the timer may both
         # pass over the object before either sees the other's patch.
         self._reported: dict[str, tuple[str, int | None]] = {}
 
-    async def reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None:
+    async def reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> str | None:
+        """One pass over the object; returns why it was refused (an invalid spec), else None."""
         async with self.lock:
-            self._refused = False
-            await self._reconcile(body, patch)
+            self._refused = None
+            with self.passes.timing():
+                await self._reconcile(body, patch)
             self.reconciles += 1
-            if not self._refused:
+            if self._refused is None:
                 self._reported.pop(str((body.get("metadata") or {}).get("uid", "")), None)
                 self._report_ready(body, patch)
+            return self._refused
 
     @abc.abstractmethod
     async def _reconcile(self, body: dict[str, Any], patch: kopf.Patch) -> None: ...
+
+    @abc.abstractmethod
+    async def delete(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        """Forget the deleted object and remove what it owns."""
 
     def discard(self, uid: str) -> None:
         """Forget what was reported about a deleted object (its Ready condition, an invalid spec)."""
@@ -125,8 +135,8 @@ class KindReconciler(abc.ABC, Generic[R]):
     def _invalid(self, body: dict[str, Any], patch: kopf.Patch, report: tuple[dict[str, Any], str]) -> None:
         """Report the object refused: phase Failed, Valid and Ready False (InvalidSpec), one event per
         distinct message; a spec change that is still invalid moves observedGeneration only."""
-        self._refused = True
         status, msg = report
+        self._refused = msg
         status_in = body.get("status") or {}
         stored = status_in.get("conditions") or []
         gen = generation_of(body)

@@ -111,12 +111,18 @@ async def wait_for(check: Callable[[], Any], timeout: float = 45.0, what: str = 
 
 @contextlib.asynccontextmanager
 async def running_operator(
-    k: kmock.KubernetesEmulator, *, identity: str | None = None, token: str | None = None, **overrides: Any
+    k: kmock.KubernetesEmulator,
+    *,
+    identity: str | None = None,
+    token: str | None = None,
+    liveness: str | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[Controller]:
     # Leases run on a ManualClock unless a test passes `clock=`: rounds then happen on events (an App
     # arrives, GPUs are freed) or when the test advances the clock past an expiry, never by accident.
     # `identity` is the kopf peer id; `token` a bearer token, so a test of two operators can tell whose
-    # requests reached kmock (request headers) — both default to what a single operator needs.
+    # requests reached kmock (request headers) — both default to what a single operator needs. `liveness`
+    # is kopf's health endpoint URL (`tessera operator --liveness`), off by default.
     settings: dict[str, Any] = {"lease_s": 1.0, "tick_s": 0.1, "standalone": True, "preemption_grace_s": 5}
     settings.update(overrides)
     settings.setdefault("clock", ManualClock())
@@ -133,6 +139,7 @@ async def running_operator(
             priority=config.priority,
             peering_name=config.peering_name if not config.standalone else None,
             identity=identity,  # type: ignore[arg-type]  # kopf types it as a NewType of str
+            liveness_endpoint=liveness,
         )
     )
     try:

@@ -74,10 +74,10 @@ async def test_deleting_an_app_and_a_trialgroup_removes_their_series(api: kmock.
         await wait_for(lambda: not series_of(ctl, "app", "a"), what="App a's series removed")
         await wait_for(lambda: not series_of(ctl, "trialgroup", "tg"), what="TrialGroup tg's series removed")
         # A later round does not bring them back; the survivors keep theirs.
-        await wait_for(lambda: ctl.need_arbiter().rounds > 0, what="a round")
-        rounds = ctl.need_arbiter().rounds
-        ctl.need_arbiter().dirty = True
-        await wait_for(lambda: ctl.need_arbiter().rounds > rounds, what="a round after the delete")
+        await wait_for(lambda: ctl.need(ctl.arbiter).rounds > 0, what="a round")
+        rounds = ctl.need(ctl.arbiter).rounds
+        ctl.need(ctl.arbiter).dirty = True
+        await wait_for(lambda: ctl.need(ctl.arbiter).rounds > rounds, what="a round after the delete")
         assert not series_of(ctl, "app", "a") and not series_of(ctl, "trialgroup", "tg")
         assert any(s.startswith("tessera_app_rho{") for s in series_of(ctl, "app", "b"))
         assert any(s.startswith("tessera_trial_width{") for s in series_of(ctl, "trialgroup", "keep"))
