@@ -20,7 +20,7 @@ from tessera.policy.baselines import BASELINES
 from tessera.policy.themis import Themis, ThemisConfig
 from tessera.sim.training.report import PolicySummary
 from tessera.sim.training.simulator import SimConfig, simulate
-from tessera.sim.training.trace import AppSpec, GeneratorConfig, JobSpec, Trace, generate
+from tessera.sim.training.trace import GeneratorConfig, Trace, TraceApp, TraceJob, generate
 
 pytestmark = pytest.mark.slow
 CLUSTER = Cluster.build([(1, 2)] * 2 + [(1, 4)] * 3)
@@ -153,7 +153,7 @@ def test_estimation_error_of_20_percent_changes_max_rho_little() -> None:
 # apps, each four 8-GPU jobs (4× contention); app-0 over-reports the slowdown of spread placements by X.
 LIAR_CLUSTER = Cluster.build([(1, 8)] + [(1, 2)] * 28)
 LIAR_TRACE = Trace(
-    [AppSpec(f"app-{i}", 0.0, tuple(JobSpec(9000.0, 8.0, 8) for _ in range(4))) for i in range(8)]
+    [TraceApp(f"app-{i}", 0.0, tuple(TraceJob(9000.0, 8.0, 8) for _ in range(4))) for i in range(8)]
 )
 
 

@@ -12,7 +12,7 @@ from tessera.cluster import Cluster
 from tessera.policy.hpo import hyperband
 from tessera.policy.themis import Themis, ThemisConfig
 from tessera.sim.training import simulator
-from tessera.sim.training.trace import AppSpec, JobSpec, Trace, parse_apps
+from tessera.sim.training.trace import Trace, TraceApp, TraceJob, parse_apps
 from tessera.sim.tuning.engine import Placed, TuningSim
 from tessera.sim.tuning.two_level import FluidAppRuntime, Lease
 from tessera.sim.tuning.workload import TuningWorkload
@@ -43,14 +43,14 @@ def lease_of(leases: list[Lease], index: int) -> frozenset[str]:
 def run_cluster() -> tuple[simulator.SimRun, FluidAppRuntime]:
     cluster = Cluster.homogeneous(4, 4)
     apps = [
-        AppSpec("train-a", 0.0, (JobSpec(3000, 1.0, 4),)),
-        AppSpec("train-b", 0.0, (JobSpec(1500, 1.0, 2), JobSpec(1500, 1.0, 2))),
-        AppSpec("train-c", 900.0, (JobSpec(4000, 1.0, 8),)),
+        TraceApp("train-a", 0.0, (TraceJob(3000, 1.0, 4),)),
+        TraceApp("train-b", 0.0, (TraceJob(1500, 1.0, 2), TraceJob(1500, 1.0, 2))),
+        TraceApp("train-c", 900.0, (TraceJob(4000, 1.0, 8),)),
         *parse_apps("test", [TUNE], len(cluster)).apps,
     ]
     made: dict[str, simulator.AppRuntime] = {}
 
-    def keep(spec: AppSpec, c: Cluster, cfg: simulator.SimConfig) -> simulator.AppRuntime:
+    def keep(spec: TraceApp, c: Cluster, cfg: simulator.SimConfig) -> simulator.AppRuntime:
         made[spec.id] = simulator.make_runtime(spec, c, cfg)
         return made[spec.id]
 

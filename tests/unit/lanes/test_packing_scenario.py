@@ -10,7 +10,7 @@ import yaml
 from tessera.cli import main as cli_main
 from tessera.sim.packing import synthetic
 from tessera.sim.packing.scenario import load, run
-from tessera.sim.packing.trace import TraceError, read_nodes, read_pods
+from tessera.sim.packing.trace import PackingTraceError, read_nodes, read_pods
 from tessera.sim.scenario import ScenarioError
 
 SMALL = {
@@ -111,12 +111,12 @@ def test_cli_runs_a_packing_scenario(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_trace_reader_errors(tmp_path: Path) -> None:
     (tmp_path / "n.csv").write_text("sn,cpu_milli,memory_mib,gpu\nx,1,1,2\n")
-    with pytest.raises(TraceError, match="missing column"):
+    with pytest.raises(PackingTraceError, match="missing column"):
         read_nodes(tmp_path / "n.csv")
     (tmp_path / "p.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,2000\n")
-    with pytest.raises(TraceError, match=r"p.csv:2: gpu_milli"):
+    with pytest.raises(PackingTraceError, match=r"p.csv:2: gpu_milli"):
         read_pods(tmp_path / "p.csv")
-    with pytest.raises(TraceError, match="No such file"):
+    with pytest.raises(PackingTraceError, match="No such file"):
         read_pods(tmp_path / "absent.csv")
 
 

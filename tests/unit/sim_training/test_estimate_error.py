@@ -10,7 +10,7 @@ from tessera.cluster import NETWORK_INTENSIVE, Cluster, Sensitivity
 from tessera.policy.training import AppState, Grant, RoundDecision
 from tessera.sim.training.estimate_error import AppError, MisestimatingEstimator
 from tessera.sim.training.simulator import SimConfig, simulate
-from tessera.sim.training.trace import AppSpec, JobSpec, Trace
+from tessera.sim.training.trace import Trace, TraceApp, TraceJob
 
 
 class _OneJob:
@@ -64,7 +64,7 @@ class _Greedy:
 
 def test_only_the_policy_view_is_wrong_the_jobs_run_at_true_speed() -> None:
     cluster = Cluster.build([(1, 2)])
-    trace = Trace([AppSpec("a", 0.0, (JobSpec(100.0, 1.0, 2),))])  # 100 iterations × 1 s on 2 GPUs
+    trace = Trace([TraceApp("a", 0.0, (TraceJob(100.0, 1.0, 2),))])  # 100 iterations × 1 s on 2 GPUs
     exact, wrong = _Greedy(), _Greedy()
     r0 = simulate(exact, cluster, trace, random.Random(0), SimConfig())
     r1 = simulate(wrong, cluster, trace, random.Random(0), SimConfig(estimate_error=0.5))
@@ -75,7 +75,7 @@ def test_only_the_policy_view_is_wrong_the_jobs_run_at_true_speed() -> None:
 
 def test_a_misreported_slowdown_reaches_the_policy_but_not_the_jobs() -> None:
     cluster = Cluster.build([(1, 2)] * 2)  # a 4-GPU job must span two machines: S = 1.29 in truth
-    trace = Trace([AppSpec("a", 0.0, (JobSpec(100.0, 4.0, 4),))])  # 100 × 4 s / 4 GPUs × 1.29 = 129 s
+    trace = Trace([TraceApp("a", 0.0, (TraceJob(100.0, 4.0, 4),))])  # 100 × 4 s / 4 GPUs × 1.29 = 129 s
     lie = Sensitivity(1.0, 1.0, 3.0, 3.0)
     truthful, liar = _Greedy(), _Greedy()
     r0 = simulate(truthful, cluster, trace, random.Random(0), SimConfig(restart_s=0))

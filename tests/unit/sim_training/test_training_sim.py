@@ -13,14 +13,14 @@ from tessera.sim.scenario import ScenarioError
 from tessera.sim.training.runtime import GangJobsRuntime, Job, SuccessiveHalvingRuntime
 from tessera.sim.training.scenario import load, run
 from tessera.sim.training.simulator import SimConfig, simulate
-from tessera.sim.training.trace import AppSpec, JobSpec, Trace
+from tessera.sim.training.trace import Trace, TraceApp, TraceJob
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "scenarios"
 C = Cluster.build([(1, 4), (1, 4)])
 
 
 def test_single_job_alone_runs_at_eq1_speed_plus_one_restart() -> None:
-    spec = AppSpec("a", 0.0, (JobSpec(1000, 2.0, 4),), Sensitivity(), False)
+    spec = TraceApp("a", 0.0, (TraceJob(1000, 2.0, 4),), Sensitivity(), False)
     r = simulate(Themis(), C, Trace([spec]), random.Random(0), SimConfig(restart_s=30, round_gap_s=0))
     (o,) = r.apps
     assert o.finish == pytest.approx(30 + 1000 * 2.0 / 4)  # one machine → S = 1

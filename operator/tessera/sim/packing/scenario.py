@@ -36,7 +36,7 @@ from tessera.sim.packing import synthetic, through_extender
 from tessera.sim.packing.experiment import GRID, Curve, arrivals
 from tessera.sim.packing.experiment import run as run_policy
 from tessera.sim.packing.synthetic import SyntheticInput
-from tessera.sim.packing.trace import NodeSpec, TraceError, read_nodes, read_pods
+from tessera.sim.packing.trace import NodeSpec, PackingTraceError, read_nodes, read_pods
 from tessera.sim.scenario import ScenarioError
 
 NODE_FILE = "openb_node_list_gpu_node.csv"
@@ -124,7 +124,7 @@ def load(data: dict[str, Any], source: str) -> PackingScenario:
         folder = trace_dir(d.trace, source)
         try:
             nodes, pods = read_nodes(folder / NODE_FILE), read_pods(folder / POD_FILE)
-        except TraceError as err:
+        except PackingTraceError as err:
             raise ScenarioError(source, "trace", str(err)) from None
         origin = str(folder)
     else:

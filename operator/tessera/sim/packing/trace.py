@@ -28,7 +28,7 @@ GPU_MEMORY_MIB = {
 DEFAULT_GPU_MEMORY_MIB = 16384
 
 
-class TraceError(ValueError):
+class PackingTraceError(ValueError):
     """A trace file that cannot be read, naming the file, line and column."""
 
 
@@ -51,9 +51,9 @@ def _int(row: dict[str, str], col: str, where: str) -> int:
     try:
         value = int(float(raw))
     except ValueError:
-        raise TraceError(f"{where}: column {col!r} must be a number, got {raw!r}") from None
+        raise PackingTraceError(f"{where}: column {col!r} must be a number, got {raw!r}") from None
     if value < 0:
-        raise TraceError(f"{where}: column {col!r} must be >= 0, got {value}")
+        raise PackingTraceError(f"{where}: column {col!r} must be >= 0, got {value}")
     return value
 
 
@@ -63,10 +63,10 @@ def _rows(path: Path, needed: tuple[str, ...]) -> list[tuple[str, dict[str, str]
             reader = csv.DictReader(f)
             missing = [c for c in needed if c not in (reader.fieldnames or [])]
             if missing:
-                raise TraceError(f"{path}: missing column(s) {', '.join(missing)}")
+                raise PackingTraceError(f"{path}: missing column(s) {', '.join(missing)}")
             return [(f"{path}:{i + 2}", row) for i, row in enumerate(reader)]
     except OSError as err:
-        raise TraceError(f"{path}: {err.strerror or err}") from None
+        raise PackingTraceError(f"{path}: {err.strerror or err}") from None
 
 
 def read_nodes(path: Path) -> list[NodeSpec]:
@@ -82,7 +82,7 @@ def read_nodes(path: Path) -> list[NodeSpec]:
             )
         )
     if not out:
-        raise TraceError(f"{path}: no nodes")
+        raise PackingTraceError(f"{path}: no nodes")
     return out
 
 
@@ -91,7 +91,7 @@ def read_pods(path: Path) -> list[Shape]:
     for where, row in _rows(path, ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli")):
         gpus, milli = _int(row, "num_gpu", where), _int(row, "gpu_milli", where)
         if gpus and not 0 < milli <= 1000:
-            raise TraceError(f"{where}: gpu_milli must be in 1..1000 for a GPU pod, got {milli}")
+            raise PackingTraceError(f"{where}: gpu_milli must be in 1..1000 for a GPU pod, got {milli}")
         spec = (row.get("gpu_spec") or "").strip()
         shape = Shape.share(gpus, milli, _int(row, "cpu_milli", where), _int(row, "memory_mib", where))
         if spec and gpus:
@@ -107,5 +107,5 @@ def read_pods(path: Path) -> list[Shape]:
             )
         out.append(shape)
     if not out:
-        raise TraceError(f"{path}: no pods")
+        raise PackingTraceError(f"{path}: no pods")
     return out

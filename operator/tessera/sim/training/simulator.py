@@ -24,7 +24,7 @@ from tessera.policy.themis.estimate import NAvg, t_id
 from tessera.policy.training import AppState, TrainingPolicy, check_decision
 from tessera.sim.training.estimate_error import AppError, MisestimatingEstimator
 from tessera.sim.training.runtime import AppRuntime, GangJobsRuntime, Job, SuccessiveHalvingRuntime
-from tessera.sim.training.trace import AppSpec, Trace
+from tessera.sim.training.trace import Trace, TraceApp
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class SimRun:
 
 @dataclass(slots=True)
 class _Live:
-    spec: AppSpec
+    spec: TraceApp
     runtime: AppRuntime
     navg: NAvg
     held: set[str] = field(default_factory=set)
@@ -109,10 +109,10 @@ class _Live:
     error: AppError | None = None  # the app's estimation error (SimConfig.estimate_error > 0)
 
 
-RuntimeFactory = Callable[[AppSpec, Cluster, "SimConfig"], AppRuntime]
+RuntimeFactory = Callable[[TraceApp, Cluster, "SimConfig"], AppRuntime]
 
 
-def make_runtime(spec: AppSpec, cluster: Cluster, config: SimConfig) -> AppRuntime:
+def make_runtime(spec: TraceApp, cluster: Cluster, config: SimConfig) -> AppRuntime:
     """The built-in runtime for an app: gang-scheduled jobs, successive halving, or (a `tuning` app) a
     tuning algorithm whose trials Fluid places inside the app's lease."""
     if spec.tuning is not None:
@@ -143,7 +143,7 @@ def make_runtime(spec: AppSpec, cluster: Cluster, config: SimConfig) -> AppRunti
     return SuccessiveHalvingRuntime(cluster, jobs, plan, config.restart_s, rule)
 
 
-def _tuning_runtime(spec: AppSpec, cluster: Cluster, config: SimConfig) -> AppRuntime:
+def _tuning_runtime(spec: TraceApp, cluster: Cluster, config: SimConfig) -> AppRuntime:
     from tessera.sim.tuning.experiments import make_algorithm
     from tessera.sim.tuning.two_level import FluidAppRuntime
 

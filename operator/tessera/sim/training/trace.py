@@ -75,7 +75,7 @@ CATEGORY_MIX = {"cv": 0.10, "nlp": 0.60, "speech": 0.30}  # Table 4
 
 
 @dataclass(frozen=True, slots=True)
-class JobSpec:
+class TraceJob:
     iterations: float
     iter_time: float
     gpus: int
@@ -91,10 +91,10 @@ class HalvingSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class AppSpec:
+class TraceApp:
     id: str
     arrival: float
-    jobs: tuple[JobSpec, ...]
+    jobs: tuple[TraceJob, ...]
     sensitivity: Sensitivity = NETWORK_INTENSIVE
     network_intensive: bool = True
     model: str = ""
@@ -120,7 +120,7 @@ class AppSpec:
 
 @dataclass(slots=True)
 class Trace:
-    apps: list[AppSpec] = field(default_factory=list)
+    apps: list[TraceApp] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out = []
@@ -231,10 +231,10 @@ def _sensitivity(app: AppInput) -> tuple[Sensitivity, bool]:
     return sens, ni
 
 
-def _app(app: AppInput, i: int, where: str, cluster_gpus: int | None) -> AppSpec:
-    """The AppSpec of a validated app; ValueError (field under `where`, problem) for cross-field rules."""
+def _app(app: AppInput, i: int, where: str, cluster_gpus: int | None) -> TraceApp:
+    """The TraceApp of a validated app; ValueError (field under `where`, problem) for cross-field rules."""
     default_it = MODELS[app.model][2] if app.model else None
-    jobs: list[JobSpec] = []
+    jobs: list[TraceJob] = []
     halving = tuning = None
     if app.tuning is not None:
         for other in ("jobs", "halving", "configs"):
@@ -264,14 +264,14 @@ def _app(app: AppInput, i: int, where: str, cluster_gpus: int | None) -> AppSpec
                     f"{where}.configs[{k}].iter_time", "is required (seconds per iteration on one GPU)"
                 )
             score = c.score if c.score is not None else float(len(app.configs) - k)
-            jobs.append(JobSpec(h.iters_per_phase[0], it, h.job_gpus, score))
+            jobs.append(TraceJob(h.iters_per_phase[0], it, h.job_gpus, score))
         gpus_needed = h.job_gpus
     elif app.jobs is not None:
         for k, j in enumerate(app.jobs):
             it = j.iter_time if j.iter_time is not None else default_it
             if it is None:
                 raise _Bad(f"{where}.jobs[{k}].iter_time", "is required (seconds per iteration on one GPU)")
-            jobs.append(JobSpec(j.iterations, it, j.gpus))
+            jobs.append(TraceJob(j.iterations, it, j.gpus))
         gpus_needed = max(j.gpus for j in jobs)
     else:
         raise _Bad(f"{where}.jobs", "is required: a non-empty list of jobs (or a halving or tuning block)")
@@ -282,7 +282,7 @@ def _app(app: AppInput, i: int, where: str, cluster_gpus: int | None) -> AppSpec
     except ValueError as e:
         raise _Bad(f"{where}.sensitivity", str(e)) from None
     app_id = str(app.id) if app.id is not None else f"app-{i:04d}"
-    return AppSpec(app_id, app.arrival, tuple(jobs), sens, ni, app.model, halving, tuning)
+    return TraceApp(app_id, app.arrival, tuple(jobs), sens, ni, app.model, halving, tuning)
 
 
 class _Bad(Exception):
@@ -301,7 +301,7 @@ def parse_apps(source: str, records: Any, cluster_gpus: int | None = None) -> Tr
 
 def build_trace(source: str, inputs: list[AppInput], cluster_gpus: int | None = None) -> Trace:
     """The Trace of validated apps; TraceError for the rules across fields (and the cluster's size)."""
-    apps: list[AppSpec] = []
+    apps: list[TraceApp] = []
     seen: set[str] = set()
     for i, app in enumerate(inputs):
         try:
@@ -502,7 +502,7 @@ def _jobs_per_app(config: GeneratorConfig, rng: random.Random) -> int:
 
 def generate(config: GeneratorConfig, rng: random.Random, cluster_gpus: int = 64) -> Trace:
     """A seeded synthetic trace."""
-    apps: list[AppSpec] = []
+    apps: list[TraceApp] = []
     t = 0.0
     max_gpus = max(1, min(8, cluster_gpus))
     for i in range(config.apps):
@@ -529,14 +529,14 @@ def generate(config: GeneratorConfig, rng: random.Random, cluster_gpus: int = 64
                 g = rng.choice((1, 2))
                 jt = it * rng.uniform(0.9, 1.1)
                 work = max(task * rng.uniform(0.5, 1.5), config.min_trial_s * g)
-                jobs.append(JobSpec(max(1.0, round(work / jt)), jt, g))
-            apps.append(AppSpec(app_id, round(t, 3), tuple(jobs), sens, ni, model))
+                jobs.append(TraceJob(max(1.0, round(work / jt)), jt, g))
+            apps.append(TraceApp(app_id, round(t, 3), tuple(jobs), sens, ni, model))
             continue
         g = min(max_gpus, rng.choice((1, 2, 4, 8)))
         if single:
             work = max(task, config.min_trial_s * g)
             apps.append(
-                AppSpec(app_id, round(t, 3), (JobSpec(max(1.0, round(work / it)), it, g),), sens, ni, model)
+                TraceApp(app_id, round(t, 3), (TraceJob(max(1.0, round(work / it)), it, g),), sens, ni, model)
             )
             continue
         n = max(2, 2 ** round(math.log2(_jobs_per_app(config, rng))))
@@ -545,9 +545,9 @@ def generate(config: GeneratorConfig, rng: random.Random, cluster_gpus: int = 64
         # the app's n·task GPU-seconds split evenly over its phases: I_1 = task / (phases · iter_time).
         i1 = max(1.0, round(task / (phases * it)), math.ceil(config.min_trial_s * g / it))
         ipp = tuple(float(i1 * 2**p) for p in range(phases))
-        configs = tuple(JobSpec(i1, it * rng.uniform(0.8, 1.25), g, rng.random()) for _ in range(n))
+        configs = tuple(TraceJob(i1, it * rng.uniform(0.8, 1.25), g, rng.random()) for _ in range(n))
         apps.append(
-            AppSpec(
+            TraceApp(
                 app_id,
                 round(t, 3),
                 configs,
