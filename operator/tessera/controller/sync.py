@@ -109,39 +109,64 @@ async def sync_pods(
     gangs: dict[str, list[PodPlan]] = {}
     for plan in plans:
         gangs.setdefault(gang_of(plan), []).append(plan)
-    for gang, members in gangs.items():
+    gang = _Gang(api, owner, template_of, workload_class, socket_group, concurrency, recent)
+    for name, members in gangs.items():
         missing = [m for m in members if m.name not in have]
-        if recent is not None:  # before the first await, so a concurrent pass sees them
-            recent.add(owner.namespace, [m.name for m in missing])
+        try:
+            out.created.extend(await gang.create(name, missing))
+        except KubeError as err:
+            out.failed_gangs[name] = str(err)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Gang:
+    """Creates one gang's missing pods all or nothing."""
+
+    api: KubeApi
+    owner: Owner
+    template_of: Callable[[PodPlan], Mapping[str, Any]]
+    workload_class: str
+    socket_group: int
+    concurrency: int
+    recent: RecentCreates | None
+
+    async def create(self, gang: str, missing: Sequence[PodPlan]) -> list[str]:
+        """The names created; on a refused create, the ones made are deleted again and the error raised."""
+        ns = self.owner.namespace
+        if self.recent is not None:  # before the first await, so a concurrent pass sees them
+            self.recent.add(ns, [m.name for m in missing])
         creates = await gather_limited(
             (
-                api.create(
-                    PODS, owner.namespace, build_pod(template_of(m), m, owner, workload_class, socket_group)
+                self.api.create(
+                    PODS,
+                    ns,
+                    build_pod(self.template_of(m), m, self.owner, self.workload_class, self.socket_group),
                 )
                 for m in missing
             ),
-            concurrency,
+            self.concurrency,
         )
         made = [m.name for m, res in zip(missing, creates, strict=True) if not isinstance(res, BaseException)]
         errors = [res for res in creates if isinstance(res, BaseException)]
-        if recent is not None:
-            recent.discard(owner.namespace, [m.name for m in missing if m.name not in made])
-        if errors:
-            err = errors[0]
-            if not isinstance(err, KubeError):
-                raise err
-            log.warning("gang %s of %s/%s failed: %s", gang, owner.namespace, owner.name, err)
-            out.failed_gangs[gang] = str(err)
-            if recent is not None:
-                recent.discard(owner.namespace, made)  # deleted again below
-            undone = await gather_limited(
-                (api.delete(PODS, owner.namespace, name, grace_seconds=0) for name in made), concurrency
-            )
-            for name, res in zip(made, undone, strict=True):
-                if isinstance(res, BaseException):
-                    log.warning(
-                        "pod %s/%s of failed gang %s not removed: %s", owner.namespace, name, gang, res
-                    )
-            continue
-        out.created.extend(made)
-    return out
+        if self.recent is not None:
+            self.recent.discard(ns, [m.name for m in missing if m.name not in made])
+        if not errors:
+            return made
+        err = errors[0]
+        if not isinstance(err, KubeError):
+            raise err
+        log.warning("gang %s of %s/%s failed: %s", gang, ns, self.owner.name, err)
+        await self._undo(gang, made)
+        raise err
+
+    async def _undo(self, gang: str, made: list[str]) -> None:
+        ns = self.owner.namespace
+        if self.recent is not None:
+            self.recent.discard(ns, made)
+        undone = await gather_limited(
+            (self.api.delete(PODS, ns, name, grace_seconds=0) for name in made), self.concurrency
+        )
+        for name, res in zip(made, undone, strict=True):
+            if isinstance(res, BaseException):
+                log.warning("pod %s/%s of failed gang %s not removed: %s", ns, name, gang, res)
