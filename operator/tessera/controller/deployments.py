@@ -270,6 +270,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             state = self._adopt_pool_plan(rec, state, members, *new, now)
         assert state is not None
         await self._switch_groups(rec, state, cluster, now)
+        # The member whose name labels the workers and whose template they run: the same while it lives.
         owner_rec = self.records.get((rec.namespace, state.owner)) or members[0]
         state.owner = owner_rec.name
         labels = {contract.LABEL_MODELDEPLOYMENT: owner_rec.name, contract.LABEL_ROLE: "worker"}
