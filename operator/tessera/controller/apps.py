@@ -19,7 +19,7 @@ from tessera.api.app import AppSpec, AppStatus, JobSpec, JobStatus, Lease
 from tessera.api.resources import ManifestError, parse_app
 from tessera.cluster import Cluster, Sensitivity
 from tessera.controller.estimator import JobWork, estimator_for
-from tessera.controller.pods import PodPlan
+from tessera.controller.pods import PodPlan, gang_plans
 from tessera.controller.view import PodInfo, gpu_id, group_by_node, split_gpu_id
 from tessera.policy.themis.estimate import HalvingPlan, NAvg
 from tessera.policy.training import AppState
@@ -242,29 +242,17 @@ class AppRecord:
 
     def pod_plans(self) -> list[PodPlan]:
         """One pod per job and node of its leases; ranks in node order; the job's pods form its gang."""
-        plans: list[PodPlan] = []
-        for job, gs in sorted(self.job_gpus().items()):
-            nodes = group_by_node(gs)
-            for rank, (node, idx) in enumerate(nodes.items()):
-                plans.append(
-                    PodPlan(
-                        node=node,
-                        gpu_indices=tuple(idx),
-                        labels={
-                            contract.LABEL_APP: self.name,
-                            contract.LABEL_JOB: job,
-                            contract.LABEL_ROLE: "worker",
-                        },
-                        env={
-                            contract.ENV_JOB: job,
-                            contract.ENV_RANK: str(rank),
-                            contract.ENV_WORLD_SIZE: str(len(nodes)),
-                        },
-                        workload=contract.WORKLOAD_TRAINING,
-                        base=f"{self.name}-{job}-{rank}",
-                    )
-                )
-        return plans
+        return [
+            plan
+            for job, gs in sorted(self.job_gpus().items())
+            for plan in gang_plans(
+                gs,
+                base=f"{self.name}-{job}",
+                labels={contract.LABEL_APP: self.name, contract.LABEL_JOB: job},
+                env={contract.ENV_JOB: job},
+                workload=contract.WORKLOAD_TRAINING,
+            )
+        ]
 
     def status(self, now: float, phase: str | None = None) -> AppStatus:
         have = self.job_gpus()

@@ -19,6 +19,7 @@ import kopf
 
 from tessera.api import contract
 from tessera.api.placement import PlacementAnnotation
+from tessera.controller.view import group_by_node
 
 JsonObj = dict[str, Any]
 
@@ -80,6 +81,34 @@ class PodPlan:
         digest = hashlib.sha256(key.encode()).hexdigest()[:8]
         stem = self.base[: 63 - 9].rstrip("-")
         return f"{stem}-{digest}"
+
+
+def gang_plans(
+    gpus: Sequence[str],
+    *,
+    base: str,
+    labels: Mapping[str, str],
+    env: Mapping[str, str],
+    workload: str,
+    memory_mib: int | None = None,
+    compute_percent: int | None = None,
+) -> list[PodPlan]:
+    """The pods of one gang (a job's or a trial's GPUs): one per node, ranked in node order, each a
+    worker with its rank and the gang's world size."""
+    nodes = group_by_node(gpus)
+    return [
+        PodPlan(
+            node=node,
+            gpu_indices=tuple(idx),
+            labels={**labels, contract.LABEL_ROLE: "worker"},
+            env={**env, contract.ENV_RANK: str(rank), contract.ENV_WORLD_SIZE: str(len(nodes))},
+            workload=workload,
+            memory_mib=memory_mib,
+            compute_percent=compute_percent,
+            base=f"{base}-{rank}",
+        )
+        for rank, (node, idx) in enumerate(nodes.items())
+    ]
 
 
 def _env_list(existing: Sequence[Mapping[str, Any]], extra: Mapping[str, str]) -> list[JsonObj]:

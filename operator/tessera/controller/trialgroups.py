@@ -24,8 +24,8 @@ from tessera.api.resources import parse_trialgroup
 from tessera.api.trialgroup import TrialGroupSpec, TrialSpec
 from tessera.cluster import Cluster
 from tessera.controller.apps import check_name, manifest_of
-from tessera.controller.pods import PodPlan
-from tessera.controller.view import PodInfo, group_by_node, split_gpu_id
+from tessera.controller.pods import PodPlan, gang_plans
+from tessera.controller.view import PodInfo, split_gpu_id
 from tessera.policy.fluid import (
     FluidConfig,
     RuntimeModel,
@@ -219,48 +219,32 @@ class TrialGroupRecord:
         live = {t.name for t in self.live()}
         plans: list[PodPlan] = []
         for trial, gpus in sorted(self.placement.gangs.items()):
-            if trial not in live:
-                continue
-            nodes = group_by_node(gpus)
-            for rank, (node, idx) in enumerate(nodes.items()):
-                plans.append(self._plan(trial, node, tuple(idx), rank, len(nodes)))
+            if trial in live:
+                plans += self._plans(trial, gpus)
         for gid, lanes in sorted(self.placement.lanes.items()):
-            node, index = split_gpu_id(gid)
             for lane in lanes:
                 if lane.trial_id in live:
-                    plans.append(
-                        self._plan(lane.trial_id, node, (index,), 0, 1, lane.memory_mib, lane.compute_percent)
-                    )
+                    plans += self._plans(lane.trial_id, [gid], lane.memory_mib, lane.compute_percent)
         return plans
 
-    def _plan(
+    def _plans(
         self,
         trial: str,
-        node: str,
-        indices: tuple[int, ...],
-        rank: int,
-        world: int,
+        gpus: Sequence[str],
         memory_mib: int | None = None,
         compute_percent: int | None = None,
-    ) -> PodPlan:
-        return PodPlan(
-            node=node,
-            gpu_indices=indices,
-            labels={
-                contract.LABEL_TRIALGROUP: self.name,
-                contract.LABEL_TRIAL: trial,
-                contract.LABEL_ROLE: "worker",
-            },
+    ) -> list[PodPlan]:
+        return gang_plans(
+            gpus,
+            base=f"{self.name}-{trial}",
+            labels={contract.LABEL_TRIALGROUP: self.name, contract.LABEL_TRIAL: trial},
             env={
                 contract.ENV_TRIAL: trial,
                 contract.ENV_TRIAL_CONFIG: json.dumps(self.trial(trial).config, sort_keys=True),
-                contract.ENV_RANK: str(rank),
-                contract.ENV_WORLD_SIZE: str(world),
             },
             workload=contract.WORKLOAD_TRIAL,
             memory_mib=memory_mib,
             compute_percent=compute_percent,
-            base=f"{self.name}-{trial}-{rank}",
         )
 
     def status(self, now_stamp: str) -> dict[str, Any]:
