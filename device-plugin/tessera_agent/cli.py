@@ -201,12 +201,12 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
 
 def settings_problem(err: ValidationError, args: argparse.Namespace) -> str:
     """One line naming each refused flag and its settings field: `--be-percent (agent.be_percent): ...`."""
-    from .config import field_errors
+    from tessera.api.resources import input_errors  # the resource models load only on errors
 
     flags = {settings_field(d): "--" + d.replace("_", "-") for d in vars(args) if d not in _NOT_SETTINGS}
     return "; ".join(
         f"{flags[path]} ({path}): {msg}" if path in flags else f"{path}: {msg}"
-        for path, msg in field_errors(err)
+        for path, msg in input_errors(err)
     )
 
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 from tessera.api import contract
 from tessera.api.base import MAX_MIB, MAX_SECONDS
@@ -144,14 +144,3 @@ class AgentSettings(_Settings):
         if self.fake_pods is not None and not self.fake_gpus:
             raise _fail("fake pods need fake GPUs", "fake_pods")
         return self
-
-
-def field_errors(err: ValidationError) -> list[tuple[str, str]]:
-    """(field path, message) for each problem, paths as `agent.be_percent`, messages as the CRDs' errors."""
-    from tessera.api.resources import validation_errors  # the CRD models' import cost, on errors only
-
-    own = {"extra_forbidden": "unknown field", "finite_number": "must be a finite number"}
-    return [
-        (path.lstrip("."), own.get(e["type"], msg))
-        for (path, msg), e in zip(validation_errors(err), err.errors(), strict=True)
-    ]

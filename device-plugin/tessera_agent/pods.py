@@ -13,12 +13,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 from pydantic.alias_generators import to_camel
 from tessera.api import contract
 from tessera.api.assignment import Assignment, AssignmentError
 from tessera.api.quantity import QuantityError, resource_quantity
-from tessera.api.safe_load import InputError, load_json_file
+from tessera.api.safe_load import load_json_file, validated
 from tessera.kube import KubeClient, default_config
 
 log = logging.getLogger(__name__)
@@ -160,20 +160,13 @@ class PodManifest(_PodPart):
     status: _PodStatus = _PodStatus()
 
 
-_MANIFESTS = TypeAdapter(list[PodManifest])
+class PodManifests(RootModel[list[PodManifest]]):
+    """The `--fake-pods` file: a JSON list of pod manifests."""
 
 
 def load_pod_manifests(path: Path) -> list[PodInfo]:
     """The pods of a JSON list of pod manifests; InputError naming the file and the first bad field."""
-    data = load_json_file(path)
-    try:
-        manifests = _MANIFESTS.validate_python(data)
-    except ValidationError as err:
-        from .config import field_errors
-
-        (field, problem), *rest = field_errors(err)
-        more = f" (and {len(rest)} more)" if rest else ""
-        raise InputError(str(path), problem + more, field or "(top level)") from None
+    manifests = validated(PodManifests, load_json_file(path), str(path)).root
     return [pod_info_from_manifest(m.model_dump(by_alias=True)) for m in manifests]
 
 

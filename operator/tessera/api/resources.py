@@ -160,12 +160,14 @@ class ManifestError(ValueError):
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 
-def _format_loc(loc: tuple[int | str, ...]) -> str:
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """('spec', 'jobs', 0, 'maxGPUs') → spec.jobs[0].maxGPUs; a key that is not a plain name is quoted
+    (`sim["a\\nb"]`), so an error stays one line whatever keys a file has."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif not _PLAIN_KEY.fullmatch(part):  # a key with spaces, newlines or quotes: quoted, one line
+        elif not _PLAIN_KEY.fullmatch(str(part)):  # a key with spaces, newlines or quotes: quoted, one line
             out += f"[{json.dumps(part)}]"
         else:
             out += f".{part}" if out else part
@@ -221,7 +223,7 @@ def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
     for err in exc.errors():
         loc = tuple(err["loc"])
         ctx = err.get("ctx") or {}
-        path = _format_loc(loc)
+        path = field_path(loc)
         if err["type"] == "cross_field" and ctx.get("field_path"):
             path += str(ctx["field_path"])
         out.append((path, _message(err)))
@@ -232,11 +234,11 @@ def input_errors(exc: ValidationError) -> list[tuple[str, str]]:
     """`validation_errors` for a file that is not a manifest (a gateway configuration, request payloads):
     the same paths and messages, but an unknown field without the `kubectl explain` hint and a
     validator's own message without pydantic's "Value error, " in front."""
-    own = {"extra_forbidden": "unknown field"}
+    own = {"extra_forbidden": "unknown field", "finite_number": "must be a finite number"}
     out: list[tuple[str, str]] = []
     for (path, message), err in zip(validation_errors(exc), exc.errors(), strict=True):
         message = own.get(err["type"], message)
-        out.append((path, message.removeprefix("Value error, ")))
+        out.append((path.lstrip("."), message.removeprefix("Value error, ")))
     return out
 
 

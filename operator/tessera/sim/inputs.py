@@ -9,8 +9,6 @@ field is the path a user writes (`apps[3].jobs[0].gpus`), like the CRDs' admissi
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
 import types
 import typing
 from typing import Annotated, Any, Literal, TypeVar, Union
@@ -33,7 +31,6 @@ from tessera.sim.scenario import (
 M = TypeVar("M", bound=BaseModel)
 
 INT64 = (1 << 63) - 1
-_PLAIN = re.compile(r"[A-Za-z0-9_.-]+")
 
 # Numbers as a scenario gives them: finite (the model config refuses NaN and infinity), never a bool or a
 # string, and bounded so that no value makes a run endless.
@@ -112,24 +109,12 @@ def validate(model: type[M], data: Any, source: str, prefix: str = "", *, strict
     try:
         return model.model_validate(data, strict=strict)
     except ValidationError as e:
+        from tessera.api.resources import field_path  # the resource models load only when a file is bad
+
         err = e.errors(include_url=False)[0]
         raise ScenarioError(
-            source, join(prefix, path(err["loc"])) or "(top level)", problem(model, err)
+            source, join(prefix, field_path(err["loc"])) or "(top level)", problem(model, err)
         ) from None
-
-
-def path(loc: tuple[int | str, ...]) -> str:
-    """('apps', 3, 'jobs', 0, 'gpus') → apps[3].jobs[0].gpus; a key that is not a plain name is quoted
-    (`sim["a\\nb"]`), so an error stays one line whatever keys a file has."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif _PLAIN.fullmatch(str(part)):
-            out += f".{part}" if out else str(part)
-        else:
-            out += f"[{json.dumps(str(part))}]"
-    return out
 
 
 def join(prefix: str, field: str) -> str:

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from tessera.api import contract
+from tessera.api.resources import input_errors
 from tessera.api.safe_load import InputError
 from tessera_agent import cli
-from tessera_agent.config import AgentConfig, AgentSettings, field_errors
+from tessera_agent.config import AgentConfig, AgentSettings
 from tessera_agent.pods import load_pod_manifests
 
 from tests.unit.chart.chart_render import find, objects, render
@@ -122,7 +123,7 @@ def test_wrong_type_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
 def test_unknown_field_is_named_with_its_path() -> None:
     with pytest.raises(ValidationError) as err:
         AgentSettings.model_validate({"agent": {"node_name": "n", "slot_per_gpu": 4}, "metrics_prot": 1})
-    assert field_errors(err.value) == [
+    assert input_errors(err.value) == [
         ("agent.slot_per_gpu", "unknown field"),
         ("metrics_prot", "unknown field"),
     ]
@@ -145,7 +146,7 @@ FAKE = ["--fake-gpus", "1", "--fake-pods"]
             "[0].metadata.uid",
             "must be at least 1 character",
         ),  # range
-        ('{"metadata": {}}', "(top level)", "must be a list"),
+        ('{"metadata": {}}', "", "must be a list"),  # the whole file: no field to name
         (
             '[{"metadata": {"name": "a", "uid": "u"}, "spec": {"containers": 1}}]',
             "[0].spec.containers",
@@ -162,7 +163,8 @@ def test_bad_fake_pods_name_file_and_field(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, field: str, problem: str
 ) -> None:
     path = _pods_file(tmp_path, text)
-    assert _refused(capsys, *FAKE, path).startswith(f"--fake-pods {path}: {field}: {problem}")
+    where = f"{field}: " if field else ""
+    assert _refused(capsys, *FAKE, path).startswith(f"--fake-pods {path}: {where}{problem}")
 
 
 def test_fake_pods_not_json_or_unreadable(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -178,7 +180,9 @@ def test_fake_pods_not_json_or_unreadable(capsys: pytest.CaptureFixture[str], tm
 
 def test_fake_pods_with_more_bad_entries_say_how_many(tmp_path: Path) -> None:
     path = Path(_pods_file(tmp_path, json.dumps([{"metadata": {}}, {"metadata": {}}])))
-    with pytest.raises(InputError, match=r"\[0\]\.metadata\.name: required field is missing \(and 3 more\)"):
+    with pytest.raises(
+        InputError, match=r"\[0\]\.metadata\.name: required field is missing \(and 3 more problem\(s\)\)"
+    ):
         load_pod_manifests(path)
 
 
