@@ -14,7 +14,7 @@ from tessera.policy.themis import Themis, ThemisConfig
 from tessera.sim.training import simulator
 from tessera.sim.training.trace import Trace, TraceApp, TraceJob, parse_apps
 from tessera.sim.tuning.engine import Placed, TuningSim
-from tessera.sim.tuning.two_level import FluidAppRuntime, Lease
+from tessera.sim.tuning.two_level import FluidAppRuntime, LeasePeriod
 from tessera.sim.tuning.workload import TuningWorkload
 
 WORKLOAD = TuningWorkload(seed=1, iter_time=20.0)
@@ -31,7 +31,7 @@ TUNE = {
 }
 
 
-def lease_of(leases: list[Lease], index: int) -> frozenset[str]:
+def lease_of(leases: list[LeasePeriod], index: int) -> frozenset[str]:
     """The GPU set in force when placement number `index` was made."""
     current = frozenset[str]()
     for lease in leases:

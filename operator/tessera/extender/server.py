@@ -44,7 +44,14 @@ from tessera.extender.wire import BadRequest, binding
 from tessera.extender.wire import pod_and_nodes as _pod_and_nodes
 from tessera.policy.lanes.fragmentation import Shape, score_rows
 from tessera.policy.lanes.packing import PackingConfig, priorities
-from tessera.policy.lanes.placement import Choice, PlacementConfig, Request, choose_gpus, to_priority, why_not
+from tessera.policy.lanes.placement import (
+    Choice,
+    GpuRequest,
+    PlacementConfig,
+    choose_gpus,
+    to_priority,
+    why_not,
+)
 
 _BOUND_MEMORY = 100_000  # pods whose bind this extender remembers (a retry arrives within seconds)
 
@@ -96,9 +103,9 @@ class Extender:
         self._bound: OrderedDict[str, str] = OrderedDict()
         self._specs: OrderedDict[str, tuple[bytes, PodSpec | None]] = OrderedDict()
         self._filtered: OrderedDict[str, tuple[int, bytes | None, frozenset[str]]] = OrderedDict()
-        self._keys: dict[Request, int] = {}  # request → memo key (keys are never reused)
+        self._keys: dict[GpuRequest, int] = {}  # request → memo key (keys are never reused)
         self._next_key = 0
-        self._last: tuple[Request, int] | None = None
+        self._last: tuple[GpuRequest, int] | None = None
 
     # -- decisions ----------------------------------------------------------------------------------
     def _digest(self, pod: JsonObj) -> bytes | None:
@@ -135,7 +142,7 @@ class Extender:
         return parsed
 
     def _check(
-        self, spec: PodSpec | None, node: str, resolved: dict[int | None, Request | str]
+        self, spec: PodSpec | None, node: str, resolved: dict[int | None, GpuRequest | str]
     ) -> tuple[str, str] | None:
         """None when the pod fits on `node`, else (reason code, why not); cheap for fitting nodes.
 
@@ -175,7 +182,9 @@ class Extender:
         why = None if shape is None else self.view.why_not_node(node, shape)
         return None if why is None else (m.NO_FIT, why)
 
-    def _resolve(self, spec: PodSpec, node: str, resolved: dict[int | None, Request | str]) -> Request | str:
+    def _resolve(
+        self, spec: PodSpec, node: str, resolved: dict[int | None, GpuRequest | str]
+    ) -> GpuRequest | str:
         size = self.view.min_memory(node)
         req = resolved.get(size)
         if req is None:
@@ -191,7 +200,7 @@ class Extender:
         assert spec.placement is not None
         return f"pod is placed on node {spec.placement.node} by {contract.ANN_PLACEMENT}"
 
-    def _choose(self, spec: PodSpec, node: str, req: Request) -> Choice | str:
+    def _choose(self, spec: PodSpec, node: str, req: GpuRequest) -> Choice | str:
         if spec.placement is not None:
             if spec.placement.node != node:
                 return self._placed_elsewhere(spec)
@@ -216,7 +225,7 @@ class Extender:
                 memo[key] = out
         return out
 
-    def _key(self, req: Request) -> int:
+    def _key(self, req: GpuRequest) -> int:
         """The request's memo key (the last one is remembered: a cycle asks for the same request per node)."""
         last = self._last
         if last is not None and last[0] is req:
@@ -230,7 +239,7 @@ class Extender:
         self._last = (req, key)
         return key
 
-    def _fixed_request(self, spec: PodSpec | None) -> Request | None:
+    def _fixed_request(self, spec: PodSpec | None) -> GpuRequest | None:
         """The pod's request when it is the same on every node (memory and compute given, no placement)."""
         if spec is None or spec.problem or spec.placement_problem or spec.placement is not None:
             return None
@@ -253,7 +262,7 @@ class Extender:
             return rejected
         assert spec is not None
         req = self._resolve(spec, node, {})
-        assert isinstance(req, Request)
+        assert isinstance(req, GpuRequest)
         choice = self._choose(spec, node, req)
         return (m.NO_FIT, choice) if isinstance(choice, str) else choice
 
@@ -277,14 +286,14 @@ class Extender:
         self,
         pod: JsonObj,
         spec: PodSpec | None,
-        fixed: Request,
+        fixed: GpuRequest,
         names: list[str],
         failed: dict[str, str],
         codes: dict[str, int],
     ) -> list[str]:
         """Filter for a request that is the same on every node: all nodes at once on the FitIndex, then
         the packing arrays; only the rejected ones are looked at one by one (for why)."""
-        resolved: dict[int | None, Request | str] = {}
+        resolved: dict[int | None, GpuRequest | str] = {}
         passed = self.view.fit_index(self.config).fits(fixed, self.view.rows(names))
         for i in np.flatnonzero(~passed).tolist():
             rejected = self._check(spec, names[i], resolved)
@@ -314,7 +323,7 @@ class Extender:
         codes: dict[str, int],
     ) -> list[str]:
         """Filter node by node, for a request that resolves differently per node (or does not parse)."""
-        resolved: dict[int | None, Request | str] = {}
+        resolved: dict[int | None, GpuRequest | str] = {}
         ok = []
         for name in names:
             rejected = self._check(spec, name, resolved) or self._node_fit(pod, spec, name)
@@ -348,7 +357,7 @@ class Extender:
         shape = self.shape(pod, spec) if self.packing is not None else None
         if shape is not None and shape.gpus:
             return self._prioritize_packing(pod, names, shape, rejected)
-        resolved: dict[int | None, Request | str] = {}
+        resolved: dict[int | None, GpuRequest | str] = {}
         out = []
         for name in names:
             score = 0
@@ -357,7 +366,7 @@ class Extender:
             elif (memo_ok and name in self.view.nodes) or self._check(spec, name, resolved) is None:
                 assert spec is not None
                 req = self._resolve(spec, name, resolved)
-                assert isinstance(req, Request)
+                assert isinstance(req, GpuRequest)
                 choice = self._choose(spec, name, req)
                 if isinstance(choice, Choice):
                     score = to_priority(choice.score)
@@ -381,7 +390,7 @@ class Extender:
         by_row[scored.rows] = priorities(scored)
         return [{"Host": n, "Score": p} for n, p in zip(names, by_row[rows].tolist(), strict=True)]
 
-    def _packing_choice(self, spec: PodSpec, node: str, req: Request) -> Choice | None:
+    def _packing_choice(self, spec: PodSpec, node: str, req: GpuRequest) -> Choice | None:
         """The GPUs FGD's rule takes on `node` (None: not a packing-scored pod, or no fit by its arrays)."""
         cached = self._shape
         if self.packing is None or self.view.distribution is None or cached is None or cached[2] is not spec:
@@ -456,7 +465,7 @@ class Extender:
                 return {"Error": f"cannot bind {ns}/{name} to {node}: {why}"}, outcome, code
             assert spec is not None  # _evaluate refuses a pod without a GPU request
             req = self._resolve(spec, node, {})
-            assert isinstance(req, Request)
+            assert isinstance(req, GpuRequest)
             gpus = {g.index: g for g in self.view.nodes[node]}
             assignment = Assignment(
                 node=node,
@@ -584,7 +593,7 @@ def _error(status: int, reason: str) -> web.Response:
 
 @web.middleware
 async def _json_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    request: web.GpuRequest, handler: Callable[[web.GpuRequest], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """aiohttp's own refusals (unknown path, wrong method, body over MAX_BODY) as JSON with the reason;
     anything unexpected is logged and answered 500 without the traceback."""
@@ -602,8 +611,8 @@ async def _json_errors(
 def make_app(extender: Extender, max_body: int = MAX_BODY) -> web.Application:
     def handler(
         verb: str, fn: Callable[[JsonObj], Awaitable[Any]]
-    ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def handle(request: web.Request) -> web.Response:
+    ) -> Callable[[web.GpuRequest], Awaitable[web.Response]]:
+        async def handle(request: web.GpuRequest) -> web.Response:
             started = time.perf_counter()
             ok = False
             try:
@@ -631,7 +640,7 @@ def make_app(extender: Extender, max_body: int = MAX_BODY) -> web.Application:
     async def do_prioritize(body: JsonObj) -> list[JsonObj]:
         return extender.prioritize(body)
 
-    async def healthz(_: web.Request) -> web.Response:
+    async def healthz(_: web.GpuRequest) -> web.Response:
         return web.Response(text="ok\n")
 
     app = web.Application(client_max_size=max_body, middlewares=[_json_errors])

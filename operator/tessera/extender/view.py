@@ -31,11 +31,11 @@ from tessera.policy.lanes.placement import (
     PROFILE_FRACTION,
     Choice,
     FitIndex,
+    GpuRequest,
     GpuState,
     NodeSummary,
     PlacementConfig,
     PlacementError,
-    Request,
     Tenant,
     WorkloadClass,
 )
@@ -145,7 +145,7 @@ class PodSpec:
     problem: str | None = None  # the request itself is bad
     placement_problem: str | None = None  # the tessera.io/placement annotation is bad
 
-    def resolve(self, gpu_memory_mib: int | None) -> Request:
+    def resolve(self, gpu_memory_mib: int | None) -> GpuRequest:
         """The request on a node whose smallest GPU has `gpu_memory_mib` (needed when memory is not given).
 
         Memory defaults to the whole GPU, compute to the pod's memory fraction of the GPU rounded up (a
@@ -163,7 +163,7 @@ class PodSpec:
                 100 if gpu_memory_mib is None else min(100, max(1, math.ceil(100 * memory / gpu_memory_mib)))
             )
         try:
-            return Request(self.gpus, memory, compute, self.compute_fraction, self.workload_class)
+            return GpuRequest(self.gpus, memory, compute, self.compute_fraction, self.workload_class)
         except PlacementError as err:
             raise PodRequestError(f"{self.key}: {err}") from None
 
@@ -221,7 +221,7 @@ def pod_spec(
     return spec
 
 
-def pod_request(pod: JsonObj, gpu_memory_mib: int | None = None) -> Request | None:
+def pod_request(pod: JsonObj, gpu_memory_mib: int | None = None) -> GpuRequest | None:
     """The pod's GPU request on GPUs of `gpu_memory_mib`, or None when it asks for no Tessera GPU resource."""
     spec = pod_spec(pod)
     if spec is None:

@@ -11,10 +11,10 @@ from tessera.cluster.topology import Locality
 from tessera.policy.lanes.placement import (
     Choice,
     FitIndex,
+    GpuRequest,
     GpuState,
     NodeSummary,
     PlacementConfig,
-    Request,
     Tenant,
     choose_gpus,
     combined,
@@ -36,14 +36,14 @@ def _node(*used: int, mem: int = 16000) -> list[GpuState]:
 
 def test_best_fit_takes_the_tightest_gpu_that_fits() -> None:
     gpus = _node(4000, 10000, 12000, 0)
-    choice = choose_gpus(gpus, Request(1, 4000, 25), CFG)
+    choice = choose_gpus(gpus, GpuRequest(1, 4000, 25), CFG)
     assert isinstance(choice, Choice) and choice.gpu_indices == (2,)  # 12000 + 4000 fills GPU 2 exactly
-    big = choose_gpus(gpus, Request(1, 8000, 50), CFG)
+    big = choose_gpus(gpus, GpuRequest(1, 8000, 50), CFG)
     assert isinstance(big, Choice) and big.gpu_indices == (0,)  # only GPU 0 (and the empty 3) fit; 0 is used
 
 
 def test_a_used_node_beats_an_empty_one_and_whole_gpus_go_where_fewest_remain() -> None:
-    req = Request(1, 4000, 25)
+    req = GpuRequest(1, 4000, 25)
     used, empty = _node(8000, 0, 0, 0), _node(0, 0, 0, 0)
     a, b = choose_gpus(used, req, CFG), choose_gpus(empty, req, CFG)
     assert isinstance(a, Choice) and isinstance(b, Choice) and a.score > b.score
@@ -52,7 +52,7 @@ def test_a_used_node_beats_an_empty_one_and_whole_gpus_go_where_fewest_remain() 
     x, y = choose_gpus(one_left, req, CFG), choose_gpus(three_left, req, CFG)
     assert isinstance(x, Choice) and isinstance(y, Choice) and x.score > y.score
     # a 2-GPU pod goes to the node with exactly 2 whole GPUs, not the one with 4
-    gang = Request(2, 16000, 100)
+    gang = GpuRequest(2, 16000, 100)
     two, four = choose_gpus(_node(16000, 16000, 0, 0), gang, CFG), choose_gpus(_node(0, 0, 0, 0), gang, CFG)
     assert isinstance(two, Choice) and isinstance(four, Choice) and two.score > four.score
 
@@ -60,19 +60,19 @@ def test_a_used_node_beats_an_empty_one_and_whole_gpus_go_where_fewest_remain() 
 def test_multi_gpu_pods_take_one_slot_first() -> None:
     # slots of 2: {0,1} {2,3} {4,5} {6,7}; GPUs 0, 3, 5 busy, so only slot {6,7} is wholly free
     gpus = _node(16000, 0, 0, 16000, 0, 16000, 0, 0)
-    choice = choose_gpus(gpus, Request(2, 16000, 100), CFG)
+    choice = choose_gpus(gpus, GpuRequest(2, 16000, 100), CFG)
     assert isinstance(choice, Choice) and choice.gpu_indices == (6, 7) and choice.locality == Locality.SLOT
-    four = choose_gpus(_node(0, 0, 0, 0, 16000, 0, 16000, 0), Request(4, 16000, 100), CFG)
+    four = choose_gpus(_node(0, 0, 0, 0, 16000, 0, 16000, 0), GpuRequest(4, 16000, 100), CFG)
     # two whole slots {0,1} {2,3} rather than scattered GPUs
     assert isinstance(four, Choice) and four.gpu_indices == (0, 1, 2, 3) and four.locality == Locality.MACHINE
     quads = PlacementConfig(gpus_per_slot=4)
-    q = choose_gpus(_node(0, 0, 0, 0, 0, 0, 0, 0), Request(4, 16000, 100), quads)
+    q = choose_gpus(_node(0, 0, 0, 0, 0, 0, 0, 0), GpuRequest(4, 16000, 100), quads)
     assert isinstance(q, Choice) and q.locality == Locality.SLOT and len({i // 4 for i in q.gpu_indices}) == 1
 
 
 def test_no_slot_holds_the_pod_so_it_spans_the_fewest_slots() -> None:
     gpus = _node(16000, 0, 0, 0, 16000, 0, 16000, 0)  # free: 1 | 2 3 | 5 | 7
-    choice = choose_gpus(gpus, Request(3, 16000, 100), CFG)
+    choice = choose_gpus(gpus, GpuRequest(3, 16000, 100), CFG)
     assert isinstance(choice, Choice) and {2, 3} <= set(choice.gpu_indices)
 
 
@@ -97,7 +97,7 @@ def test_fast_scorer_equals_the_reference_and_summary_agrees_with_why_not(seed: 
                 for k in range(rng.randint(0, 3))
             )
             gpus.append(GpuState(i, f"g{i}", 16000, healthy=rng.random() > 0.1, tenants=tenants))
-        req = Request(
+        req = GpuRequest(
             rng.choice([1, 1, 2]),
             rng.randint(100, 12000),
             rng.randint(1, 100),
@@ -156,7 +156,7 @@ def test_fit_index_answers_as_node_summaries_do(seed: int) -> None:
     index.set_row(5, None)  # row 5 holds nodes[4]: it lost its inventory
     rows = np.array([0, *range(1, len(nodes) + 1)], dtype=np.intp)
     for _ in range(200):
-        req = Request(
+        req = GpuRequest(
             rng.choice([1, 1, 2, 4]),
             rng.randint(100, 16000),
             rng.randint(1, 100),

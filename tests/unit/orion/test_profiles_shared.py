@@ -14,9 +14,9 @@ from tessera.api.assignment import Assignment
 from tessera.extender.view import DEFAULT_HP_PRIORITY_CLASSES, PROFILES, pod_spec
 from tessera.policy.lanes.placement import (
     PROFILE_FRACTION,
+    GpuRequest,
     GpuState,
     PlacementConfig,
-    Request,
     complementarity,
     why_not,
 )
@@ -64,7 +64,7 @@ def extender_says_second_hp_fits(
     for m in (m1, m2):
         spec = pod_spec(json.loads(json.dumps(m)), hp_classes)
         assert spec is not None and spec.problem is None
-        req: Request = spec.resolve(16000)
+        req: GpuRequest = spec.resolve(16000)
         if why_not(gpu, req, cfg) is not None:
             return False
         gpu.add(req.as_tenant())

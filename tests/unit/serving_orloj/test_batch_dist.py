@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from tessera.policy.serving.common import BatchLatencyModel
-from tessera.policy.serving.orloj import Histogram, MixMode, batch_distribution
+from tessera.policy.serving.orloj import CountHistogram, MixMode, batch_distribution
 from tessera.policy.serving.orloj.batch_dist import max_cdf
 
 EQ3 = BatchLatencyModel.eq3(2.0, 0.5)
@@ -18,7 +18,7 @@ EQ3 = BatchLatencyModel.eq3(2.0, 0.5)
     ],
 )
 def test_same_distribution_table(k: int, masses: tuple[float, float], bins: tuple, mean: float) -> None:
-    h = Histogram.from_samples([10.0, 30.0], 1.0)
+    h = CountHistogram.from_samples([10.0, 30.0], 1.0)
     d = batch_distribution(k, {"a": h}, EQ3)
     assert list(d.mass) == pytest.approx(masses)
     assert [(float(a), float(b)) for a, b in zip(d.l1, d.l2, strict=True)] == list(bins)
@@ -26,8 +26,8 @@ def test_same_distribution_table(k: int, masses: tuple[float, float], bins: tupl
 
 
 def test_different_distributions_max() -> None:
-    h1 = Histogram.from_samples([1.0, 3.0], 1.0)
-    h2 = Histogram.from_samples([2.0], 1.0)
+    h1 = CountHistogram.from_samples([1.0, 3.0], 1.0)
+    h2 = CountHistogram.from_samples([2.0], 1.0)
     d = batch_distribution(2, {"x1": h1, "x2": h2}, BatchLatencyModel(s0=1.0, s1=0.0))
     assert list(d.l1) == [2.0, 3.0]
     assert list(d.mass) == pytest.approx([0.5, 0.5])
@@ -36,8 +36,8 @@ def test_different_distributions_max() -> None:
 
 def test_toy_right_skew() -> None:
     # D1 = {0.5: .2, 1.0: .6, 1.5: .2}, D2 = {0.25: .5, 1.75: .5}; bins of 0.25; max has E = 1.4 (+ half bin)
-    h1 = Histogram.from_samples([0.5] * 2 + [1.0] * 6 + [1.5] * 2, 0.25)
-    h2 = Histogram.from_samples([0.25, 1.75], 0.25)
+    h1 = CountHistogram.from_samples([0.5] * 2 + [1.0] * 6 + [1.5] * 2, 0.25)
+    h2 = CountHistogram.from_samples([0.25, 1.75], 0.25)
     d = batch_distribution(2, {"d1": h1, "d2": h2}, BatchLatencyModel(s0=1.0, s1=0.0))
     assert dict(zip(d.l1.tolist(), d.mass.tolist(), strict=True)) == pytest.approx(
         {0.5: 0.1, 1.0: 0.3, 1.5: 0.1, 1.75: 0.5}
@@ -71,8 +71,8 @@ def test_eq8_equals_product_rule() -> None:
 
 def test_properties() -> None:
     rng = np.random.default_rng(3)
-    ha = Histogram.from_samples(rng.normal(50, 5, 500).clip(1), 1.0)
-    hb = Histogram.from_samples(rng.normal(100, 5, 500).clip(1), 1.0)
+    ha = CountHistogram.from_samples(rng.normal(50, 5, 500).clip(1), 1.0)
+    hb = CountHistogram.from_samples(rng.normal(100, 5, 500).clip(1), 1.0)
     lat = BatchLatencyModel(s0=0.8, s1=0.2)
     means = [batch_distribution(k, {"a": ha, "b": hb}, lat).mean for k in (1, 2, 4, 8)]
     assert means == sorted(means)

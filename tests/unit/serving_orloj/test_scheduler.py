@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 from tessera.policy.serving.common import BatchLatencyModel, BatchTimings, DropReason, Request
-from tessera.policy.serving.orloj import CandidateOrder, Histogram, OrlojConfig, OrlojScheduler
+from tessera.policy.serving.orloj import CandidateOrder, CountHistogram, OrlojConfig, OrlojScheduler
 
 
 def _sched(order: CandidateOrder, b: float = 1e-4) -> OrlojScheduler:
     cfg = OrlojConfig(
         batch_sizes=(1, 2, 4), latency=BatchLatencyModel.eq3(2.0, 0.5), b=b, candidate_order=order
     )
-    s = OrlojScheduler(cfg, {"a": Histogram.from_samples([10.0, 30.0], 1.0)})
+    s = OrlojScheduler(cfg, {"a": CountHistogram.from_samples([10.0, 30.0], 1.0)})
     for i, d in enumerate((20, 50, 70, 80, 90), 1):
         s.enqueue(Request(i, "m", 0.0, float(d), "a", 30.0), 0.0)
     return s

@@ -359,7 +359,7 @@ def model_map(state: PackingState, wl: ShapeMix) -> npt.NDArray[np.intp]:
 
 
 @dataclass(frozen=True)
-class Scored:
+class RowScores:
     """Per feasible row: the best GPU choice's fragmentation increase; `gpus_of(i)` gives row i's GPUs."""
 
     state: PackingState
@@ -431,7 +431,7 @@ def score_rows(
     shape: Shape,
     wl: ShapeMix,
     measure: Measure,
-) -> Scored:
+) -> RowScores:
     """FGD's score for placing `shape` on each of `rows` that can host it (the others are left out).
 
     For every row the candidate GPU choices are scored by fragmentation after minus before (§4.3), and the
@@ -442,7 +442,7 @@ def score_rows(
     rows = rows[state.feasible(rows, shape)]
     if not len(rows):
         empty = np.zeros(0, dtype=np.intp)
-        return Scored(state, rows, np.zeros(0), np.zeros(0), empty, empty, [])
+        return RowScores(state, rows, np.zeros(0), np.zeros(0), empty, empty, [])
     reps, group = _groups(state, rows)
     owner, chosen = _candidates(state, reps, shape)
     comp, gfree, gcap = state.comp[reps], state.gfree[reps], state.gcap[reps]
@@ -511,7 +511,7 @@ def score_rows(
     _, first = np.unique(owner[order], return_index=True)
     best = order[first]
     rep_gpus = [tuple(int(x) for x in chosen[j]) for j in best.tolist()]
-    return Scored(state, rows, delta_c[best][group], free_c[best][group], reps, group, rep_gpus)
+    return RowScores(state, rows, delta_c[best][group], free_c[best][group], reps, group, rep_gpus)
 
 
 def _same_gpus(state: PackingState, row: int, rep_choice: tuple[int, ...], rep: int) -> tuple[int, ...]:

@@ -34,7 +34,7 @@ from tessera.policy.lanes.fragmentation import (
     EPS,
     Measure,
     PackingState,
-    Scored,
+    RowScores,
     Shape,
     ShapeDistribution,
     ShapeMix,
@@ -86,7 +86,7 @@ def _argbest(values: npt.NDArray[np.float64], rng: random.Random, *, lowest: boo
     return int(ties[rng.randrange(len(ties))]) if len(ties) > 1 else int(ties[0])
 
 
-class _Base:
+class _PackingPolicy:
     name = "base"
 
     def placed(self, state: PackingState, pick: Pick, shape: Shape) -> None:
@@ -97,7 +97,7 @@ class _Base:
         return rows[state.feasible(rows, shape)]
 
 
-class RandomFit(_Base):
+class RandomFit(_PackingPolicy):
     name = "random"
 
     def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
@@ -108,7 +108,7 @@ class RandomFit(_Base):
         return row, tightest(state, row, shape)
 
 
-class FirstFit(_Base):
+class FirstFit(_PackingPolicy):
     name = "first-fit"
 
     def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
@@ -120,7 +120,7 @@ class FirstFit(_Base):
         return row, tuple(int(c) for c in fits[: shape.gpus])
 
 
-class BestFit(_Base):
+class BestFit(_PackingPolicy):
     name = "best-fit"
 
     def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
@@ -136,7 +136,7 @@ class BestFit(_Base):
         return row, tightest(state, row, shape)
 
 
-class DotProduct(_Base):
+class DotProduct(_PackingPolicy):
     name = "dot-product"
 
     def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
@@ -159,7 +159,7 @@ class DotProduct(_Base):
         return row, tightest(state, row, shape)
 
 
-class GpuPacking(_Base):
+class GpuPacking(_PackingPolicy):
     """Integer scores of FGD's GPU-packing baseline (kube-scheduler's 0..100 scale)."""
 
     name = "gpu-packing"
@@ -192,7 +192,7 @@ class GpuPacking(_Base):
 
 
 @dataclass
-class GpuClustering(_Base):
+class GpuClustering(_PackingPolicy):
     """FGD's GPU-clustering baseline: pods with the same GPU request gather on the same nodes."""
 
     name: str = "gpu-clustering"
@@ -229,7 +229,7 @@ class GpuClustering(_Base):
 
 
 @dataclass
-class Fgd(_Base):
+class Fgd(_PackingPolicy):
     """FGD (§4.3, Alg. 1): least fragmentation increase against a fixed target workload."""
 
     workload: ShapeMix
@@ -244,7 +244,7 @@ class Fgd(_Base):
         return int(scored.rows[i]), scored.gpus_of(i)
 
 
-def tessera_order(scored: Scored) -> npt.NDArray[np.intp]:
+def tessera_order(scored: RowScores) -> npt.NDArray[np.intp]:
     """Tessera's total order of scored rows, best first: least increase, then least free share left, then
     the first row. The extender ranks nodes with this same order."""
     delta = np.round(scored.delta / EPS) * EPS  # equal up to float noise counts as equal
@@ -253,7 +253,7 @@ def tessera_order(scored: Scored) -> npt.NDArray[np.intp]:
 
 
 @dataclass
-class Tessera(_Base):
+class Tessera(_PackingPolicy):
     """FGD's rule over the extended measure, with the workload learned online from the pods seen."""
 
     distribution: ShapeDistribution = field(default_factory=ShapeDistribution)
@@ -307,7 +307,7 @@ class PackingConfig:
         return ShapeDistribution(decay=self.decay, max_shapes=self.max_shapes, prior=self.prior)
 
 
-def priorities(scored: Scored) -> npt.NDArray[np.int64]:
+def priorities(scored: RowScores) -> npt.NDArray[np.int64]:
     """kube-scheduler priorities (0..10) for scored rows: 10 for the first in Tessera's order alone, the others
     0..9 by their increase (the extender's weight should outweigh other score plugins for the pick to hold)."""
     out = np.zeros(len(scored.rows), dtype=np.int64)

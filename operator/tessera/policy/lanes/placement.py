@@ -109,7 +109,7 @@ class GpuState:
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class GpuRequest:
     """What a pod asks for: `gpus` GPUs with `memory_mib` and `compute_percent` on each."""
 
     gpus: int
@@ -198,7 +198,7 @@ def _room(gpu: GpuState, cfg: PlacementConfig, latency_critical: bool) -> float:
     return limit - gpu.used_compute
 
 
-def why_not(gpu: GpuState, req: Request, cfg: PlacementConfig) -> str | None:
+def why_not(gpu: GpuState, req: GpuRequest, cfg: PlacementConfig) -> str | None:
     """None when the request fits on `gpu`; otherwise the reason it does not."""
     if not gpu.healthy:
         return f"GPU {gpu.index} is unhealthy"
@@ -222,7 +222,7 @@ def _fill(gpu: GpuState) -> float:
     return (gpu.used_memory / gpu.memory_mib + min(1.0, gpu.used_compute / 100.0)) / 2.0
 
 
-def gpu_scores(gpu: GpuState, req: Request, cfg: PlacementConfig) -> dict[Strategy, float]:
+def gpu_scores(gpu: GpuState, req: GpuRequest, cfg: PlacementConfig) -> dict[Strategy, float]:
     """The GPU-level part of each score for placing `req` on `gpu` (it must fit)."""
     mem_after = (gpu.used_memory + req.memory_mib) / gpu.memory_mib
     comp_after = min(1.0, (gpu.used_compute + req.compute_percent) / 100.0)
@@ -254,7 +254,7 @@ def mean_complementarity(c: float, gpu: GpuState) -> float:
     return sum(complementarity(c, t.compute_fraction) for t in gpu.tenants) / n
 
 
-def gpu_score(gpu: GpuState, req: Request, cfg: PlacementConfig) -> float:
+def gpu_score(gpu: GpuState, req: GpuRequest, cfg: PlacementConfig) -> float:
     """combined(gpu_scores(...)) without building the dict: the extender's hot path (same arithmetic)."""
     w_pack, w_spread, w_inter, w_frag = cfg.normalised
     mem_after = (gpu.used_memory + req.memory_mib) / gpu.memory_mib
@@ -325,7 +325,7 @@ class NodeSummary:
             max((max(r[1], r[2]) for r in rows), default=-1.0),
         )
 
-    def fitting(self, req: Request) -> list[GpuState]:
+    def fitting(self, req: GpuRequest) -> list[GpuState]:
         """Healthy GPUs where `req` fits, tightest memory first."""
         m, c = req.memory_mib, req.compute_percent - 1e-9
         if m > self.max_free_memory or c > self.max_room:
@@ -334,7 +334,7 @@ class NodeSummary:
             return [g for free, _, room, g in self.by_free_memory if free >= m and room >= c]
         return [g for free, room, _, g in self.by_free_memory if free >= m and room >= c]
 
-    def tightest(self, req: Request, n: int) -> list[GpuState]:
+    def tightest(self, req: GpuRequest, n: int) -> list[GpuState]:
         """Up to `n` healthy GPUs where `req` fits, tightest memory first (stops at the n-th)."""
         m, c = req.memory_mib, req.compute_percent - 1e-9
         if m > self.max_free_memory or c > self.max_room:
@@ -348,7 +348,7 @@ class NodeSummary:
                     break
         return out
 
-    def fits(self, req: Request) -> bool:
+    def fits(self, req: GpuRequest) -> bool:
         """Whether `req.gpus` GPUs fit: two comparisons reject most full nodes, else one pass over GPUs."""
         if req.gpus > self.healthy:
             return False
@@ -407,7 +407,7 @@ class FitIndex:
         self._room_be = np.pad(self._room_be, pad, constant_values=-1.0)
         self._room_lc = np.pad(self._room_lc, pad, constant_values=-1.0)
 
-    def fits(self, req: Request, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
+    def fits(self, req: GpuRequest, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
         """For each row in `rows`, whether `req.gpus` of its GPUs have the memory and room `req` needs."""
         room = self._room_lc if req.workload_class == "latency-critical" else self._room_be
         ok = (self._free[rows] >= req.memory_mib) & (room[rows] >= req.compute_percent - 1e-9)
@@ -439,7 +439,7 @@ def _slot_choice(
 
 def choose_gpus(
     gpus: Sequence[GpuState],
-    req: Request,
+    req: GpuRequest,
     cfg: PlacementConfig,
     *,
     only: Sequence[int] | None = None,
@@ -483,7 +483,7 @@ def choose_gpus(
 
 
 def _choose_one(
-    gpus: Sequence[GpuState], req: Request, cfg: PlacementConfig, summary: NodeSummary
+    gpus: Sequence[GpuState], req: GpuRequest, cfg: PlacementConfig, summary: NodeSummary
 ) -> Choice | str:
     """Single-GPU pods: score only the `max_candidates` tightest fits (best-fit order), lowest index on ties."""
     best: GpuState | None = None
@@ -498,7 +498,7 @@ def _choose_one(
 
 
 def _with_node_fill(
-    score: float, best: Sequence[GpuState], req: Request, summary: NodeSummary, cfg: PlacementConfig
+    score: float, best: Sequence[GpuState], req: GpuRequest, summary: NodeSummary, cfg: PlacementConfig
 ) -> float:
     """Blend in how full the node is after placement: binpack (and spread) judge the node too."""
     w_pack, w_spread, _, w_frag = cfg.normalised
@@ -520,7 +520,7 @@ def _with_node_fill(
     return 0.0 if score < 0.0 else 1.0 if score > 1.0 else score
 
 
-def _fill_after(gpu: GpuState, req: Request) -> float:
+def _fill_after(gpu: GpuState, req: GpuRequest) -> float:
     return (
         (gpu.used_memory + req.memory_mib) / gpu.memory_mib
         + min(1.0, (gpu.used_compute + req.compute_percent) / 100.0)
@@ -533,7 +533,7 @@ def _locality(gpus: Sequence[GpuState], per_slot: int) -> Locality:
     return Locality.SLOT if len({g.index // per_slot for g in gpus}) == 1 else Locality.MACHINE
 
 
-def _reason(gpus: Sequence[GpuState], req: Request, cfg: PlacementConfig, fit: int) -> str:
+def _reason(gpus: Sequence[GpuState], req: GpuRequest, cfg: PlacementConfig, fit: int) -> str:
     reasons: list[str] = []
     for g in gpus:
         r = why_not(g, req, cfg)

@@ -19,7 +19,7 @@ from tessera.policy.orion.cooperative import ThrottleRule
 from tessera.policy.orion.listing1 import OrionConfig
 from tessera.policy.orion.profiles import KernelShare, cost_saving, initial_be_percent
 
-from .gpu import ClientSpec, GpuSim, Scheduler
+from .gpu import ClientSpec, GpuSim, KernelScheduler
 from .kernels import Kernel, Role, mix
 from .schedulers import FreeForAll, Orion, Reef, Temporal, TesseraNode
 
@@ -127,7 +127,7 @@ def _horizon(w: Collocation, hp: ClientSpec) -> tuple[float, float]:
     return w.warmup_requests * it, (w.warmup_requests + w.requests) * it
 
 
-def make_scheduler(policy: str, w: Collocation, hp_latency: float, be_percent: int) -> Scheduler:
+def make_scheduler(policy: str, w: Collocation, hp_latency: float, be_percent: int) -> KernelScheduler:
     cfg = OrionConfig(w.num_sms, w.sm_threshold, w.dur_threshold)
     rule = ThrottleRule.for_hp_latency(hp_latency, w.dur_threshold, w.idle_depth)
     match policy:

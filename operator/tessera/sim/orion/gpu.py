@@ -115,7 +115,7 @@ class Client:
         return self.jobs_done + self.done_idx / len(self.spec.kernels)
 
 
-class Scheduler(Protocol):
+class KernelScheduler(Protocol):
     name: str
     priority: bool  # whether the HP client's kernels get SMs first
 
@@ -125,21 +125,21 @@ class Scheduler(Protocol):
 
 
 @dataclass
-class Usage:
+class BusySeconds:
     sm_s: float = 0.0
     compute_s: float = 0.0
     membw_s: float = 0.0
 
 
 class GpuSim:
-    def __init__(self, clients: list[ClientSpec], scheduler: Scheduler, num_sms: int = 80) -> None:
+    def __init__(self, clients: list[ClientSpec], scheduler: KernelScheduler, num_sms: int = 80) -> None:
         if sum(c.hp for c in clients) > 1:
             raise ValueError("at most one HP client per GPU")
         self.num_sms = num_sms
         self.scheduler = scheduler
         self.clients = [Client(c) for c in clients]
         self.caps = [max(1.0, scheduler.cap_percent(c) / 100 * num_sms) for c in clients]
-        self.usage = Usage()
+        self.usage = BusySeconds()
         self.events = 0
         self.t = 0.0
 

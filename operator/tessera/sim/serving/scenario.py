@@ -109,7 +109,7 @@ class BatchingInput(Input):
     latency: LatencyInput = LatencyInput()
 
 
-class ClusterInput(Input):
+class ServingClusterInput(Input):
     models: Count = 4
     alpha_ms: Positive
     beta_ms: Positive
@@ -133,7 +133,7 @@ class ServingFile(Input):
     description: str | None = None
     seed: Seed = 0
     batching: BatchingInput | None = None
-    cluster: ClusterInput | None = None
+    cluster: ServingClusterInput | None = None
 
 
 def load(data: dict[str, Any], source: str) -> ServingScenario:

@@ -28,7 +28,7 @@ from tessera.policy.serving.common import (
 
 
 @dataclass
-class Outcome:
+class RequestOutcome:
     request: Request
     finish: float | None  # None when dropped
     drop_reason: DropReason | None = None
@@ -41,7 +41,7 @@ class Outcome:
 @dataclass
 class RunStats:
     policy: str
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcomes: list[RequestOutcome] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
     busy_time: float = 0.0
     horizon: float = 0.0
@@ -96,7 +96,7 @@ def simulate_workers(
     idle = set(range(workers))
     i, seq, t = 0, 0, 0.0
 
-    def record(o: Outcome) -> None:
+    def record(o: RequestOutcome) -> None:
         if o.request.rid in done:
             raise RuntimeError(f"request {o.request.rid} got two outcomes")
         done.add(o.request.rid)
@@ -115,7 +115,7 @@ def simulate_workers(
             solo = {r.rid: r.solo_time for r in batch.requests if rng.random() < profile_rate}
             scheduler.on_complete(batch, BatchTimings(start, fin, solo), fin)
             for r in batch.requests:
-                record(Outcome(r, fin))
+                record(RequestOutcome(r, fin))
             idle.add(w)
         while i < len(reqs) and reqs[i].arrival <= t:
             scheduler.enqueue(reqs[i], t)
@@ -126,7 +126,7 @@ def simulate_workers(
         for w in sorted(idle):
             nb = scheduler.next_batch(t, w)
             for d in scheduler.take_drops():
-                record(Outcome(d.request, None, d.reason))
+                record(RequestOutcome(d.request, None, d.reason))
             if nb is None:
                 break
             batch = nb
@@ -141,9 +141,9 @@ def simulate_workers(
             on_progress(len(done))
     # Anything the scheduler still holds at the end was never served.
     for d in scheduler.take_drops():
-        record(Outcome(d.request, None, d.reason))
+        record(RequestOutcome(d.request, None, d.reason))
     for r in reqs:
         if r.rid not in done:
-            record(Outcome(r, None, DropReason.EXPIRED))
+            record(RequestOutcome(r, None, DropReason.EXPIRED))
     stats.horizon = max((o.finish or o.request.arrival) for o in stats.outcomes) if stats.outcomes else 0.0
     return stats

@@ -27,7 +27,7 @@ from tessera.sim.tuning.engine import Horizon, TrialModel, TuningSim
 
 
 @dataclass(frozen=True, slots=True)
-class Lease:
+class LeasePeriod:
     """The App's GPU set from `time` on; placements numbered from `first_placement` on were made in it."""
 
     time: float
@@ -46,7 +46,7 @@ class FluidAppRuntime:
     horizon: Horizon = "rung"
     start: float = 0.0
     placement_scores: list[float] = field(default_factory=list)
-    leases: list[Lease] = field(default_factory=list)  # every GPU-set change, in order
+    leases: list[LeasePeriod] = field(default_factory=list)  # every GPU-set change, in order
     sim: TuningSim = field(init=False)
     _scored: int = field(default=0, init=False)
 
@@ -72,7 +72,7 @@ class FluidAppRuntime:
 
     def set_gpus(self, now: float, gpus: frozenset[str]) -> None:
         self.advance(now)
-        self.leases.append(Lease(now, frozenset(gpus), len(self.sim.placements)))
+        self.leases.append(LeasePeriod(now, frozenset(gpus), len(self.sim.placements)))
         self.sim.set_pool(sorted(gpus))
         self._score_new_placements()
 

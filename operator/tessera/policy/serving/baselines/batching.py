@@ -49,7 +49,7 @@ class _EdfQueue:
         return len(self._h)
 
 
-class _Base:
+class _BatchingScheduler:
     def __init__(self, latency: BatchLatencyModel, mean_solo: float) -> None:
         if not mean_solo > 0:
             raise ValueError(f"mean solo execution time must be > 0, got {mean_solo!r}")
@@ -79,7 +79,7 @@ class _Action:
     expected: float
 
 
-class ClockworkScheduler(_Base):
+class ClockworkScheduler(_BatchingScheduler):
     """Clockwork INFER5 reduced to one model and one worker (Clockwork's `infer5`). Constants in seconds.
 
     Each arrival goes into one FIFO queue per batch size. The controller plans actions while its
@@ -200,7 +200,7 @@ class ClockworkScheduler(_Base):
         return wake if self._live and wake > now else None
 
 
-class NexusScheduler(_Base):
+class NexusScheduler(_BatchingScheduler):
     """Nexus (`uwsampl/nexus`): planned batch from the mean rate, EDF with early drop."""
 
     def __init__(
@@ -241,7 +241,7 @@ class NexusScheduler(_Base):
         return Batch(kept, worker, now, self.estimate(len(kept)), kept[0].model)
 
 
-class ClipperScheduler(_Base):
+class ClipperScheduler(_BatchingScheduler):
     """Clipper's open-source batcher (`ucbrise/clipper`): throughput moving average × earliest slack."""
 
     def __init__(
@@ -271,7 +271,7 @@ class ClipperScheduler(_Base):
             self._tput.append(batch.size / dur)
 
 
-class TimeoutScheduler(_Base):
+class TimeoutScheduler(_BatchingScheduler):
     """Triton-style dynamic batching with ``max_queue_delay`` (FIFO; no deadline reasoning beyond
     optionally dropping requests that already expired)."""
 

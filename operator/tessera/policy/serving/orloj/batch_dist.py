@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tessera.policy.serving.common import BatchLatencyModel
-from tessera.policy.serving.orloj.histogram import Histogram
+from tessera.policy.serving.orloj.histogram import CountHistogram
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -58,7 +58,7 @@ def max_cdf(cdfs: list[FloatArray]) -> FloatArray:
 
 def batch_distribution(
     k: int,
-    histograms: Mapping[str, Histogram],
+    histograms: Mapping[str, CountHistogram],
     latency: BatchLatencyModel,
     *,
     mode: MixMode = MixMode.ROUND_ROBIN,

@@ -17,7 +17,7 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float64]
 
 
-class Histogram:
+class CountHistogram:
     """Counts on the grid ``[i·w, (i+1)·w)``, i = 0, 1, …; grows as larger samples arrive."""
 
     def __init__(self, bin_width: float) -> None:
@@ -27,7 +27,7 @@ class Histogram:
         self.counts: FloatArray = np.zeros(0, dtype=np.float64)
 
     @classmethod
-    def from_samples(cls, samples: Iterable[float], bin_width: float) -> Histogram:
+    def from_samples(cls, samples: Iterable[float], bin_width: float) -> CountHistogram:
         h = cls(bin_width)
         h.add_many(samples)
         return h
@@ -77,11 +77,11 @@ class Histogram:
         frac = 0.0 if hi <= lo else (q - lo) / (hi - lo)
         return float((j - 1 + frac) * self.bin_width)
 
-    def merged(self, other: Histogram) -> Histogram:
+    def merged(self, other: CountHistogram) -> CountHistogram:
         if other.bin_width != self.bin_width:
             raise ValueError("cannot merge histograms with different bin widths")
         n = max(self.counts.size, other.counts.size)
-        out = Histogram(self.bin_width)
+        out = CountHistogram(self.bin_width)
         out.counts = np.zeros(n)
         out.counts[: self.counts.size] += self.counts
         out.counts[: other.counts.size] += other.counts
@@ -101,7 +101,7 @@ class OnlineHistogram:
         *,
         window: float = 600.0,
         min_samples: int = 200,
-        prior: Histogram | None = None,
+        prior: CountHistogram | None = None,
         start: float = 0.0,
     ) -> None:
         if not window > 0:
@@ -110,8 +110,8 @@ class OnlineHistogram:
         self.window = window
         self.min_samples = min_samples
         self.prior = prior
-        self.current = Histogram(bin_width)
-        self.previous = Histogram(bin_width)
+        self.current = CountHistogram(bin_width)
+        self.previous = CountHistogram(bin_width)
         self.window_start = start
 
     def observe(self, sample: float, now: float) -> None:
@@ -121,11 +121,11 @@ class OnlineHistogram:
     def _roll(self, now: float) -> None:
         if now - self.window_start >= self.window:
             n = math.floor((now - self.window_start) / self.window)
-            self.previous = self.current if n == 1 else Histogram(self.bin_width)
-            self.current = Histogram(self.bin_width)
+            self.previous = self.current if n == 1 else CountHistogram(self.bin_width)
+            self.current = CountHistogram(self.bin_width)
             self.window_start += n * self.window
 
-    def snapshot(self, now: float) -> Histogram | None:
+    def snapshot(self, now: float) -> CountHistogram | None:
         """The histogram the scheduler should use now, or None if nothing is known yet."""
         self._roll(now)
         learned = self.current.merged(self.previous)

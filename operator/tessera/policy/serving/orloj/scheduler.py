@@ -32,7 +32,7 @@ from tessera.policy.serving.common import (
     Request,
 )
 from tessera.policy.serving.orloj.batch_dist import BatchDistribution, MixMode, batch_distribution
-from tessera.policy.serving.orloj.histogram import Histogram, OnlineHistogram
+from tessera.policy.serving.orloj.histogram import CountHistogram, OnlineHistogram
 from tessera.policy.serving.orloj.score import ScoreTable, scores_by_slack
 
 log = logging.getLogger(__name__)
@@ -83,12 +83,12 @@ class OrlojConfig:
 class OrlojScheduler:
     """One model's Orloj batch scheduler (interface: :class:`tessera.policy.serving.common.BatchScheduler`)."""
 
-    def __init__(self, config: OrlojConfig, priors: Mapping[str, Sequence[float] | Histogram]) -> None:
+    def __init__(self, config: OrlojConfig, priors: Mapping[str, Sequence[float] | CountHistogram]) -> None:
         if not priors:
             raise ValueError("Orloj needs a prior execution-time distribution for at least one application")
         self.config = config
         hists = {
-            a: p if isinstance(p, Histogram) else self._hist_from_samples(p, config, priors)
+            a: p if isinstance(p, CountHistogram) else self._hist_from_samples(p, config, priors)
             for a, p in priors.items()
         }
         widths = {h.bin_width for h in hists.values()}
@@ -117,19 +117,19 @@ class OrlojScheduler:
 
     @staticmethod
     def _hist_from_samples(
-        samples: Sequence[float], config: OrlojConfig, priors: Mapping[str, Sequence[float] | Histogram]
-    ) -> Histogram:
+        samples: Sequence[float], config: OrlojConfig, priors: Mapping[str, Sequence[float] | CountHistogram]
+    ) -> CountHistogram:
         width = config.bin_width
         if width is None:  # Orloj leaves it open: ~100 bins to the priors' largest P99
             p99 = max(
                 float(np.quantile(np.asarray(p, dtype=np.float64), 0.99))
                 for p in priors.values()
-                if not isinstance(p, Histogram) and len(p) > 0
+                if not isinstance(p, CountHistogram) and len(p) > 0
             )
             width = max(p99 / 100.0, 1e-9)
         if len(samples) == 0:
             raise ValueError("an application prior has no samples")
-        return Histogram.from_samples(samples, width)
+        return CountHistogram.from_samples(samples, width)
 
     # -- distributions ---------------------------------------------------------------------------
     def _rebuild(self, now: float) -> None:
