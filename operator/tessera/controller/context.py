@@ -4,15 +4,15 @@ does with them (post an event about an object, make an object's pods match its p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tessera.controller.config import OperatorConfig
 from tessera.controller.kube import KubeApi
-from tessera.controller.pods import Owner, PodPlan
-from tessera.controller.sync import RecentCreates, SyncResult, sync_pods
-from tessera.controller.view import ClusterView, PodInfo
+from tessera.controller.pods import Owner
+from tessera.controller.sync import PodSync
+from tessera.controller.view import ClusterView
 from tessera.metrics import ComponentMetrics
 
 PostEvent = Callable[[dict[str, Any], str, str, str], None]  # (body, type, reason, message)
@@ -30,29 +30,8 @@ class Context:
         """An event about `owner` (its kind, name, namespace and uid are all an event needs)."""
         self.post_event(owner.body(), type_, reason, message)
 
-    async def sync_pods(
-        self,
-        owner: Owner,
-        plans: Sequence[PodPlan],
-        existing: Sequence[PodInfo],
-        *,
-        gang_of: Callable[[PodPlan], str],
-        template_of: Callable[[PodPlan], Mapping[str, Any]],
-        workload_class: str,
-        recent: RecentCreates,
-        concurrency: int = 1,
-    ) -> SyncResult:
-        """`sync.sync_pods` with the operator's preemption grace and socket group."""
-        return await sync_pods(
-            self.api,
-            owner,
-            plans,
-            existing,
-            gang_of=gang_of,
-            template_of=template_of,
-            workload_class=workload_class,
-            grace_seconds=self.config.preemption_grace_s,
-            concurrency=concurrency,
-            recent=recent,
-            socket_group=self.config.socket_group,
-        )
+    @property
+    def sync_pods(self) -> PodSync:
+        """Make an object's pods match its plan (`PodSync`), with the operator's preemption grace and
+        the node agent's socket group."""
+        return PodSync(self.api, self.config.preemption_grace_s, self.config.socket_group)

@@ -76,47 +76,55 @@ class SyncResult:
         return bool(self.created or self.deleted or self.failed_gangs)
 
 
-async def sync_pods(
-    api: KubeApi,
-    owner: Owner,
-    plans: Sequence[PodPlan],
-    existing: Sequence[PodInfo],
-    *,
-    gang_of: Callable[[PodPlan], str],
-    template_of: Callable[[PodPlan], Mapping[str, Any]],
-    workload_class: str,
-    grace_seconds: int,
-    concurrency: int = 1,
-    recent: RecentCreates | None = None,
-    socket_group: int = 0,
-) -> SyncResult:
-    """Delete unplanned pods (with `grace_seconds` to checkpoint after SIGTERM), then create planned gangs."""
-    out = SyncResult()
-    wanted = {p.name for p in plans}
-    doomed = [
-        p.name for p in sorted(existing, key=lambda p: p.name) if p.name not in wanted and not p.deleting
-    ]
-    deletes = await gather_limited(
-        (api.delete(PODS, owner.namespace, name, grace_seconds=grace_seconds) for name in doomed), concurrency
-    )
-    for name, res in zip(doomed, deletes, strict=True):
-        if isinstance(res, BaseException):
-            raise res
-        out.deleted.append(name)
-    have = {p.name for p in existing if not p.deleting}
-    if recent is not None:
-        have |= recent.pending(owner.namespace, {p.name for p in existing}, wanted)
-    gangs: dict[str, list[PodPlan]] = {}
-    for plan in plans:
-        gangs.setdefault(gang_of(plan), []).append(plan)
-    gang = _Gang(api, owner, template_of, workload_class, socket_group, concurrency, recent)
-    for name, members in gangs.items():
-        missing = [m for m in members if m.name not in have]
-        try:
-            out.created.extend(await gang.create(name, missing))
-        except KubeError as err:
-            out.failed_gangs[name] = str(err)
-    return out
+@dataclass(frozen=True, slots=True)
+class PodSync:
+    """Makes an object's pods match its plan, with the operator's preemption grace (`grace_seconds` to
+    checkpoint after SIGTERM) and the node agent's socket group for every pod it creates."""
+
+    api: KubeApi
+    grace_seconds: int
+    socket_group: int = 0
+
+    async def __call__(
+        self,
+        owner: Owner,
+        plans: Sequence[PodPlan],
+        existing: Sequence[PodInfo],
+        *,
+        gang_of: Callable[[PodPlan], str],
+        template_of: Callable[[PodPlan], Mapping[str, Any]],
+        workload_class: str,
+        recent: RecentCreates | None = None,
+        concurrency: int = 1,
+    ) -> SyncResult:
+        """Delete unplanned pods, then create the planned gangs that are missing."""
+        out = SyncResult()
+        wanted = {p.name for p in plans}
+        doomed = [
+            p.name for p in sorted(existing, key=lambda p: p.name) if p.name not in wanted and not p.deleting
+        ]
+        deletes = await gather_limited(
+            (self.api.delete(PODS, owner.namespace, n, grace_seconds=self.grace_seconds) for n in doomed),
+            concurrency,
+        )
+        for name, res in zip(doomed, deletes, strict=True):
+            if isinstance(res, BaseException):
+                raise res
+            out.deleted.append(name)
+        have = {p.name for p in existing if not p.deleting}
+        if recent is not None:
+            have |= recent.pending(owner.namespace, {p.name for p in existing}, wanted)
+        gangs: dict[str, list[PodPlan]] = {}
+        for plan in plans:
+            gangs.setdefault(gang_of(plan), []).append(plan)
+        gang = _Gang(self.api, owner, template_of, workload_class, self.socket_group, concurrency, recent)
+        for name, members in gangs.items():
+            missing = [m for m in members if m.name not in have]
+            try:
+                out.created.extend(await gang.create(name, missing))
+            except KubeError as err:
+                out.failed_gangs[name] = str(err)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
