@@ -20,7 +20,7 @@ from tessera.controller.context import Context
 from tessera.controller.liveness import PassClock
 from tessera.controller.pods import Owner, PodPlan, template_errors
 from tessera.controller.readiness import missing_pods
-from tessera.controller.sync import RecentCreates
+from tessera.controller.sync import RecentCreates, SyncResult
 
 
 class Record(Protocol):
@@ -157,6 +157,24 @@ class KindReconciler(abc.ABC, Generic[R]):
         patch.status.update(status)
         if not same:
             self.post_event(body, "Warning", "InvalidSpec", msg)
+
+    def _report_sync(
+        self,
+        rec: R,
+        result: SyncResult,
+        *,
+        created: str,
+        deleted: str,
+        failed: str = "{gang}: no pods created: {why}",
+    ) -> None:
+        """Events for what a pod sync did: `created` and `deleted` are the reasons, `failed` the message of
+        a GangFailed event (with the gang and why)."""
+        if result.deleted:
+            self._event(rec, "Normal", deleted, ", ".join(result.deleted))
+        if result.created:
+            self._event(rec, "Normal", created, ", ".join(result.created))
+        for gang, why in result.failed_gangs.items():
+            self._event(rec, "Warning", "GangFailed", failed.format(gang=gang, why=why))
 
     def owner(self, rec: R) -> Owner:
         return Owner(self.kind, rec.name, rec.namespace, rec.uid)

@@ -168,12 +168,13 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
             workload_class=contract.CLASS_BEST_EFFORT,
             recent=self.recent,
         )
-        if result.deleted:
-            self._event(rec, "Normal", "TrialPodsDeleted", ", ".join(result.deleted))
-        if result.created:
-            self._event(rec, "Normal", "TrialPodsCreated", ", ".join(result.created))
-        for trial, why in result.failed_gangs.items():
-            self._event(rec, "Warning", "GangFailed", f"trial {trial}: no pods created: {why}")
+        self._report_sync(
+            rec,
+            result,
+            created="TrialPodsCreated",
+            deleted="TrialPodsDeleted",
+            failed="trial {gang}: no pods created: {why}",
+        )
 
     async def delete(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         await self.forget((namespace, name))
