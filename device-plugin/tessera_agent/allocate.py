@@ -16,13 +16,13 @@ from tessera.api.assignment import Assignment
 
 from .config import AgentConfig
 from .lanes import LaneAdmissionError, LaneBook
-from .pods import PodInfo
+from .pods import NodePod
 from .slots import gpu_of
 
 ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"  # read by the NVIDIA container runtime
 
 
-class AllocationError(RuntimeError):
+class AllocateRequestError(RuntimeError):
     """Allocate cannot serve a request; the message is what kubelet shows on the pod."""
 
 
@@ -35,15 +35,15 @@ class Mount:
 
 @dataclass(frozen=True)
 class ContainerAllocation:
-    pod: PodInfo
+    pod: NodePod
     envs: dict[str, str]
     mounts: tuple[Mount, ...]
 
 
-def choose_pod(device_ids: Sequence[str], pods: Sequence[PodInfo], node: str) -> PodInfo:
+def choose_pod(device_ids: Sequence[str], pods: Sequence[NodePod], node: str) -> NodePod:
     n = len(device_ids)
     if n == 0:
-        raise AllocationError("Allocate called with no device IDs")
+        raise AllocateRequestError("Allocate called with no device IDs")
     gpus = {gpu_of(d) for d in device_ids}
     candidates = [
         p
@@ -53,7 +53,7 @@ def choose_pod(device_ids: Sequence[str], pods: Sequence[PodInfo], node: str) ->
     if not candidates:
         broken = [f"{p.key}: {p.assignment_error}" for p in pods if p.assignment_error and not p.allocated]
         hint = f"; assignments that could not be read: {'; '.join(broken)}" if broken else ""
-        raise AllocationError(
+        raise AllocateRequestError(
             f"no pod on node {node} has a {contract.ANN_ASSIGNMENT} annotation, is not yet allocated and requests "
             f"{n} {contract.RESOURCE_GPU}; was it scheduled by {contract.SCHEDULER_NAME}?{hint}"
         )
@@ -63,7 +63,7 @@ def choose_pod(device_ids: Sequence[str], pods: Sequence[PodInfo], node: str) ->
 
 
 def container_allocation(
-    pod: PodInfo, cfg: AgentConfig, lanes: LaneBook | None = None
+    pod: NodePod, cfg: AgentConfig, lanes: LaneBook | None = None
 ) -> ContainerAllocation:
     """The env and mounts that put the container in its lane (the `ENV_*` names in `tessera.api.contract`).
 
@@ -72,7 +72,7 @@ def container_allocation(
     """
     a: Assignment | None = pod.assignment
     if a is None:
-        raise AllocationError(f"pod {pod.key} has no {contract.ANN_ASSIGNMENT} annotation")
+        raise AllocateRequestError(f"pod {pod.key} has no {contract.ANN_ASSIGNMENT} annotation")
     visible = ",".join(a.gpu_uuids)
     keys = [str(i) for i in range(len(a.gpu_uuids))] if cfg.mem_limit_key == "ordinal" else list(a.gpu_uuids)
     pipe_in_container = f"{cfg.mps_container_root}/pipe"
@@ -89,7 +89,7 @@ def container_allocation(
             lanes.admit(pod)
             envs.update(lanes.env(pod))
         except LaneAdmissionError as err:
-            raise AllocationError(str(err)) from None
+            raise AllocateRequestError(str(err)) from None
     mounts = [
         Mount(pipe_in_container, str(cfg.mps_pipe_dir)),
         Mount("/dev/shm", str(cfg.mps_root / "shm")),
@@ -114,14 +114,14 @@ def progress_endpoint(socket_in_container: str, namespace: str, name: str) -> st
 
 
 def preferred_slots(
-    available: Sequence[str], must_include: Sequence[str], size: int, pods: Sequence[PodInfo], node: str
+    available: Sequence[str], must_include: Sequence[str], size: int, pods: Sequence[NodePod], node: str
 ) -> list[str]:
     """Slots for a request of `size`: one on each GPU of the oldest pending pod of that size, if any.
 
     Steering slots onto the assigned GPUs keeps kubelet's per-GPU slot count equal to the lanes on that GPU.
     """
     if size < len(must_include):
-        raise AllocationError(
+        raise AllocateRequestError(
             f"allocation size {size} is smaller than the {len(must_include)} required devices"
         )
     chosen = list(must_include)
@@ -148,5 +148,5 @@ def preferred_slots(
         if d not in chosen:
             chosen.append(d)
     if len(chosen) < size:
-        raise AllocationError(f"only {len(chosen)} devices available for an allocation of {size}")
+        raise AllocateRequestError(f"only {len(chosen)} devices available for an allocation of {size}")
     return chosen

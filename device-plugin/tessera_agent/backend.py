@@ -13,7 +13,7 @@ MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
-class GpuInfo:
+class GpuDevice:
     """One physical GPU as NVML reports it."""
 
     index: int
@@ -54,7 +54,7 @@ class HealthEvent:
 class GpuBackend(Protocol):
     """Read-only view of the node's GPUs."""
 
-    def gpus(self) -> list[GpuInfo]: ...
+    def gpus(self) -> list[GpuDevice]: ...
 
     def usage(self, uuid: str) -> GpuUsage: ...
 
@@ -67,7 +67,7 @@ class GpuBackend(Protocol):
     def close(self) -> None: ...
 
 
-def usable_memory_mib(gpu: GpuInfo, extra_reserve_mib: int = 0) -> int:
+def usable_memory_mib(gpu: GpuDevice, extra_reserve_mib: int = 0) -> int:
     """Memory lanes may be carved from: total minus driver-reserved minus an operator-set margin.
 
     Not deducting the driver reserve lets lanes overcommit and OOM (kai-scheduler/KAI-Scheduler#2212).

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .backend import GpuBackend
     from .config import AgentSettings
     from .inventory import NodePatcher
-    from .pods import PodInfo, PodSource
+    from .pods import NodePod, PodSource
     from .restarts import KubernetesEventSink, KubernetesPodRestarter
 
 log = logging.getLogger("tessera_agent")
@@ -267,7 +267,7 @@ class _Cluster:
     events: KubernetesEventSink | None = None
 
 
-def _fake_cluster(settings: AgentSettings, fake_pods: list[PodInfo]) -> _Cluster:
+def _fake_cluster(settings: AgentSettings, fake_pods: list[NodePod]) -> _Cluster:
     """Fake GPUs and the given pods, no API server (demos and tests)."""
     from .fake_backend import FakeGpuBackend
     from .pods import StaticPodSource

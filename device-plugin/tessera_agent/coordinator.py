@@ -47,7 +47,7 @@ from tessera.policy.lanes.iteration import (
 )
 
 from .peers import PeerRefused, PeerResolver, credentials_of_transport, lane_of
-from .pods import PodInfo
+from .pods import NodePod
 from .progress import restrict_socket
 
 log = logging.getLogger(__name__)
@@ -286,7 +286,7 @@ class LaneCoordinator:
             self._lane(conn.lane).progress[conn.job] = (msg.iterations, msg.total)
         return {"ok": True}
 
-    async def _caller(self, writer: asyncio.StreamWriter) -> PodInfo:
+    async def _caller(self, writer: asyncio.StreamWriter) -> NodePod:
         assert self.peers is not None
         return await self.peers.pod_of(credentials_of_transport(writer.transport))
 

@@ -9,11 +9,11 @@ import queue
 import threading
 from dataclasses import replace
 
-from .backend import MIB, GpuBackend, GpuInfo, GpuProcess, GpuUsage, HealthEvent
+from .backend import MIB, GpuBackend, GpuDevice, GpuProcess, GpuUsage, HealthEvent
 
 
 class FakeGpuBackend(GpuBackend):
-    def __init__(self, gpus: list[GpuInfo]) -> None:
+    def __init__(self, gpus: list[GpuDevice]) -> None:
         if len({g.uuid for g in gpus}) != len(gpus):
             raise ValueError("fake GPUs need distinct UUIDs")
         self._lock = threading.Lock()
@@ -33,7 +33,7 @@ class FakeGpuBackend(GpuBackend):
     ) -> FakeGpuBackend:
         return cls(
             [
-                GpuInfo(
+                GpuDevice(
                     index=i,
                     uuid=f"GPU-00000000-0000-0000-0000-{i:012d}",
                     model=model,
@@ -45,7 +45,7 @@ class FakeGpuBackend(GpuBackend):
         )
 
     # --- GpuBackend ---
-    def gpus(self) -> list[GpuInfo]:
+    def gpus(self) -> list[GpuDevice]:
         with self._lock:
             return sorted(self._gpus.values(), key=lambda g: g.index)
 

@@ -29,7 +29,7 @@ from tessera.policy.orion.controller import PBeController, PBeDecision
 
 from .lanes import LaneBook, PodLane
 from .metrics_factory import AgentMetrics
-from .pods import PodInfo
+from .pods import NodePod
 from .restarts import RestartRefused
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class ProgressLatency:
     latency: WindowedLatency
     _last: dict[str, tuple[int, float]] = field(default_factory=dict)  # pod UID → (iterations, time)
 
-    def on_report(self, pod: PodInfo, iterations: int, now: float) -> None:
+    def on_report(self, pod: NodePod, iterations: int, now: float) -> None:
         gpus = [ln.gpu for ln in self.book.lanes.values() if ln.uid == pod.uid and ln.klass == "HP"]
         prev = self._last.get(pod.uid)
         self._last[pod.uid] = (iterations, now)

@@ -18,7 +18,7 @@ from typing import Literal
 
 from tessera.api import contract
 
-from .pods import PodInfo
+from .pods import NodePod
 
 LaneClass = Literal["HP", "BE"]
 PRIORITY_HP = 0  # CUDA_MPS_CLIENT_PRIORITY: normal
@@ -31,7 +31,7 @@ class LaneAdmissionError(RuntimeError):
 
 
 def lane_class(
-    pod: PodInfo, hp_priority_classes: Iterable[str] = (contract.CLASS_LATENCY_CRITICAL,)
+    pod: NodePod, hp_priority_classes: Iterable[str] = (contract.CLASS_LATENCY_CRITICAL,)
 ) -> LaneClass:
     """HP or BE from the workload annotation's class, else from the pod's priority class."""
     if ":" in pod.workload:
@@ -90,7 +90,7 @@ class LaneBook:
             raise ValueError(f"BE percentage must be in 1..100, got {percent}")
         self.be_percent[gpu] = percent
 
-    def admit(self, pod: PodInfo) -> list[PodLane]:
+    def admit(self, pod: NodePod) -> list[PodLane]:
         """Record the pod's lane on each of its GPUs, or refuse it with the reason (nothing recorded)."""
         a = pod.assignment
         if a is None:
@@ -134,7 +134,7 @@ class LaneBook:
         gone = [k for k, ln in self.lanes.items() if ln.uid not in live]
         return [self.lanes.pop(k) for k in gone]
 
-    def refresh(self, pods: Iterable[PodInfo]) -> list[str]:
+    def refresh(self, pods: Iterable[NodePod]) -> list[str]:
         """Match the book to the node's pods: drop lanes of pods gone or finished (Succeeded/Failed: the
         object stays until deleted, the GPU work does not), and record lanes of pods allocated before the
         agent (re)started. Returns why any allocated pod could not be recorded."""
@@ -150,7 +150,7 @@ class LaneBook:
                     problems.append(str(err))
         return problems
 
-    def env(self, pod: PodInfo) -> dict[str, str]:
+    def env(self, pod: NodePod) -> dict[str, str]:
         """The MPS env of the pod's lane class (on top of the lane env Allocate already builds)."""
         a = pod.assignment
         if a is None:

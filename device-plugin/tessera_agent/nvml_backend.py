@@ -13,7 +13,7 @@ from typing import Any
 
 import pynvml
 
-from .backend import GpuBackend, GpuInfo, GpuProcess, GpuUsage, HealthEvent
+from .backend import GpuBackend, GpuDevice, GpuProcess, GpuUsage, HealthEvent
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class NvmlGpuBackend(GpuBackend):
             log.warning("NVML XID events unavailable (%s); health changes will not be detected", err)
             self._events = None
 
-    def gpus(self) -> list[GpuInfo]:
+    def gpus(self) -> list[GpuDevice]:
         out = []
         for uuid, handle in self._handles.items():
             try:
@@ -60,7 +60,7 @@ class NvmlGpuBackend(GpuBackend):
                 mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
                 reserved = 0
             out.append(
-                GpuInfo(
+                GpuDevice(
                     index=int(pynvml.nvmlDeviceGetIndex(handle)),
                     uuid=uuid,
                     model=_str(pynvml.nvmlDeviceGetName(handle)),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .pods import PodInfo, PodSource
+from .pods import NodePod, PodSource
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class PeerResolver:
         self.pods = pods
         self.proc_root = proc_root
 
-    async def pod_of(self, creds: PeerCredentials) -> PodInfo:
+    async def pod_of(self, creds: PeerCredentials) -> NodePod:
         uid = pod_uid_of_pid(creds.pid, self.proc_root)
         if uid is None:
             raise PeerRefused(f"{creds} is not in a pod (no pod cgroup) on node {self.node}")
@@ -126,7 +126,7 @@ class PeerResolver:
         return pod
 
 
-def lane_of(pod: PodInfo) -> str:
+def lane_of(pod: NodePod) -> str:
     """The lane a pod was assigned (its `tessera.io/assignment`); PeerRefused when it holds none."""
     if pod.assignment is None:
         reason = f" ({pod.assignment_error})" if pod.assignment_error else ""

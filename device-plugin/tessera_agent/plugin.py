@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc  # type: ignore[import-untyped]
 
-from .allocate import AllocationError, choose_pod, container_allocation, preferred_slots
+from .allocate import AllocateRequestError, choose_pod, container_allocation, preferred_slots
 from .backend import GpuBackend
 from .config import AgentConfig
 from .lanes import LaneBook
@@ -105,7 +105,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     pods,
                     self.cfg.node_name,
                 )
-            except (AllocationError, ValueError) as err:  # ValueError: a malformed device ID
+            except (AllocateRequestError, ValueError) as err:  # ValueError: a malformed device ID
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
             out.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return api_pb2.PreferredAllocationResponse(container_responses=out)
@@ -120,11 +120,11 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 try:
                     unhealthy = [d for d in ids if not self._health.get(d.rpartition("::")[0], False)]
                     if unhealthy:
-                        raise AllocationError(f"devices {', '.join(unhealthy)} are unhealthy or unknown")
+                        raise AllocateRequestError(f"devices {', '.join(unhealthy)} are unhealthy or unknown")
                     pod = choose_pod(ids, await self._pending_pods(), self.cfg.node_name)
                     alloc = container_allocation(pod, self.cfg, self.lanes)
                     await self.pods.mark_allocated(pod, ids)
-                except (AllocationError, ValueError) as err:  # ValueError: a malformed device ID
+                except (AllocateRequestError, ValueError) as err:  # ValueError: a malformed device ID
                     log.warning("Allocate %s refused: %s", ids, err)
                     self._count("error")
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))

@@ -26,7 +26,7 @@ FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True)
-class PodInfo:
+class NodePod:
     namespace: str
     name: str
     uid: str
@@ -53,16 +53,16 @@ class PodInfo:
 
 
 class PodSource(Protocol):
-    async def pods_on_node(self, node: str) -> list[PodInfo]: ...
+    async def pods_on_node(self, node: str) -> list[NodePod]: ...
 
-    async def mark_allocated(self, pod: PodInfo, device_ids: list[str]) -> None: ...
+    async def mark_allocated(self, pod: NodePod, device_ids: list[str]) -> None: ...
 
-    async def annotate(self, pod: PodInfo, annotations: dict[str, str]) -> None:
+    async def annotate(self, pod: NodePod, annotations: dict[str, str]) -> None:
         """Merge `annotations` into the pod's (e.g. `tessera.io/progress`)."""
         ...
 
 
-def pod_info_from_manifest(pod: dict[str, Any]) -> PodInfo:
+def pod_info_from_manifest(pod: dict[str, Any]) -> NodePod:
     """Read the fields the agent needs from a v1.Pod as JSON (camelCase, as the API server sends it)."""
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
@@ -85,7 +85,7 @@ def pod_info_from_manifest(pod: dict[str, Any]) -> PodInfo:
                 requests.append(resource_quantity(contract.RESOURCE_GPU, value))
             except QuantityError as err:  # this pod cannot be served; the others on the node still can
                 log.warning("%s: %s", where, err)
-    return PodInfo(
+    return NodePod(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
@@ -164,7 +164,7 @@ class PodManifests(RootModel[list[PodManifest]]):
     """The `--fake-pods` file: a JSON list of pod manifests."""
 
 
-def load_pod_manifests(path: Path) -> list[PodInfo]:
+def load_pod_manifests(path: Path) -> list[NodePod]:
     """The pods of a JSON list of pod manifests; InputError naming the file and the first bad field."""
     manifests = validated(PodManifests, load_json_file(path), str(path)).root
     return [pod_info_from_manifest(m.model_dump(by_alias=True)) for m in manifests]
@@ -182,16 +182,16 @@ class KubernetesPodSource(PodSource):
         """The client it uses (the node patcher, BE restarter and event sink share it)."""
         return self._api
 
-    async def pods_on_node(self, node: str) -> list[PodInfo]:
+    async def pods_on_node(self, node: str) -> list[NodePod]:
         items = (await self._api.list_pods(field_selector=f"spec.nodeName={node}")).get("items") or []
         # the field selector is the server's job; checking again keeps a server that ignores it
         # (or a stale cache in between) from handing this node another node's pods
         return [pod_info_from_manifest(p) for p in items if (p.get("spec") or {}).get("nodeName") == node]
 
-    async def mark_allocated(self, pod: PodInfo, device_ids: list[str]) -> None:
+    async def mark_allocated(self, pod: NodePod, device_ids: list[str]) -> None:
         await self.annotate(pod, {contract.ANN_ALLOCATED: ",".join(device_ids)})
 
-    async def annotate(self, pod: PodInfo, annotations: dict[str, str]) -> None:
+    async def annotate(self, pod: NodePod, annotations: dict[str, str]) -> None:
         await self._api.patch_pod_annotations(pod.namespace, pod.name, annotations)
 
 
@@ -199,15 +199,15 @@ class KubernetesPodSource(PodSource):
 class StaticPodSource(PodSource):
     """Pods held in memory: for `tessera-agent --fake-gpus` demos and tests without an API server."""
 
-    pods: list[PodInfo] = field(default_factory=list)
+    pods: list[NodePod] = field(default_factory=list)
     annotations: dict[str, dict[str, str]] = field(default_factory=dict)  # pod UID → annotations written
 
-    async def pods_on_node(self, node: str) -> list[PodInfo]:
+    async def pods_on_node(self, node: str) -> list[NodePod]:
         return [p for p in self.pods if p.assignment is None or p.assignment.node == node]
 
-    async def mark_allocated(self, pod: PodInfo, device_ids: list[str]) -> None:
+    async def mark_allocated(self, pod: NodePod, device_ids: list[str]) -> None:
         self.pods = [replace(p, allocated=True) if p.uid == pod.uid else p for p in self.pods]
         await self.annotate(pod, {contract.ANN_ALLOCATED: ",".join(device_ids)})
 
-    async def annotate(self, pod: PodInfo, annotations: dict[str, str]) -> None:
+    async def annotate(self, pod: NodePod, annotations: dict[str, str]) -> None:
         self.annotations.setdefault(pod.uid, {}).update(annotations)

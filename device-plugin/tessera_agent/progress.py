@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tessera.api import contract
 
 from .peers import PeerRefused, PeerResolver, credentials_of_transport
-from .pods import PodInfo, PodSource
+from .pods import NodePod, PodSource
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ MAX_BODY_BYTES = 4096  # a report is four numbers; anything larger is not one
 MAX_COUNT = 2**53  # iterations and totals beyond this lose precision in JSON readers (the operator's too)
 
 
-class ProgressError(ValueError):
+class ProgressReportError(ValueError):
     """A progress report that cannot be used, with the reason."""
 
 
@@ -70,13 +70,13 @@ class ProgressReport(BaseModel):
 
     @classmethod
     def from_json(cls, data: Any, *, now: float) -> ProgressReport:
-        """Validate a decoded JSON body; ProgressError names the first bad field. `ts` defaults to `now`."""
+        """Validate a decoded JSON body; ProgressReportError names the first bad field. `ts` defaults to `now`."""
         if not isinstance(data, dict):
-            raise ProgressError("a progress report must be a JSON object")
+            raise ProgressReportError("a progress report must be a JSON object")
         try:
             report = cls.model_validate(data)
         except ValidationError as err:
-            raise ProgressError(_first_error(err)) from None
+            raise ProgressReportError(_first_error(err)) from None
         return report if report.ts is not None else report.model_copy(update={"ts": now})
 
     def to_annotation(self) -> str:
@@ -137,7 +137,7 @@ class ProgressServer:
         peers: PeerResolver | None = None,
         socket_group: int | None = None,
         shutdown_timeout_s: float = 2.0,
-        on_report: Callable[[PodInfo, int, float], None] | None = None,
+        on_report: Callable[[NodePod, int, float], None] | None = None,
     ) -> None:
         if (socket_path is None) == (port is None):
             raise ValueError("serve progress on exactly one of a unix socket or a TCP port")
@@ -199,9 +199,9 @@ class ProgressServer:
         try:
             report = ProgressReport.from_json(json.loads(raw), now=received)
         except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors too
-            reason = str(err) if isinstance(err, ProgressError) else f"the body is not JSON ({err})"
+            reason = str(err) if isinstance(err, ProgressReportError) else f"the body is not JSON ({err})"
             return _reply(400, error=reason)
-        pod: PodInfo | None
+        pod: NodePod | None
         if self.peers is not None:
             try:
                 creds = credentials_of_transport(request.transport)

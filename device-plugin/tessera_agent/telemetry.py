@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .backend import MIB, GpuBackend
 from .metrics_factory import AgentMetrics
-from .pods import PodInfo
+from .pods import NodePod
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class LaneSample:
 
 
 def collect(
-    backend: GpuBackend, pods: Sequence[PodInfo], resolve_pid: PidResolver
+    backend: GpuBackend, pods: Sequence[NodePod], resolve_pid: PidResolver
 ) -> tuple[list[GpuSample], list[LaneSample]]:
     by_uid = {p.uid: p for p in pods if p.assignment is not None}
     gpus: list[GpuSample] = []
@@ -131,7 +131,7 @@ class LaneTelemetry:
         self.resolve_pid = resolve_pid
         self._flagged: set[tuple[str, str]] = set()
 
-    def update(self, pods: Sequence[PodInfo]) -> list[LaneSample]:
+    def update(self, pods: Sequence[NodePod]) -> list[LaneSample]:
         """Refresh every gauge from one sample; returns the lanes above their memory limit."""
         gpus, lanes = collect(self.backend, pods, self.resolve_pid)
         m = self.metrics

@@ -27,7 +27,7 @@ from tessera_agent.config import AgentConfig
 from tessera_agent.coordinator import LaneCoordinator
 from tessera_agent.fake_backend import FakeGpuBackend
 from tessera_agent.plugin import DevicePlugin
-from tessera_agent.pods import PodInfo, StaticPodSource, pod_info_from_manifest
+from tessera_agent.pods import NodePod, StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import api_pb2, api_pb2_grpc
 
 NODE = "node-a"
@@ -39,7 +39,7 @@ def pct(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, int(q * len(values)))]
 
 
-def make_pod(k: int, uuid: str, allocated: bool) -> PodInfo:
+def make_pod(k: int, uuid: str, allocated: bool) -> NodePod:
     a = (
         f'{{"node":"{NODE}","gpuUUIDs":["{uuid}"],"gpuIndices":[0],"laneId":"l{k}",'
         f'"memoryMiB":1024,"computePercent":10}}'

@@ -41,7 +41,7 @@ from aiohttp import web
 from tessera.api import contract
 from tessera.api.gpu_inventory import GpuInfo, dump_node_gpus
 from tessera.extender.server import Extender, make_app
-from tessera.extender.view import ClusterView, Holding, pod_request
+from tessera.extender.view import Holding, SchedulerCache, pod_request
 from tessera.policy.lanes.packing import PackingConfig
 from tessera.policy.lanes.placement import Tenant, why_not
 from tessera.progress import Progress
@@ -50,8 +50,8 @@ CPU: dict[int, list[float]] = {}  # in-process CPU ms per cycle: the cost withou
 SHAPES = [("1", "2000", "10"), ("1", "6000", "30"), ("1", "9000", "60"), ("2", "16000", "100")]
 
 
-def cluster(n: int, rng: random.Random) -> ClusterView:
-    view = ClusterView()
+def cluster(n: int, rng: random.Random) -> SchedulerCache:
+    view = SchedulerCache()
     for k in range(n):
         name = f"node-{k}"
         inv = [GpuInfo(uuid=f"{name}-{i}", index=i, memory_mib=16000) for i in range(8)]
@@ -103,7 +103,7 @@ def args_for(i: int, names: list[str]) -> dict[str, Any]:
     return {"Pod": pod(i), "Nodes": None, "NodeNames": names}
 
 
-def settle(view: ClusterView, i: int, scores: list[dict[str, Any]], ext: Extender) -> None:
+def settle(view: SchedulerCache, i: int, scores: list[dict[str, Any]], ext: Extender) -> None:
     """Hold cycle i's pod on its best node, as a bind would."""
     best = max(scores, key=lambda h: h["Score"])
     if best["Score"] == 0:

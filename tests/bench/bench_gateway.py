@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tessera.gateway.demo_models import early_exit_model
-from tessera.gateway.loadgen import AppLoad, Result, run_load
+from tessera.gateway.loadgen import AppLoad, RequestResult, run_load
 from tessera.progress import Progress
 
 from tests.integration.gateway.gateway_harness import (
@@ -53,14 +53,14 @@ def payload(layers: int) -> dict[str, object]:
     }
 
 
-def measure(url: str, rate: float, duration: float, layers: int) -> tuple[list[Result], float]:
+def measure(url: str, rate: float, duration: float, layers: int) -> tuple[list[RequestResult], float]:
     app = AppLoad("bench", [payload(layers)], 1.0, 60_000.0)
     t0 = time.perf_counter()
     rs = asyncio.run(run_load(url, MODEL, [app], rate=rate, duration=duration, seed=1, progress=False))
     return rs, time.perf_counter() - t0
 
 
-def overheads(rs: list[Result]) -> tuple[np.ndarray, np.ndarray]:
+def overheads(rs: list[RequestResult]) -> tuple[np.ndarray, np.ndarray]:
     """Per answered request, ms: the gateway's own time, and client latency less the worker round trip."""
     ok = [r for r in rs if r.status == 200 and r.overhead_s is not None and r.worker_s is not None]
     own = np.array([r.overhead_s for r in ok], dtype=float) * 1000.0
@@ -72,7 +72,7 @@ def pct(a: np.ndarray, q: float) -> float:
     return float(np.percentile(a, q)) if a.size else float("nan")
 
 
-def stats(rs: list[Result], elapsed: float) -> tuple[float, float, float]:
+def stats(rs: list[RequestResult], elapsed: float) -> tuple[float, float, float]:
     lat = np.array([r.latency for r in rs if r.status == 200]) * 1000.0
     ok = float(lat.size)
     if not ok:

@@ -18,7 +18,7 @@ from tessera.api import contract
 from tessera.extender.kube import KubeClient, KubeConfig, KubeError
 from tessera.extender.metrics import make_metrics_app
 from tessera.extender.server import Extender, make_app
-from tessera.extender.view import DEFAULT_HP_PRIORITY_CLASSES, ClusterView
+from tessera.extender.view import DEFAULT_HP_PRIORITY_CLASSES, SchedulerCache
 from tessera.policy.lanes.placement import STRATEGIES, PlacementConfig, PlacementError
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ async def _serve(
     hp_classes: tuple[str, ...] = DEFAULT_HP_PRIORITY_CLASSES,
 ) -> None:
     kube = KubeClient(kube_config)
-    extender = Extender(kube, view=ClusterView(hp_classes), config=config)
+    extender = Extender(kube, view=SchedulerCache(hp_classes), config=config)
     # In-flight binds get this long to finish after SIGTERM (kube-scheduler's httpTimeout is a few seconds).
     runner = web.AppRunner(make_app(extender), shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()

@@ -44,7 +44,7 @@ from tessera.controller.reconciler import KindReconciler
 from tessera.controller.serving import (
     GATEWAY_SUFFIX,
     WORKERS_SUFFIX,
-    Decision,
+    ScaleDecision,
     ServingRecord,
     ServingSpecError,
     desired_replicas,
@@ -152,7 +152,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             rec.spec, rec.body = fresh.spec, body
         return rec
 
-    def _scale(self, rec: ServingRecord, cluster: Cluster, decision: Decision) -> None:
+    def _scale(self, rec: ServingRecord, cluster: Cluster, decision: ScaleDecision) -> None:
         """Replicas to the decided count: the first ones keep their GPUs, the last go on scale-down, new
         ones take free GPUs; an event when the count moved (saying why fewer were placed)."""
         before = len(rec.gpus)
@@ -568,7 +568,9 @@ async def _new_pool_plan(
     return why, await asyncio.to_thread(plan_pool, pool, inputs, dpn)
 
 
-def _deployment_status(rec: ServingRecord, decision: Decision, measured: dict[str, Any]) -> dict[str, Any]:
+def _deployment_status(
+    rec: ServingRecord, decision: ScaleDecision, measured: dict[str, Any]
+) -> dict[str, Any]:
     """A deployment's status after a pass: its replicas and their GPUs, what the spec resolves to, the
     gateway's last window, and the load the replica count followed when the gateway measured it."""
     status: dict[str, Any] = {

@@ -22,7 +22,7 @@ from tessera.api import contract
 
 
 @dataclass(frozen=True, slots=True)
-class Rule:
+class PolicyRule:
     api_groups: tuple[str, ...]
     resources: tuple[str, ...]
     verbs: tuple[str, ...]
@@ -39,30 +39,30 @@ _CRS = (contract.PLURAL_APP, contract.PLURAL_TRIALGROUP, contract.PLURAL_MODELDE
 _KOPF = "kopf.dev"
 
 # What the operator does in the namespaces it serves.
-NAMESPACED_RULES: tuple[Rule, ...] = (
-    Rule((contract.GROUP,), _CRS, ("list", "watch", "patch")),
-    Rule((contract.GROUP,), tuple(f"{p}/status" for p in _CRS), ("patch",)),
-    Rule(("",), ("pods",), ("list", "watch", "create", "delete")),
-    Rule(("",), ("services", "configmaps"), ("create", "patch", "delete")),
-    Rule(("apps",), ("deployments",), ("create", "patch", "delete")),
-    Rule(("",), ("events",), ("create",)),
+NAMESPACED_RULES: tuple[PolicyRule, ...] = (
+    PolicyRule((contract.GROUP,), _CRS, ("list", "watch", "patch")),
+    PolicyRule((contract.GROUP,), tuple(f"{p}/status" for p in _CRS), ("patch",)),
+    PolicyRule(("",), ("pods",), ("list", "watch", "create", "delete")),
+    PolicyRule(("",), ("services", "configmaps"), ("create", "patch", "delete")),
+    PolicyRule(("apps",), ("deployments",), ("create", "patch", "delete")),
+    PolicyRule(("",), ("events",), ("create",)),
 )
 # Cluster-scoped resources, read whichever namespaces it serves.
-CLUSTER_RULES: tuple[Rule, ...] = (
-    Rule(("",), ("nodes",), ("list", "watch")),
-    Rule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch")),
+CLUSTER_RULES: tuple[PolicyRule, ...] = (
+    PolicyRule(("",), ("nodes",), ("list", "watch")),
+    PolicyRule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch")),
 )
-CLUSTER_PEERING = Rule((_KOPF,), ("clusterkopfpeerings",), ("list", "watch", "patch"))
-NAMESPACE_PEERING = Rule((_KOPF,), ("kopfpeerings",), ("list", "watch", "patch"))
-NAMESPACES = Rule(("",), ("namespaces",), ("list", "watch"))
+CLUSTER_PEERING = PolicyRule((_KOPF,), ("clusterkopfpeerings",), ("list", "watch", "patch"))
+NAMESPACE_PEERING = PolicyRule((_KOPF,), ("kopfpeerings",), ("list", "watch", "patch"))
+NAMESPACES = PolicyRule(("",), ("namespaces",), ("list", "watch"))
 
 
 @dataclass(frozen=True, slots=True)
 class OperatorRbac:
     """The rules of the operator's ClusterRole, and of its Role in the release namespace (if any)."""
 
-    cluster: tuple[Rule, ...]
-    namespaced: tuple[Rule, ...]
+    cluster: tuple[PolicyRule, ...]
+    namespaced: tuple[PolicyRule, ...]
 
 
 def operator_rbac(clusterwide: bool) -> OperatorRbac:
@@ -72,8 +72,8 @@ def operator_rbac(clusterwide: bool) -> OperatorRbac:
 
 
 # The default install (--all-namespaces): one ClusterRole.
-RULES: tuple[Rule, ...] = operator_rbac(clusterwide=True).cluster
+RULES: tuple[PolicyRule, ...] = operator_rbac(clusterwide=True).cluster
 
 
-def allowed(group: str, resource: str, verb: str, rules: tuple[Rule, ...] = RULES) -> bool:
+def allowed(group: str, resource: str, verb: str, rules: tuple[PolicyRule, ...] = RULES) -> bool:
     return any(group in r.api_groups and resource in r.resources and verb in r.verbs for r in rules)

@@ -221,7 +221,7 @@ def spec_status(spec: ModelDeploymentSpec) -> dict[str, Any]:
 
 
 @dataclass(slots=True)
-class Decision:
+class ScaleDecision:
     replicas: int
     load_rps: float
     reason: str
@@ -237,7 +237,7 @@ def observed_load(status: Mapping[str, Any]) -> float | None:
     return None
 
 
-def desired_replicas(spec: ModelDeploymentSpec, status: Mapping[str, Any], current: int) -> Decision:
+def desired_replicas(spec: ModelDeploymentSpec, status: Mapping[str, Any], current: int) -> ScaleDecision:
     """Symphony's load-proportional count from the load (observed: the gateway's goodputRps over its
     sloAttainmentPercent, i.e. the offered rate; else spec.traffic.expectedRps), then its bad-rate/idle
     advice when the gateway reports attainment and idleness."""
@@ -262,7 +262,7 @@ def desired_replicas(spec: ModelDeploymentSpec, status: Mapping[str, Any], curre
                 want, reason = adjusted, f"Symphony advice +{advice} GPUs (bad rate {bad:.1%})"
             elif advice < 0 and adjusted >= want and adjusted < current:
                 want, reason = adjusted, f"Symphony advice {advice} GPUs (idle {idle:g}%)"
-    return Decision(min(hi, max(lo, want)), load, reason, observed)
+    return ScaleDecision(min(hi, max(lo, want)), load, reason, observed)
 
 
 @dataclass(slots=True)

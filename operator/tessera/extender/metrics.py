@@ -2,7 +2,7 @@
 
 The hot path only observes: one histogram observation and one counter increment per verb call, and filter
 adds one increment per distinct rejection reason (counted locally while it loops). The per-GPU allocated
-memory and compute (the "allocated" side of the Utilisation dashboard) are read from the ClusterView when
+memory and compute (the "allocated" side of the Utilisation dashboard) are read from the SchedulerCache when
 Prometheus scrapes, on the event loop that owns the view, so no request pays for them and no thread races
 the watch.
 """
@@ -17,7 +17,7 @@ from typing import Final
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from tessera.extender.view import ClusterView
+from tessera.extender.view import SchedulerCache
 from tessera.metrics import ComponentMetrics
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class ExtenderMetrics:
         for reason, n in counts.items():
             self._rejected.labels(reason=reason).inc(n)
 
-    def refresh_allocated(self, view: ClusterView) -> None:
+    def refresh_allocated(self, view: SchedulerCache) -> None:
         """Set the per-GPU allocated gauges from the view; GPUs no longer in the view lose their series."""
         self._memory.clear()
         self._compute.clear()
@@ -76,12 +76,12 @@ class ExtenderMetrics:
                 self._memory.labels(node=node, gpu=str(gpu.index)).set(gpu.used_memory * MIB)
                 self._compute.labels(node=node, gpu=str(gpu.index)).set(gpu.used_compute / 100.0)
 
-    def exposition(self, view: ClusterView) -> bytes:
+    def exposition(self, view: SchedulerCache) -> bytes:
         self.refresh_allocated(view)
         return generate_latest(self.registry)
 
 
-def make_metrics_app(metrics: ExtenderMetrics, view: ClusterView) -> web.Application:
+def make_metrics_app(metrics: ExtenderMetrics, view: SchedulerCache) -> web.Application:
     """GET /metrics on its own port (`tessera extender --metrics-port`), served by the extender's loop."""
 
     async def serve(_: web.Request) -> web.Response:

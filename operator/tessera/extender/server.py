@@ -1,7 +1,7 @@
 """kube-scheduler extender over HTTP: filter, prioritize and bind (k8s-interfaces §2).
 
 Wire format is kube-scheduler's exact JSON (PascalCase; `NodeNames` when nodeCacheCapable, else `Nodes`).
-Filter and prioritize read the in-memory ClusterView; bind re-checks capacity under a per-node asyncio lock,
+Filter and prioritize read the in-memory SchedulerCache; bind re-checks capacity under a per-node asyncio lock,
 reserves the GPUs, writes `tessera.io/assignment`, then creates the Binding — so concurrent binds can never
 oversubscribe a GPU; the loser gets an `Error` with the reason and the scheduler retries.
 
@@ -33,10 +33,10 @@ from tessera.extender import metrics as m
 from tessera.extender.kube import KubeClient, KubeError
 from tessera.extender.metrics import ExtenderMetrics
 from tessera.extender.view import (
-    ClusterView,
     Holding,
+    PodRequest,
     PodRequestError,
-    PodSpec,
+    SchedulerCache,
     pod_spec,
     shape_of,
 )
@@ -63,7 +63,7 @@ MAX_BODY = 64 << 20  # a non-nodeCacheCapable filter carries whole Node objects:
 
 
 class Extender:
-    """The three verbs over a ClusterView.
+    """The three verbs over a SchedulerCache.
 
     One scheduling cycle is filter then prioritize for the same pod: the pod's request is parsed once and
     cached by UID and a digest of the body it was parsed from (an edited pod, or another body naming the same
@@ -78,21 +78,21 @@ class Extender:
     def __init__(
         self,
         kube: KubeClient | None,
-        view: ClusterView | None = None,
+        view: SchedulerCache | None = None,
         config: PlacementConfig | None = None,
         metrics: ExtenderMetrics | None = None,
         packing: PackingConfig | None = None,
     ) -> None:
         self.kube = kube
-        self.view = view or ClusterView()
+        self.view = view or SchedulerCache()
         self.config = config or PlacementConfig()
         self.metrics = metrics or ExtenderMetrics()
         # packing: plain GPU pods are scored by FGD's rule (policy.lanes.packing), not by self.config's weights
         self.packing = packing if packing is not None or not self.config.packing else PackingConfig()
         if self.packing is not None and self.view.distribution is None:
             self.view.distribution = self.packing.distribution()
-        # (uid, body digest), the shape, and the PodSpec it was made for (compared by identity)
-        self._shape: tuple[tuple[Any, ...], Shape | None, PodSpec | None] | None = None
+        # (uid, body digest), the shape, and the PodRequest it was made for (compared by identity)
+        self._shape: tuple[tuple[Any, ...], Shape | None, PodRequest | None] | None = None
         self._digested: tuple[JsonObj, bytes | None] | None = None  # the last pod digested, and its digest
         self._locks: dict[str, asyncio.Lock] = {}
         # Binds of one pod run one at a time, and a pod this extender bound is never bound (or annotated)
@@ -101,7 +101,7 @@ class Extender:
         # node the pod is not on and releasing the GPUs the winning bind holds.
         self._pod_locks: dict[str, asyncio.Lock] = {}
         self._bound: OrderedDict[str, str] = OrderedDict()
-        self._specs: OrderedDict[str, tuple[bytes, PodSpec | None]] = OrderedDict()
+        self._specs: OrderedDict[str, tuple[bytes, PodRequest | None]] = OrderedDict()
         self._filtered: OrderedDict[str, tuple[int, bytes | None, frozenset[str]]] = OrderedDict()
         self._keys: dict[GpuRequest, int] = {}  # request → memo key (keys are never reused)
         self._next_key = 0
@@ -125,7 +125,7 @@ class Extender:
         self._digested = (pod, digest)
         return digest
 
-    def spec(self, pod: JsonObj) -> PodSpec | None:
+    def spec(self, pod: JsonObj) -> PodRequest | None:
         """The pod's parsed request, from the cache when this exact body (same UID and digest) was seen."""
         uid = pod.get("metadata", {}).get("uid")
         stamp = self._digest(pod) if uid else None
@@ -142,7 +142,7 @@ class Extender:
         return parsed
 
     def _check(
-        self, spec: PodSpec | None, node: str, resolved: dict[int | None, GpuRequest | str]
+        self, spec: PodRequest | None, node: str, resolved: dict[int | None, GpuRequest | str]
     ) -> tuple[str, str] | None:
         """None when the pod fits on `node`, else (reason code, why not); cheap for fitting nodes.
 
@@ -168,7 +168,7 @@ class Extender:
             return (m.NO_FIT, out) if isinstance(out, str) else None
         return None
 
-    def shape(self, pod: JsonObj, spec: PodSpec | None) -> Shape | None:
+    def shape(self, pod: JsonObj, spec: PodRequest | None) -> Shape | None:
         """The pod's shape (CPU, memory, GPU models and GPU request), parsed once per pod body and spec."""
         uid = pod.get("metadata", {}).get("uid")
         stamp = (uid, self._digest(pod) if uid else None)
@@ -177,13 +177,13 @@ class Extender:
             cached = self._shape = (stamp, shape_of(spec, pod, self.view.smallest_gpu_memory()), spec)
         return cached[1]
 
-    def _node_fit(self, pod: JsonObj, spec: PodSpec | None, node: str) -> tuple[str, str] | None:
+    def _node_fit(self, pod: JsonObj, spec: PodRequest | None, node: str) -> tuple[str, str] | None:
         shape = self.shape(pod, spec)
         why = None if shape is None else self.view.why_not_node(node, shape)
         return None if why is None else (m.NO_FIT, why)
 
     def _resolve(
-        self, spec: PodSpec, node: str, resolved: dict[int | None, GpuRequest | str]
+        self, spec: PodRequest, node: str, resolved: dict[int | None, GpuRequest | str]
     ) -> GpuRequest | str:
         size = self.view.min_memory(node)
         req = resolved.get(size)
@@ -196,11 +196,11 @@ class Extender:
         return req
 
     @staticmethod
-    def _placed_elsewhere(spec: PodSpec) -> str:
+    def _placed_elsewhere(spec: PodRequest) -> str:
         assert spec.placement is not None
         return f"pod is placed on node {spec.placement.node} by {contract.ANN_PLACEMENT}"
 
-    def _choose(self, spec: PodSpec, node: str, req: GpuRequest) -> Choice | str:
+    def _choose(self, spec: PodRequest, node: str, req: GpuRequest) -> Choice | str:
         if spec.placement is not None:
             if spec.placement.node != node:
                 return self._placed_elsewhere(spec)
@@ -239,7 +239,7 @@ class Extender:
         self._last = (req, key)
         return key
 
-    def _fixed_request(self, spec: PodSpec | None) -> GpuRequest | None:
+    def _fixed_request(self, spec: PodRequest | None) -> GpuRequest | None:
         """The pod's request when it is the same on every node (memory and compute given, no placement)."""
         if spec is None or spec.problem or spec.placement_problem or spec.placement is not None:
             return None
@@ -255,7 +255,7 @@ class Extender:
         out = self._evaluate(pod, node, self.spec(pod))
         return out if isinstance(out, Choice) else out[1]
 
-    def _evaluate(self, pod: JsonObj, node: str, spec: PodSpec | None) -> Choice | tuple[str, str]:
+    def _evaluate(self, pod: JsonObj, node: str, spec: PodRequest | None) -> Choice | tuple[str, str]:
         """As evaluate, for `spec`, the pod's parsed request."""
         rejected = self._check(spec, node, {}) or self._node_fit(pod, spec, node)
         if rejected is not None:
@@ -285,7 +285,7 @@ class Extender:
     def _filter_indexed(
         self,
         pod: JsonObj,
-        spec: PodSpec | None,
+        spec: PodRequest | None,
         fixed: GpuRequest,
         names: list[str],
         failed: dict[str, str],
@@ -317,7 +317,7 @@ class Extender:
     def _filter_each(
         self,
         pod: JsonObj,
-        spec: PodSpec | None,
+        spec: PodRequest | None,
         names: list[str],
         failed: dict[str, str],
         codes: dict[str, int],
@@ -390,7 +390,7 @@ class Extender:
         by_row[scored.rows] = priorities(scored)
         return [{"Host": n, "Score": p} for n, p in zip(names, by_row[rows].tolist(), strict=True)]
 
-    def _packing_choice(self, spec: PodSpec, node: str, req: GpuRequest) -> Choice | None:
+    def _packing_choice(self, spec: PodRequest, node: str, req: GpuRequest) -> Choice | None:
         """The GPUs FGD's rule takes on `node` (None: not a packing-scored pod, or no fit by its arrays)."""
         cached = self._shape
         if self.packing is None or self.view.distribution is None or cached is None or cached[2] is not spec:
@@ -593,7 +593,7 @@ def _error(status: int, reason: str) -> web.Response:
 
 @web.middleware
 async def _json_errors(
-    request: web.GpuRequest, handler: Callable[[web.GpuRequest], Awaitable[web.StreamResponse]]
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """aiohttp's own refusals (unknown path, wrong method, body over MAX_BODY) as JSON with the reason;
     anything unexpected is logged and answered 500 without the traceback."""
@@ -611,8 +611,8 @@ async def _json_errors(
 def make_app(extender: Extender, max_body: int = MAX_BODY) -> web.Application:
     def handler(
         verb: str, fn: Callable[[JsonObj], Awaitable[Any]]
-    ) -> Callable[[web.GpuRequest], Awaitable[web.Response]]:
-        async def handle(request: web.GpuRequest) -> web.Response:
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
             started = time.perf_counter()
             ok = False
             try:
@@ -640,7 +640,7 @@ def make_app(extender: Extender, max_body: int = MAX_BODY) -> web.Application:
     async def do_prioritize(body: JsonObj) -> list[JsonObj]:
         return extender.prioritize(body)
 
-    async def healthz(_: web.GpuRequest) -> web.Response:
+    async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
     app = web.Application(client_max_size=max_body, middlewares=[_json_errors])

@@ -93,9 +93,9 @@ def node_allocatable(node: JsonObj) -> tuple[float, float]:
     return cpu, mem
 
 
-def shape_of(spec: PodSpec | None, pod: JsonObj, default_gpu_memory: int | None) -> Shape | None:
+def shape_of(spec: PodRequest | None, pod: JsonObj, default_gpu_memory: int | None) -> Shape | None:
     """The pod's shape for fragmentation scoring, or None when it has no fixed one (bad request, a placement
-    fixed by the operator). Memory not given is the whole GPU (as PodSpec.resolve); compute not given is the
+    fixed by the operator). Memory not given is the whole GPU (as PodRequest.resolve); compute not given is the
     memory's share of `default_gpu_memory` (the cluster's smallest GPU)."""
     try:
         cpu, mem = pod_cpu_memory(pod)
@@ -128,7 +128,7 @@ def pod_key(pod: JsonObj) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class PodSpec:
+class PodRequest:
     """A pod's GPU request as written, parsed once per scheduling cycle (cached by UID in the extender).
 
     `memory_mib` / `compute_percent` are 0 when not given: they default per node, from its GPU size, in
@@ -170,7 +170,7 @@ class PodSpec:
 
 def pod_spec(
     pod: JsonObj, hp_priority_classes: Collection[str] = DEFAULT_HP_PRIORITY_CLASSES
-) -> PodSpec | None:
+) -> PodRequest | None:
     """Parse the pod's GPU request, class, profile and placement; None when it asks for no Tessera GPU.
 
     `hp_priority_classes`: the priority classes that make a pod latency-critical when its workload
@@ -201,8 +201,8 @@ def pod_spec(
         priority_class = (pod.get("spec") or {}).get("priorityClassName") or ""
         profile, klass = _profile(ann, key), _class(ann, key, priority_class, hp_priority_classes)
     except PodRequestError as err:
-        return PodSpec(key, 1, 0, 0, 0.5, "best-effort", problem=str(err))
-    spec = PodSpec(
+        return PodRequest(key, 1, 0, 0, 0.5, "best-effort", problem=str(err))
+    spec = PodRequest(
         key,
         totals[contract.RESOURCE_GPU] or 1,
         totals[contract.RESOURCE_GPU_MEMORY],
@@ -214,10 +214,10 @@ def pod_spec(
         try:
             placement = PlacementAnnotation.parse(ann[contract.ANN_PLACEMENT], where=key)
         except PlacementAnnotationError as err:
-            return PodSpec(
+            return PodRequest(
                 key, spec.gpus, spec.memory_mib, compute, profile, klass, placement_problem=str(err)
             )
-        return PodSpec(key, spec.gpus, spec.memory_mib, compute, profile, klass, placement)
+        return PodRequest(key, spec.gpus, spec.memory_mib, compute, profile, klass, placement)
     return spec
 
 
@@ -274,7 +274,7 @@ class Holding:
     tenant: Tenant
 
 
-class ClusterView:
+class SchedulerCache:
     """Nodes' GPUs and the pods holding them; mutated by watch events and by the extender's own binds.
 
     Keeps a NodeSummary per node, dropped whenever that node or a pod on it changes and rebuilt on first use,

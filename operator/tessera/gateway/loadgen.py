@@ -45,7 +45,7 @@ class AppLoad:
 
 
 @dataclass(frozen=True)
-class Result:
+class RequestResult:
     app: str
     sent_at: float  # seconds since the run started
     status: int  # HTTP status; 0 when the request failed in transport
@@ -121,7 +121,7 @@ def _plan(
 
 async def _send(
     session: aiohttp.ClientSession, endpoint: str, app: AppLoad, body: bytes, at: float
-) -> Result:
+) -> RequestResult:
     """One request, timed from send to answer; a transport failure is a result with status 0."""
     headers = {HEADER_APP: app.name, "Content-Type": "application/json"}
     if app.deadline_ms is not None:
@@ -150,7 +150,7 @@ async def _send(
         on_time = status == 200 and lat <= app.deadline_ms / 1000.0
     else:
         on_time = status == 200 and slo_header == "met"
-    return Result(app.name, at, status, lat, on_time, reason, retries, overhead, worker)
+    return RequestResult(app.name, at, status, lat, on_time, reason, retries, overhead, worker)
 
 
 async def run_load(
@@ -165,8 +165,8 @@ async def run_load(
     seed: int = 0,
     timeout_s: float = 60.0,
     progress: bool | None = None,
-    on_result: Callable[[Result], None] | None = None,
-) -> list[Result]:
+    on_result: Callable[[RequestResult], None] | None = None,
+) -> list[RequestResult]:
     """Send requests to ``{url}/v2/models/{model}/infer`` at the arrival times and collect every answer."""
     if not apps:
         raise ValueError("the load needs at least one application")
@@ -174,7 +174,7 @@ async def run_load(
     times = arrival_times(rate, rng, duration=duration, count=count, cv=cv)
     picks, bodies = _plan(apps, rng, times)
     endpoint = f"{url.rstrip('/')}/v2/models/{model}/infer"
-    results: list[Result] = []
+    results: list[RequestResult] = []
     bar = Progress(times.size, "loadgen", enabled=progress)
 
     async def send(session: aiohttp.ClientSession, app: AppLoad, body: bytes, at: float) -> None:
@@ -204,10 +204,10 @@ def _pct(lat: list[float], q: float) -> float | None:
     return float(np.percentile(lat, q)) * 1000.0 if lat else None
 
 
-def summarize(results: Sequence[Result], elapsed: float | None = None) -> dict[str, Any]:
+def summarize(results: Sequence[RequestResult], elapsed: float | None = None) -> dict[str, Any]:
     """Finish rate and latency percentiles (ms), overall and per application."""
 
-    def block(rs: Sequence[Result]) -> dict[str, Any]:
+    def block(rs: Sequence[RequestResult]) -> dict[str, Any]:
         ok = [r.latency for r in rs if r.status == 200]
         return {
             "sent": len(rs),

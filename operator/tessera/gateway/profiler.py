@@ -17,7 +17,7 @@ from tessera.policy.serving.common import Request
 
 
 @dataclass(frozen=True)
-class Sample:
+class CapturedRequest:
     request: Request
     body: bytes  # the request as the client sent it (its JSON part), to re-run alone
     blob: bytes = b""  # its binary tensor bytes, if it brought any
@@ -31,7 +31,7 @@ class OnlineProfiler:
             raise ValueError(f"sample_rate and max_share must be in [0, 1], got {sample_rate}, {max_share}")
         self.sample_rate, self.max_share = sample_rate, max_share
         self.rng = rng
-        self._pending: deque[Sample] = deque(maxlen=max_pending)
+        self._pending: deque[CapturedRequest] = deque(maxlen=max_pending)
         self.batch_seconds = 0.0
         self.profile_seconds = 0.0
         self.profiled = 0
@@ -40,7 +40,7 @@ class OnlineProfiler:
     def enabled(self) -> bool:
         return self.sample_rate > 0
 
-    def offer(self, finished: Sequence[Sample], batch_seconds: float) -> None:
+    def offer(self, finished: Sequence[CapturedRequest], batch_seconds: float) -> None:
         """A batch finished after ``batch_seconds``: sample its members for solo re-execution."""
         self.batch_seconds += batch_seconds
         if not self.enabled:
@@ -49,7 +49,7 @@ class OnlineProfiler:
             if self.rng.random() < self.sample_rate:
                 self._pending.append(s)  # the oldest sample falls out when full: fresher data wins
 
-    def take(self, n: int) -> list[Sample]:
+    def take(self, n: int) -> list[CapturedRequest]:
         """Up to ``n`` samples to profile now, or none while profiling is over its share of worker time."""
         if not self._pending or self.profile_seconds > self.max_share * self.batch_seconds:
             return []

@@ -53,7 +53,7 @@ from tessera.gateway.batch_wire import (
 )
 from tessera.gateway.config import ModelConfig, build_scheduler
 from tessera.gateway.metrics import OUTCOME_DROPPED, OUTCOME_MET, OUTCOME_MISSED, ModelMetrics
-from tessera.gateway.profiler import OnlineProfiler, Sample
+from tessera.gateway.profiler import CapturedRequest, OnlineProfiler
 from tessera.gateway.protocol import dumps, error_json, loads
 from tessera.policy.serving.common import Batch, BatchTimings, Drop, DropReason, LinearProfile, Request
 from tessera.policy.serving.symphony import SymphonyScheduler
@@ -433,7 +433,7 @@ class ModelService:
         elif self.inflation is not None and answers:
             self._observe_inflation(len(live), compute, now)
         ran = [p for p, status, _, _ in answers if status == 200]
-        self.profiler.offer([Sample(p.request, p.body, p.blob) for p in ran], compute)
+        self.profiler.offer([CapturedRequest(p.request, p.body, p.blob) for p in ran], compute)
         slot.busy = False
         self._pump()
         if not slot.busy and slot.healthy:
@@ -523,7 +523,7 @@ class ModelService:
         slot.busy = True
         self._spawn(self._profile(slot, samples))
 
-    async def _profile(self, slot: WorkerSlot, samples: list[Sample]) -> None:
+    async def _profile(self, slot: WorkerSlot, samples: list[CapturedRequest]) -> None:
         """Re-run sampled requests alone and feed their solo times to the scheduler."""
         start = self._now()
         data: WorkerAnswer | None

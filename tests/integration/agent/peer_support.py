@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.api import contract
-from tessera_agent.pods import PodInfo, pod_info_from_manifest
+from tessera_agent.pods import NodePod, pod_info_from_manifest
 
 PEER_SCRIPT = str(Path(__file__).parent / "socket_peer.py")
 NODE = "node-a"
@@ -24,7 +24,7 @@ def pod_uid(n: int) -> str:
     return f"{n:08x}-0000-4000-8000-{n:012x}"
 
 
-def lane_pod(namespace: str, name: str, n: int, lane: str | None) -> PodInfo:
+def lane_pod(namespace: str, name: str, n: int, lane: str | None) -> NodePod:
     annotations = {}
     if lane is not None:
         annotations[contract.ANN_ASSIGNMENT] = json.dumps(

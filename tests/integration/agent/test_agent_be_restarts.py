@@ -21,7 +21,7 @@ from tessera_agent.interference import (
     WindowedLatency,
 )
 from tessera_agent.lanes import LaneBook, PodLane
-from tessera_agent.pods import PodInfo
+from tessera_agent.pods import NodePod
 from tessera_agent.restarts import KubernetesEventSink, KubernetesPodRestarter, RestartRefused
 
 PODS = "v1/pods"
@@ -57,7 +57,7 @@ def assignment(name: str, compute: int = 100) -> Assignment:
 
 def seed(
     k: kmock.KubernetesEmulator, name: str, workload: str, *, checkpoints: bool, uid: str | None = None
-) -> PodInfo:
+) -> NodePod:
     annotations = {
         contract.ANN_ASSIGNMENT: assignment(name).to_annotation(),
         contract.ANN_WORKLOAD: workload,
@@ -79,7 +79,7 @@ def seed(
         },
         "spec": {"nodeName": NODE, "containers": [{"name": "main"}]},
     }
-    return PodInfo(
+    return NodePod(
         "ml", name, uid, "t", (1,), assignment(name), True, workload=workload, checkpoints=checkpoints
     )
 
@@ -92,7 +92,7 @@ def events(k: kmock.KubernetesEmulator) -> list[dict[str, Any]]:
     return [r.data for r in k if r.method == "POST" and r.resource and r.resource.plural == "events"]
 
 
-def lane_of(pod: PodInfo, klass: str = "BE") -> PodLane:
+def lane_of(pod: NodePod, klass: str = "BE") -> PodLane:
     return PodLane(pod.uid, pod.key, U0, klass, 2000, 100, pod.checkpoints)  # type: ignore[arg-type]
 
 

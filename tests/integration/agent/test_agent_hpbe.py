@@ -24,7 +24,7 @@ from tessera_agent.fake_backend import FakeGpuBackend
 from tessera_agent.interference import REASON_CHANGED, REASON_NOT_RESTARTED
 from tessera_agent.lanes import PodLane
 from tessera_agent.metrics_factory import AgentMetrics
-from tessera_agent.pods import PodInfo, StaticPodSource, pod_info_from_manifest
+from tessera_agent.pods import NodePod, StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import api_pb2, api_pb2_grpc
 
 from .agent_fake_kubelet import FakeKubelet
@@ -148,7 +148,7 @@ async def test_agent_hp_be_env_and_feedback_loop(plugin_dir: Path, kubelet: Fake
         await wait_until(lambda: uuid in agent.loop.p99_dedicated, "the dedicated p99")  # type: ignore[union-attr]
         assert agent.loop.p99_dedicated[uuid] == pytest.approx(0.010)
 
-        def add(p: PodInfo) -> None:
+        def add(p: NodePod) -> None:
             pods.pods = [*pods.pods, p]
 
         add(

@@ -18,11 +18,11 @@ import kmock
 import pytest
 from tessera.api import contract
 from tessera.extender.server import Extender
-from tessera.extender.view import ClusterView
+from tessera.extender.view import SchedulerCache
 from tessera.kube import KubeClient, KubeConfig
 from tessera.sdk import ProgressError, report_progress
 from tessera_agent.allocate import progress_endpoint
-from tessera_agent.backend import MIB, GpuInfo
+from tessera_agent.backend import MIB, GpuDevice
 from tessera_agent.config import AgentConfig
 from tessera_agent.fake_backend import FakeGpuBackend
 from tessera_agent.inventory import InventoryPublisher, KubernetesNodePatcher
@@ -147,8 +147,8 @@ async def test_node_patcher_writes_the_inventory_the_extender_view_parses(
     seed_node(kmock)
     backend = FakeGpuBackend(
         [
-            GpuInfo(0, U0, "NVIDIA H100 80GB HBM3", 81559 * MIB, 527 * MIB),
-            GpuInfo(1, U1, "NVIDIA H100 80GB HBM3", 81559 * MIB, 527 * MIB),
+            GpuDevice(0, U0, "NVIDIA H100 80GB HBM3", 81559 * MIB, 527 * MIB),
+            GpuDevice(1, U1, "NVIDIA H100 80GB HBM3", 81559 * MIB, 527 * MIB),
         ]
     )
     publisher = InventoryPublisher(NODE, backend, KubernetesNodePatcher(api), extra_reserve_mib=32)
@@ -157,7 +157,7 @@ async def test_node_patcher_writes_the_inventory_the_extender_view_parses(
     assert await publisher.publish_if_changed()
 
     node = await get(kmock, f"/api/v1/nodes/{NODE}")
-    view = ClusterView()
+    view = SchedulerCache()
     view.apply_node(node)
     assert view.node_errors == {}
     assert [(g.index, g.uuid, g.memory_mib, g.healthy) for g in view.nodes[NODE]] == [
@@ -187,7 +187,7 @@ async def test_extender_assignment_is_what_allocate_consumes(
     backend = FakeGpuBackend.uniform(2)
     await InventoryPublisher(NODE, backend, KubernetesNodePatcher(api)).publish_if_changed()
     gpus = {g.index: g.uuid for g in backend.gpus()}
-    view = ClusterView()
+    view = SchedulerCache()
     view.apply_node(await get(kmock, f"/api/v1/nodes/{NODE}"))
     # one pod asking for a 6 GiB, 40 % lane; the extender binds it and writes the assignment
     seed_pod(

@@ -8,7 +8,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from tessera.api import contract
 from tessera.api import metrics_catalog as catalog
-from tessera_agent.backend import MIB, GpuInfo
+from tessera_agent.backend import MIB, GpuDevice
 from tessera_agent.fake_backend import FakeGpuBackend
 from tessera_agent.inventory import InventoryPublisher
 from tessera_agent.metrics_factory import AgentMetrics
@@ -30,10 +30,10 @@ class RecordingPatcher:
 def backend() -> FakeGpuBackend:
     return FakeGpuBackend(
         [
-            GpuInfo(
+            GpuDevice(
                 0, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3", 81559 * MIB, 527 * MIB
             ),
-            GpuInfo(
+            GpuDevice(
                 1, "GPU-bbbbbbbb-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3", 81559 * MIB, 527 * MIB
             ),
         ]

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from tessera.api.contract import HEADER_APP
 from tessera.gateway.demo_models import early_exit_reference
-from tessera.gateway.loadgen import AppLoad, Result, format_summary, run_load, summarize
+from tessera.gateway.loadgen import AppLoad, RequestResult, format_summary, run_load, summarize
 
 from .gateway_harness import MODEL, PACE, WIDTH, gateway_process, model_config, payloads, worker_process
 
@@ -58,7 +58,7 @@ def load(
     *,
     duration: float = ROUND_S * ROUNDS,
     seed: int = 7,
-) -> list[Result]:
+) -> list[RequestResult]:
     apps = [AppLoad(name, p, 1.0, slo * 1000.0) for name, p in payloads.items()]
     return asyncio.run(run_load(url, MODEL, apps, rate=rate, duration=duration, seed=seed, progress=False))
 
@@ -71,7 +71,7 @@ def metric_total(url: str, outcome: str) -> float:
     return float(m.group(1))
 
 
-def assert_all_answered(url: str, rs: list[Result]) -> None:
+def assert_all_answered(url: str, rs: list[RequestResult]) -> None:
     """Every request got an answer: served, or refused with a reason; none lost in transport."""
     assert rs and all(r.status in ANSWER_STATUSES for r in rs), summarize(rs)
     assert all(r.reason for r in rs if r.status != 200), summarize(rs)
@@ -92,7 +92,7 @@ def test_orloj_finishes_more_than_timeout_batching_at_a_tight_slo(
             "timeout", two_workers, calibration, slo, timeout={"max_queue_delay_s": slo / 4}
         ),
     }
-    results: dict[str, list[Result]] = {"orloj": [], "timeout": []}
+    results: dict[str, list[RequestResult]] = {"orloj": [], "timeout": []}
     per_round: list[dict[str, float]] = []
     with (
         gateway_process(configs["orloj"], tmp_path) as (orloj, _),

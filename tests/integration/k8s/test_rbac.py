@@ -29,7 +29,7 @@ from tessera.kube import KubeClient, KubeConfig
 from tessera.sdk import report_progress
 from tessera_agent.agent import NodeAgent
 from tessera_agent.allocate import progress_endpoint
-from tessera_agent.backend import MIB, GpuInfo
+from tessera_agent.backend import MIB, GpuDevice
 from tessera_agent.config import AgentConfig
 from tessera_agent.fake_backend import FakeGpuBackend
 from tessera_agent.inventory import KubernetesNodePatcher
@@ -171,7 +171,7 @@ async def test_node_agent_allocates_and_publishes_under_its_service_account(
     # The node's GPUs as the node fixture announced them, with the driver's reserve that NVML reports:
     # the agent publishes 16384 - 512 MiB usable per GPU.
     backend = FakeGpuBackend(
-        [GpuInfo(i, f"GPU-{node}-{i}", "V100", 16384 * MIB, 512 * MIB) for i in range(2)]
+        [GpuDevice(i, f"GPU-{node}-{i}", "V100", 16384 * MIB, 512 * MIB) for i in range(2)]
     )
     api = agent_api(creds)
     kubelet = FakeKubelet(sock_dir)

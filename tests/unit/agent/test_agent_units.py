@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from tessera.api import contract
 from tessera.api.assignment import Assignment, AssignmentError
-from tessera_agent.allocate import AllocationError, choose_pod, container_allocation, preferred_slots
-from tessera_agent.backend import MIB, GpuInfo, usable_memory_mib
+from tessera_agent.allocate import AllocateRequestError, choose_pod, container_allocation, preferred_slots
+from tessera_agent.backend import MIB, GpuDevice, usable_memory_mib
 from tessera_agent.config import AgentConfig
-from tessera_agent.pods import PodInfo, pod_info_from_manifest
+from tessera_agent.pods import NodePod, pod_info_from_manifest
 from tessera_agent.slots import gpu_of, slot_id, slot_ids
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,7 +53,7 @@ def test_slot_ids_round_trip_and_fit_63_chars() -> None:
 
 
 def test_usable_memory_deducts_driver_reserve() -> None:
-    g = GpuInfo(0, U0, "A100", 40960 * MIB, 585 * MIB)
+    g = GpuDevice(0, U0, "A100", 40960 * MIB, 585 * MIB)
     assert usable_memory_mib(g) == 40375
     assert usable_memory_mib(g, 375) == 40000
 
@@ -88,7 +88,7 @@ def test_bad_assignments_say_why(raw: str, message: str) -> None:
         Assignment.parse(raw)
 
 
-def pod(name: str, n: int, created: str, gpus: list[str] | None, allocated: bool = False) -> PodInfo:
+def pod(name: str, n: int, created: str, gpus: list[str] | None, allocated: bool = False) -> NodePod:
     ann = (
         {contract.ANN_ASSIGNMENT: assignment(gpuUUIDs=gpus, gpuIndices=list(range(len(gpus))))}
         if gpus
@@ -121,9 +121,9 @@ def test_choose_pod_matches_count_then_gpu_then_age() -> None:
     assert choose_pod([f"{U0}::0"], pods, "n").name == "new-on-u0"  # slot lies on its GPU
     assert choose_pod([f"{U1}::5"], pods, "n").name == "old-on-u1"
     assert choose_pod([f"{U0}::1", f"{U1}::1"], pods, "n").name == "two-gpus"
-    with pytest.raises(AllocationError, match=re.escape("requests 3 tessera.io/gpu")):
+    with pytest.raises(AllocateRequestError, match=re.escape("requests 3 tessera.io/gpu")):
         choose_pod([f"{U0}::1", f"{U0}::2", f"{U0}::3"], pods, "n")
-    with pytest.raises(AllocationError, match="no pod on node other"):
+    with pytest.raises(AllocateRequestError, match="no pod on node other"):
         choose_pod([f"{U0}::0"], pods, "other")
 
 
@@ -140,7 +140,8 @@ def test_unreadable_assignment_is_named_in_the_error() -> None:
         }
     )
     with pytest.raises(
-        AllocationError, match=re.escape("ns/b: pod ns/b: tessera.io/assignment is malformed:  Invalid JSON")
+        AllocateRequestError,
+        match=re.escape("ns/b: pod ns/b: tessera.io/assignment is malformed:  Invalid JSON"),
     ):
         choose_pod([f"{U0}::0"], [bad], "n")
 
@@ -162,7 +163,7 @@ def test_preferred_slots_spread_over_assigned_gpus() -> None:
     chosen = preferred_slots(avail, [], 2, pods, "n")
     assert {gpu_of(c) for c in chosen} == {U0, U1}
     assert preferred_slots(avail, [f"{U1}::2"], 1, [], "n") == [f"{U1}::2"]
-    with pytest.raises(AllocationError, match="only 6 devices"):
+    with pytest.raises(AllocateRequestError, match="only 6 devices"):
         preferred_slots(avail, [], 7, [], "n")
 
 

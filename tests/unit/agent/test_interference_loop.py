@@ -19,14 +19,14 @@ from tessera_agent.interference import (
 )
 from tessera_agent.lanes import LaneBook, PodLane
 from tessera_agent.metrics_factory import AgentMetrics
-from tessera_agent.pods import PodInfo
+from tessera_agent.pods import NodePod
 
 U0 = "GPU-aaaa"
 
 
-def pod(name: str, workload: str, checkpoints: bool = False, compute: int = 100) -> PodInfo:
+def pod(name: str, workload: str, checkpoints: bool = False, compute: int = 100) -> NodePod:
     a = Assignment(node="n", gpu_uuids=[U0], lane_id=name, memory_mib=2000, compute_percent=compute)
-    return PodInfo("ns", name, f"uid-{name}", "t", (1,), a, workload=workload, checkpoints=checkpoints)
+    return NodePod("ns", name, f"uid-{name}", "t", (1,), a, workload=workload, checkpoints=checkpoints)
 
 
 @dataclass

@@ -5,21 +5,21 @@ from __future__ import annotations
 import pytest
 from tessera.api import contract
 from tessera.api.assignment import Assignment
-from tessera_agent.allocate import AllocationError, container_allocation
+from tessera_agent.allocate import AllocateRequestError, container_allocation
 from tessera_agent.config import AgentConfig
 from tessera_agent.lanes import LaneAdmissionError, LaneBook, lane_class
-from tessera_agent.pods import PodInfo, pod_info_from_manifest
+from tessera_agent.pods import NodePod, pod_info_from_manifest
 
 U0, U1 = "GPU-aaaa", "GPU-bbbb"
 CFG = AgentConfig(node_name="n")
 
 
 def pod(name: str, workload: str = "", mem: int = 4096, compute: int = 60, gpus: tuple[str, ...] = (U0,),
-        priority_class: str = "", checkpoints: bool = False) -> PodInfo:  # fmt: skip
+        priority_class: str = "", checkpoints: bool = False) -> NodePod:  # fmt: skip
     a = Assignment(
         node="n", gpu_uuids=list(gpus), lane_id=f"lane-{name}", memory_mib=mem, compute_percent=compute
     )
-    return PodInfo("ns", name, f"uid-{name}", "2026-01-01T00:00:00Z", (len(gpus),), a,
+    return NodePod("ns", name, f"uid-{name}", "2026-01-01T00:00:00Z", (len(gpus),), a,
                    workload=workload, priority_class=priority_class, checkpoints=checkpoints)  # fmt: skip
 
 
@@ -79,10 +79,10 @@ def test_without_a_book_env_is_unchanged() -> None:
 def test_at_most_one_hp_per_gpu() -> None:
     book = LaneBook({U0: 16000, U1: 16000})
     container_allocation(pod("hp1", "serving:latency-critical"), CFG, book)
-    with pytest.raises(AllocationError, match="already has a high-priority lane"):
+    with pytest.raises(AllocateRequestError, match="already has a high-priority lane"):
         container_allocation(pod("hp2", "serving:latency-critical"), CFG, book)
     container_allocation(pod("hp3", "serving:latency-critical", gpus=(U1,)), CFG, book)  # other GPU: fine
-    with pytest.raises(AllocationError, match="already has a high-priority lane"):
+    with pytest.raises(AllocateRequestError, match="already has a high-priority lane"):
         container_allocation(pod("hp4", "serving:latency-critical", gpus=(U1, U0)), CFG, book)
     assert {ln.pod for ln in book.lanes.values()} == {"ns/hp1", "ns/hp3"}  # a refusal records nothing
 
@@ -91,7 +91,7 @@ def test_memory_admission_never_exceeds_usable() -> None:
     book = LaneBook({U0: 10000})
     container_allocation(pod("a", mem=6000), CFG, book)
     container_allocation(pod("b", mem=4000), CFG, book)  # exactly full: allowed
-    with pytest.raises(AllocationError, match="over the 10000 MiB usable"):
+    with pytest.raises(AllocateRequestError, match="over the 10000 MiB usable"):
         container_allocation(pod("c", mem=1), CFG, book)
     assert sum(ln.memory_mib for ln in book.on_gpu(U0)) == 10000
     dropped = book.sync(["uid-b"])  # pod a is gone
@@ -101,7 +101,7 @@ def test_memory_admission_never_exceeds_usable() -> None:
 
 
 def test_unknown_gpu_and_bad_percent() -> None:
-    with pytest.raises(AllocationError, match="not on this node"):
+    with pytest.raises(AllocateRequestError, match="not on this node"):
         container_allocation(pod("a", gpus=("GPU-zzz",)), CFG, LaneBook({U0: 1000}))
     with pytest.raises(ValueError, match=r"1\.\.100"):
         LaneBook({U0: 1000}).set_be_percent(U0, 0)

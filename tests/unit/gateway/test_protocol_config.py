@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 from tessera.gateway.config import ConfigError, GatewayConfig, build_scheduler
-from tessera.gateway.profiler import OnlineProfiler, Sample
+from tessera.gateway.profiler import CapturedRequest, OnlineProfiler
 from tessera.gateway.protocol import ProtocolError, decode_tensor, encode_tensor, rows, validate_request
 from tessera.policy.serving.baselines.batching import TimeoutScheduler
 from tessera.policy.serving.common import Request
@@ -107,7 +107,7 @@ def test_duplicate_models_and_unreadable_files_are_refused(tmp_path: object) -> 
 
 def test_profiler_samples_at_its_rate_and_respects_its_share_of_worker_time() -> None:
     prof = OnlineProfiler(0.25, 0.05, 10_000, random.Random(4))
-    reqs = [Sample(Request(i, "m", 0.0, 1.0), b"{}") for i in range(4000)]
+    reqs = [CapturedRequest(Request(i, "m", 0.0, 1.0), b"{}") for i in range(4000)]
     prof.offer(reqs, batch_seconds=10.0)
     taken = prof.take(10_000)
     assert 900 <= len(taken) <= 1100  # 25% of 4000, binomial spread

@@ -126,10 +126,10 @@ def test_extender_flag_reaches_the_view() -> None:
 
 def test_extender_parses_pods_with_its_views_priority_classes() -> None:
     from tessera.extender.server import Extender
-    from tessera.extender.view import ClusterView
+    from tessera.extender.view import SchedulerCache
 
     pod = manifest("a", workload="serving", priority_class="serving-hp")
-    spec = Extender(None, view=ClusterView(("serving-hp",))).spec(pod)
+    spec = Extender(None, view=SchedulerCache(("serving-hp",))).spec(pod)
     assert spec is not None and spec.workload_class == "latency-critical"
     spec = Extender(None).spec(pod)
     assert spec is not None and spec.workload_class == "best-effort"
