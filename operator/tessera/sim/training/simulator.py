@@ -13,7 +13,8 @@ import heapq
 import logging
 import math
 import random
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,7 +22,7 @@ from tessera.cluster import Cluster, Sensitivity
 from tessera.policy.themis.arbiter import admit
 from tessera.policy.themis.bids import make_bid
 from tessera.policy.themis.estimate import NAvg, t_id
-from tessera.policy.training import AppState, TrainingPolicy, check_decision
+from tessera.policy.training import AppState, Grant, TrainingPolicy, check_decision
 from tessera.sim.training.estimate_error import AppError, MisestimatingEstimator
 from tessera.sim.training.runtime import AppRuntime, GangJobsRuntime, Job, SuccessiveHalvingRuntime
 from tessera.sim.training.trace import Trace, TraceApp
@@ -173,6 +174,305 @@ def _tuning_outcome(rt: AppRuntime, arrival: float) -> tuple[float | None, float
     return (None if r.time_to_target is None else r.time_to_target - arrival), r.best_score
 
 
+class _Simulation:
+    """The state of one run and its steps. `run` handles one instant at a time: pop its events (arrivals,
+    runtime events, lease expiries), let finished apps leave and shrunk apps give GPUs back, run a round of
+    the policy if GPUs are free and an app wants more, then hand each app whose GPU set changed its new set."""
+
+    def __init__(
+        self,
+        policy: TrainingPolicy,
+        cluster: Cluster,
+        trace: Trace,
+        rng: random.Random,
+        cfg: SimConfig,
+        build_runtime: RuntimeFactory,
+        on_progress: Callable[[float], None] | None,
+        keep_records: bool,
+    ) -> None:
+        self.policy, self.cluster, self.rng, self.cfg = policy, cluster, rng, cfg
+        self.build_runtime, self.on_progress, self.keep_records = build_runtime, on_progress, keep_records
+        self.heap: list[tuple[float, int, int, str, int]] = []
+        self.seq = 0
+        for spec in trace.apps:
+            self.push(spec.arrival, _ARRIVE, spec.id)
+        self.specs = {s.id: s for s in trace.apps}
+        self.reported = dict(cfg.reported_sensitivity)
+        self.live: dict[str, _Live] = {}
+        self.owner: dict[str, str] = {}
+        self.expiry: dict[str, float] = {}
+        self.free: set[str] = set(cluster.gpu_ids)
+        self.outcomes: list[AppOutcome] = []
+        self.scores: list[float] = []
+        self.records: list[dict[str, Any]] = []
+        self.timeline: list[tuple[float, str, float, int]] = []
+        self.rounds = self.events = 0
+        self.outstanding = 0  # peak demand of the admitted apps still running
+        self.n_total = len(trace.apps)
+        self.first_arrival = trace.apps[0].arrival if trace.apps else 0.0
+        self.last_finish = self.first_arrival
+        self.pending: dict[str, set[str]] = {}  # apps whose GPU set changed this instant → new set
+        self.last_round = -math.inf
+        self.tick_pending = False
+
+    def push(self, t: float, kind: int, app_id: str, version: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, app_id, version))
+
+    def run(self) -> None:
+        while self.heap:
+            now = self.heap[0][0]
+            if now > self.cfg.max_time:
+                raise RuntimeError(
+                    f"simulation passed max_time={self.cfg.max_time}s with {len(self.live)} apps unfinished"
+                )
+            self.pending.clear()
+            if self._pop_events(now):
+                self._navg_update(now)
+            self._release(now)
+            self._maybe_round(now)
+            self._apply_pending(now)
+            if not self.heap and self.live:
+                stuck = sorted(self.live)[:5]
+                raise RuntimeError(
+                    f"simulation stalled at t={now:.0f}s: apps {stuck} can never run on this cluster"
+                )
+
+    def result(self, wall_s: float) -> SimRun:
+        return SimRun(
+            policy=getattr(self.policy, "name", type(self.policy).__name__),
+            apps=sorted(self.outcomes, key=lambda o: o.app_id),
+            placement_scores=self.scores,
+            makespan=self.last_finish - self.first_arrival,
+            gpu_seconds=sum(o.gpu_seconds for o in self.outcomes),
+            rounds=self.rounds,
+            events=self.events,
+            wall_s=wall_s,
+            records=self.records,
+            rho_timeline=self.timeline,
+        )
+
+    # --- events ---------------------------------------------------------------------------------------
+
+    def _pop_events(self, now: float) -> bool:
+        """Handle every event at `now`; True if an app arrived and was admitted."""
+        arrived = False
+        while self.heap and self.heap[0][0] <= now + 1e-9:
+            _, _, kind, app_id, ver = heapq.heappop(self.heap)
+            self.events += 1
+            if kind == _TICK:
+                self.tick_pending = False
+            elif kind == _ARRIVE:
+                arrived = self._arrive(now, app_id) or arrived
+            elif kind == _RUNTIME:
+                self._runtime_event(now, app_id, ver)
+            elif kind == _LEASE:
+                self._lease_expiry(now, app_id)
+        return arrived
+
+    def _arrive(self, now: float, app_id: str) -> bool:
+        spec = self.specs[app_id]
+        rt = self.build_runtime(spec, self.cluster, self.cfg)
+        n_gpus = len(self.cluster)
+        if not admit(rt.peak_demand(), self.outstanding, n_gpus, self.cfg.admission_threshold):
+            self.outcomes.append(_rejected(spec, rt, now))
+            return False
+        self.outstanding += rt.peak_demand()
+        rt.advance(now)
+        err = (
+            AppError.draw(app_id, self.cfg.estimate_error, self.cfg.estimate_error_seed)
+            if self.cfg.estimate_error
+            else None
+        )
+        self.live[app_id] = _Live(spec, rt, NAvg(now, len(self.live) + 1), since=now, error=err)
+        return True
+
+    def _runtime_event(self, now: float, app_id: str, version: int) -> None:
+        app = self.live.get(app_id)
+        if app is None or version != app.version:
+            return  # the app left, or its GPUs changed since this event was scheduled
+        app.runtime.advance(now)
+        self._reschedule(app)
+
+    def _lease_expiry(self, now: float, app_id: str) -> None:
+        app = self.live.get(app_id)
+        if app is None:
+            return
+        gone = {g for g in app.held if self.expiry.get(g, math.inf) <= now + 1e-9}
+        if gone:
+            new = self.pending.get(app_id, set(app.held)) - gone
+            self._free_gpus(gone)
+            self.pending[app_id] = new
+            self._set_held(app, now, set(new))
+
+    # --- GPUs held --------------------------------------------------------------------------------------
+
+    def _free_gpus(self, gpus: Iterable[str]) -> None:
+        for g in gpus:
+            self.owner.pop(g, None)
+            self.expiry.pop(g, None)
+            self.free.add(g)
+
+    def _set_held(self, app: _Live, now: float, new: set[str]) -> None:
+        app.attained += len(app.held) * (now - app.since)
+        app.since = now
+        app.held = new
+
+    def _reschedule(self, app: _Live) -> None:
+        app.version += 1
+        t = app.runtime.next_event()
+        if math.isfinite(t):
+            self.push(t, _RUNTIME, app.spec.id, app.version)
+
+    def _navg_update(self, now: float) -> None:
+        n = len(self.live)
+        for a in self.live.values():
+            a.navg.update(now, n)
+
+    def _release(self, now: float) -> None:
+        """Finished apps leave; apps that shrank give back GPUs their jobs no longer use."""
+        for app_id in list(self.live):
+            app = self.live[app_id]
+            if app.runtime.done():
+                self.pending.pop(app_id, None)
+                self._finish(app, now)
+                continue
+            spare = len(app.held) - app.runtime.demand()
+            if spare > 0:
+                used = app.runtime.used_gpus()
+                drop = sorted(g for g in app.held if g not in used)[:spare]
+                if drop:
+                    self._free_gpus(drop)
+                    new = set(app.held) - set(drop)
+                    self.pending[app_id] = new
+                    self._set_held(app, now, new)
+
+    def _apply_pending(self, now: float) -> None:
+        """Each app whose GPU set changed at `now` moves its jobs onto the new set (progress resumes)."""
+        for app_id, gpus in self.pending.items():
+            app = self.live[app_id]
+            app.runtime.set_gpus(now, frozenset(gpus))
+            self._reschedule(app)
+
+    # --- rounds -----------------------------------------------------------------------------------------
+
+    def _maybe_round(self, now: float) -> None:
+        """A round when GPUs are free and an app wants more, at most one per `round_gap_s` (a later tick
+        event brings the next one)."""
+        hungry = [a for a in self.live.values() if a.runtime.demand() > len(a.held)]
+        if not (self.free and hungry):
+            return
+        if now < self.last_round + self.cfg.round_gap_s - 1e-9:
+            if not self.tick_pending:
+                self.tick_pending = True
+                self.push(self.last_round + self.cfg.round_gap_s, _TICK, "")
+            return
+        self._round(now)
+
+    def _round(self, now: float) -> None:
+        self.rounds += 1
+        self.last_round = now
+        states = []
+        for a in self.live.values():
+            a.runtime.advance(now)
+            states.append(self._app_state(a, now))
+        free_list = self.cluster.sorted(self.free)
+        decision = self.policy.allocate(now, states, self.cluster, free_list, self.rng)
+        # After the policy ran, so Themis' estimates for this instant are memo hits in the runtimes.
+        for st in states:
+            rho = make_bid(st, now, self.cluster, 0).rho_old
+            self.timeline.append((now, st.app_id, rho, len(st.held)))
+        check_decision(decision, states, free_list)
+        if self.keep_records and decision.record:
+            self.records.append(decision.record)
+        for grant in decision.grants:
+            self._lease(now, grant)
+
+    def _app_state(self, a: _Live, now: float) -> AppState:
+        """What the policy sees of an app: its estimates scaled by its misestimation, if any."""
+        k = a.error.work_factor if a.error else 1.0
+        return AppState(
+            app_id=a.spec.id,
+            arrival=a.spec.arrival,
+            demand_max=a.runtime.demand(),
+            held=frozenset(a.held),
+            sensitivity=self.reported.get(a.spec.id, a.spec.sensitivity),
+            total_work=a.runtime.total_work() * k,
+            remaining_work=a.runtime.remaining_work(now) * k,
+            attained_service=a.attained + len(a.held) * (now - a.since),
+            n_avg=a.navg.value(now),
+            estimator=MisestimatingEstimator(a.runtime, a.error) if a.error else a.runtime,
+            network_intensive=a.spec.network_intensive,
+            peak_demand=a.runtime.peak_demand(),
+        )
+
+    def _lease(self, now: float, grant: Grant) -> None:
+        app = self.live[grant.app_id]
+        new = set(self.pending.get(grant.app_id, app.held)) | set(grant.gpus)
+        for g in grant.gpus:
+            self.free.discard(g)
+            self.owner[g] = grant.app_id
+            self.expiry[g] = grant.expiry
+        self.pending[grant.app_id] = new
+        self._set_held(app, now, new)
+        if math.isfinite(grant.expiry):
+            self.push(grant.expiry, _LEASE, grant.app_id)
+
+    # --- completion -------------------------------------------------------------------------------------
+
+    def _finish(self, app: _Live, now: float) -> None:
+        self._free_gpus(app.held)
+        self._set_held(app, now, set())
+        del self.live[app.spec.id]
+        self.outstanding -= app.runtime.peak_demand()
+        self._navg_update(now)
+        self.outcomes.append(_finished(app, now, len(self.cluster)))
+        self.scores.extend(app.runtime.placement_scores)
+        self.last_finish = max(self.last_finish, now)
+        if self.on_progress is not None:
+            self.on_progress(len(self.outcomes) / max(1, self.n_total))
+
+
+def _finished(app: _Live, now: float, n_gpus: int) -> AppOutcome:
+    rt = app.runtime
+    n_avg = app.navg.value(now)
+    work = rt.total_work()
+    peak = rt.peak_demand()
+    t_sh = now - app.spec.arrival
+    out = AppOutcome(
+        app.spec.id,
+        app.spec.arrival,
+        now,
+        work,
+        peak,
+        n_avg,
+        app.attained,
+        app.spec.network_intensive,
+        t_sh / t_id(work, n_gpus, peak, n_avg, "paper"),
+        t_sh / t_id(work, n_gpus, peak, n_avg, "exact"),
+    )
+    out.tuning = app.spec.tuning is not None
+    out.time_to_target, out.best_score = _tuning_outcome(rt, app.spec.arrival)
+    return out
+
+
+def _rejected(spec: TraceApp, rt: AppRuntime, now: float) -> AppOutcome:
+    return AppOutcome(
+        spec.id,
+        spec.arrival,
+        now,
+        rt.total_work(),
+        rt.peak_demand(),
+        1.0,
+        0.0,
+        spec.network_intensive,
+        math.nan,
+        math.nan,
+        rejected=True,
+        tuning=spec.tuning is not None,
+    )
+
+
 def simulate(
     policy: TrainingPolicy,
     cluster: Cluster,
@@ -187,240 +487,16 @@ def simulate(
     """Run the whole trace under `policy`. `on_progress(fraction of apps finished)` is called as it goes.
     `runtime_factory` builds each arriving app's runtime (default `make_runtime`): the hook for an app
     scheduler of one's own (docs/simulate.md, "Plugging in an app scheduler")."""
-    build_runtime = runtime_factory or make_runtime
-    import time as _time
-
-    wall0 = _time.perf_counter()
-    cfg = config or SimConfig()
-    heap: list[tuple[float, int, int, str, int]] = []
-    seq = 0
-
-    def push(t: float, kind: int, app_id: str, version: int = 0) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(heap, (t, seq, kind, app_id, version))
-
-    for spec in trace.apps:
-        push(spec.arrival, _ARRIVE, spec.id)
-    specs = {s.id: s for s in trace.apps}
-    reported = dict(cfg.reported_sensitivity)
-    live: dict[str, _Live] = {}
-    owner: dict[str, str] = {}
-    expiry: dict[str, float] = {}
-    free: set[str] = set(cluster.gpu_ids)
-    outcomes: list[AppOutcome] = []
-    scores: list[float] = []
-    records: list[dict[str, Any]] = []
-    timeline: list[tuple[float, str, float, int]] = []
-    rounds = events = 0
-    outstanding = 0
-    n_total = len(trace.apps)
-    first_arrival = trace.apps[0].arrival if trace.apps else 0.0
-    last_finish = first_arrival
-
-    def set_held(app: _Live, now: float, new: set[str]) -> None:
-        app.attained += len(app.held) * (now - app.since)
-        app.since = now
-        app.held = new
-
-    def reschedule(app: _Live) -> None:
-        app.version += 1
-        t = app.runtime.next_event()
-        if math.isfinite(t):
-            push(t, _RUNTIME, app.spec.id, app.version)
-
-    def navg_update(now: float) -> None:
-        n = len(live)
-        for a in live.values():
-            a.navg.update(now, n)
-
-    def finish(app: _Live, now: float) -> None:
-        nonlocal last_finish, outstanding
-        for g in app.held:
-            owner.pop(g, None)
-            expiry.pop(g, None)
-            free.add(g)
-        set_held(app, now, set())
-        del live[app.spec.id]
-        outstanding -= app.runtime.peak_demand()
-        navg_update(now)
-        rt = app.runtime
-        n_avg = app.navg.value(now)
-        work = rt.total_work()
-        peak = rt.peak_demand()
-        t_sh = now - app.spec.arrival
-        outcomes.append(
-            AppOutcome(
-                app.spec.id,
-                app.spec.arrival,
-                now,
-                work,
-                peak,
-                n_avg,
-                app.attained,
-                app.spec.network_intensive,
-                t_sh / t_id(work, len(cluster), peak, n_avg, "paper"),
-                t_sh / t_id(work, len(cluster), peak, n_avg, "exact"),
-            )
-        )
-        outcomes[-1].tuning = app.spec.tuning is not None
-        outcomes[-1].time_to_target, outcomes[-1].best_score = _tuning_outcome(rt, app.spec.arrival)
-        scores.extend(rt.placement_scores)
-        last_finish = max(last_finish, now)
-        if on_progress is not None:
-            on_progress(len(outcomes) / max(1, n_total))
-
-    pending: dict[str, set[str]] = {}  # apps whose GPU set changed this instant → new set
-    last_round = -math.inf
-    tick_pending = False
-
-    while heap:
-        now = heap[0][0]
-        if now > cfg.max_time:
-            raise RuntimeError(f"simulation passed max_time={cfg.max_time}s with {len(live)} apps unfinished")
-        pending.clear()
-        arrived = False
-        while heap and heap[0][0] <= now + 1e-9:
-            _, _, kind, app_id, ver = heapq.heappop(heap)
-            events += 1
-            if kind == _TICK:
-                tick_pending = False
-            elif kind == _ARRIVE:
-                spec = specs[app_id]
-                rt = build_runtime(spec, cluster, cfg)
-                if not admit(rt.peak_demand(), outstanding, len(cluster), cfg.admission_threshold):
-                    outcomes.append(
-                        AppOutcome(
-                            app_id,
-                            spec.arrival,
-                            now,
-                            rt.total_work(),
-                            rt.peak_demand(),
-                            1.0,
-                            0.0,
-                            spec.network_intensive,
-                            math.nan,
-                            math.nan,
-                            rejected=True,
-                            tuning=spec.tuning is not None,
-                        )
-                    )
-                    continue
-                outstanding += rt.peak_demand()
-                rt.advance(now)
-                err = (
-                    AppError.draw(app_id, cfg.estimate_error, cfg.estimate_error_seed)
-                    if cfg.estimate_error
-                    else None
-                )
-                live[app_id] = _Live(spec, rt, NAvg(now, len(live) + 1), since=now, error=err)
-                arrived = True
-            elif kind == _RUNTIME:
-                app = live.get(app_id)
-                if app is None or ver != app.version:
-                    continue
-                app.runtime.advance(now)
-                reschedule(app)
-            elif kind == _LEASE:
-                app = live.get(app_id)
-                if app is None:
-                    continue
-                gone = {g for g in app.held if expiry.get(g, math.inf) <= now + 1e-9}
-                if gone:
-                    new = pending.get(app_id, set(app.held)) - gone
-                    for g in gone:
-                        owner.pop(g, None)
-                        expiry.pop(g, None)
-                        free.add(g)
-                    pending[app_id] = new
-                    set_held(app, now, set(new))
-        if arrived:
-            navg_update(now)
-        # Finished apps leave; apps that shrank give back GPUs their jobs no longer use.
-        for app_id in list(live):
-            app = live[app_id]
-            if app.runtime.done():
-                pending.pop(app_id, None)
-                finish(app, now)
-                continue
-            spare = len(app.held) - app.runtime.demand()
-            if spare > 0:
-                used = app.runtime.used_gpus()
-                drop = sorted(g for g in app.held if g not in used)[:spare]
-                if drop:
-                    for g in drop:
-                        owner.pop(g, None)
-                        expiry.pop(g, None)
-                        free.add(g)
-                    new = set(app.held) - set(drop)
-                    pending[app_id] = new
-                    set_held(app, now, new)
-        hungry = [a for a in live.values() if a.runtime.demand() > len(a.held)]
-        if free and hungry and now < last_round + cfg.round_gap_s - 1e-9:
-            if not tick_pending:
-                tick_pending = True
-                push(last_round + cfg.round_gap_s, _TICK, "")
-        elif free and hungry:
-            rounds += 1
-            last_round = now
-            states = []
-            for a in live.values():
-                a.runtime.advance(now)
-                k = a.error.work_factor if a.error else 1.0
-                states.append(
-                    AppState(
-                        app_id=a.spec.id,
-                        arrival=a.spec.arrival,
-                        demand_max=a.runtime.demand(),
-                        held=frozenset(a.held),
-                        sensitivity=reported.get(a.spec.id, a.spec.sensitivity),
-                        total_work=a.runtime.total_work() * k,
-                        remaining_work=a.runtime.remaining_work(now) * k,
-                        attained_service=a.attained + len(a.held) * (now - a.since),
-                        n_avg=a.navg.value(now),
-                        estimator=MisestimatingEstimator(a.runtime, a.error) if a.error else a.runtime,
-                        network_intensive=a.spec.network_intensive,
-                        peak_demand=a.runtime.peak_demand(),
-                    )
-                )
-            free_list = cluster.sorted(free)
-            decision = policy.allocate(now, states, cluster, free_list, rng)
-            # After the policy ran, so Themis' estimates for this instant are memo hits in the runtimes.
-            for st in states:
-                timeline.append((now, st.app_id, make_bid(st, now, cluster, 0).rho_old, len(st.held)))
-            check_decision(decision, states, free_list)
-            if keep_records and decision.record:
-                records.append(decision.record)
-            for grant in decision.grants:
-                app = live[grant.app_id]
-                new = set(pending.get(grant.app_id, app.held)) | set(grant.gpus)
-                for g in grant.gpus:
-                    free.discard(g)
-                    owner[g] = grant.app_id
-                    expiry[g] = grant.expiry
-                pending[grant.app_id] = new
-                set_held(app, now, new)
-                if math.isfinite(grant.expiry):
-                    push(grant.expiry, _LEASE, grant.app_id)
-        for app_id, gpus in pending.items():
-            app = live[app_id]
-            app.runtime.set_gpus(now, frozenset(gpus))
-            reschedule(app)
-        if not heap and live:
-            stuck = sorted(live)[:5]
-            raise RuntimeError(
-                f"simulation stalled at t={now:.0f}s: apps {stuck} can never run on this cluster"
-            )
-    wall = _time.perf_counter() - wall0
-    return SimRun(
-        policy=getattr(policy, "name", type(policy).__name__),
-        apps=sorted(outcomes, key=lambda o: o.app_id),
-        placement_scores=scores,
-        makespan=last_finish - first_arrival,
-        gpu_seconds=sum(o.gpu_seconds for o in outcomes),
-        rounds=rounds,
-        events=events,
-        wall_s=wall,
-        records=records,
-        rho_timeline=timeline,
+    wall0 = time.perf_counter()
+    sim = _Simulation(
+        policy,
+        cluster,
+        trace,
+        rng,
+        config or SimConfig(),
+        runtime_factory or make_runtime,
+        on_progress,
+        keep_records,
     )
+    sim.run()
+    return sim.result(time.perf_counter() - wall0)
