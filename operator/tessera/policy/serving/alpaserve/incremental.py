@@ -32,6 +32,8 @@ from tessera.policy.serving.alpaserve.workload import Workload
 # one group of a component: its index in the placement (tie-break order), devices, config, model set
 GroupKey = tuple[int, tuple[int, ...], ParallelConfig, frozenset[str]]
 Clocks = tuple[float, ...]
+# a run as (request indices, routed groups, finishes, clocks after each), the parts of `_Run`
+_MergedRun = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64], list[Clocks | None]]
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,17 @@ class ComponentCache:
         pipeline in both runs is clean again, so few requests are re-dispatched. While no group is dirty
         the walk jumps to the next request for ``added``.
         """
+        merged = self._parent_runs(comp, parent, added)
+        if merged is None:
+            return None
+        walk = _Walk(self, placement, comp, added, *merged)
+        ok = walk.run()
+        self.reevaluated += walk.evaluated
+        return walk.result() if ok else None
+
+    def _parent_runs(self, comp: list[int], parent: ModelPlacement, added: str) -> _MergedRun | None:
+        """The parent's runs of the components ``comp`` merges, as one run in request order (plus the
+        requests for ``added``, unrouted, if no merged component held it); None if one is not cached."""
         members = set(comp)
         parent_runs: list[_Run] = []
         holds_added = False
@@ -163,7 +176,6 @@ class ComponentCache:
             holds_added = holds_added or any(added in parent.groups[gi].models for gi in pc)
         if not parent_runs:
             return None
-        w = self.workload
         idx_parts = [r.idx for r in parent_runs]
         grp_parts = [r.group for r in parent_runs]
         fin_parts = [r.finish for r in parent_runs]
@@ -175,63 +187,87 @@ class ComponentCache:
             fin_parts.append(np.full(len(new_req), np.inf))
             done_all.extend([None] * len(new_req))
         if len(idx_parts) == 1:
-            idx, old_group, old_finish, old_done = idx_parts[0], grp_parts[0], fin_parts[0], done_all
-        else:
-            cat = np.concatenate(idx_parts)
-            perm = np.argsort(cat, kind="stable")
-            idx = cat[perm]
-            old_group = np.concatenate(grp_parts)[perm]
-            old_finish = np.concatenate(fin_parts)[perm]
-            pl = perm.tolist()
-            old_done = list(itemgetter(*pl)(done_all)) if len(pl) > 1 else [done_all[i] for i in pl]
+            return idx_parts[0], grp_parts[0], fin_parts[0], done_all
+        cat = np.concatenate(idx_parts)
+        perm = np.argsort(cat, kind="stable")
+        pl = perm.tolist()
+        old_done = list(itemgetter(*pl)(done_all)) if len(pl) > 1 else [done_all[i] for i in pl]
+        return cat[perm], np.concatenate(grp_parts)[perm], np.concatenate(fin_parts)[perm], old_done
 
+
+# per model (index): the groups of a component holding it, as (local group, stage latencies, stage comms)
+_Tables = dict[int, list[tuple[int, tuple[float, ...], tuple[float, ...] | None]]]
+
+
+def _candidate_tables(
+    groups: list[Group], profiles: Mapping[str, ModelProfile], index: Mapping[str, int]
+) -> tuple[dict[int, int], _Tables]:
+    """Per model index, the bit mask of the groups holding it and their stage latencies and comms."""
+    cmask: dict[int, int] = {}
+    tables: _Tables = {}
+    for j, g in enumerate(groups):
+        for m in g.models:
+            mi = index.get(m)
+            if mi is None:
+                continue
+            cmask[mi] = cmask.get(mi, 0) | (1 << j)
+            sp = profiles[m].stages(g.config)
+            comm = (*sp.stage_comm_s, 0.0) if sp.stage_comm_s else None
+            tables.setdefault(mi, []).append((j, sp.stage_latency_s, comm if comm and any(comm) else None))
+    return cmask, tables
+
+
+class _Walk:
+    """One incremental replay (``ComponentCache._resume``): the parent's run of a component, the walk's
+    per-group clock state, and the requests re-dispatched so far. Group sets are bit masks over the
+    component's local group indices: ``dirty`` (clocks differ from the parent's), ``synced`` (``olds[j]``
+    holds the parent's clocks at the walk's position)."""
+
+    def __init__(
+        self,
+        cache: ComponentCache,
+        placement: ModelPlacement,
+        comp: list[int],
+        added: str,
+        idx: npt.NDArray[np.int64],
+        old_group: npt.NDArray[np.int64],
+        old_finish: npt.NDArray[np.float64],
+        old_done: list[Clocks | None],
+    ) -> None:
+        w = cache.workload
         groups = [placement.groups[gabs] for gabs in comp]
-        zeros = [(0.0,) * g.config.pp for g in groups]
-        cmask: dict[int, int] = {}
-        tables: dict[int, list[tuple[int, tuple[float, ...], tuple[float, ...] | None]]] = {}
-        for j, g in enumerate(groups):
-            for m in g.models:
-                mi = self._index.get(m)
-                if mi is None:
-                    continue
-                cmask[mi] = cmask.get(mi, 0) | (1 << j)
-                sp = self.profiles[m].stages(g.config)
-                comm = (*sp.stage_comm_s, 0.0) if sp.stage_comm_s else None
-                tables.setdefault(mi, []).append(
-                    (j, sp.stage_latency_s, comm if comm and any(comm) else None)
-                )
-        models_at = w.models[idx].tolist()
+        self.comp, self.idx, self.old_group, self.old_finish, self.old_done = (
+            comp, idx, old_group, old_finish, old_done
+        )  # fmt: skip
+        self.zeros = [(0.0,) * g.config.pp for g in groups]
+        self.cmask, self.tables = _candidate_tables(groups, cache.profiles, cache._index)
+        self.models_at = w.models[idx].tolist()
         lut = np.full(
             len(placement.groups) + 1, -1, dtype=np.int64
         )  # absolute → local group; NO_REPLICA → -1
         lut[comp] = np.arange(len(comp))
-        old_local = lut[old_group].tolist()
-        added_i = self._index.get(added, -1)
-        added_at = np.flatnonzero(w.models[idx] == added_i).tolist()
-        admitted_at: dict[int, list[int]] = {}
+        self.old_local = lut[old_group].tolist()
+        self.added_i = cache._index.get(added, -1)
+        self.added_at = np.flatnonzero(w.models[idx] == self.added_i).tolist()
+        self.admitted_at: dict[int, list[int]] = {}
+        self.ev_pos: list[int] = []  # positions re-dispatched, with their new group and finish
+        self.ev_group: list[int] = []
+        self.ev_finish: list[float] = []
+        self.new_done = list(old_done)
+        self.olds = list(
+            self.zeros
+        )  # the parent's clocks per group at the walk's position, valid where synced
+        self.news: dict[int, Clocks] = {}  # this run's clocks of the dirty groups
+        self.arr, self.slos, self.il = cache._arrivals, cache._slos, idx.tolist()
+        self.overhead = cache.fixed_overhead_s
+        self.budget = len(self.il) * cache.resume_limit
+        self.evaluated = 0
 
-        def old_before(j: int, p: int) -> Clocks:
-            """Group j's clocks in the parent's run just before request position p (by bisection)."""
-            a = admitted_at.get(j)
-            if a is None:
-                a = admitted_at[j] = np.flatnonzero((old_group == comp[j]) & np.isfinite(old_finish)).tolist()
-            k = bisect_left(a, p)
-            c = old_done[a[k - 1]] if k else zeros[j]
-            assert c is not None
-            return c
-
-        ev_pos: list[int] = []  # positions re-dispatched, with their new group and finish
-        ev_group: list[int] = []
-        ev_finish: list[float] = []
-        new_done = list(old_done)
-        olds = list(zeros)  # the parent's clocks per group at the walk's position, valid where `synced`
-        synced = 0
-        news: dict[int, Clocks] = {}  # this run's clocks of the dirty groups
-        dirty = 0
-        arr, slos, il = self._arrivals, self._slos, idx.tolist()
-        overhead, inf = self.fixed_overhead_s, np.inf
-        n, p, nxt, evaluated = len(il), 0, 0, 0
-        budget = n * self.resume_limit
+    def run(self) -> bool:
+        """Walk the requests; False once re-dispatching passed the budget (a full replay is cheaper)."""
+        added_at, models_at, added_i, cmask = self.added_at, self.models_at, self.added_i, self.cmask
+        old_done, old_local, olds = self.old_done, self.old_local, self.olds
+        n, p, nxt, synced, dirty = len(self.il), 0, 0, 0, 0
         while p < n:
             if not dirty:
                 while nxt < len(added_at) and added_at[nxt] < p:
@@ -244,68 +280,92 @@ class ComponentCache:
             mi = models_at[p]
             if mi != added_i and not cmask[mi] & dirty:
                 d = old_done[p]
-                if d is not None:
+                if d is not None:  # served as in the parent's run
                     h = old_local[p]
                     olds[h] = d
                     synced |= 1 << h
                 p += 1
                 continue
-            evaluated += 1
-            if evaluated > budget:
-                self.reevaluated += evaluated
-                return None  # the change spreads: a full replay is cheaper than walking on
-            cands = tables[mi]
-            cur: list[Clocks] = []
-            for j, _, _ in cands:
-                if dirty >> j & 1:
-                    cur.append(news[j])
-                else:
-                    if not synced >> j & 1:
-                        olds[j] = old_before(j, p)
-                        synced |= 1 << j
-                    cur.append(olds[j])
-            gi, lat, comm = cands[0]
-            c = cur[0]
-            if len(cands) > 1:
-                best = c[-1]
-                for e, ce in zip(cands, cur, strict=True):
-                    if ce[-1] < best:
-                        best = ce[-1]
-                        gi, lat, comm = e
-                        c = ce
-            t, slo = arr[il[p]], slos[il[p]]
-            new, x = advance(t, c, lat, comm)
-            finish = x + overhead
-            ok = not finish - t > slo
-            ev_pos.append(p)
-            ev_group.append(comp[gi])
-            ev_finish.append(finish if ok else inf)
-            new_done[p] = new if ok else None
-            h = old_local[p]
-            d = old_done[p]
-            for j in (gi, h) if h != gi else (gi,):
-                if j < 0:
-                    continue
-                if not synced >> j & 1:
-                    olds[j] = old_before(j, p)
-                    synced |= 1 << j
-                now = (new if ok else c) if j == gi else news[j] if dirty >> j & 1 else olds[j]
-                then = d if j == h and d is not None else olds[j]
-                if now == then:
-                    dirty &= ~(1 << j)
-                    news.pop(j, None)
-                else:
-                    dirty |= 1 << j
-                    news[j] = now
-            if d is not None:
-                olds[h] = d
+            self.evaluated += 1
+            if self.evaluated > self.budget:
+                return False
+            dirty, synced = self._redispatch(p, mi, dirty, synced)
             p += 1
-        self.reevaluated += evaluated
-        new_group = old_group.copy()
-        new_finish = old_finish.copy()
-        new_group[ev_pos] = ev_group
-        new_finish[ev_pos] = ev_finish
-        return _Run(idx, new_group, new_finish, new_done)
+        return True
+
+    def _redispatch(self, p: int, mi: int, dirty: int, synced: int) -> tuple[int, int]:
+        """Route request position ``p`` afresh to the shortest queue among its candidate groups, record
+        its outcome, and update which groups are dirty; returns (dirty, synced)."""
+        cands = self.tables[mi]
+        cur: list[Clocks] = []
+        for j, _, _ in cands:
+            if dirty >> j & 1:
+                cur.append(self.news[j])
+            else:
+                if not synced >> j & 1:
+                    self.olds[j] = self._old_before(j, p)
+                    synced |= 1 << j
+                cur.append(self.olds[j])
+        gi, lat, comm = cands[0]
+        c = cur[0]
+        if len(cands) > 1:
+            best = c[-1]
+            for e, ce in zip(cands, cur, strict=True):
+                if ce[-1] < best:
+                    best = ce[-1]
+                    gi, lat, comm = e
+                    c = ce
+        t, slo = self.arr[self.il[p]], self.slos[self.il[p]]
+        new, x = advance(t, c, lat, comm)
+        finish = x + self.overhead
+        ok = not finish - t > slo
+        self.ev_pos.append(p)
+        self.ev_group.append(self.comp[gi])
+        self.ev_finish.append(finish if ok else np.inf)
+        self.new_done[p] = new if ok else None
+        return self._compare(p, gi, new if ok else c, dirty, synced)
+
+    def _compare(self, p: int, gi: int, now_gi: Clocks, dirty: int, synced: int) -> tuple[int, int]:
+        """After re-dispatching position ``p`` to local group ``gi`` (clocks now ``now_gi``), mark that
+        group and the one the parent's run sent it to clean (same clocks as the parent's) or dirty."""
+        olds, news = self.olds, self.news
+        h = self.old_local[p]
+        d = self.old_done[p]
+        for j in (gi, h) if h != gi else (gi,):
+            if j < 0:
+                continue
+            if not synced >> j & 1:
+                olds[j] = self._old_before(j, p)
+                synced |= 1 << j
+            now = now_gi if j == gi else news[j] if dirty >> j & 1 else olds[j]
+            then = d if j == h and d is not None else olds[j]
+            if now == then:
+                dirty &= ~(1 << j)
+                news.pop(j, None)
+            else:
+                dirty |= 1 << j
+                news[j] = now
+        if d is not None:
+            olds[h] = d
+        return dirty, synced
+
+    def _old_before(self, j: int, p: int) -> Clocks:
+        """Group j's clocks in the parent's run just before request position p (by bisection)."""
+        a = self.admitted_at.get(j)
+        if a is None:
+            admitted = (self.old_group == self.comp[j]) & np.isfinite(self.old_finish)
+            a = self.admitted_at[j] = np.flatnonzero(admitted).tolist()
+        k = bisect_left(a, p)
+        c = self.old_done[a[k - 1]] if k else self.zeros[j]
+        assert c is not None
+        return c
+
+    def result(self) -> _Run:
+        new_group = self.old_group.copy()
+        new_finish = self.old_finish.copy()
+        new_group[self.ev_pos] = self.ev_group
+        new_finish[self.ev_pos] = self.ev_finish
+        return _Run(self.idx, new_group, new_finish, self.new_done)
 
 
 def _key(placement: ModelPlacement, comp: list[int]) -> tuple[GroupKey, ...]:
