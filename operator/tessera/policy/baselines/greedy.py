@@ -27,14 +27,14 @@ from tessera.cluster import Cluster
 from tessera.cluster.pool import Anchor, FreePool
 from tessera.policy.training import AppState, Grant, RoundDecision, lease_expiry
 
-Placement = Literal["tight", "any", "random"]
-PLACEMENTS: tuple[Placement, ...] = ("tight", "any", "random")
+PlacementRule = Literal["tight", "any", "random"]
+PLACEMENTS: tuple[PlacementRule, ...] = ("tight", "any", "random")
 
 
 class GreedyPolicy(abc.ABC):
     name = "greedy"
     step: Literal["gpu", "gang"] = "gang"
-    placement: Placement = "tight"
+    placement: PlacementRule = "tight"
 
     def __init__(self, lease_s: float = 600.0, placement: str | None = None) -> None:
         if not lease_s > 0:
