@@ -226,14 +226,14 @@ def _view_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
     thread, where it mutated the view while a round or another event's handler iterated it on the loop
     ("dictionary changed size during iteration")."""
 
-    @kopf.on.event("", "v1", "nodes", registry=registry)
+    @kopf.on.event("", "v1", "nodes", id="node_event", registry=registry)
     async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         ctl.watched = ctl.config.clock()
         ctl.view.on_node(dict(body), deleted=type == "DELETED")
         if ctl.arbiter is not None:
             ctl.arbiter.dirty = True
 
-    @kopf.on.event("", "v1", "pods", registry=registry)
+    @kopf.on.event("", "v1", "pods", id="pod_event", registry=registry)
     async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         ctl.watched = ctl.config.clock()
         key = (body.metadata.namespace or "", body.metadata.name or "")
@@ -248,15 +248,19 @@ def _view_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
 
 
 def _app_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
-    """Apps: admission and membership in the one shared arbiter; its rounds do the rest."""
+    """Apps: admission and membership in the one shared arbiter; its rounds do the rest.
 
-    @kopf.on.resume(G, V, contract.PLURAL_APP, registry=registry)
-    @kopf.on.create(G, V, contract.PLURAL_APP, registry=registry)
-    @kopf.on.update(G, V, contract.PLURAL_APP, field="spec", registry=registry)
+    Handlers of the objects have explicit ids: kopf keeps a handler's progress (retries) in an annotation
+    named after it, and the id of a function defined in another (its qualified name) may not be a valid
+    annotation name."""
+
+    @kopf.on.resume(G, V, contract.PLURAL_APP, id="app_reconcile", registry=registry)
+    @kopf.on.create(G, V, contract.PLURAL_APP, id="app_reconcile", registry=registry)
+    @kopf.on.update(G, V, contract.PLURAL_APP, id="app_reconcile", field="spec", registry=registry)
     async def app_reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         await reconcile_app(ctl, dict(body), patch)
 
-    @kopf.timer(G, V, contract.PLURAL_APP, interval=ctl.config.tick, registry=registry)
+    @kopf.timer(G, V, contract.PLURAL_APP, id="app_tick", interval=ctl.config.tick, registry=registry)
     async def app_tick(**_: Any) -> None:
         # Every App's timer drives the one shared arbiter; a round runs only when due, so N timers make
         # one round per lease period. kopf stops timers on a paused (lower-priority) peer. Between rounds
@@ -265,7 +269,7 @@ def _app_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
             await ctl.arbiter.maybe_run()
             await ctl.arbiter.refresh_stale()
 
-    @kopf.on.delete(G, V, contract.PLURAL_APP, registry=registry)
+    @kopf.on.delete(G, V, contract.PLURAL_APP, id="app_delete", registry=registry)
     async def app_delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
         namespace = namespaced(namespace)
         await ctl.need(ctl.arbiter).remove((namespace, name))

@@ -8,6 +8,7 @@ iteration" (the pod was then missing from the view)."""
 from __future__ import annotations
 
 import inspect
+import re
 
 from tessera.controller.config import OperatorConfig
 from tessera.controller.handlers import make_registry
@@ -28,3 +29,15 @@ def test_handlers_touching_shared_state_are_coroutines() -> None:
         if not inspect.iscoroutinefunction(h.fn) and str(h.id).split(".")[-1] not in BEFORE_WATCHING
     ]
     assert threaded == []
+
+
+def test_object_handler_ids_are_valid_annotation_names() -> None:
+    """kopf names the annotation that keeps a handler's progress (an App refused admission is retried)
+    after the handler's id: an id the API server refuses there (a qualified name of a nested function,
+    `_app_handlers.<locals>.app_reconcile`) left the refused App's status unwritten on a real API server."""
+    registry, _ = make_registry(OperatorConfig())
+    kinds = (registry._watching, registry._spawning, registry._changing)
+    ids = {str(h.id) for kind in kinds for h in kind.get_all_handlers()}
+    name_part = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+    assert {"app_reconcile", "trialgroup_reconcile", "deployment_reconcile", "app_delete"} <= ids
+    assert [i for i in ids if not name_part.fullmatch(i.replace("/", "."))] == []
