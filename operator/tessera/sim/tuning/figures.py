@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from tessera.cluster import Cluster
 from tessera.policy.fluid import FluidConfig
@@ -65,24 +66,21 @@ def asha_curves(seeds: range = SEEDS) -> dict[tuple[int, str], list[float]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("directory", type=Path, help="where to write fluid-*.png")
-    p.add_argument(
-        "--seeds", type=int, default=len(SEEDS), help=f"seeds per point (default {len(SEEDS)}, as the docs)"
-    )
-    args = p.parse_args(argv)
-    if args.seeds < 1:
-        p.error("--seeds must be at least 1")
-    seeds = range(args.seeds)
-    try:
-        plt = pyplot()
-    except PlotsUnavailable as e:
-        p.exit(2, f"error: {e}\n")
-    from matplotlib.patches import Rectangle
+@dataclass(frozen=True)
+class _Results:
+    """Every figure's numbers."""
 
-    out: Path = args.directory
-    out.mkdir(parents=True, exist_ok=True)
+    seeds: int
+    macro: dict[str, dict[str, Speedup]]
+    scaling: dict[tuple[int, str], Speedup]
+    curves: dict[tuple[int, str], list[float]]
+    overhead: dict[float, tuple[float, float, int]]
+
+
+ALPHAS = (1.0, 1.5, 2.0, 10.0)
+
+
+def compute(seeds: range) -> _Results:
     with Progress(len(ALGORITHMS) + 2, "fluid figures") as bar:
         macro = macro_speedups(bar, seeds)
         fifo8 = runs("asha", "fifo", seeds, 8, fluid=FLUID)
@@ -93,14 +91,43 @@ def main(argv: list[str] | None = None) -> int:
         }
         curves = asha_curves(seeds)
         bar.update(len(ALGORITHMS) + 1, "asha scaling")
-        alphas = (1.0, 1.5, 2.0, 10.0)
-        overhead = {a: packing_overhead_grid(a) for a in alphas}
+        overhead = {a: packing_overhead_grid(a) for a in ALPHAS}
         bar.update(len(ALGORITHMS) + 2, "overhead")
+    return _Results(len(seeds), macro, scaling, curves, overhead)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("directory", type=Path, help="where to write fluid-*.png")
+    p.add_argument(
+        "--seeds", type=int, default=len(SEEDS), help=f"seeds per point (default {len(SEEDS)}, as the docs)"
+    )
+    args = p.parse_args(argv)
+    if args.seeds < 1:
+        p.error("--seeds must be at least 1")
+    try:
+        plt = pyplot()
+    except PlotsUnavailable as e:
+        p.exit(2, f"error: {e}\n")
+    out: Path = args.directory
+    out.mkdir(parents=True, exist_ok=True)
+    r = compute(range(args.seeds))
+    _plot_macro(plt, out, r)
+    _plot_scaling(plt, out, r)
+    _plot_overhead(plt, out, r)
+    for name in ("fluid-macro.png", "fluid-asha-scaling.png", "fluid-overhead.png"):
+        print(out / name)
+    _print_results(r)
+    return 0
+
+
+def _plot_macro(plt: Any, out: Path, r: _Results) -> None:
+    from matplotlib.patches import Rectangle
 
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(ALGORITHMS))
     for k, (metric, label) in enumerate((("time_to_target", "time to target"), ("makespan", "makespan"))):
-        vals = [macro[a][metric] for a in ALGORITHMS]
+        vals = [r.macro[a][metric] for a in ALGORITHMS]
         ax.bar(
             [x + (k - 0.5) * 0.35 for x in xs],
             [v.ratio for v in vals],
@@ -116,18 +143,20 @@ def main(argv: list[str] | None = None) -> int:
     ax.set_xticks(list(xs), list(ALGORITHMS))
     ax.set_ylabel("speed-up of Fluid over FIFO")
     ax.set_title(
-        f"8 GPUs, {len(seeds)} paired seeds (95 % CI); grey = the paper's range (Fig. 3.7)", fontsize=10
+        f"8 GPUs, {r.seeds} paired seeds (95 % CI); grey = the paper's range (Fig. 3.7)", fontsize=10
     )
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "fluid-macro.png", dpi=110)
     plt.close(fig)
 
+
+def _plot_scaling(plt: Any, out: Path, r: _Results) -> None:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for ex, style in (("fifo", "--"), ("fluid", "-")):
-        ax.plot(WORKERS, [scaling[(n, ex)].ratio for n in WORKERS], marker="o", ls=style, label=ex)
+        ax.plot(WORKERS, [r.scaling[(n, ex)].ratio for n in WORKERS], marker="o", ls=style, label=ex)
         for n in WORKERS:
-            ax2.plot(CURVE_TIMES, curves[(n, ex)], ls=style, label=f"{ex} {n} GPUs")
+            ax2.plot(CURVE_TIMES, r.curves[(n, ex)], ls=style, label=f"{ex} {n} GPUs")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks(list(WORKERS))
     ax.set_xlabel("GPU workers")
@@ -135,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ax.set_title("ASHA (paper Fig. 3.10: FIFO best at 8; Fluid 4 ≈ FIFO 8)", fontsize=10)
     ax.legend()
     ax2.set_xlabel("time (s)")
-    ax2.set_ylabel(f"best score so far (mean of {len(seeds)} seeds)")
+    ax2.set_ylabel(f"best score so far (mean of {r.seeds} seeds)")
     ax2.set_ylim(0.7, 0.9)
     ax2.set_title("ASHA max score over time (the form of Fig. 3.10)", fontsize=10)
     ax2.legend(fontsize=8)
@@ -143,11 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     fig.savefig(out / "fluid-asha-scaling.png", dpi=110)
     plt.close(fig)
 
+
+def _plot_overhead(plt: Any, out: Path, r: _Results) -> None:
+    overhead = r.overhead
     fig, ax = plt.subplots(figsize=(6, 4))
-    labels = [f"{a:g}×\nc={overhead[a][2]}" for a in alphas]
-    ax.bar(labels, [overhead[a][0] / overhead[a][1] for a in alphas], 0.5, label="ours")
+    labels = [f"{a:g}×\nc={overhead[a][2]}" for a in ALPHAS]
+    ax.bar(labels, [overhead[a][0] / overhead[a][1] for a in ALPHAS], 0.5, label="ours")
     ax.axhline(1.0, color="black", lw=0.8)
-    ax.plot([len(alphas) - 1], [1.0], marker="*", ms=14, color="red", ls="", label="paper at 10×: ≈ 1.0")
+    ax.plot([len(ALPHAS) - 1], [1.0], marker="*", ms=14, color="red", ls="", label="paper at 10×: ≈ 1.0")
     ax.set_xlabel("artificial packing overhead α (c from Eq. 3.1)")
     ax.set_ylabel("speed-up of Fluid over FIFO")
     ax.set_title("Grid search, 27 configs on 8 GPUs (paper Fig. 3.13a)")
@@ -156,23 +188,23 @@ def main(argv: list[str] | None = None) -> int:
     fig.savefig(out / "fluid-overhead.png", dpi=110)
     plt.close(fig)
 
-    for name in ("fluid-macro.png", "fluid-asha-scaling.png", "fluid-overhead.png"):
-        print(out / name)
+
+def _print_results(r: _Results) -> None:
     for a in ALGORITHMS:
         print(
-            f"{a:<10} time-to-target {macro[a]['time_to_target']}\n{'':<10} makespan       {macro[a]['makespan']}"
+            f"{a:<10} time-to-target {r.macro[a]['time_to_target']}\n{'':<10} makespan       {r.macro[a]['makespan']}"
         )
-    for (n, ex), v in scaling.items():
+    for (n, ex), v in r.scaling.items():
         print(f"asha {ex} on {n} GPUs, time-to-target vs FIFO on 8: {v}")
-    for (n, ex), c in curves.items():
+    for (n, ex), c in r.curves.items():
         print(
             f"asha {ex} on {n} GPUs, best score at 100/200/300/600 s:",
             [round(c[k], 4) for k in (5, 10, 15, 30)],
         )
     print(
-        "overhead (alpha: base, fluid, c):", {a: (round(b), round(f), c) for a, (b, f, c) in overhead.items()}
+        "overhead (alpha: base, fluid, c):",
+        {a: (round(b), round(f), c) for a, (b, f, c) in r.overhead.items()},
     )
-    return 0
 
 
 if __name__ == "__main__":
