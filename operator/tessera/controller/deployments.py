@@ -466,12 +466,13 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         ]
         template = dict((rec.body.get("spec") or {}).get("template") or {})
         result = await self._sync_worker_pods(owner, rec.pod_plans(), existing, template, rec.workers_service)
-        if result.created:
-            self._event(rec, "Normal", "WorkersCreated", ", ".join(result.created))
-        if result.deleted:
-            self._event(rec, "Normal", "WorkersDeleted", ", ".join(result.deleted))
-        for gang, why in result.failed_gangs.items():
-            self._event(rec, "Warning", "GangFailed", f"replica {gang}: no pod created: {why}")
+        self._report_sync(
+            rec,
+            result,
+            created="WorkersCreated",
+            deleted="WorkersDeleted",
+            failed="replica {gang}: no pod created: {why}",
+        )
 
     async def _sync_worker_pods(
         self,
