@@ -34,7 +34,7 @@ async def test_liveness_fails_while_a_pass_overruns_its_deadline(api: kmock.Kube
     async with running_operator(api, liveness=url, clock=clock, pass_deadline_s=30.0) as ctl:
         await wait_for(lambda: status_of(api, APPS, "a").get("leases"), what="a round that leased the GPU")
         arbiter = ctl.need(ctl.arbiter)
-        # A round that never ends (an API call that never answers) holds the arbiter's lock for good.
+        # A round that does not end (an await that never returns) holds the arbiter's lock for good.
         async with arbiter.lock:
             with arbiter.passes.timing():
                 clock.advance(31.0)
