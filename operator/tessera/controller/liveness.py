@@ -43,4 +43,3 @@ class PassClock:
             raise kopf.PermanentError(f"a pass has run {running:.0f}s (deadline {deadline_s:g}s)")
         since = None if self.ended is None else max(0.0, now - self.ended)
         return {"passes": self.passes, "secondsSinceLastPass": since, "runningSeconds": running}
-
