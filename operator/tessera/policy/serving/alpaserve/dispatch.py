@@ -12,14 +12,92 @@ left stage k−1 and the previous admitted request has left stage k. A rejected 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tessera.policy.serving.alpaserve.placement import ModelPlacement
 from tessera.policy.serving.alpaserve.profiles import ModelProfile
 
 NO_REPLICA = -1
-# a candidate group of a model while replaying: group, stage latencies, transfer delays (None if all 0), pp
-_Entry = tuple[int, tuple[float, ...], tuple[float, ...] | None, int]
+# a candidate group of a model while replaying: group, stage latencies, transfer delays (None if all 0),
+# the stage recurrence
+_Entry = tuple[int, tuple[float, ...], tuple[float, ...] | None, "Stepper"]
+
+
+# One request through an FCFS pipeline whose stage clocks are ``c``: x_k = max(c_k, x_{k-1}) + lat_k with
+# x_{-1} = arrival (AlpaServe §5), plus the transfer delay after stage k where there is one. Each returns
+# the new clocks and the time the request leaves the last stage. Written out for 1, 2, 4 and 8 stages
+# without delays (the pipeline depths the search enumerates) so no per-stage loop runs.
+Stepper = Callable[
+    [float, Sequence[float], Sequence[float], Sequence[float] | None], tuple[tuple[float, ...], float]
+]
+
+
+def _step_loop(
+    t: float, c: Sequence[float], lat: Sequence[float], comm: Sequence[float] | None
+) -> tuple[tuple[float, ...], float]:
+    x = t
+    done = []
+    for k in range(len(lat)):
+        ck = c[k]
+        x = (ck if ck > x else x) + lat[k]
+        done.append(x)
+        if comm is not None:
+            x += comm[k]
+    return tuple(done), x
+
+
+def _step1(
+    t: float, c: Sequence[float], lat: Sequence[float], comm: Sequence[float] | None
+) -> tuple[tuple[float, ...], float]:
+    c0 = c[0]
+    x = (c0 if c0 > t else t) + lat[0]
+    return (x,), x
+
+
+def _step2(
+    t: float, c: Sequence[float], lat: Sequence[float], comm: Sequence[float] | None
+) -> tuple[tuple[float, ...], float]:
+    c0, c1 = c
+    l0, l1 = lat
+    x0 = (c0 if c0 > t else t) + l0
+    x = (c1 if c1 > x0 else x0) + l1
+    return (x0, x), x
+
+
+def _step4(
+    t: float, c: Sequence[float], lat: Sequence[float], comm: Sequence[float] | None
+) -> tuple[tuple[float, ...], float]:
+    c0, c1, c2, c3 = c
+    l0, l1, l2, l3 = lat
+    x0 = (c0 if c0 > t else t) + l0
+    x1 = (c1 if c1 > x0 else x0) + l1
+    x2 = (c2 if c2 > x1 else x1) + l2
+    x = (c3 if c3 > x2 else x2) + l3
+    return (x0, x1, x2, x), x
+
+
+def _step8(
+    t: float, c: Sequence[float], lat: Sequence[float], comm: Sequence[float] | None
+) -> tuple[tuple[float, ...], float]:
+    c0, c1, c2, c3, c4, c5, c6, c7 = c
+    l0, l1, l2, l3, l4, l5, l6, l7 = lat
+    x0 = (c0 if c0 > t else t) + l0
+    x1 = (c1 if c1 > x0 else x0) + l1
+    x2 = (c2 if c2 > x1 else x1) + l2
+    x3 = (c3 if c3 > x2 else x2) + l3
+    x4 = (c4 if c4 > x3 else x3) + l4
+    x5 = (c5 if c5 > x4 else x4) + l5
+    x6 = (c6 if c6 > x5 else x5) + l6
+    x = (c7 if c7 > x6 else x6) + l7
+    return (x0, x1, x2, x3, x4, x5, x6, x), x
+
+
+_UNROLLED: dict[int, Stepper] = {1: _step1, 2: _step2, 4: _step4, 8: _step8}
+
+
+def stepper(pp: int, comm: Sequence[float] | None) -> Stepper:
+    """The recurrence for a ``pp``-stage pipeline (``comm`` None: no transfer delays)."""
+    return _step_loop if comm is not None else _UNROLLED.get(pp, _step_loop)
 
 
 def advance(
@@ -27,27 +105,7 @@ def advance(
 ) -> tuple[tuple[float, ...], float]:
     """One request through an FCFS pipeline with stage clocks ``clock``: the new clocks and the time it
     leaves the last stage (before ``fixed_overhead_s``). Same operations as ``replay``."""
-    if comm is None:
-        pp = len(lat)
-        if pp == 1:
-            c0 = clock[0]
-            x = (c0 if c0 > arrival else arrival) + lat[0]
-            return (x,), x
-        if pp == 2:
-            c0, c1 = clock
-            l0, l1 = lat
-            x0 = (c0 if c0 > arrival else arrival) + l0
-            x = (c1 if c1 > x0 else x0) + l1
-            return (x0, x), x
-    x = arrival
-    done = []
-    for k in range(len(lat)):
-        ck = clock[k]
-        x = (ck if ck > x else x) + lat[k]
-        done.append(x)
-        if comm is not None:
-            x += comm[k]
-    return tuple(done), x
+    return stepper(len(lat), comm)(arrival, clock, lat, comm)
 
 
 class ShortestQueueDispatcher:
@@ -124,17 +182,10 @@ class ShortestQueueDispatcher:
 
         Same decisions and the same floating-point operations in the same order as ``dispatch``, so the
         results are bit-identical (tests compare the two); only the interpreter's per-request overhead is
-        gone: each model's candidate groups and stage tables are looked up once, clocks live in tuples
-        while replaying, and the stage recurrence is written out for 1, 2, 4 and 8 stages (the pipeline
-        depths the search enumerates) so no per-stage loop runs. Zero transfer delays are not added.
+        gone: each model's candidate groups, stage tables and recurrence (``stepper``) are looked up once
+        and clocks live in tuples while replaying. Zero transfer delays are not added.
         """
-        plans: dict[str, list[_Entry]] = {}
-        for m, holders in self._candidates.items():
-            entries: list[_Entry] = []
-            for gi in holders:
-                stage_lat, delays = self._lat[gi][m]
-                entries.append((gi, stage_lat, delays if any(delays) else None, len(stage_lat)))
-            plans[m] = entries
+        plans = self._plans()
         state = [tuple(c) for c in self.clocks]
         overhead = self.fixed_overhead_s
         inf = math.inf
@@ -142,7 +193,6 @@ class ShortestQueueDispatcher:
         out_f: list[float] = []
         out_d: list[tuple[float, ...] | None] = []
         add_g, add_f, add_d = out_g.append, out_f.append, out_d.append
-        new: tuple[float, ...]
         for t, m, slo in zip(arrivals, models, slos, strict=True):
             cands = plans.get(m)
             if not cands:
@@ -150,64 +200,16 @@ class ShortestQueueDispatcher:
                 add_f(inf)
                 add_d(None)
                 continue
-            gi, lat, comm, pp = cands[0]
+            gi, lat, comm, step = cands[0]
             if len(cands) > 1:
                 best = state[gi][-1]
                 for e in cands:
                     v = state[e[0]][-1]
                     if v < best:
                         best = v
-                        gi, lat, comm, pp = e
+                        gi, lat, comm, step = e
             add_g(gi)
-            c = state[gi]
-            # x_k = max(clock_k, x_{k-1}) + lat_k with x_{-1} = arrival (AlpaServe §5)
-            if comm is not None:
-                x = t
-                done = []
-                for k in range(pp):
-                    ck = c[k]
-                    x = (ck if ck > x else x) + lat[k]
-                    done.append(x)
-                    x += comm[k]
-                new = tuple(done)
-            elif pp == 1:
-                c0 = c[0]
-                x = (c0 if c0 > t else t) + lat[0]
-                new = (x,)
-            elif pp == 2:
-                c0, c1 = c
-                l0, l1 = lat
-                x0 = (c0 if c0 > t else t) + l0
-                x = (c1 if c1 > x0 else x0) + l1
-                new = (x0, x)
-            elif pp == 4:
-                c0, c1, c2, c3 = c
-                l0, l1, l2, l3 = lat
-                x0 = (c0 if c0 > t else t) + l0
-                x1 = (c1 if c1 > x0 else x0) + l1
-                x2 = (c2 if c2 > x1 else x1) + l2
-                x = (c3 if c3 > x2 else x2) + l3
-                new = (x0, x1, x2, x)
-            elif pp == 8:
-                c0, c1, c2, c3, c4, c5, c6, c7 = c
-                l0, l1, l2, l3, l4, l5, l6, l7 = lat
-                x0 = (c0 if c0 > t else t) + l0
-                x1 = (c1 if c1 > x0 else x0) + l1
-                x2 = (c2 if c2 > x1 else x1) + l2
-                x3 = (c3 if c3 > x2 else x2) + l3
-                x4 = (c4 if c4 > x3 else x3) + l4
-                x5 = (c5 if c5 > x4 else x4) + l5
-                x6 = (c6 if c6 > x5 else x5) + l6
-                x = (c7 if c7 > x6 else x6) + l7
-                new = (x0, x1, x2, x3, x4, x5, x6, x)
-            else:
-                x = t
-                done = []
-                for k in range(pp):
-                    ck = c[k]
-                    x = (ck if ck > x else x) + lat[k]
-                    done.append(x)
-                new = tuple(done)
+            new, x = step(t, state[gi], lat, comm)
             finish = x + overhead
             if finish - t > slo:
                 add_f(inf)
@@ -219,6 +221,18 @@ class ShortestQueueDispatcher:
         for clock, c in zip(self.clocks, state, strict=True):
             clock[:] = c
         return out_g, out_f, out_d
+
+    def _plans(self) -> dict[str, list[_Entry]]:
+        """Per model, its candidate groups with their stage tables and recurrence, looked up once."""
+        plans: dict[str, list[_Entry]] = {}
+        for m, holders in self._candidates.items():
+            entries: list[_Entry] = []
+            for gi in holders:
+                stage_lat, delays = self._lat[gi][m]
+                comm = delays if any(delays) else None
+                entries.append((gi, stage_lat, comm, stepper(len(stage_lat), comm)))
+            plans[m] = entries
+        return plans
 
     def device_free_at(self) -> dict[int, float]:
         """When each device finishes its admitted work (to carry state into a new placement)."""

@@ -23,7 +23,7 @@ from operator import itemgetter
 import numpy as np
 import numpy.typing as npt
 
-from tessera.policy.serving.alpaserve.dispatch import NO_REPLICA, ShortestQueueDispatcher, advance
+from tessera.policy.serving.alpaserve.dispatch import NO_REPLICA, ShortestQueueDispatcher, Stepper, stepper
 from tessera.policy.serving.alpaserve.placement import Group, ModelPlacement
 from tessera.policy.serving.alpaserve.profiles import ModelProfile, ParallelConfig
 from tessera.policy.serving.alpaserve.simulator import SimStats
@@ -195,8 +195,9 @@ class ComponentCache:
         return cat[perm], np.concatenate(grp_parts)[perm], np.concatenate(fin_parts)[perm], old_done
 
 
-# per model (index): the groups of a component holding it, as (local group, stage latencies, stage comms)
-_Tables = dict[int, list[tuple[int, tuple[float, ...], tuple[float, ...] | None]]]
+# per model (index): the groups of a component holding it, as (local group, stage latencies, stage comms,
+# stage recurrence)
+_Tables = dict[int, list[tuple[int, tuple[float, ...], tuple[float, ...] | None, Stepper]]]
 
 
 def _candidate_tables(
@@ -213,7 +214,8 @@ def _candidate_tables(
             cmask[mi] = cmask.get(mi, 0) | (1 << j)
             sp = profiles[m].stages(g.config)
             comm = (*sp.stage_comm_s, 0.0) if sp.stage_comm_s else None
-            tables.setdefault(mi, []).append((j, sp.stage_latency_s, comm if comm and any(comm) else None))
+            delays = comm if comm and any(comm) else None
+            tables.setdefault(mi, []).append((j, sp.stage_latency_s, delays, stepper(sp.pp, delays)))
     return cmask, tables
 
 
@@ -298,7 +300,7 @@ class _Walk:
         its outcome, and update which groups are dirty; returns (dirty, synced)."""
         cands = self.tables[mi]
         cur: list[Clocks] = []
-        for j, _, _ in cands:
+        for j, _, _, _ in cands:
             if dirty >> j & 1:
                 cur.append(self.news[j])
             else:
@@ -306,17 +308,17 @@ class _Walk:
                     self.olds[j] = self._old_before(j, p)
                     synced |= 1 << j
                 cur.append(self.olds[j])
-        gi, lat, comm = cands[0]
+        gi, lat, comm, step = cands[0]
         c = cur[0]
         if len(cands) > 1:
             best = c[-1]
             for e, ce in zip(cands, cur, strict=True):
                 if ce[-1] < best:
                     best = ce[-1]
-                    gi, lat, comm = e
+                    gi, lat, comm, step = e
                     c = ce
         t, slo = self.arr[self.il[p]], self.slos[self.il[p]]
-        new, x = advance(t, c, lat, comm)
+        new, x = step(t, c, lat, comm)
         finish = x + self.overhead
         ok = not finish - t > slo
         self.ev_pos.append(p)
