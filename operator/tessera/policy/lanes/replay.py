@@ -102,89 +102,121 @@ def replay(jobs: list[TrainingJob], policy: Policy, capacity: float) -> ReplayRe
             raise LaneModelError(
                 f"job {tj.job_id!r} needs {tj.persistent + tj.ephemeral} > GPU capacity {capacity}"
             )
-    pending = sorted(jobs, key=lambda j: j.arrival)
-    by_id = {j.job_id: j for j in jobs}
-    result = ReplayResult(policy, arrival={j.job_id: j.arrival for j in jobs})
-    packer = GpuLanes(capacity) if policy == "PACK" else None
-    single = None if packer is not None else _SingleLane(capacity)
-    sched: dict[str, IterationScheduler] = {}  # one iteration scheduler per lane
-    remaining = {j.job_id: j.duration for j in jobs}
-    running: dict[str, tuple[str, float]] = {}  # lane -> (job, exclusive work left in this iteration)
-    queue: list[LaneJob] = []
-    lane_of: dict[str, str] = {}
-    t = pending[0].arrival
-    i = 0
+    r = _Replay(jobs, policy, capacity)
+    r.run()
+    return r.result
 
-    def place(lj: LaneJob) -> bool:
-        if packer is not None:
-            admission = packer.admit(lj)
+
+class _Replay:
+    """One replay's state; `run` loops: admit arrivals, start an iteration in each idle lane, advance time
+    to the next iteration end or arrival, then finish the iterations that ended."""
+
+    def __init__(self, jobs: list[TrainingJob], policy: Policy, capacity: float) -> None:
+        self.policy = policy
+        self.pending = sorted(jobs, key=lambda j: j.arrival)
+        self.by_id = {j.job_id: j for j in jobs}
+        self.result = ReplayResult(policy, arrival={j.job_id: j.arrival for j in jobs})
+        self.packer = GpuLanes(capacity) if policy == "PACK" else None
+        self.single = None if self.packer is not None else _SingleLane(capacity)
+        self.sched: dict[str, IterationScheduler] = {}  # one iteration scheduler per lane
+        self.remaining = {j.job_id: j.duration for j in jobs}
+        self.running: dict[
+            str, tuple[str, float]
+        ] = {}  # lane -> (job, exclusive work left in this iteration)
+        self.queue: list[LaneJob] = []
+        self.lane_of: dict[str, str] = {}
+        self.t = self.pending[0].arrival
+        self.i = 0  # next of `pending` to arrive
+
+    def run(self) -> None:
+        while self.i < len(self.pending) or self.lane_of:
+            self._arrivals()
+            self._grant()
+            self.result.max_lanes = max(self.result.max_lanes, len(self.sched))
+            if not self.running:
+                if self.i >= len(self.pending):
+                    raise LaneModelError(
+                        f"replay stalled at t={self.t}: {len(self.queue)} queued jobs can never be admitted"
+                    )
+                self.t = self.pending[self.i].arrival
+                continue
+            for lane in self._advance():
+                self._iteration_done(lane)
+
+    def _arrivals(self) -> None:
+        pending = self.pending
+        while self.i < len(pending) and pending[self.i].arrival <= self.t + _EPS:
+            j = pending[self.i]
+            lj = LaneJob(j.job_id, j.persistent, j.ephemeral)
+            if self.queue or not self._place(lj):
+                self.queue.append(lj)  # FIFO admission: nobody overtakes a queued session
+            self.i += 1
+
+    def _place(self, lj: LaneJob) -> bool:
+        if self.packer is not None:
+            admission = self.packer.admit(lj)
             lane = None if admission is None else admission.lane_id
         else:
-            assert single is not None
-            lane = single.admit(lj)
+            assert self.single is not None
+            lane = self.single.admit(lj)
         if lane is None:
             return False
-        if lane not in sched:
-            sched[lane] = make_iteration_scheduler(policy)
-        sched[lane].add_job(lj.job_id, t, remaining_seconds=remaining[lj.job_id])
-        sched[lane].request(lj.job_id, t)
-        lane_of[lj.job_id] = lane
+        if lane not in self.sched:
+            self.sched[lane] = make_iteration_scheduler(self.policy)
+        self.sched[lane].add_job(lj.job_id, self.t, remaining_seconds=self.remaining[lj.job_id])
+        self.sched[lane].request(lj.job_id, self.t)
+        self.lane_of[lj.job_id] = lane
         return True
 
-    while i < len(pending) or lane_of:
-        while i < len(pending) and pending[i].arrival <= t + _EPS:
-            j = pending[i]
-            lj = LaneJob(j.job_id, j.persistent, j.ephemeral)
-            if queue or not place(lj):
-                queue.append(lj)  # FIFO admission: nobody overtakes a queued session
-            i += 1
-        for lane, s in sched.items():
-            if lane not in running:
-                granted = s.grant(t)
+    def _grant(self) -> None:
+        """Each idle lane starts its scheduler's next iteration."""
+        for lane, s in self.sched.items():
+            if lane not in self.running:
+                granted = s.grant(self.t)
                 if granted is not None:
-                    result.first_start.setdefault(granted, t)
-                    running[lane] = (granted, min(by_id[granted].iteration, remaining[granted]))
-        result.max_lanes = max(result.max_lanes, len(sched))
-        if not running:
-            if i >= len(pending):
-                raise LaneModelError(
-                    f"replay stalled at t={t}: {len(queue)} queued jobs can never be admitted"
-                )
-            t = pending[i].arrival
-            continue
-        load = sum(by_id[job].utilization for job, _ in running.values())
+                    self.result.first_start.setdefault(granted, self.t)
+                    self.running[lane] = (
+                        granted,
+                        min(self.by_id[granted].iteration, self.remaining[granted]),
+                    )
+
+    def _advance(self) -> list[str]:
+        """Move time to the first iteration end or arrival, the running iterations sharing the GPU's
+        compute; returns the lanes whose iteration ended."""
+        load = sum(self.by_id[job].utilization for job, _ in self.running.values())
         rate = 1.0 / max(1.0, load)
-        dt = min(work / rate for _, work in running.values())
-        if i < len(pending):
-            dt = min(dt, pending[i].arrival - t)
-        t += dt
+        dt = min(work / rate for _, work in self.running.values())
+        if self.i < len(self.pending):
+            dt = min(dt, self.pending[self.i].arrival - self.t)
+        self.t += dt
         done_lanes = []
-        for lane, (job, work) in running.items():
+        for lane, (job, work) in self.running.items():
             left = work - dt * rate
-            remaining[job] -= dt * rate
+            self.remaining[job] -= dt * rate
             if left <= _EPS:
                 done_lanes.append(lane)
             else:
-                running[lane] = (job, left)
-        for lane in done_lanes:
-            job, _ = running.pop(lane)
-            s = sched[lane]
-            if remaining[job] <= _EPS:
-                s.finish(job, t, remaining_seconds=0.0)
-                s.remove_job(job, t)
-                result.completion[job] = t
-                del lane_of[job]
-                if packer is not None:
-                    packer.depart(job)
-                    # Lanes Algorithm 2.1 deleted lose their scheduler.
-                    for gone in [lid for lid in sched if lid not in packer.lanes]:
-                        del sched[gone]
-                else:
-                    assert single is not None
-                    single.depart(job)
-                while queue and place(queue[0]):
-                    queue.pop(0)
-            else:
-                s.finish(job, t, remaining_seconds=remaining[job])
-                s.request(job, t)
-    return result
+                self.running[lane] = (job, left)
+        return done_lanes
+
+    def _iteration_done(self, lane: str) -> None:
+        job, _ = self.running.pop(lane)
+        s = self.sched[lane]
+        if self.remaining[job] > _EPS:
+            s.finish(job, self.t, remaining_seconds=self.remaining[job])
+            s.request(job, self.t)
+            return
+        s.finish(job, self.t, remaining_seconds=0.0)
+        s.remove_job(job, self.t)
+        self.result.completion[job] = self.t
+        del self.lane_of[job]
+        if self.packer is not None:
+            self.packer.depart(job)
+            # Lanes Algorithm 2.1 deleted lose their scheduler.
+            for gone in [lid for lid in self.sched if lid not in self.packer.lanes]:
+                del self.sched[gone]
+        else:
+            assert self.single is not None
+            self.single.depart(job)
+        while self.queue and self._place(self.queue[0]):
+            self.queue.pop(0)
