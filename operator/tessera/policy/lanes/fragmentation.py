@@ -425,6 +425,47 @@ def _candidates(
     return np.arange(u, dtype=np.intp), np.sort(cols, axis=1).astype(np.intp)
 
 
+class _FragModel:
+    """Fragmentation against the workload's shape mix in the measure's dimensions (FGD §4.2), over arrays of
+    GPUs ([..., G]) and of nodes ([U])."""
+
+    def __init__(self, wl: ShapeMix, measure: Measure) -> None:
+        self.wl, self.measure = wl, measure
+        self.w_gpus = wl.gpus[None, :]
+
+    def amount(self, c: F64, m: F64, cap: F64) -> F64:
+        """The free amount a GPU (free compute c, memory m, size cap) counts for; 0 for a failed GPU."""
+        healthy = c >= 0.0
+        if self.measure.gpu_memory:
+            out: F64 = np.where(healthy, (np.clip(c, 0, None) + np.clip(m, 0, None) / cap) / 2.0, 0.0)
+        else:
+            out = np.where(healthy, np.clip(c, 0, None), 0.0)
+        return out
+
+    def gpu_fit(self, c: F64, m: F64, cap: F64) -> npt.NDArray[np.float64]:
+        """[..., S] 1.0 where a GPU (free compute c, memory m, size cap) fits each shape."""
+        wl = self.wl
+        ok = c[..., None] >= wl.compute - EPS
+        if self.measure.gpu_memory:
+            ok &= m[..., None] >= wl.mem_mib + wl.mem_frac * cap[..., None] - EPS
+        out: npt.NDArray[np.float64] = ok.astype(np.float64)
+        return out
+
+    def node_ok(self, cpu: F64, mem: F64, model: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
+        """[U, S] whether each node's CPU, memory and GPU model admit each shape."""
+        wl = self.wl
+        ok = (cpu[:, None] >= wl.cpu[None, :] - EPS) & wl.model_ok[model] & (self.w_gpus > 0)
+        if self.measure.node_memory:
+            ok &= mem[:, None] >= wl.memory[None, :] - EPS
+        return ok
+
+    def frag(self, total: F64, usable: F64, count: F64, ok: npt.NDArray[np.bool_]) -> F64:
+        """[U] expected fragmentation: the free amount no shape, weighted by popularity, can use."""
+        hosted = ok & (count >= self.w_gpus - EPS)
+        out: F64 = (total[:, None] - np.where(hosted, usable, 0.0)) @ self.wl.weight
+        return out
+
+
 def score_rows(
     state: PackingState,
     rows: npt.NDArray[np.intp],
@@ -445,45 +486,18 @@ def score_rows(
         return RowScores(state, rows, np.zeros(0), np.zeros(0), empty, empty, [])
     reps, group = _groups(state, rows)
     owner, chosen = _candidates(state, reps, shape)
+    fm = _FragModel(wl, measure)
     comp, gfree, gcap = state.comp[reps], state.gfree[reps], state.gcap[reps]
-    mmap = model_map(state, wl)
-    known = mmap[state.model[reps]]
-    w_gpus = wl.gpus[None, :]
-
-    def amount(c: F64, m: F64, cap: F64) -> F64:
-        healthy = c >= 0.0
-        if measure.gpu_memory:
-            out: F64 = np.where(healthy, (np.clip(c, 0, None) + np.clip(m, 0, None) / cap) / 2.0, 0.0)
-        else:
-            out = np.where(healthy, np.clip(c, 0, None), 0.0)
-        return out
-
-    def gpu_fit(c: F64, m: F64, cap: F64) -> npt.NDArray[np.float64]:
-        """[..., S] 1.0 where a GPU (free compute c, memory m, size cap) fits each shape."""
-        ok = c[..., None] >= wl.compute - EPS
-        if measure.gpu_memory:
-            ok &= m[..., None] >= wl.mem_mib + wl.mem_frac * cap[..., None] - EPS
-        out: npt.NDArray[np.float64] = ok.astype(np.float64)
-        return out
-
-    def node_ok(cpu: F64, mem: F64, model: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
-        ok = (cpu[:, None] >= wl.cpu[None, :] - EPS) & wl.model_ok[model] & (w_gpus > 0)
-        if measure.node_memory:
-            ok &= mem[:, None] >= wl.memory[None, :] - EPS
-        return ok
-
-    def frag(total: F64, usable: F64, count: F64, ok: npt.NDArray[np.bool_]) -> F64:
-        hosted = ok & (count >= w_gpus - EPS)
-        out: F64 = (total[:, None] - np.where(hosted, usable, 0.0)) @ wl.weight
-        return out
-
-    a = amount(comp, gfree, gcap)  # [U, G]
-    fit = gpu_fit(comp, gfree, gcap)  # [U, G, S]
+    known = model_map(state, wl)[state.model[reps]]
+    a = fm.amount(comp, gfree, gcap)  # [U, G]
+    fit = fm.gpu_fit(comp, gfree, gcap)  # [U, G, S]
     usable = np.einsum("ug,ugs->us", a, fit)
     count = fit.sum(axis=1)
     total = a.sum(axis=1)
     before = (
-        frag(total, usable, count, node_ok(state.cpu[reps], state.mem[reps], known)) if len(wl) else total * 0
+        fm.frag(total, usable, count, fm.node_ok(state.cpu[reps], state.mem[reps], known))
+        if len(wl)
+        else total * 0
     )
     # the state after each choice, from the state before, one changed GPU at a time
     u_total, u_usable, u_count = total[owner].copy(), usable[owner].copy(), count[owner].copy()
@@ -492,26 +506,32 @@ def score_rows(
         c_old, m_old, cap = comp[owner, g], gfree[owner, g], gcap[owner, g]
         c_new = c_old - shape.compute
         m_new = m_old - (shape.gpu_memory_mib + shape.gpu_memory_frac * cap)
-        a_old, a_new = a[owner, g], amount(c_new, m_new, cap)
-        f_old, f_new = fit[owner, g], gpu_fit(c_new, m_new, cap)
+        a_old, a_new = a[owner, g], fm.amount(c_new, m_new, cap)
+        f_old, f_new = fit[owner, g], fm.gpu_fit(c_new, m_new, cap)
         u_total += a_new - a_old
         u_usable += a_new[:, None] * f_new - a_old[:, None] * f_old
         u_count += f_new - f_old
     if len(wl):
-        ok_after = node_ok(
-            state.cpu[reps][owner] - shape.cpu_milli, state.mem[reps][owner] - shape.memory_mib, known[owner]
+        cpu_after, mem_after = (
+            state.cpu[reps][owner] - shape.cpu_milli,
+            state.mem[reps][owner] - shape.memory_mib,
         )
-        after = frag(u_total, u_usable, u_count, ok_after)
+        after = fm.frag(u_total, u_usable, u_count, fm.node_ok(cpu_after, mem_after, known[owner]))
     else:
         after = u_total * 0
     delta_c = after - before[owner]
     free_c = np.clip(comp, 0, None).sum(axis=1)[owner] - shape.compute * shape.gpus
-    # best choice per representative: least increase (equal up to float noise), then the first listed
-    order = np.lexsort((np.arange(len(owner)), np.round(delta_c / EPS), owner))
-    _, first = np.unique(owner[order], return_index=True)
-    best = order[first]
+    best = _least_per_owner(delta_c, owner)
     rep_gpus = [tuple(int(x) for x in chosen[j]) for j in best.tolist()]
     return RowScores(state, rows, delta_c[best][group], free_c[best][group], reps, group, rep_gpus)
+
+
+def _least_per_owner(delta: F64, owner: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
+    """Per owner, the index of its least `delta` (equal up to float noise), the first listed on ties."""
+    order = np.lexsort((np.arange(len(owner)), np.round(delta / EPS), owner))
+    _, first = np.unique(owner[order], return_index=True)
+    best: npt.NDArray[np.intp] = order[first]
+    return best
 
 
 def _same_gpus(state: PackingState, row: int, rep_choice: tuple[int, ...], rep: int) -> tuple[int, ...]:
