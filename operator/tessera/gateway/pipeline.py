@@ -279,6 +279,38 @@ def split_model(model: ModelProto | str | Path, stages: int, *, layers: int | No
     return split_nodes(m, stages)
 
 
+_STOP = object()  # the end of the request stream
+_CANCELLED = object()  # what a blocked get returns once the stream is cancelled
+_POLL_S = 0.05  # how often a blocked put/get looks at the cancel flag
+
+
+class _Stream:
+    """The bounded queues between a stream's threads and the flag that ends them all: a put or get that
+    would block forever (a neighbour gone after a failure, a caller that stopped reading) gives up once
+    `cancel` is set."""
+
+    def __init__(self, queues: int) -> None:
+        self.queues: list[queue.Queue[Any]] = [queue.Queue(maxsize=2) for _ in range(queues)]
+        self.cancel = threading.Event()
+
+    def put(self, k: int, item: Any) -> bool:
+        while not self.cancel.is_set():
+            try:
+                self.queues[k].put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def get(self, k: int) -> Any:
+        while not self.cancel.is_set():
+            try:
+                return self.queues[k].get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+        return _CANCELLED
+
+
 class PipelinedModel:
     """A model run as ``stages`` pipeline stages, one ONNX Runtime session each.
 
@@ -352,46 +384,53 @@ class PipelinedModel:
 
     def run_stream(self, requests: Iterable[Mapping[str, np.ndarray]]) -> Iterator[list[np.ndarray]]:
         """Requests through the pipeline with stages overlapping: one thread per stage, a bounded queue
-        between neighbours, answers in request order. ONNX Runtime releases the GIL while a stage runs."""
+        between neighbours, answers in request order. ONNX Runtime releases the GIL while a stage runs.
+
+        A stage failure is raised here after the answers before it; then, or when the caller stops
+        iterating, every thread of the stream ends (none is left blocked on a full queue)."""
         n = len(self.stages)
-        qs: list[queue.Queue[Any]] = [queue.Queue(maxsize=2) for _ in range(n + 1)]
-        stop = object()
-
-        def stage_loop(k: int) -> None:
-            while True:
-                item = qs[k].get()
-                if item is stop or isinstance(item, BaseException):
-                    qs[k + 1].put(item)
-                    return
-                try:
-                    self._stage(k, item)
-                except Exception as err:  # hand the failure downstream, stop this request stream
-                    qs[k + 1].put(err)
-                    return
-                qs[k + 1].put(item)
-
-        threads = [threading.Thread(target=stage_loop, args=(k,), daemon=True) for k in range(n)]
+        stream = _Stream(n + 1)
+        threads = [
+            threading.Thread(
+                target=self._stage_loop, args=(k, stream), name=f"pipeline-stage-{k}", daemon=True
+            )
+            for k in range(n)
+        ]
+        threads.append(
+            threading.Thread(target=self._feed, args=(requests, stream), name="pipeline-feed", daemon=True)
+        )
         for t in threads:
             t.start()
-
-        def feed() -> None:
-            try:
-                for r in requests:
-                    qs[0].put(self._check(r))
-            except Exception as err:
-                qs[0].put(err)
-                return
-            qs[0].put(stop)
-
-        feeder = threading.Thread(target=feed, daemon=True)
-        feeder.start()
         try:
-            while True:
-                item = qs[n].get()
-                if item is stop:
-                    return
+            while (item := stream.get(n)) is not _STOP:
                 if isinstance(item, BaseException):
                     raise item
                 yield [item[o] for o in self.output_names]
         finally:
-            feeder.join(timeout=0)
+            stream.cancel.set()
+
+    def _feed(self, requests: Iterable[Mapping[str, np.ndarray]], stream: _Stream) -> None:
+        try:
+            for r in requests:
+                if not stream.put(0, self._check(r)):
+                    return
+        except Exception as err:
+            stream.put(0, err)
+            return
+        stream.put(0, _STOP)
+
+    def _stage_loop(self, k: int, stream: _Stream) -> None:
+        while True:
+            item = stream.get(k)
+            if item is _CANCELLED:
+                return
+            if item is _STOP or isinstance(item, BaseException):
+                stream.put(k + 1, item)
+                return
+            try:
+                self._stage(k, item)
+            except Exception as err:  # hand the failure downstream; upstream stops at the cancel
+                stream.put(k + 1, err)
+                return
+            if not stream.put(k + 1, item):
+                return

@@ -3,6 +3,8 @@ straight-line MLP, one ONNX Runtime session per stage, outputs equal to the unsp
 
 from __future__ import annotations
 
+import threading
+import time
 from itertools import pairwise
 from pathlib import Path
 
@@ -78,6 +80,34 @@ def test_stream_raises_a_stage_failure(early_exit: Path) -> None:
     bad = {"x": np.zeros((2, WIDTH + 1), dtype=np.float32), "n": np.ones((2, 1), dtype=np.int64)}
     with pytest.raises(Exception, match=r"(?i)dimension|shape|invalid"):
         list(pm.run_stream([*_requests(1, 2), bad, *_requests(2, 2)]))
+
+
+def _stream_threads_end(deadline_s: float = 30.0) -> bool:
+    """Whether every thread a stream started has ended, waiting up to `deadline_s` (a loaded machine)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        alive = [t for t in threading.enumerate() if t.name.startswith("pipeline-")]
+        if not alive:
+            return True
+        alive[0].join(timeout=end - time.monotonic())
+    return False
+
+
+def test_a_stage_failure_leaves_no_thread_blocked(early_exit: Path) -> None:
+    # many requests behind the bad one: before, the feeder and the first stage stayed blocked on full queues
+    pm = PipelinedModel(early_exit, stages=3, layers=MAX_LAYERS)
+    bad = {"x": np.zeros((2, WIDTH + 1), dtype=np.float32), "n": np.ones((2, 1), dtype=np.int64)}
+    with pytest.raises(Exception, match=r"(?i)dimension|shape|invalid"):
+        list(pm.run_stream([*_requests(1, 2), bad, *_requests(2, 40)]))
+    assert _stream_threads_end()
+
+
+def test_a_caller_that_stops_reading_ends_the_stream(early_exit: Path) -> None:
+    pm = PipelinedModel(early_exit, stages=3, layers=MAX_LAYERS)
+    stream = pm.run_stream(_requests(3, 40))
+    assert len(next(stream)) == len(pm.output_names)
+    stream.close()
+    assert _stream_threads_end()
 
 
 def test_ranges_follow_declared_layers(early_exit: Path) -> None:
