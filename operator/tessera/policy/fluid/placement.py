@@ -84,30 +84,12 @@ def place(
     `existing_lanes` are lanes already running on some of these GPUs (packed trials of this group); new
     packed trials may join them up to c per GPU, and those GPUs are not used for gangs.
     """
-    if len(demands) != len(widths):
-        raise ValueError("need one width per trial")
-    ids = [d.trial_id for d in demands]
-    if len(set(ids)) != len(ids):
-        raise ValueError("trial ids in a TrialGroup must be unique")
-    for g in gpu_ids:
-        cluster.gpu(g)  # raises KeyError naming an unknown GPU
-    biggest = max((cluster.gpu(g).memory_mib for g in gpu_ids), default=0)
-    for d in demands:
-        if d.memory_mib is not None and d.memory_mib > biggest:
-            raise ValueError(
-                f"trial {d.trial_id} declares {d.memory_mib} MiB, more than any of its GPUs has "
-                f"({biggest} MiB); lower its memory or give the group larger GPUs"
-            )
     existing = {g: list(ls) for g, ls in (existing_lanes or {}).items() if ls}
-    for g, ls in existing.items():
-        if g not in gpu_ids:
-            raise ValueError(f"existing lanes on GPU {g} which is not among the GPUs to plan on")
-        if len(ls) > c:
-            raise ValueError(f"GPU {g} already has {len(ls)} lanes, more than c={c}")
+    _check(cluster, gpu_ids, demands, widths, c, existing)
+    ids = [d.trial_id for d in demands]
     free = cluster.sorted(g for g in gpu_ids if g not in existing)
     order = planning_order([d.h1 for d in demands])
     order.sort(key=lambda i: -widths[i])  # stable: by width, then by h (same order when widths come from h)
-
     gangs: dict[str, tuple[str, ...]] = {}
     queued: list[str] = []
     small: list[int] = []
@@ -125,11 +107,53 @@ def place(
         gangs[ids[i]] = tuple(gang)
         taken = set(gang)
         free = [g for g in free if g not in taken]
-
     lanes = existing
+    queued += _pack(cluster, lanes, free, [demands[i] for i in small], c)
+    return TrialGroupPlacement(
+        widths=dict(zip(ids, widths, strict=True)),
+        gangs=gangs,
+        lanes={g: tuple(ls) for g, ls in lanes.items()},
+        queued=tuple(queued),
+    )
+
+
+def _check(
+    cluster: Cluster,
+    gpu_ids: Sequence[str],
+    demands: Sequence[TrialDemand],
+    widths: Sequence[Fraction],
+    c: int,
+    existing: Mapping[str, Sequence[PackedLane]],
+) -> None:
+    if len(demands) != len(widths):
+        raise ValueError("need one width per trial")
+    ids = [d.trial_id for d in demands]
+    if len(set(ids)) != len(ids):
+        raise ValueError("trial ids in a TrialGroup must be unique")
+    for g in gpu_ids:
+        cluster.gpu(g)  # raises KeyError naming an unknown GPU
+    biggest = max((cluster.gpu(g).memory_mib for g in gpu_ids), default=0)
+    for d in demands:
+        if d.memory_mib is not None and d.memory_mib > biggest:
+            raise ValueError(
+                f"trial {d.trial_id} declares {d.memory_mib} MiB, more than any of its GPUs has "
+                f"({biggest} MiB); lower its memory or give the group larger GPUs"
+            )
+    for g, ls in existing.items():
+        if g not in gpu_ids:
+            raise ValueError(f"existing lanes on GPU {g} which is not among the GPUs to plan on")
+        if len(ls) > c:
+            raise ValueError(f"GPU {g} already has {len(ls)} lanes, more than c={c}")
+
+
+def _pack(
+    cluster: Cluster, lanes: dict[str, list[PackedLane]], free: list[str], small: list[TrialDemand], c: int
+) -> list[str]:
+    """Pack the sub-GPU trials into lanes, up to c per GPU (`lanes` and `free` are updated); returns the
+    trials that found no room."""
+    queued: list[str] = []
     open_gpus = [g for g in cluster.sorted(lanes) if len(lanes[g]) < c]
-    for i in small:
-        d = demands[i]
+    for d in small:
         gpu = _packing_gpu(cluster, lanes, open_gpus, free, d, c)
         if gpu is None:
             queued.append(d.trial_id)
@@ -142,12 +166,7 @@ def place(
         lanes[gpu].append(PackedLane(gpu, d.trial_id, d.memory_mib or share, 100 // c))
         if len(lanes[gpu]) >= c:
             open_gpus.remove(gpu)
-    return TrialGroupPlacement(
-        widths=dict(zip(ids, widths, strict=True)),
-        gangs=gangs,
-        lanes={g: tuple(ls) for g, ls in lanes.items()},
-        queued=tuple(queued),
-    )
+    return queued
 
 
 def _packing_gpu(
