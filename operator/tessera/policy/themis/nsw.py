@@ -72,23 +72,38 @@ def greedy_nsw(
     polish_limit: int = 8,
 ) -> Solution:
     """Greedy marginal-gain NSW. Takes GPUs out of `pool`; `start` is a warm start (GPUs not in pool)."""
-    alloc: Solution = {b.app_id: list((start or {}).get(b.app_id, ())) for b in bids}
-    anchors: dict[str, Anchor] = {}
-    for b in bids:
-        a = b.held.copy()
-        a.add(cluster, alloc[b.app_id])
-        anchors[b.app_id] = a
-    by_id = {b.app_id: b for b in bids}
-    version = 0
-    maxima = pool.max_free()
+    greedy = _Greedy(bids, cluster, pool, start)
+    greedy.seat_entrants()
+    greedy.grow()
+    alloc = greedy.alloc
+    if start is None and len(bids) > 1 and pool.size + sum(len(v) for v in alloc.values()) <= polish_limit:
+        polish(bids, cluster, alloc, pool)
+    return alloc
 
-    def evaluate(b: Bid) -> tuple[float, int]:
-        k = len(alloc[b.app_id])
-        anchor = anchors[b.app_id]
+
+class _Greedy:
+    """The greedy's state: each bidder's GPUs so far and where they sit (its anchor)."""
+
+    def __init__(
+        self, bids: Sequence[Bid], cluster: Cluster, pool: FreePool, start: Mapping[str, Sequence[str]] | None
+    ) -> None:
+        self.bids, self.cluster, self.pool = bids, cluster, pool
+        self.alloc: Solution = {b.app_id: list((start or {}).get(b.app_id, ())) for b in bids}
+        self.anchors: dict[str, Anchor] = {}
+        for b in bids:
+            a = b.held.copy()
+            a.add(cluster, self.alloc[b.app_id])
+            self.anchors[b.app_id] = a
+        self.maxima = pool.max_free()
+
+    def evaluate(self, b: Bid) -> tuple[float, int]:
+        """The bidder's best gain per GPU in Σ log 1/ρ and the increment d that gets it (0: none helps)."""
+        k = len(self.alloc[b.app_id])
+        anchor = self.anchors[b.app_id]
         cur = b.log_rho(k, anchor.locality())
         best_g, best_d = 0.0, 0
-        for d in range(1, min(b.cap - k, pool.size) + 1):
-            loc = pool.predict(anchor, d, maxima)
+        for d in range(1, min(b.cap - k, self.pool.size) + 1):
+            loc = self.pool.predict(anchor, d, self.maxima)
             if loc is None:
                 break
             g = (cur - b.log_rho(k + d, loc)) / d
@@ -96,43 +111,47 @@ def greedy_nsw(
                 best_g, best_d = g, d
         return best_g, best_d
 
-    # Entrants (holding nothing, ρ_old = ρ_cap) all win a first GPU before anyone grows, because that
-    # step's gain dwarfs every other. Seat them first, the most placement-sensitive first, so the app
-    # that would lose most on a spread placement picks its region before the others (Figure 5, inst. 2).
-    entrants = [b for b in bids if b.held.count == 0 and not alloc[b.app_id] and b.cap > 0]
-    if 0 < len(entrants) <= pool.size:
-        for b in sorted(entrants, key=lambda b: -_regret(b)):
-            got = pool.take(anchors[b.app_id], 1, grow_to=b.cap)
-            alloc[b.app_id].extend(got)
-            anchors[b.app_id].add(cluster, got)
-        maxima = pool.max_free()
-    heap: list[tuple[float, int, str, int, int]] = []
-    for order, b in enumerate(bids):
-        g, d = evaluate(b)
-        if d:
-            heap.append((-g, order, b.app_id, d, version))
-    heapq.heapify(heap)
-    order_of = {b.app_id: i for i, b in enumerate(bids)}
-    while heap and pool.size:
-        _, order, app_id, d, ver = heapq.heappop(heap)
-        b = by_id[app_id]
-        if ver != version:
-            g, d = evaluate(b)
+    def take(self, b: Bid, d: int, grow_to: int) -> None:
+        got = self.pool.take(self.anchors[b.app_id], d, grow_to=grow_to)
+        self.alloc[b.app_id].extend(got)
+        self.anchors[b.app_id].add(self.cluster, got)
+
+    def seat_entrants(self) -> None:
+        """Entrants (holding nothing, ρ_old = ρ_cap) all win a first GPU before anyone grows, because that
+        step's gain dwarfs every other. Seat them first, the most placement-sensitive first, so the app
+        that would lose most on a spread placement picks its region before the others (Figure 5, inst. 2)."""
+        entrants = [b for b in self.bids if b.held.count == 0 and not self.alloc[b.app_id] and b.cap > 0]
+        if 0 < len(entrants) <= self.pool.size:
+            for b in sorted(entrants, key=lambda b: -_regret(b)):
+                self.take(b, 1, b.cap)
+            self.maxima = self.pool.max_free()
+
+    def grow(self) -> None:
+        """Give the best increment, one at a time, until the pool is empty or nobody gains; gains only
+        fall as the pool shrinks, so a stale heap entry is re-evaluated when it comes up (lazy greedy)."""
+        version = 0
+        heap: list[tuple[float, int, str, int, int]] = []
+        for order, b in enumerate(self.bids):
+            g, d = self.evaluate(b)
             if d:
-                heapq.heappush(heap, (-g, order, app_id, d, version))
-            continue
-        k = len(alloc[app_id])
-        got = pool.take(anchors[app_id], d, grow_to=b.cap - k)
-        alloc[app_id].extend(got)
-        anchors[app_id].add(cluster, got)
-        version += 1
-        maxima = pool.max_free()
-        g, d = evaluate(b)
-        if d:
-            heapq.heappush(heap, (-g, order_of[app_id], app_id, d, version))
-    if start is None and len(bids) > 1 and pool.size + sum(len(v) for v in alloc.values()) <= polish_limit:
-        polish(bids, cluster, alloc, pool)
-    return alloc
+                heap.append((-g, order, b.app_id, d, version))
+        heapq.heapify(heap)
+        by_id = {b.app_id: b for b in self.bids}
+        order_of = {b.app_id: i for i, b in enumerate(self.bids)}
+        while heap and self.pool.size:
+            _, order, app_id, d, ver = heapq.heappop(heap)
+            b = by_id[app_id]
+            if ver != version:
+                g, d = self.evaluate(b)
+                if d:
+                    heapq.heappush(heap, (-g, order, app_id, d, version))
+                continue
+            self.take(b, d, b.cap - len(self.alloc[app_id]))
+            version += 1
+            self.maxima = self.pool.max_free()
+            g, d = self.evaluate(b)
+            if d:
+                heapq.heappush(heap, (-g, order_of[app_id], app_id, d, version))
 
 
 def _regret(b: Bid) -> float:
@@ -150,57 +169,77 @@ def polish(
 ) -> None:
     """Local search on a small greedy solution: move one GPU (to another bidder or back to the pool) or
     swap two GPUs, while Σ log ρ falls. Repairs the greedy's placement mistakes on small offers."""
-    keep = {g for v in (fixed or {}).values() for g in v}
+    _Polish(bids, cluster, alloc, pool, fixed).run()
 
-    def term(b: Bid, gs: Sequence[str]) -> float:
+
+class _Polish:
+    def __init__(
+        self,
+        bids: Sequence[Bid],
+        cluster: Cluster,
+        alloc: Solution,
+        pool: FreePool,
+        fixed: Mapping[str, Sequence[str]] | None,
+    ) -> None:
+        self.bids, self.cluster, self.alloc, self.pool = bids, cluster, alloc, pool
+        self.keep = {g for v in (fixed or {}).values() for g in v}
+        self.owner = {g: b.app_id for b in bids for g in alloc[b.app_id] if g not in self.keep}
+        self.by_id = {b.app_id: b for b in bids}
+        self.free = pool.ids()
+
+    def term(self, b: Bid, gs: Sequence[str]) -> float:
         a = b.held.copy()
-        a.add(cluster, gs)
+        a.add(self.cluster, gs)
         return b.log_rho(len(gs), a.locality())
 
-    owner = {g: b.app_id for b in bids for g in alloc[b.app_id] if g not in keep}
-    by_id = {b.app_id: b for b in bids}
-    free = pool.ids()
-    improved, passes = True, 0
-    while improved and passes < 20:
-        improved, passes = False, passes + 1
-        for g in list(owner):
-            i = owner[g]
-            bi = by_id[i]
-            base_i = term(bi, alloc[i])
-            without_g = [x for x in alloc[i] if x != g]
-            # Move g to another bidder, or swap g with one of that bidder's GPUs or a free GPU.
-            for bj in bids:
-                j = bj.app_id
-                if j == i:
-                    continue
-                base = base_i + term(bj, alloc[j])
-                if len(alloc[j]) < bj.cap and term(bi, without_g) + term(bj, [*alloc[j], g]) < base - 1e-12:
-                    alloc[i], alloc[j] = without_g, [*alloc[j], g]
-                    owner[g] = j
+    def run(self) -> None:
+        improved, passes = True, 0
+        while improved and passes < 20:
+            improved, passes = False, passes + 1
+            for g in list(self.owner):
+                i = self.owner[g]
+                # Move g to another bidder, or swap g with one of that bidder's GPUs or a free GPU.
+                if self._with_bidder(g, i) or self._with_free(g, i):
                     improved = True
-                    break
-                done = False
-                for h in alloc[j]:
-                    if h in keep:
-                        continue
-                    ni = [*without_g, h]
-                    nj = [x if x != h else g for x in alloc[j]]
-                    if term(bi, ni) + term(bj, nj) < base - 1e-12:
-                        alloc[i], alloc[j] = ni, nj
-                        owner[g], owner[h] = j, i
-                        improved = done = True
-                        break
-                if done:
-                    break
-            else:
-                for h in free:
-                    ni = [*without_g, h]
-                    if term(bi, ni) < base_i - 1e-12:
-                        alloc[i] = ni
-                        del owner[g]
-                        owner[h] = i
-                        free = [x if x != h else g for x in free]
-                        pool.remove([h])
-                        pool.put([g])
-                        improved = True
-                        break
+
+    def _with_bidder(self, g: str, i: str) -> bool:
+        """Move g from bidder i to another bidder, or swap it with one of theirs, if Σ log ρ falls."""
+        alloc, term, bi = self.alloc, self.term, self.by_id[i]
+        base_i = term(bi, alloc[i])
+        without_g = [x for x in alloc[i] if x != g]
+        for bj in self.bids:
+            j = bj.app_id
+            if j == i:
+                continue
+            base = base_i + term(bj, alloc[j])
+            if len(alloc[j]) < bj.cap and term(bi, without_g) + term(bj, [*alloc[j], g]) < base - 1e-12:
+                alloc[i], alloc[j] = without_g, [*alloc[j], g]
+                self.owner[g] = j
+                return True
+            for h in alloc[j]:
+                if h in self.keep:
+                    continue
+                ni = [*without_g, h]
+                nj = [x if x != h else g for x in alloc[j]]
+                if term(bi, ni) + term(bj, nj) < base - 1e-12:
+                    alloc[i], alloc[j] = ni, nj
+                    self.owner[g], self.owner[h] = j, i
+                    return True
+        return False
+
+    def _with_free(self, g: str, i: str) -> bool:
+        """Swap g of bidder i with a free GPU if Σ log ρ falls."""
+        bi = self.by_id[i]
+        base_i = self.term(bi, self.alloc[i])
+        without_g = [x for x in self.alloc[i] if x != g]
+        for h in self.free:
+            ni = [*without_g, h]
+            if self.term(bi, ni) < base_i - 1e-12:
+                self.alloc[i] = ni
+                del self.owner[g]
+                self.owner[h] = i
+                self.free = [x if x != h else g for x in self.free]
+                self.pool.remove([h])
+                self.pool.put([g])
+                return True
+        return False
