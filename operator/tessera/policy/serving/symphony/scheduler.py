@@ -167,45 +167,13 @@ class SymphonyScheduler:
     def _update_candidate(self, i: int, now: float) -> None:
         """UPDATECANDIDATE (lines 1-8) with the head-greedy GETBATCH and its drops (A.5)."""
         q = self._queues[i]
-        solo = self._solo[i]
-        if q and q[0][0] - solo < now:  # same arithmetic as `latest`, so latest ≥ now
-            k = 1
-            nq = len(q)
-            while k < nq and q[k][0] - solo < now:
-                k += 1
-            drops = self._drops
-            for e in q[:k]:
-                drops.append(Drop(e[4], now, _CANNOT_MEET))
-            del q[:k]
-        if q and self._early:
-            # Fast path: the head fits a batch of min(target, |Q|); the loop only runs when it sheds.
-            head = q[0]
-            n = self._target(i, head[0] - head[3])
-            if n > len(q):
-                n = len(q)
-            if n >= 2 and head[0] - self._pmax[i][n] < now:
-                self._early_drop(i, q, now)
+        self._shed(i, q, now)
         if not q:
             self._csize[i] = 0
             self._cseq[i] = self._sseq[i] = -1
             return
         d = q[0][0]
-        cap = len(q)
-        if cap > self._maxb[i]:
-            cap = self._maxb[i]
-        pmax = self._pmax[i]
-        if cap + 1 >= len(pmax):
-            self._grow(i, cap + 1)
-        # Largest n ≤ cap with d − ℓ(k) ≥ now for all 2 ≤ k ≤ n, walked from the previous size.
-        n = self._csize[i]
-        if n > cap:
-            n = cap
-        elif n < 1:
-            n = 1
-        while n > 1 and d - pmax[n] < now:
-            n -= 1
-        while n < cap and d - pmax[n + 1] >= now:
-            n += 1
+        n = self._candidate_size(i, len(q), d, now)
         lat = self._lat[i]
         timeout = self.timeout
         if timeout is None:
@@ -233,6 +201,48 @@ class SymphonyScheduler:
             _heappush(timers, (_nextafter(latest, _INF), s, self._m + i))
         else:
             self._sseq[i] = -1
+
+    def _shed(self, i: int, q: list[_Entry], now: float) -> None:
+        """Drop the queue's head requests that cannot meet their deadline even alone, then (early-drop
+        GETBATCH) those the head's batch cannot carry."""
+        solo = self._solo[i]
+        if q and q[0][0] - solo < now:  # same arithmetic as `latest`, so latest ≥ now
+            k = 1
+            nq = len(q)
+            while k < nq and q[k][0] - solo < now:
+                k += 1
+            drops = self._drops
+            for e in q[:k]:
+                drops.append(Drop(e[4], now, _CANNOT_MEET))
+            del q[:k]
+        if q and self._early:
+            # Fast path: the head fits a batch of min(target, |Q|); the loop only runs when it sheds.
+            head = q[0]
+            n = self._target(i, head[0] - head[3])
+            if n > len(q):
+                n = len(q)
+            if n >= 2 and head[0] - self._pmax[i][n] < now:
+                self._early_drop(i, q, now)
+
+    def _candidate_size(self, i: int, queued: int, d: float, now: float) -> int:
+        """Largest n ≤ min(|Q|, max batch) with d − ℓ(k) ≥ now for all 2 ≤ k ≤ n, walked from the
+        previous size (``d``: the head's deadline)."""
+        cap = queued
+        if cap > self._maxb[i]:
+            cap = self._maxb[i]
+        pmax = self._pmax[i]
+        if cap + 1 >= len(pmax):
+            self._grow(i, cap + 1)
+        n = self._csize[i]
+        if n > cap:
+            n = cap
+        elif n < 1:
+            n = 1
+        while n > 1 and d - pmax[n] < now:
+            n -= 1
+        while n < cap and d - pmax[n + 1] >= now:
+            n += 1
+        return n
 
     def _target(self, i: int, slo: float) -> int:
         """Staggered batch size for model ``i`` at this SLO: max b with (1 + 1/N)·ℓ(b) ≤ SLO (A.6 Eq. 1)."""
