@@ -158,14 +158,7 @@ def _local_search(
     st: _State, s_max: float, r_max: float, budget: float, max_rounds: int, moved_from: dict[int, int]
 ) -> None:
     """Best improving move or swap between the extreme partitions, repeated while it helps."""
-    spent = 0.0
-
-    def cost_of(i: int, dest: int) -> float:
-        # Moving back to where it started refunds; moving a model already moved costs nothing more.
-        was_moved = st.where[i] != moved_from[i]
-        will_move = dest != moved_from[i]
-        return st.models[i].move_cost * (int(will_move) - int(was_moved))
-
+    search = _Search(st, s_max, r_max, budget, moved_from)
     for _ in range(max_rounds):
         cur = st.objective()
         st.snapshot()
@@ -175,7 +168,36 @@ def _local_search(
             max(range(st.parts), key=lambda j: st.s[j]),
             min(range(st.parts), key=lambda j: st.s[j]),
         }
-        best: tuple[float, list[tuple[int, int]], float] | None = None
+        # swaps between extreme partitions help when single moves overshoot
+        best = search.best_move(extremes, cur) or search.best_swap(extremes, cur)
+        if best is None:
+            return
+        for i, dst in best[1]:
+            st.place(i, dst)
+        search.spent += best[2]
+
+
+# a step of the local search: (objective after, [(model, destination partition)], move cost)
+_Step = tuple[float, list[tuple[int, int]], float]
+
+
+class _Search:
+    def __init__(
+        self, st: _State, s_max: float, r_max: float, budget: float, moved_from: dict[int, int]
+    ) -> None:
+        self.st, self.s_max, self.r_max, self.budget, self.moved_from = st, s_max, r_max, budget, moved_from
+        self.spent = 0.0
+
+    def cost_of(self, i: int, dest: int) -> float:
+        # Moving back to where it started refunds; moving a model already moved costs nothing more.
+        was_moved = self.st.where[i] != self.moved_from[i]
+        will_move = dest != self.moved_from[i]
+        return self.st.models[i].move_cost * (int(will_move) - int(was_moved))
+
+    def best_move(self, extremes: set[int], cur: float) -> _Step | None:
+        """The best improving move of one model between an extreme partition and any other."""
+        st = self.st
+        best: _Step | None = None
         for a in extremes:
             for b in range(st.parts):
                 if a == b:
@@ -189,35 +211,36 @@ def _local_search(
                         )  # fmt: skip
                         if obj >= cur - 1e-12 or (best is not None and obj >= best[0]):
                             continue
-                        c = cost_of(i, dst)
-                        if spent + c <= budget + 1e-9 and st.feasible(dst, s_max, r_max, add=i):
+                        c = self.cost_of(i, dst)
+                        if self.spent + c <= self.budget + 1e-9 and st.feasible(
+                            dst, self.s_max, self.r_max, add=i
+                        ):
                             best = (obj, [(i, dst)], c)
-        if best is None:
-            for a in extremes:  # swaps between extreme partitions help when single moves overshoot
-                for b in extremes:
-                    if a == b:
-                        continue
-                    for i in st.members[a]:
-                        for k in st.members[b]:
-                            mi, mk = st.models[i], st.models[k]
-                            dr, ds = mk.rate - mi.rate, mk.static_mem - mi.static_mem
-                            obj = st.pair_objective(
-                                a, b, st.r[a] + dr, st.s[a] + ds, st.r[b] - dr, st.s[b] - ds
-                            )
-                            if obj >= cur - 1e-12 or (best is not None and obj >= best[0]):
-                                continue
-                            c = cost_of(i, b) + cost_of(k, a)
-                            if spent + c > budget + 1e-9:
-                                continue
-                            if st.feasible(a, s_max, r_max, add=k, remove=i) and st.feasible(
-                                b, s_max, r_max, add=i, remove=k
-                            ):
-                                best = (obj, [(i, b), (k, a)], c)
-        if best is None:
-            return
-        for i, dst in best[1]:
-            st.place(i, dst)
-        spent += best[2]
+        return best
+
+    def best_swap(self, extremes: set[int], cur: float) -> _Step | None:
+        """The best improving swap of two models between two extreme partitions."""
+        st, s_max, r_max = self.st, self.s_max, self.r_max
+        best: _Step | None = None
+        for a in extremes:
+            for b in extremes:
+                if a == b:
+                    continue
+                for i in st.members[a]:
+                    for k in st.members[b]:
+                        mi, mk = st.models[i], st.models[k]
+                        dr, ds = mk.rate - mi.rate, mk.static_mem - mi.static_mem
+                        obj = st.pair_objective(a, b, st.r[a] + dr, st.s[a] + ds, st.r[b] - dr, st.s[b] - ds)
+                        if obj >= cur - 1e-12 or (best is not None and obj >= best[0]):
+                            continue
+                        c = self.cost_of(i, b) + self.cost_of(k, a)
+                        if self.spent + c > self.budget + 1e-9:
+                            continue
+                        if st.feasible(a, s_max, r_max, add=k, remove=i) and st.feasible(
+                            b, s_max, r_max, add=i, remove=k
+                        ):
+                            best = (obj, [(i, b), (k, a)], c)
+        return best
 
 
 def random_partition(
