@@ -284,15 +284,7 @@ def write_training_openmetrics(
     names any other Themis run left out), with a point every `step_s` seconds between rounds.
     `tessera_build_info{component="simulator"}` is written at every instant any series is.
     """
-    runs = list(result.runs)
-    if policies is not None:
-        known = [str(getattr(r, "policy", "?")) for r in runs]
-        missing = [p for p in policies if p not in known]
-        if missing:
-            raise ValueError(f"no run for policies {missing}; the result has {known}")
-        runs = [r for r in runs if getattr(r, "policy", None) in set(policies)]
-    if not runs:
-        raise ValueError("the result has no runs to export")
+    runs = _selected_runs(result, policies)
     timelines = [_timeline(r) for r in runs]
     end = max(
         [t for tl in timelines for t, *_ in tl]
@@ -303,7 +295,33 @@ def write_training_openmetrics(
     start = time.time() - end if start_unix is None else start_unix
     if start + begin < 0:
         raise ValueError(f"start_unix {start} puts the run's first sample before 1970")
+    namespaces, samples = _runs_samples(runs, namespace_prefix, start, step_s)
+    # The simulator's build_info at every instant any run wrote, as a scraped exporter would show it.
+    build = {"component": Component.SIMULATOR.value, "version": tessera.__version__}
+    for ts in sorted({s.timestamp for s in samples}):
+        samples.append(Sample("tessera_build_info", build, 1.0, ts))
+    log.info("what-if run: namespaces %s, %.1f h of simulated time", sorted(namespaces), (end - begin) / 3600)
+    return write_openmetrics(samples, path)
 
+
+def _selected_runs(result: TrainingRuns, policies: Sequence[str] | None) -> list[object]:
+    runs = list(result.runs)
+    if policies is not None:
+        known = [str(getattr(r, "policy", "?")) for r in runs]
+        missing = [p for p in policies if p not in known]
+        if missing:
+            raise ValueError(f"no run for policies {missing}; the result has {known}")
+        runs = [r for r in runs if getattr(r, "policy", None) in set(policies)]
+    if not runs:
+        raise ValueError("the result has no runs to export")
+    return runs
+
+
+def _runs_samples(
+    runs: Sequence[object], namespace_prefix: str, start: float, step_s: float
+) -> tuple[dict[str, str], list[Sample]]:
+    """Each run's samples under its own namespace (namespace → policy); the label-free rounds counter
+    from the first Themis run only."""
     namespaces: dict[str, str] = {}
     samples: list[Sample] = []
     rounds_from: str | None = None
@@ -327,9 +345,4 @@ def write_training_openmetrics(
         else:
             rounds_from = policy
         samples.extend(run_samples)
-    # The simulator's build_info at every instant any run wrote, as a scraped exporter would show it.
-    build = {"component": Component.SIMULATOR.value, "version": tessera.__version__}
-    for ts in sorted({s.timestamp for s in samples}):
-        samples.append(Sample("tessera_build_info", build, 1.0, ts))
-    log.info("what-if run: namespaces %s, %.1f h of simulated time", sorted(namespaces), (end - begin) / 3600)
-    return write_openmetrics(samples, path)
+    return namespaces, samples
