@@ -391,30 +391,9 @@ def _csv_records(source: str, p: Path) -> list[dict[str, Any]]:
             raise TraceError(source, "header", f"unknown columns {unknown}; known: {', '.join(_CSV_COLUMNS)}")
         apps: dict[str, dict[str, Any]] = {}
         for n, row in enumerate(reader, start=2):
-            where = f"line {n}"
             app = apps.get(row["app"])
             if app is None:
-                app = {"id": row["app"], "arrival": _cell(row["arrival"])}
-                if row.get("model"):
-                    app["model"] = row["model"]
-                if row.get("network_intensive"):
-                    app["network_intensive"] = _flag(row["network_intensive"])
-                if row.get("iters_per_phase"):
-                    try:
-                        ipp = [float(x) for x in row["iters_per_phase"].split(";")]
-                    except ValueError:
-                        raise TraceError(
-                            source, f"{where}.iters_per_phase", "expected numbers separated by ';'"
-                        ) from None
-                    app["halving"] = {
-                        "iters_per_phase": ipp,
-                        "job_gpus": _cell(row.get("gpus") or 1),
-                        "eta": _cell(row.get("eta") or 2),
-                    }
-                    app["configs"] = []
-                else:
-                    app["jobs"] = []
-                apps[row["app"]] = app
+                app = apps[row["app"]] = _csv_app(source, f"line {n}", row)
             if "halving" in app:
                 cfg: dict[str, Any] = {}
                 if row.get("iter_time"):
@@ -431,6 +410,29 @@ def _csv_records(source: str, p: Path) -> list[dict[str, Any]]:
                     job["iter_time"] = _cell(row["iter_time"])
                 app["jobs"].append({k: v for k, v in job.items() if v is not None})
         return list(apps.values())
+
+
+def _csv_app(source: str, where: str, row: dict[str, str]) -> dict[str, Any]:
+    """An app's record from its first CSV row (its jobs or halving configs are added row by row)."""
+    app: dict[str, Any] = {"id": row["app"], "arrival": _cell(row["arrival"])}
+    if row.get("model"):
+        app["model"] = row["model"]
+    if row.get("network_intensive"):
+        app["network_intensive"] = _flag(row["network_intensive"])
+    if not row.get("iters_per_phase"):
+        app["jobs"] = []
+        return app
+    try:
+        ipp = [float(x) for x in row["iters_per_phase"].split(";")]
+    except ValueError:
+        raise TraceError(source, f"{where}.iters_per_phase", "expected numbers separated by ';'") from None
+    app["halving"] = {
+        "iters_per_phase": ipp,
+        "job_gpus": _cell(row.get("gpus") or 1),
+        "eta": _cell(row.get("eta") or 2),
+    }
+    app["configs"] = []
+    return app
 
 
 # --- generating ------------------------------------------------------------------------------------
