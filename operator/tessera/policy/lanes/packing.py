@@ -92,6 +92,15 @@ class _PackingPolicy:
     def placed(self, state: PackingState, pick: Pick, shape: Shape) -> None:
         return None
 
+    def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
+        rows = self.feasible(state, shape)
+        return self.pick(state, rows, shape, rng) if len(rows) else None
+
+    def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
+        """The node and GPUs among the feasible `rows` (not empty); policies that score all rows at once
+        override `choose` instead."""
+        raise NotImplementedError
+
     def feasible(self, state: PackingState, shape: Shape) -> npt.NDArray[np.intp]:
         rows = all_rows(state)
         return rows[state.feasible(rows, shape)]
@@ -100,10 +109,7 @@ class _PackingPolicy:
 class RandomFit(_PackingPolicy):
     name = "random"
 
-    def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
-        rows = self.feasible(state, shape)
-        if not len(rows):
-            return None
+    def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
         row = int(rows[rng.randrange(len(rows))])
         return row, tightest(state, row, shape)
 
@@ -111,10 +117,7 @@ class RandomFit(_PackingPolicy):
 class FirstFit(_PackingPolicy):
     name = "first-fit"
 
-    def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
-        rows = self.feasible(state, shape)
-        if not len(rows):
-            return None
+    def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
         row = int(rows[0])
         fits = np.flatnonzero(state.gpu_fits(np.array([row]), shape)[0]) if shape.gpus else np.zeros(0)
         return row, tuple(int(c) for c in fits[: shape.gpus])
@@ -123,10 +126,7 @@ class FirstFit(_PackingPolicy):
 class BestFit(_PackingPolicy):
     name = "best-fit"
 
-    def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
-        rows = self.feasible(state, shape)
-        if not len(rows):
-            return None
+    def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
         n = state.rows
         max_cpu = float(state.cpu_cap[:n].max()) or 1.0
         max_gpu = float(state.gpus[:n].max()) or 1.0
@@ -139,10 +139,7 @@ class BestFit(_PackingPolicy):
 class DotProduct(_PackingPolicy):
     name = "dot-product"
 
-    def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
-        rows = self.feasible(state, shape)
-        if not len(rows):
-            return None
+    def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
         cpu_cap = np.maximum(state.cpu_cap[rows], 1.0)
         cpu_part = (state.cpu[rows] / cpu_cap) * (shape.cpu_milli / cpu_cap)
         if shape.gpus == 1:
@@ -164,10 +161,7 @@ class GpuPacking(_PackingPolicy):
 
     name = "gpu-packing"
 
-    def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
-        rows = self.feasible(state, shape)
-        if not len(rows):
-            return None
+    def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
         if not shape.gpus:
             row = int(rows[rng.randrange(len(rows))])
             return row, ()
@@ -198,10 +192,7 @@ class GpuClustering(_PackingPolicy):
     name: str = "gpu-clustering"
     affinity: dict[int, Counter[tuple[int, float]]] = field(default_factory=dict)
 
-    def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
-        rows = self.feasible(state, shape)
-        if not len(rows):
-            return None
+    def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
         if not shape.gpus:
             row = int(rows[rng.randrange(len(rows))])
             return row, ()
