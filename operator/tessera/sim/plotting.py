@@ -6,6 +6,7 @@ naming the extra, before any simulation runs, instead of an ImportError tracebac
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 INSTALL_HINT = "pip install 'tessera[plots]'"
@@ -30,3 +31,11 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(plt: Any, fig: Any, path: Path, dpi: int = 120) -> Path:
+    """Lay out, write and close `fig`; returns `path`."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path

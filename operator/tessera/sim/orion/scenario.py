@@ -154,7 +154,7 @@ class OrionResult:
         }
 
     def plots(self, directory: Path) -> list[Path]:
-        from tessera.sim.plotting import pyplot
+        from tessera.sim.plotting import pyplot, save_figure
 
         plt = pyplot()
 
@@ -166,10 +166,7 @@ class OrionResult:
         ax.set_ylabel("HP p99 / dedicated")
         ax.set_title(self.scenario.name)
         ax.tick_params(axis="x", rotation=30)
-        path = directory / f"{self.scenario.name}-p99.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        path = save_figure(plt, fig, directory / f"{self.scenario.name}-p99.png")
         return [path]
 
 

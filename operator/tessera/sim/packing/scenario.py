@@ -208,7 +208,7 @@ class PackingResult:
         }
 
     def plots(self, directory: Path) -> list[Path]:
-        from tessera.sim.plotting import pyplot
+        from tessera.sim.plotting import pyplot, save_figure
 
         plt = pyplot()
 
@@ -230,10 +230,7 @@ class PackingResult:
             ax.set_title(self.scenario.name)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-            path = directory / f"{self.scenario.name}-{what}.png"
-            fig.tight_layout()
-            fig.savefig(path, dpi=120)
-            plt.close(fig)
+            path = save_figure(plt, fig, directory / f"{self.scenario.name}-{what}.png")
             out.append(path)
         return out
 

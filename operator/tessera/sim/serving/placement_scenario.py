@@ -222,7 +222,7 @@ class PlacementResult:
         }
 
     def plots(self, directory: Path) -> list[Path]:
-        from tessera.sim.plotting import pyplot
+        from tessera.sim.plotting import pyplot, save_figure
 
         plt = pyplot()
 
@@ -237,10 +237,7 @@ class PlacementResult:
         ax.set_title(self.scenario.name)
         ax.grid(alpha=0.3)
         ax.legend()
-        path = directory / f"{self.scenario.name}-attainment.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        path = save_figure(plt, fig, directory / f"{self.scenario.name}-attainment.png")
         return [path]
 
 

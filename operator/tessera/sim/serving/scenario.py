@@ -293,7 +293,7 @@ class ServingResult:
         return out
 
     def plots(self, directory: Path) -> list[Path]:
-        from tessera.sim.plotting import pyplot
+        from tessera.sim.plotting import pyplot, save_figure
 
         plt = pyplot()
 
@@ -311,10 +311,7 @@ class ServingResult:
             ax.set_title(f"{sc.name}: {sc.batching.modes}-mode dynamic model")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-            paths.append(directory / f"{sc.name}-batching.png")
-            fig.tight_layout()
-            fig.savefig(paths[-1], dpi=120)
-            plt.close(fig)
+            paths.append(save_figure(plt, fig, directory / f"{sc.name}-batching.png"))
         if sc.cluster is not None and self.cluster:
             fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
             xs = list(self.cluster)
@@ -330,10 +327,7 @@ class ServingResult:
                 a.grid(alpha=0.3)
             a1.legend(fontsize=8)
             fig.suptitle(f"{sc.name}: {sc.cluster.models} models on {sc.cluster.gpus} GPUs")
-            paths.append(directory / f"{sc.name}-cluster.png")
-            fig.tight_layout()
-            fig.savefig(paths[-1], dpi=120)
-            plt.close(fig)
+            paths.append(save_figure(plt, fig, directory / f"{sc.name}-cluster.png"))
         return paths
 
 

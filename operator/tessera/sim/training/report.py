@@ -197,7 +197,7 @@ class TrainingResult:
         }
 
     def plots(self, directory: Path) -> list[Path]:
-        from tessera.sim.plotting import pyplot
+        from tessera.sim.plotting import pyplot, save_figure
 
         plt = pyplot()
 
@@ -212,20 +212,12 @@ class TrainingResult:
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
         ax.legend(fontsize=8)
         ax.set_title(f"ρ CDF — {self.name}")
-        fig.tight_layout()
-        p = directory / "rho_cdf.png"
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        out.append(p)
+        out.append(save_figure(plt, fig, directory / "rho_cdf.png"))
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.bar([s.policy for s in self.summaries], [s.gpu_hours for s in self.summaries])
         ax.set_ylabel("GPU-hours")
         ax.set_title(f"GPU time — {self.name}")
-        fig.tight_layout()
-        p = directory / "gpu_hours.png"
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        out.append(p)
+        out.append(save_figure(plt, fig, directory / "gpu_hours.png"))
         fig, ax = plt.subplots(figsize=(6, 4))
         for r in self.runs:
             xs = sorted(r.placement_scores)
@@ -234,9 +226,5 @@ class TrainingResult:
         ax.set_xlabel("placement score 1/S")
         ax.set_ylabel("fraction of placements")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        p = directory / "placement_cdf.png"
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        out.append(p)
+        out.append(save_figure(plt, fig, directory / "placement_cdf.png"))
         return out

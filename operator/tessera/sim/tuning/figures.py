@@ -14,7 +14,7 @@ from typing import Any
 from tessera.cluster import Cluster
 from tessera.policy.fluid import FluidConfig
 from tessera.progress import Progress
-from tessera.sim.plotting import PlotsUnavailable, pyplot
+from tessera.sim.plotting import PlotsUnavailable, pyplot, save_figure
 from tessera.sim.tuning.engine import TuningSim
 from tessera.sim.tuning.experiments import (
     ALGORITHMS,
@@ -146,9 +146,7 @@ def _plot_macro(plt: Any, out: Path, r: _Results) -> None:
         f"8 GPUs, {r.seeds} paired seeds (95 % CI); grey = the paper's range (Fig. 3.7)", fontsize=10
     )
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "fluid-macro.png", dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, out / "fluid-macro.png", dpi=110)
 
 
 def _plot_scaling(plt: Any, out: Path, r: _Results) -> None:
@@ -168,9 +166,7 @@ def _plot_scaling(plt: Any, out: Path, r: _Results) -> None:
     ax2.set_ylim(0.7, 0.9)
     ax2.set_title("ASHA max score over time (the form of Fig. 3.10)", fontsize=10)
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "fluid-asha-scaling.png", dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, out / "fluid-asha-scaling.png", dpi=110)
 
 
 def _plot_overhead(plt: Any, out: Path, r: _Results) -> None:
@@ -184,9 +180,7 @@ def _plot_overhead(plt: Any, out: Path, r: _Results) -> None:
     ax.set_ylabel("speed-up of Fluid over FIFO")
     ax.set_title("Grid search, 27 configs on 8 GPUs (paper Fig. 3.13a)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "fluid-overhead.png", dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, out / "fluid-overhead.png", dpi=110)
 
 
 def _print_results(r: _Results) -> None:

@@ -233,7 +233,7 @@ class TuningScenarioResult:
 
     def plots(self, directory: Path) -> list[Path]:
         """One grouped bar chart per metric: algorithms on x, one bar per executor."""
-        from tessera.sim.plotting import pyplot
+        from tessera.sim.plotting import pyplot, save_figure
 
         plt = pyplot()
 
@@ -257,10 +257,7 @@ class TuningScenarioResult:
             ax.set_ylabel(label)
             ax.set_title(f"{s.name}: {label}, {s.gpus} GPUs, mean of {s.runs} runs")
             ax.legend()
-            fig.tight_layout()
-            path = directory / f"{s.name}-{metric.replace('_', '-')}.png"
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
+            path = save_figure(plt, fig, directory / f"{s.name}-{metric.replace('_', '-')}.png", dpi=110)
             out.append(path)
         return out
 
