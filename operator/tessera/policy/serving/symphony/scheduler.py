@@ -173,7 +173,22 @@ class SymphonyScheduler:
             self._cseq[i] = self._sseq[i] = -1
             return
         d = q[0][0]
-        n = self._candidate_size(i, len(q), d, now)
+        cap = len(q)
+        if cap > self._maxb[i]:
+            cap = self._maxb[i]
+        pmax = self._pmax[i]
+        if cap + 1 >= len(pmax):
+            self._grow(i, cap + 1)
+        # Largest n ≤ cap with d − ℓ(k) ≥ now for all 2 ≤ k ≤ n, walked from the previous size.
+        n = self._csize[i]
+        if n > cap:
+            n = cap
+        elif n < 1:
+            n = 1
+        while n > 1 and d - pmax[n] < now:
+            n -= 1
+        while n < cap and d - pmax[n + 1] >= now:
+            n += 1
         lat = self._lat[i]
         timeout = self.timeout
         if timeout is None:
@@ -223,26 +238,6 @@ class SymphonyScheduler:
                 n = len(q)
             if n >= 2 and head[0] - self._pmax[i][n] < now:
                 self._early_drop(i, q, now)
-
-    def _candidate_size(self, i: int, queued: int, d: float, now: float) -> int:
-        """Largest n ≤ min(|Q|, max batch) with d − ℓ(k) ≥ now for all 2 ≤ k ≤ n, walked from the
-        previous size (``d``: the head's deadline)."""
-        cap = queued
-        if cap > self._maxb[i]:
-            cap = self._maxb[i]
-        pmax = self._pmax[i]
-        if cap + 1 >= len(pmax):
-            self._grow(i, cap + 1)
-        n = self._csize[i]
-        if n > cap:
-            n = cap
-        elif n < 1:
-            n = 1
-        while n > 1 and d - pmax[n] < now:
-            n -= 1
-        while n < cap and d - pmax[n + 1] >= now:
-            n += 1
-        return n
 
     def _target(self, i: int, slo: float) -> int:
         """Staggered batch size for model ``i`` at this SLO: max b with (1 + 1/N)·ℓ(b) ≤ SLO (A.6 Eq. 1)."""
