@@ -89,61 +89,95 @@ def simulate_workers(
     """Run ``requests`` (sorted by arrival) through ``scheduler`` on ``workers`` GPUs."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    reqs = sorted(requests, key=lambda r: (r.arrival, r.rid))
-    stats = RunStats(policy)
-    done: set[int] = set()
-    running: list[tuple[float, int, int, Batch, float]] = []  # (finish, seq, worker, batch, start)
-    idle = set(range(workers))
-    i, seq, t = 0, 0, 0.0
+    sim = _WorkerSim(policy, scheduler, requests, latency, workers, profile_rate, rng)
+    sim.run(on_progress)
+    return sim.stats
 
-    def record(o: RequestOutcome) -> None:
-        if o.request.rid in done:
+
+class _WorkerSim:
+    """One run's state; each step moves to the next arrival, batch end or scheduler wake-up, completes the
+    batches due, enqueues the arrivals, and starts a batch on each idle worker the scheduler fills."""
+
+    def __init__(
+        self,
+        policy: str,
+        scheduler: BatchScheduler,
+        requests: Sequence[Request],
+        latency: BatchLatencyModel,
+        workers: int,
+        profile_rate: float,
+        rng: np.random.Generator,
+    ) -> None:
+        self.scheduler, self.latency, self.profile_rate, self.rng = scheduler, latency, profile_rate, rng
+        self.reqs = sorted(requests, key=lambda r: (r.arrival, r.rid))
+        self.stats = RunStats(policy)
+        self.done: set[int] = set()
+        self.running: list[tuple[float, int, int, Batch, float]] = []  # (finish, seq, worker, batch, start)
+        self.idle = set(range(workers))
+        self.i, self.seq = 0, 0
+
+    def run(self, on_progress: Callable[[int], None] | None) -> None:
+        t = 0.0
+        while True:
+            t_arr = self.reqs[self.i].arrival if self.i < len(self.reqs) else math.inf
+            t_fin = self.running[0][0] if self.running else math.inf
+            wake = self.scheduler.next_wakeup(t)
+            t_wake = wake if wake is not None and wake > t else math.inf
+            t = min(t_arr, t_fin, t_wake)
+            if t == math.inf:
+                break
+            self._complete(t)
+            while self.i < len(self.reqs) and self.reqs[self.i].arrival <= t:
+                self.scheduler.enqueue(self.reqs[self.i], t)
+                self.i += 1
+            advance = getattr(self.scheduler, "advance", None)
+            if advance is not None:  # planners that act while the worker is busy (Clockwork's controller)
+                advance(t)
+            self._start(t)
+            if on_progress is not None:
+                on_progress(len(self.done))
+        self._close()
+
+    def _record(self, o: RequestOutcome) -> None:
+        if o.request.rid in self.done:
             raise RuntimeError(f"request {o.request.rid} got two outcomes")
-        done.add(o.request.rid)
-        stats.outcomes.append(o)
+        self.done.add(o.request.rid)
+        self.stats.outcomes.append(o)
 
-    while True:
-        t_arr = reqs[i].arrival if i < len(reqs) else math.inf
-        t_fin = running[0][0] if running else math.inf
-        wake = scheduler.next_wakeup(t)
-        t_wake = wake if wake is not None and wake > t else math.inf
-        t = min(t_arr, t_fin, t_wake)
-        if t == math.inf:
-            break
-        while running and running[0][0] <= t:
-            fin, _, w, batch, start = heapq.heappop(running)
-            solo = {r.rid: r.solo_time for r in batch.requests if rng.random() < profile_rate}
-            scheduler.on_complete(batch, BatchTimings(start, fin, solo), fin)
+    def _complete(self, t: float) -> None:
+        """Batches that ended by `t` report their timings (a sample of solo times profiled) and free
+        their workers."""
+        while self.running and self.running[0][0] <= t:
+            fin, _, w, batch, start = heapq.heappop(self.running)
+            solo = {r.rid: r.solo_time for r in batch.requests if self.rng.random() < self.profile_rate}
+            self.scheduler.on_complete(batch, BatchTimings(start, fin, solo), fin)
             for r in batch.requests:
-                record(RequestOutcome(r, fin))
-            idle.add(w)
-        while i < len(reqs) and reqs[i].arrival <= t:
-            scheduler.enqueue(reqs[i], t)
-            i += 1
-        advance = getattr(scheduler, "advance", None)
-        if advance is not None:  # planners that act while the worker is busy (Clockwork's controller)
-            advance(t)
-        for w in sorted(idle):
-            nb = scheduler.next_batch(t, w)
-            for d in scheduler.take_drops():
-                record(RequestOutcome(d.request, None, d.reason))
+                self._record(RequestOutcome(r, fin))
+            self.idle.add(w)
+
+    def _start(self, t: float) -> None:
+        """Idle workers, in order, take the scheduler's next batch until it has none."""
+        for w in sorted(self.idle):
+            nb = self.scheduler.next_batch(t, w)
+            for d in self.scheduler.take_drops():
+                self._record(RequestOutcome(d.request, None, d.reason))
             if nb is None:
                 break
             batch = nb
             start = max(t, batch.start)
-            dur = latency.batch_time([r.solo_time for r in batch.requests])
-            stats.batch_sizes.append(batch.size)
-            stats.busy_time += dur
-            idle.discard(w)
-            seq += 1
-            heapq.heappush(running, (start + dur, seq, w, batch, start))
-        if on_progress is not None:
-            on_progress(len(done))
-    # Anything the scheduler still holds at the end was never served.
-    for d in scheduler.take_drops():
-        record(RequestOutcome(d.request, None, d.reason))
-    for r in reqs:
-        if r.rid not in done:
-            record(RequestOutcome(r, None, DropReason.EXPIRED))
-    stats.horizon = max((o.finish or o.request.arrival) for o in stats.outcomes) if stats.outcomes else 0.0
-    return stats
+            dur = self.latency.batch_time([r.solo_time for r in batch.requests])
+            self.stats.batch_sizes.append(batch.size)
+            self.stats.busy_time += dur
+            self.idle.discard(w)
+            self.seq += 1
+            heapq.heappush(self.running, (start + dur, self.seq, w, batch, start))
+
+    def _close(self) -> None:
+        # Anything the scheduler still holds at the end was never served.
+        for d in self.scheduler.take_drops():
+            self._record(RequestOutcome(d.request, None, d.reason))
+        for r in self.reqs:
+            if r.rid not in self.done:
+                self._record(RequestOutcome(r, None, DropReason.EXPIRED))
+        outcomes = self.stats.outcomes
+        self.stats.horizon = max((o.finish or o.request.arrival) for o in outcomes) if outcomes else 0.0
