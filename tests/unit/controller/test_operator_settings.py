@@ -34,3 +34,13 @@ def test_peering_lifetime_flag_and_its_bound() -> None:
     assert config_from_args(cli.build_parser().parse_args(["operator"])).peering_lifetime_s == 60  # kopf's
     with pytest.raises(ValueError, match="peering lifetime must be >= 1 second"):
         OperatorConfig(peering_lifetime_s=0)
+
+
+def test_pass_deadline_flag_reaches_the_liveness_probe() -> None:
+    argv = ["operator", "--lease-seconds", "30", "--pass-deadline-seconds", "90"]
+    assert config_from_args(cli.build_parser().parse_args(argv)).pass_deadline == 90.0
+    # Unset: one lease period, never under a minute.
+    assert config_from_args(cli.build_parser().parse_args(argv[:3])).pass_deadline == 60.0
+    assert OperatorConfig(lease_s=600.0).pass_deadline == 600.0
+    with pytest.raises(ValueError, match="pass deadline must be positive"):
+        OperatorConfig(pass_deadline_s=0.0)
