@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from typing import Any
+import sys
+from typing import Any, Final
 
 import kopf
+from pydantic import ValidationError
 
 from tessera.controller.config import OperatorConfig
 from tessera.controller.handlers import make_registry
@@ -26,6 +28,14 @@ def register(subparsers: Any) -> None:
             "from the pod's service account, else the kubeconfig (KUBECONFIG or ~/.kube/config)."
         ),
     )
+    _scope_options(parser)
+    _themis_options(parser.add_argument_group("Themis"))
+    _endpoint_options(parser.add_argument_group("pods and endpoints"))
+    parser.set_defaults(func=run)
+
+
+def _scope_options(parser: argparse.ArgumentParser) -> None:
+    """Which namespaces this replica serves, and how replicas share the work (kopf peering)."""
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "-n", "--namespace", action="append", default=[], help="namespace to serve (repeatable)"
@@ -42,70 +52,86 @@ def register(subparsers: Any) -> None:
         default=60,
         help="how long a silent peer counts as alive: the longest a standby waits to take over (60)",
     )
-    parser.add_argument(
-        "--lease-seconds", type=float, default=600.0, help="Themis lease period (default 600)"
-    )
-    parser.add_argument("--fairness-knob", type=float, default=0.8, help="Themis f in [0, 1] (default 0.8)")
-    parser.add_argument(
+
+
+def _themis_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--lease-seconds", type=float, default=600.0, help="Themis lease period (default 600)")
+    group.add_argument("--fairness-knob", type=float, default=0.8, help="Themis f in [0, 1] (default 0.8)")
+    group.add_argument(
         "--starving-rank",
         choices=("fair_share", "cap"),
         default="fair_share",
         help="how the filter ranks an App holding no GPUs: at the ρ it would reach on a fair share from now "
         "(fair_share, default) or ahead of every App holding GPUs, by arrival (cap: the paper's literal rule)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--preemption-grace-seconds", type=int, default=30, help="SIGTERM→SIGKILL window on lease loss (30)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--admission-threshold", type=float, default=None, help="reject Apps past this × cluster GPUs (off)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the leftover allocation's randomness")
-    parser.add_argument(
+    group.add_argument("--seed", type=int, default=0, help="seed of the leftover allocation's randomness")
+
+
+def _endpoint_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
         "--socket-group",
         type=int,
         default=0,
         help="group id of the node agent's sockets, added to supplementalGroups of every pod created (0: none)",
     )
-    parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port (0 disables)")
-    parser.add_argument(
+    group.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port (0 disables)")
+    group.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL ('' disables)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--pass-deadline-seconds",
         type=float,
         default=None,
         help="the liveness probe fails once a round or pass has run this long (default: the lease period, "
         "at least 60)",
     )
-    parser.set_defaults(func=run)
+
+
+# OperatorConfig field → the flag that sets it (its argparse destination follows from the flag's name).
+FLAGS: Final = {
+    "lease_s": "--lease-seconds",
+    "fairness_knob": "--fairness-knob",
+    "starving_rank": "--starving-rank",
+    "preemption_grace_s": "--preemption-grace-seconds",
+    "admission_threshold": "--admission-threshold",
+    "seed": "--seed",
+    "namespaces": "--namespace",
+    "standalone": "--standalone",
+    "peering_name": "--peering",
+    "priority": "--priority",
+    "peering_lifetime_s": "--peering-lifetime-seconds",
+    "socket_group": "--socket-group",
+    "pass_deadline_s": "--pass-deadline-seconds",
+}
 
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
-    return OperatorConfig(
-        lease_s=args.lease_seconds,
-        fairness_knob=args.fairness_knob,
-        starving_rank=args.starving_rank,
-        preemption_grace_s=args.preemption_grace_seconds,
-        admission_threshold=args.admission_threshold,
-        seed=args.seed,
-        clusterwide=not args.namespace,
-        namespaces=tuple(args.namespace),
-        standalone=args.standalone,
-        peering_name=args.peering,
-        priority=args.priority,
-        peering_lifetime_s=args.peering_lifetime_seconds,
-        socket_group=args.socket_group,
-        pass_deadline_s=args.pass_deadline_seconds,
+    """The parsed flags as settings; pydantic's ValidationError (a ValueError) names the refused field."""
+    given = {name: getattr(args, flag[2:].replace("-", "_")) for name, flag in FLAGS.items()}
+    return OperatorConfig(clusterwide=not args.namespace, **given)
+
+
+def config_problem(err: ValidationError) -> str:
+    """One line naming each refused flag and its field: `--lease-seconds (lease_s): must be > 0`."""
+    from tessera.api.resources import input_errors  # the resource models load only on errors
+
+    return "; ".join(
+        f"{FLAGS[path.partition('[')[0]]} ({path}): {msg}" if path.partition("[")[0] in FLAGS else msg
+        for path, msg in input_errors(err)
     )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
-        if not 0.0 <= config.fairness_knob <= 1.0:
-            raise ValueError(f"--fairness-knob must be in [0, 1], got {config.fairness_knob}")
-    except ValueError as err:
-        print(f"tessera operator: {err}")
+    except ValidationError as err:
+        print(f"tessera operator: {config_problem(err)}", file=sys.stderr)
         return 2
     registry, ctl = make_registry(config)
     if args.metrics_port:

@@ -34,7 +34,7 @@ def test_at_most_limit_in_flight_results_in_order_and_errors_returned() -> None:
     assert isinstance(out[5], RuntimeError)
     with pytest.raises(ValueError, match=">= 1"):
         asyncio.run(gather_limited([], 0))
-    with pytest.raises(ValueError, match="API concurrency"):
+    with pytest.raises(ValueError, match="api_concurrency"):
         OperatorConfig(api_concurrency=0)
 
 

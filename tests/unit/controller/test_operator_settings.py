@@ -23,7 +23,7 @@ def test_bad_starving_rank_is_refused(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["operator", "--starving-rank", "fifo"])
     assert "invalid choice: 'fifo'" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="starving rank must be 'fair_share' or 'cap'"):
+    with pytest.raises(ValueError, match=r"starving_rank\n.*'fair_share' or 'cap'"):
         OperatorConfig(starving_rank="fifo")
 
 
@@ -32,7 +32,7 @@ def test_peering_lifetime_flag_and_its_bound() -> None:
     config = config_from_args(cli.build_parser().parse_args(argv))
     assert (config.peering_name, config.priority, config.peering_lifetime_s) == ("p", 7, 15)
     assert config_from_args(cli.build_parser().parse_args(["operator"])).peering_lifetime_s == 60  # kopf's
-    with pytest.raises(ValueError, match="peering lifetime must be >= 1 second"):
+    with pytest.raises(ValueError, match=r"peering_lifetime_s\n.*greater than or equal to 1"):
         OperatorConfig(peering_lifetime_s=0)
 
 
@@ -42,5 +42,26 @@ def test_pass_deadline_flag_reaches_the_liveness_probe() -> None:
     # Unset: one lease period, never under a minute.
     assert config_from_args(cli.build_parser().parse_args(argv[:3])).pass_deadline == 60.0
     assert OperatorConfig(lease_s=600.0).pass_deadline == 600.0
-    with pytest.raises(ValueError, match="pass deadline must be positive"):
+    with pytest.raises(ValueError, match=r"pass_deadline_s\n.*greater than 0"):
         OperatorConfig(pass_deadline_s=0.0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--lease-seconds", "0"], "--lease-seconds (lease_s): must be > 0"),
+        (["--fairness-knob", "1.5"], "--fairness-knob (fairness_knob): must be <= 1"),
+        (["--lease-seconds", "nan"], "--lease-seconds (lease_s): must be a finite number"),
+        (["--socket-group", "-1"], "--socket-group (socket_group): must be >= 0"),
+        (
+            ["--seed", "-1", "--peering-lifetime-seconds", "0"],
+            "--seed (seed): must be >= 0; --peering-lifetime-seconds (peering_lifetime_s): must be >= 1",
+        ),
+    ],
+)
+def test_a_refused_flag_is_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str
+) -> None:
+    assert cli.main(["operator", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"tessera operator: {line}\n")

@@ -26,5 +26,5 @@ def test_no_socket_group_leaves_the_security_context_alone() -> None:
 
 
 def test_socket_group_must_be_a_group_id() -> None:
-    with pytest.raises(ValueError, match="socket group"):
+    with pytest.raises(ValueError, match="socket_group"):
         OperatorConfig(socket_group=-1)
