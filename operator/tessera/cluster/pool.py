@@ -120,13 +120,16 @@ class FreePool:
 
     # --- membership -----------------------------------------------------------------------------
 
+    def _slot_of(self, gpu_id: str) -> SlotKey:
+        k = self._layout.where.get(gpu_id)
+        if k is None:
+            self.cluster.gpu(gpu_id)  # raises KeyError naming the unknown GPU
+            raise KeyError(f"GPU {gpu_id!r} is not in the cluster's layout")
+        return k
+
     def put(self, gpu_ids: Iterable[str]) -> None:
-        where = self._layout.where
         for i in gpu_ids:
-            k = where.get(i)
-            if k is None:
-                self.cluster.gpu(i)  # raises KeyError naming the unknown GPU
-                raise KeyError(f"GPU {i!r} is not in the cluster's layout")
+            k = self._slot_of(i)
             lst = self._slot[k]
             if i in lst:
                 raise ValueError(f"GPU {i} is already in the free pool")
@@ -136,12 +139,8 @@ class FreePool:
             self.size += 1
 
     def remove(self, gpu_ids: Iterable[str]) -> None:
-        where = self._layout.where
         for i in gpu_ids:
-            k = where.get(i)
-            if k is None:
-                self.cluster.gpu(i)  # raises KeyError naming the unknown GPU
-                raise KeyError(f"GPU {i!r} is not in the cluster's layout")
+            k = self._slot_of(i)
             lst = self._slot[k]
             try:
                 lst.remove(i)
