@@ -64,9 +64,13 @@ def gpu_models(pod: JsonObj) -> frozenset[str] | None:
 def _quantity(value: object, scale: float) -> float:
     """A CPU (scale 1000: milli) or memory (scale 1/2^20: MiB) quantity; bad ones raise PodRequestError."""
     try:
-        return float(parse_quantity(value)) * scale  # type: ignore[no-untyped-call]
+        amount = float(parse_quantity(value))  # type: ignore[no-untyped-call]
     except (ValueError, TypeError) as err:
         raise PodRequestError(f"bad quantity {value!r}: {err}") from None
+    # parse_quantity takes `1e999` (infinite: the pod would fit nowhere) and `-1`; the API server refuses both
+    if not 0 <= amount < math.inf:
+        raise PodRequestError(f"bad quantity {value!r}: must be a finite amount >= 0")
+    return amount * scale
 
 
 def pod_cpu_memory(pod: JsonObj) -> tuple[float, float]:

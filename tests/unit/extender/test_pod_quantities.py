@@ -33,7 +33,7 @@ def test_containers_add_up_and_a_limit_stands_for_a_missing_request() -> None:
     assert pod_cpu_memory(pod) == (8_000_250.0, 16384.0)
 
 
-@pytest.mark.parametrize("bad", ["8kb", "16GB", "lots", ""])
+@pytest.mark.parametrize("bad", ["8kb", "16GB", "lots", "", "1e999", "-1", "-500m"])
 def test_a_bad_quantity_is_a_pod_request_error(bad: str) -> None:
     with pytest.raises(PodRequestError, match="bad quantity"):
         pod_cpu_memory(_pod({"requests": {"memory": bad}}))
