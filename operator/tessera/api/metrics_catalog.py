@@ -316,7 +316,8 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         "tessera_extender_binds_total",
         MetricType.COUNTER,
         "Bind calls by outcome (ok, lost_race: the GPUs filled up between filter and bind, error) and a "
-        "fixed reason code (none, no_fit, placed_elsewhere, pod_not_found, pod_recreated, api_error).",
+        "fixed reason code (none, no_fit, placed_elsewhere, pod_not_found, pod_recreated, node_mismatch, "
+        "api_error).",
         ("outcome", "reason"),
         frozenset({_EXT}),
     ),

@@ -33,6 +33,7 @@ PLACED_ELSEWHERE: Final = "placed_elsewhere"
 NO_FIT: Final = "no_fit"
 POD_NOT_FOUND: Final = "pod_not_found"
 POD_RECREATED: Final = "pod_recreated"
+NODE_MISMATCH: Final = "node_mismatch"  # bind: the pod does not select the node (node_selection)
 API_ERROR: Final = "api_error"
 NONE: Final = "none"
 

@@ -32,6 +32,7 @@ from tessera.cluster.topology import Locality
 from tessera.extender import metrics as m
 from tessera.extender.kube import KubeClient, KubeError
 from tessera.extender.metrics import ExtenderMetrics
+from tessera.extender.node_selection import NodeFacts, why_not_selected
 from tessera.extender.view import (
     Holding,
     PodRequest,
@@ -268,6 +269,8 @@ class Extender:
 
     # -- verbs --------------------------------------------------------------------------------------
     def filter(self, args: JsonObj) -> JsonObj:
+        # nodeName, nodeSelector, required node affinity and taints are not checked here: kube-scheduler's
+        # own filter plugins have already removed the nodes they exclude. Bind checks them (node_selection).
         pod, names, cache_capable = _pod_and_nodes(args)
         spec = self.spec(pod)
         failed: dict[str, str] = {}
@@ -452,6 +455,12 @@ class Extender:
                 return {"Error": ""}, m.OK, m.NONE
             why = f"pod {ns}/{name} is already bound to {bound_to}"
             return {"Error": f"cannot bind {ns}/{name} to {node}: {why}"}, m.LOST_RACE, m.NO_FIT
+        # kube-scheduler only asks to bind a node its own plugins found the pod selects; a caller reaching
+        # /bind directly is held to the same rules (nodeName, nodeSelector, required affinity, taints).
+        # A node the view has not seen is taken as unlabelled and untainted (_evaluate refuses it anyway).
+        why_not = why_not_selected(pod, self.view.node_facts.get(node) or NodeFacts(node))
+        if why_not is not None:
+            return {"Error": f"cannot bind {ns}/{name} to {node}: {why_not}"}, m.ERROR, m.NODE_MISMATCH
         lock = self._locks.setdefault(node, asyncio.Lock())
         async with lock:
             # The request as the API server holds it (`pod` is the watched or fetched object), parsed here:

@@ -26,6 +26,7 @@ from tessera.api.assignment import Assignment, AssignmentError
 from tessera.api.gpu_inventory import GpuInventoryError, parse_node_gpus
 from tessera.api.placement import PlacementAnnotation, PlacementAnnotationError
 from tessera.api.quantity import QuantityError, resource_quantity
+from tessera.extender.node_selection import NodeFacts
 from tessera.policy.lanes.fragmentation import PackingState, Shape, ShapeDistribution
 from tessera.policy.lanes.placement import (
     PROFILE_FRACTION,
@@ -294,6 +295,7 @@ class SchedulerCache:
         self.hp_priority_classes = frozenset(hp_priority_classes)
         self.nodes: dict[str, list[GpuState]] = {}
         self.node_errors: dict[str, str] = {}
+        self.node_facts: dict[str, NodeFacts] = {}  # every node's labels and taints (what bind checks)
         self.holdings: dict[str, Holding] = {}  # pod uid → what it holds
         self.pods: dict[str, JsonObj] = {}  # "ns/name" → pod object (latest seen)
         self.generation = 0
@@ -489,6 +491,7 @@ class SchedulerCache:
     def apply_node(self, node: JsonObj) -> None:
         name = node["metadata"]["name"]
         self._changed(name)
+        self.node_facts[name] = NodeFacts.of(node)
         raw = (node["metadata"].get("annotations") or {}).get(contract.ANN_NODE_GPUS)
         if raw is None:
             self._drop_node(name)
@@ -517,6 +520,7 @@ class SchedulerCache:
         self._changed(name)
         self._drop_node(name)
         self.node_errors.pop(name, None)
+        self.node_facts.pop(name, None)
 
     def _drop_node(self, name: str) -> None:
         self.nodes.pop(name, None)
