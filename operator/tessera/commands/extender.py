@@ -15,10 +15,10 @@ from typing import Any
 from aiohttp import web
 
 from tessera.api import contract
-from tessera.extender.kube import KubeClient, KubeConfig, KubeError
 from tessera.extender.metrics import make_metrics_app
 from tessera.extender.server import Extender, make_app
 from tessera.extender.view import DEFAULT_HP_PRIORITY_CLASSES, SchedulerCache
+from tessera.kube import KubeClient, KubeConfig, KubeError
 from tessera.policy.lanes.placement import STRATEGIES, PlacementConfig, PlacementError
 
 log = logging.getLogger(__name__)

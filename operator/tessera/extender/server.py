@@ -30,7 +30,6 @@ from tessera.api import contract
 from tessera.api.assignment import Assignment
 from tessera.cluster.topology import Locality
 from tessera.extender import metrics as m
-from tessera.extender.kube import KubeClient, KubeError
 from tessera.extender.metrics import ExtenderMetrics
 from tessera.extender.node_selection import NodeFacts, why_not_selected
 from tessera.extender.view import (
@@ -43,6 +42,7 @@ from tessera.extender.view import (
 )
 from tessera.extender.wire import BadRequest, binding
 from tessera.extender.wire import pod_and_nodes as _pod_and_nodes
+from tessera.kube import KubeClient, KubeError
 from tessera.policy.lanes.fragmentation import Shape, score_rows
 from tessera.policy.lanes.packing import PackingConfig, priorities
 from tessera.policy.lanes.placement import (

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tessera.api import contract
 from tessera.api.gpu_inventory import GpuInfo, dump_node_gpus
-from tessera.extender.kube import KubeClient, KubeConfig
 from tessera.extender.server import Extender, make_app
+from tessera.kube import KubeClient, KubeConfig
 
 from .fake_apiserver import FakeApiServer
 

@@ -32,9 +32,9 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import start_http_server
 from tessera.api import contract
 from tessera.api import metrics_catalog as catalog
-from tessera.extender.kube import KubeClient, KubeConfig
 from tessera.extender.metrics import make_metrics_app
 from tessera.extender.server import Extender, make_app
+from tessera.kube import KubeClient, KubeConfig
 
 from tests.requires import missing
 
