@@ -11,9 +11,9 @@ change held back, is an event on the pods concerned, and the percentage and rest
 `p99_dedicated` per GPU is the HP pod's `tessera.io/p99-dedicated-seconds` when it says one (a GPU that
 starts shared never shows the HP lane alone, and the loop would otherwise stay idle there), else given,
 else measured by the loop itself while the GPU's HP lane runs alone.
-The agent imports only `tessera.api` and `tessera.cluster` (docs/architecture.md); this module is the one exception,
-importing the pure, stdlib-only controller so that the simulator and the agent run the same bisection rather
-than two copies of it.
+The agent imports only `tessera.api` and `tessera.cluster` (docs/architecture.md); this module is the one
+exception, importing the pure, stdlib-only controller so that the simulator and the agent run the same
+bisection rather than two copies of it.
 """
 
 from __future__ import annotations

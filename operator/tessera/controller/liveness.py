@@ -2,9 +2,9 @@
 
 An arbiter round, or a TrialGroup or ModelDeployment pass, holds its controller's lock while it runs; one
 that does not end (an await that never returns, requests that each wait out their 300 s timeout) holds
-back every later one: no lease is renewed, no pod created. `PassClock` times the passes; a probe fails once a pass has run longer than the deadline, so the
-kubelet restarts the operator (and a standby peer takes over). A peer that runs no passes (paused by
-peering, or with nothing to do) is alive.
+back every later one: no lease is renewed, no pod created. `PassClock` times the passes; a probe fails
+once a pass has run longer than the deadline, so the kubelet restarts the operator (and a standby peer
+takes over). A peer that runs no passes (paused by peering, or with nothing to do) is alive.
 """
 
 from __future__ import annotations
