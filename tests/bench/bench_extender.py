@@ -28,11 +28,11 @@ import asyncio
 import gc
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -45,6 +45,9 @@ from tessera.extender.view import Holding, SchedulerCache, pod_request
 from tessera.policy.lanes.packing import PackingConfig
 from tessera.policy.lanes.placement import Tenant, why_not
 from tessera.progress import Progress
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tests.ports
+from tests.ports import free_port
 
 CPU: dict[int, list[float]] = {}  # in-process CPU ms per cycle: the cost without the other tenants' load
 SHAPES = [("1", "2000", "10"), ("1", "6000", "30"), ("1", "9000", "60"), ("2", "16000", "100")]
@@ -176,12 +179,6 @@ def serve(n: int, port: int, echo: bool) -> None:
         gc.collect()
         gc.freeze()
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def over_http(n: int, calls: int, echo: bool, progress: Progress) -> list[float]:

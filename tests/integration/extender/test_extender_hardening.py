@@ -27,6 +27,7 @@ from aiohttp.test_utils import TestServer
 from tessera.commands.extender import ListenError, tls_context
 from tessera.extender.server import Extender, make_app
 
+from tests.ports import free_port
 from tests.requires import missing
 
 from .conftest import Env, node, pod
@@ -225,12 +226,6 @@ class SlowBindApi(FakeApiServer):
         return await super()._bind(request)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _wait(predicate: Any, timeout: float, what: str, proc: Any = None) -> None:
     deadline = time.monotonic() + timeout  # bounds a failure only: the machine may be loaded
     while not await predicate():
@@ -255,7 +250,7 @@ async def test_sigterm_mid_bind_stops_accepting_finishes_the_bind_and_exits_0(tm
         f"clusters: [{{name: k, cluster: {{server: '{str(server.make_url('')).rstrip('/')}'}}}}]\n"
         "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
     )
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     proc = await asyncio.create_subprocess_exec(
         str(TESSERA), "extender", "--kubeconfig", str(kubeconfig), "--port", str(port),
         "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",

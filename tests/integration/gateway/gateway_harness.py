@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from tests.ports import free_port
+
 WIDTH = 512
 MODEL = "early-exit"
 # Layers per application, (mean, sd): short and long requests, a bimodal mixture as in Orloj §5.
@@ -28,12 +29,6 @@ APP_LAYERS = {"short": (20, 2), "long": (80, 4)}
 # choosing). Short requests take ~20 ms and long ones ~80 ms whatever else runs on the machine; the real
 # ONNX run (~1 ms at 80 layers) still computes every output.
 PACE = {"input": "n", "unit_ms": 1.0, "growth": 0.2}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def payloads(app: str, n: int, seed: int) -> list[dict[str, Any]]:

@@ -17,7 +17,6 @@ import lzma
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.ports import free_port
 
 K8S_VERSION = "v1.28.7"
 BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -49,12 +50,6 @@ AUDIT_POLICY = {
 
 class NoBinaries(RuntimeError):
     """The control plane's binaries are not on this machine (the tests skip, except in CI)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _sha256(path: Path) -> str:

@@ -4,21 +4,15 @@ restarts the operator), against kmock."""
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import aiohttp
 import kmock
 
 from tests.integration.clock import ManualClock
+from tests.ports import free_port
 
 from .conftest import APPS, NS, add_node, app_body, job, running_operator, status_of, wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def probe(url: str) -> tuple[int, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -20,14 +19,9 @@ from typing import Any
 
 import yaml
 
+from tests.ports import free_port
+
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def prometheus_binary() -> str | None:
