@@ -23,6 +23,7 @@ the top priority) choose the same node.
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -92,21 +93,25 @@ class _PackingPolicy:
     def placed(self, state: PackingState, pick: Pick, shape: Shape) -> None:
         return None
 
-    def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
-        rows = self.feasible(state, shape)
-        return self.pick(state, rows, shape, rng) if len(rows) else None
-
-    def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
-        """The node and GPUs among the feasible `rows` (not empty); policies that score all rows at once
-        override `choose` instead."""
-        raise NotImplementedError
-
     def feasible(self, state: PackingState, shape: Shape) -> npt.NDArray[np.intp]:
         rows = all_rows(state)
         return rows[state.feasible(rows, shape)]
 
 
-class RandomFit(_PackingPolicy):
+class _RowPicker(_PackingPolicy, ABC):
+    """A policy that picks one of the feasible rows; policies that score all rows at once (FGD, Tessera)
+    write `choose` themselves."""
+
+    def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
+        rows = self.feasible(state, shape)
+        return self.pick(state, rows, shape, rng) if len(rows) else None
+
+    @abstractmethod
+    def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
+        """The node and GPUs among the feasible `rows` (not empty)."""
+
+
+class RandomFit(_RowPicker):
     name = "random"
 
     def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
@@ -114,7 +119,7 @@ class RandomFit(_PackingPolicy):
         return row, tightest(state, row, shape)
 
 
-class FirstFit(_PackingPolicy):
+class FirstFit(_RowPicker):
     name = "first-fit"
 
     def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
@@ -123,7 +128,7 @@ class FirstFit(_PackingPolicy):
         return row, tuple(int(c) for c in fits[: shape.gpus])
 
 
-class BestFit(_PackingPolicy):
+class BestFit(_RowPicker):
     name = "best-fit"
 
     def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
@@ -136,7 +141,7 @@ class BestFit(_PackingPolicy):
         return row, tightest(state, row, shape)
 
 
-class DotProduct(_PackingPolicy):
+class DotProduct(_RowPicker):
     name = "dot-product"
 
     def pick(self, state: PackingState, rows: npt.NDArray[np.intp], shape: Shape, rng: random.Random) -> Pick:
@@ -156,7 +161,7 @@ class DotProduct(_PackingPolicy):
         return row, tightest(state, row, shape)
 
 
-class GpuPacking(_PackingPolicy):
+class GpuPacking(_RowPicker):
     """Integer scores of FGD's GPU-packing baseline (kube-scheduler's 0..100 scale)."""
 
     name = "gpu-packing"
@@ -186,7 +191,7 @@ class GpuPacking(_PackingPolicy):
 
 
 @dataclass
-class GpuClustering(_PackingPolicy):
+class GpuClustering(_RowPicker):
     """FGD's GPU-clustering baseline: pods with the same GPU request gather on the same nodes."""
 
     name: str = "gpu-clustering"
