@@ -293,3 +293,57 @@ def test_kube_schedulers_own_scores_do_not_undo_the_extenders_packing(
         got = wait_until(lambda n=f"whole-{i}": bound_pod(cluster, namespace, n), 90, f"whole-{i} bound")
         placed.append(got["spec"]["nodeName"])
     assert placed[0] == placed[1] and placed[2] == placed[3] and placed[0] != placed[2], placed
+
+
+def _bind(scheduling: Scheduling, namespace: str, pod: dict[str, Any], node: str) -> str:
+    """POST /bind as a caller that reaches the extender directly; the Error it answers ("" when bound)."""
+    args = {"PodName": "p", "PodNamespace": namespace, "PodUID": pod["metadata"]["uid"], "Node": node}
+    request = urllib.request.Request(
+        f"{scheduling.extender_url}/bind",
+        data=json.dumps(args).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return str(json.loads(resp.read())["Error"])
+
+
+def test_a_direct_bind_to_a_node_the_pod_does_not_select_is_refused(
+    cluster: ControlPlane, scheduling: Scheduling, nodes: Nodes, namespace: str
+) -> None:
+    """kube-scheduler filters by nodeSelector before it calls bind; a caller reaching /bind directly is held
+    to the same rule by the extender, on the labels the real API server's node watch delivers."""
+    picked = nodes.add(f"{namespace}-sel-a", gpus=2, labels={"pool": "a"})
+    other = nodes.add(f"{namespace}-sel-b", gpus=2, labels={"pool": "b"})
+    pod = fractional_pod("p", "4Gi", 25)
+    pod["spec"]["schedulerName"] = "no-such-scheduler"  # nothing else binds it: only the calls below
+    pod["spec"]["nodeSelector"] = {"pool": "a"}
+    created = create(cluster, namespace, pod)
+
+    def in_view() -> bool:
+        with urllib.request.urlopen(scheduling.metrics_url, timeout=10) as resp:
+            text = resp.read().decode()
+        return f'node="{picked}"' in text and f'node="{other}"' in text
+
+    wait_until(in_view, 90, "both nodes in the extender's view", scheduling.extender)
+    error = _bind(scheduling, namespace, created, other)
+    assert error == (
+        f"cannot bind {namespace}/p to {other}: node's labels do not match the pod's nodeSelector pool=a"
+    )
+    stored = cluster.get(f"/api/v1/namespaces/{namespace}/pods/p")
+    assert not stored["spec"].get("nodeName")
+    assert contract.ANN_ASSIGNMENT not in (stored["metadata"].get("annotations") or {})
+
+    refusals: list[str] = []
+
+    def bound_to_picked() -> bool:
+        # Nodes.add lifts the not-ready taint the API server's admission puts on a new node; until the
+        # extender's watch delivers that update, the bind is refused for the taint, and only for it.
+        error = _bind(scheduling, namespace, created, picked)
+        if error:
+            refusals.append(error)
+        return not error
+
+    wait_until(bound_to_picked, 60, "the bind to the selected node", scheduling.extender)
+    assert all("node.kubernetes.io/not-ready" in r for r in refusals), refusals
+    assert cluster.get(f"/api/v1/namespaces/{namespace}/pods/p")["spec"]["nodeName"] == picked
