@@ -28,9 +28,10 @@ from tessera.controller.config import OperatorConfig
 from tessera.controller.handlers import Controller, make_registry
 
 from tests.integration.clock import ManualClock
+from tests.ports import free_port
 from tests.requires import missing
 
-from .controlplane import ROOT, ControlPlane, NoBinaries, Process, control_plane, free_port, wait_until
+from .controlplane import ROOT, ControlPlane, NoBinaries, Process, control_plane, wait_until
 
 
 @pytest.fixture(scope="session")

@@ -93,12 +93,18 @@ async def test_gateway_and_workers_on_lanes_then_replicas_follow_the_reported_lo
         assert container["args"][:1] == ["gateway"]
         # gRPC beside HTTP (frontend.grpcPort, default 8001): the container's port and the Service's.
         assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8080, "grpc": 8001}
-        gw_svc = cluster.get(f"/api/v1/namespaces/{namespace}/services/m-gateway")
+        # The operator applies the gateway's objects one request at a time (ConfigMap, Deployment, Service,
+        # workers' headless Service): the Deployment being there does not mean the Services are yet.
+        gw_svc = await wait_for(
+            lambda: cluster.get(f"/api/v1/namespaces/{namespace}/services/m-gateway"), 60, "gateway Service"
+        )
         assert {p["name"]: (p["port"], p["targetPort"]) for p in gw_svc["spec"]["ports"]} == {
             "http": (80, 8080),
             "grpc": (8001, 8001),
         }
-        workers_svc = cluster.get(f"/api/v1/namespaces/{namespace}/services/m-workers")
+        workers_svc = await wait_for(
+            lambda: cluster.get(f"/api/v1/namespaces/{namespace}/services/m-workers"), 60, "workers Service"
+        )
         assert gw_svc["spec"]["clusterIP"] not in ("", "None") and workers_svc["spec"]["clusterIP"] == "None"
         config = gateway_config(cluster, namespace)
         assert config is not None and config["grpc_port"] == 8001

@@ -39,6 +39,7 @@ from tessera_agent.proto import api_pb2, api_pb2_grpc
 
 from tests.integration.agent.agent_fake_kubelet import FakeKubelet
 from tests.integration.agent.peer_support import FakeProc
+from tests.ports import free_port
 from tests.unit.chart.chart_render import objects, render
 
 from .conftest import (
@@ -52,7 +53,7 @@ from .conftest import (
     running_operator,
     wait_for,
 )
-from .controlplane import ControlPlane, free_port, wait_until
+from .controlplane import ControlPlane, wait_until
 from .test_scheduling import fractional_pod
 
 Call = tuple[str, str, str]  # (API group, resource[/subresource], verb): what an RBAC rule grants

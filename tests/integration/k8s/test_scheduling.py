@@ -16,8 +16,10 @@ from tessera.api import contract
 from tessera.api.assignment import Assignment
 from tessera.api.gpu_inventory import parse_node_gpus
 
+from tests.ports import free_port
+
 from .conftest import TESSERA, Credentials, Nodes, Scheduling
-from .controlplane import ControlPlane, free_port, wait_until
+from .controlplane import ControlPlane, wait_until
 
 MIB = 1 << 20
 
