@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages the test suite runs for real: `etcd-server` (the store under the real
 # kube-apiserver of tests/integration/k8s), `prometheus` (metrics and dashboard queries) and `openssl`
-# (test keys and certificates), then unpack the Kubernetes test binaries (../shared/k8s, checked against
-# SHA256SUMS) into the cache the tests use.
+# (test keys and certificates). The Kubernetes binaries are built from Go modules by hack/k8s-assets.sh.
 # Non-interactive and service-free: the tests start etcd and Prometheus themselves on loopback ports, so
 # the packages' own services must not start (policy-rc.d answers 101 = "action forbidden").
 # Usage: bash hack/install-test-deps.sh   (needs root or sudo for apt-get; installs only what is missing)
@@ -48,7 +47,3 @@ fi
 echo "etcd: $(command -v etcd) ($(etcd --version 2>&1 | head -n1))"
 echo "prometheus: $(command -v prometheus) ($(prometheus --version 2>&1 | head -n1))"
 
-# The Kubernetes binaries: unpacked once into the cache (the tests would do it on first use otherwise).
-if [[ -z "${TESSERA_K8S_ASSETS:-}" && -x .venv/bin/python ]]; then
-  .venv/bin/python -c 'from tests.integration.k8s.controlplane import find_assets; print("kubernetes binaries: %s" % find_assets()[0])'
-fi

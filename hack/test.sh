@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Set up what the tests need (.venv, etcd, Prometheus, the Kubernetes test binaries), then lint, type-check
-# and run the whole test suite — real control plane included. Extra arguments go to pytest.
+# Set up what the tests need (.venv, etcd and Prometheus from Debian, the Kubernetes components built from
+# their Go modules), then lint, type-check and run the whole test suite — real control plane included.
+# Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ "${CI:-}" == "true" || ! -x .venv/bin/tessera ]]; then bash hack/setup.sh; fi
 bash hack/install-test-deps.sh
+# Built once (progress on stderr), then answered from ~/.cache/tessera; the last line is the directory.
+KUBEBUILDER_ASSETS="$(bash hack/k8s-assets.sh | tail -n1)"
+export KUBEBUILDER_ASSETS
 V=.venv/bin
 $V/ruff check .
 $V/ruff format --check .

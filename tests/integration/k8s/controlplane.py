@@ -2,19 +2,18 @@
 
 etcd + kube-apiserver + kube-controller-manager (and, on demand, a kube-scheduler pointed at an extender),
 all on free loopback ports, one set per test session. Binaries are found in the directory named by
-`TESSERA_K8S_ASSETS` (or envtest's `KUBEBUILDER_ASSETS`), else unpacked from `../shared/k8s/*.xz` into a
-cache after their SHA-256 sums are checked; etcd comes from PATH (Debian's `etcd-server`). Every process is
-started in its own session and stopped by its PID; a component that fails to start raises with the tail of
-its log, so a broken start says why.
+`TESSERA_K8S_ASSETS` (or envtest's `KUBEBUILDER_ASSETS`), else built from their Go modules by
+`hack/k8s-assets.sh` (a cache under ~/.cache/tessera answers at once once built); etcd comes from PATH
+(Debian's `etcd-server`). Every process is started in its own session and stopped by its PID; a component
+that fails to start raises with the tail of its log, so a broken start says why.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import lzma
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -32,11 +31,16 @@ import yaml
 
 from tests.ports import free_port
 
-K8S_VERSION = "v1.28.7"
-BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 ROOT = Path(__file__).resolve().parents[3]
-SHARED_K8S = ROOT.parent / "shared" / "k8s"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tessera" / f"k8s-{K8S_VERSION}"
+ASSETS_SCRIPT = ROOT / "hack" / "k8s-assets.sh"
+# The one version the suite runs: what hack/k8s/go.mod requires of k8s.io/kubernetes.
+_REQUIRE = re.search(
+    r"^\s*k8s\.io/kubernetes (v\d+\.\d+\.\d+)\s*$", (ROOT / "hack/k8s/go.mod").read_text(), re.M
+)
+assert _REQUIRE, "hack/k8s/go.mod requires no k8s.io/kubernetes version"
+K8S_VERSION = _REQUIRE.group(1)
+BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+NODE_BINARIES = ("kubelet", "kube-proxy")
 ADMIN_TOKEN = "tessera-test-admin"
 # Every request a ServiceAccount makes (the components run as theirs), as the authorizer saw it: verb,
 # resource, namespace, response code. Admin and the control plane's own requests are not recorded.
@@ -52,35 +56,20 @@ class NoBinaries(RuntimeError):
     """The control plane's binaries are not on this machine (the tests skip, except in CI)."""
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def build_assets() -> Path:
+    """The directory `hack/k8s-assets.sh` prints: built from Go modules on first use, then from its cache.
 
-
-def _unpack_shared(shared: Path, cache: Path) -> Path:
-    """Unpack the xz binaries into `cache` once, checked against SHA256SUMS (a partial unpack never counts)."""
-    sums = {}
-    for line in (shared / "SHA256SUMS").read_text().splitlines():
-        if line.strip():
-            digest, name = line.split()
-            sums[name.lstrip("*")] = digest
-    cache.mkdir(parents=True, exist_ok=True)
-    for name in BINARIES:
-        target = cache / name
-        if target.exists() and _sha256(target) == sums[name]:
-            continue
-        tmp = cache / f".{name}.{os.getpid()}"
-        with lzma.open(shared / f"{name}.xz") as src, tmp.open("wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        if _sha256(tmp) != sums[name]:
-            tmp.unlink()
-            raise NoBinaries(f"{shared / name}.xz does not match SHA256SUMS")
-        tmp.chmod(0o755)
-        tmp.replace(target)
-    return cache
+    The build's progress goes to this process's stderr (pytest shows it with -s); a failed build says why.
+    """
+    if shutil.which("go") is None:
+        raise NoBinaries(
+            "no Kubernetes binaries and no Go to build them: install Go, or set TESSERA_K8S_ASSETS"
+        )
+    proc = subprocess.run(["bash", str(ASSETS_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise NoBinaries(f"hack/k8s-assets.sh failed (exit {proc.returncode}); run it to see why")
+    return Path(lines[-1])
 
 
 def find_assets() -> tuple[Path, Path]:
@@ -94,12 +83,7 @@ def find_assets() -> tuple[Path, Path]:
                 raise NoBinaries(f"{var}={assets} lacks {', '.join(missing)}")
             break
     if assets is None:
-        if not (SHARED_K8S / "SHA256SUMS").exists():
-            raise NoBinaries(
-                f"no Kubernetes binaries: set TESSERA_K8S_ASSETS to a directory holding {', '.join(BINARIES)}, "
-                f"or place the shared/ folder (with k8s/) beside the repository ({SHARED_K8S} is missing)"
-            )
-        assets = _unpack_shared(SHARED_K8S, CACHE)
+        assets = build_assets()
     etcd = (assets / "etcd") if (assets / "etcd").exists() else shutil.which("etcd")
     if not etcd:
         raise NoBinaries("no etcd on PATH: run `bash hack/install-test-deps.sh` (Debian's etcd-server)")
@@ -234,6 +218,9 @@ class ControlPlane:
             "kube-apiserver",
             [str(self.assets / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{client}",
              "--bind-address=127.0.0.1", f"--secure-port={self.api_port}", "--advertise-address=127.0.0.1",
+             # No pod reaches the API server through the `kubernetes` Service here, and since v1.36 the
+             # endpoint reconciler refuses a loopback address for it.
+             "--endpoint-reconciler-type=none",
              "--service-cluster-ip-range=10.0.0.0/24", f"--cert-dir={certs}",
              f"--token-auth-file={tokens}", "--authorization-mode=RBAC", "--allow-privileged=true",
              f"--service-account-key-file={crt}", f"--service-account-signing-key-file={key}",

@@ -1,0 +1,17 @@
+// Command kube-apiserver: the upstream component, started through its cobra command from k8s.io/kubernetes.
+package main
+
+import (
+	"os"
+	_ "time/tzdata" // CronJob time zones without the host database
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"          // --logging-format=json
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics on /metrics
+	_ "k8s.io/component-base/metrics/prometheus/version"  // kubernetes_build_info
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewAPIServerCommand()))
+}
