@@ -57,6 +57,10 @@ class OperatorConfig(BaseModel):
     # Liveness (controller/liveness.py): the probe fails once a round or pass has run this long. None: a
     # lease period (longer, and leases lapse unrenewed), at least 60 s.
     pass_deadline_s: float | None = Field(default=None, gt=0)
+    # An object deleted while its timer's pass (the tick) is still running keeps its finalizer until kopf
+    # sees the timer stopped, and kopf looks again only this often. kopf's default, 60 s, held a deleted
+    # TrialGroup a whole minute whenever the deletion fell inside a tick (likelier the slower the machine).
+    deletion_recheck_s: float = Field(default=1.0, gt=0)
     # Wall clock for leases and rounds. Tests pass a clock they advance, so lease expiry happens when the
     # test says and not when a loaded machine happens to get there.
     clock: Callable[[], float] = Field(default=time.time, exclude=True, repr=False)

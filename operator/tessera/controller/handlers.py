@@ -187,6 +187,8 @@ def _operator_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None
         settings.posting.enabled = False  # decisions are posted as events explicitly (Controller.post_event)
         settings.persistence.finalizer = contract.FINALIZER
         settings.watching.server_timeout = 60
+        # A deletion that finds a tick mid-pass re-checks this often (kopf's 60 s held finalizers a minute).
+        settings.background.cancellation_polling = config.deletion_recheck_s
 
     @kopf.on.cleanup(registry=registry)
     async def close(**_: Any) -> None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from typing import Any
 
 from tessera.api import contract
 
-from .conftest import Credentials, Nodes, Scheduling, set_pod_phase, wait_for
+from .conftest import Credentials, Nodes, Scheduling, running_operator, set_pod_phase, wait_for
 from .controlplane import ControlPlane
 from .workloads import (
     assignment_of,
@@ -207,3 +208,53 @@ async def test_trials_packed_on_lanes_then_replanned_when_trials_succeed(
         await wait_for(
             lambda: len(events(cluster, namespace, "TrialCompleted")) == 3, 60, "TrialCompleted x3"
         )
+
+
+async def test_deletion_during_a_tick_waits_for_the_tick_not_a_minute(
+    cluster: ControlPlane, chart_rbac: dict[str, Credentials], nodes: Nodes, namespace: str
+) -> None:
+    """A TrialGroup deleted while its timer's pass is running is let go once that pass ends. kopf keeps the
+    finalizer while a timer of the object still runs and, by default, looks again only 60 s later: on a
+    loaded machine, where passes take longer, the deletion often fell inside one, and cleanup timed out."""
+    nodes.add(f"{namespace}-n1", gpus=4)
+    key = (namespace, "tg")
+    async with kubelet(cluster, namespace), running_operator(cluster, chart_rbac["operator"]) as ctl:
+        await call(cluster, "POST", cr_path(contract.PLURAL_TRIALGROUP, namespace), tg_body("tg"))
+        # kopf writes its diff base once the create handler has succeeded: from then on only the timer
+        # (tick) passes over the object, as long as its spec does not change.
+        path = cr_path(contract.PLURAL_TRIALGROUP, namespace, "tg")
+        await wait_for(
+            lambda: (
+                "kopf.zalando.org/last-handled-configuration"
+                in ((cluster.get(path) or {}).get("metadata", {}).get("annotations") or {})
+            ),
+            60,
+            "the create handler to finish",
+        )
+        tuning = ctl.trialgroups
+        assert tuning is not None and key in tuning.records
+        # Hold the next pass (a tick) mid-way.
+        entered, gate = asyncio.Event(), asyncio.Event()
+        reconcile = tuning.reconcile
+
+        async def held(body: dict[str, Any], patch: Any) -> Any:
+            if not body["metadata"].get("deletionTimestamp"):
+                entered.set()
+                await gate.wait()
+            return await reconcile(body, patch)
+
+        tuning.reconcile = held  # type: ignore[method-assign]
+        await asyncio.wait_for(entered.wait(), 60)
+        await call(cluster, "DELETE", path)
+        # The deletion handler ran (it forgets the record) while the tick was still held.
+        await wait_for(lambda: key not in tuning.records, 60, "the deletion handler")
+        assert not gate.is_set() and cluster.get(path)
+        gate.set()
+        released = time.monotonic()
+        await wait_for(
+            lambda: cluster.request("GET", path)[0] == 404,
+            90,
+            "the TrialGroup to be deleted",
+        )
+        # kopf's default re-check (60 s) would take a minute here; the operator's is 1 s.
+        assert time.monotonic() - released < 20
