@@ -81,6 +81,12 @@ true
 {{- fail "image.tag: 'latest' is not allowed; pin a version (empty means the chart's appVersion)" -}}
 {{- end -}}
 {{- if eq (toString .Values.scheduler.kubeScheduler.image.tag) "latest" -}}
-{{- fail "scheduler.kubeScheduler.image.tag: 'latest' is not allowed; use your cluster's version, e.g. v1.31.4" -}}
+{{- fail "scheduler.kubeScheduler.image.tag: 'latest' is not allowed; leave it empty for the cluster's version, or pin one, e.g. v1.37.2" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* kube-scheduler's image tag: the value, else the cluster's version without a vendor suffix
+(v1.37.2-eks-4f4795d -> v1.37.2), so the scheduler is never newer than the API server. */}}
+{{- define "tessera.kubeSchedulerTag" -}}
+{{- .Values.scheduler.kubeScheduler.image.tag | default (regexReplaceAll "[-+].*$" .Capabilities.KubeVersion.Version "") -}}
 {{- end -}}

@@ -21,7 +21,7 @@ from tessera.api import contract
 
 from tests.unit.chart.chart_render import CHART, chart_crds, objects, render
 
-from .controlplane import ControlPlane, wait_until
+from .controlplane import K8S_VERSION, ControlPlane, wait_until
 
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
 
@@ -108,6 +108,10 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, release_namespace: str
         assert "--all-namespaces" in operator_args(held, ns, release)
         assert "--lease-seconds 600" in operator_args(held, ns, release)
         assert not [k for k in held if k[0] == "ServiceMonitor"]
+        # The scheduler pod's kube-scheduler follows the API server's version (the tag is left empty).
+        scheduler = held["Deployment", ns, f"{release}-tessera-scheduler"]["spec"]["template"]["spec"]
+        images = {c["name"]: c["image"] for c in scheduler["containers"]}
+        assert images["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:{K8S_VERSION}"
         # The custom resources the operator serves are usable as soon as the install returns.
         status, body = cluster.request(
             "POST",

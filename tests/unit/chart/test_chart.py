@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import helm_python as helm
@@ -14,7 +15,7 @@ import yaml
 from .chart_render import CHART, NAMESPACE, ROOT, chart_crds, find, objects, render
 
 # A recent Kubernetes that kubernetes-validate ships schemas for, and the oldest the chart supports.
-KUBE_VERSIONS = ("1.33.0", "1.28.0")
+KUBE_VERSIONS = ("1.37.0", "1.35.0")  # the tested version and the chart's floor
 
 NON_DEFAULT: dict[str, Any] = {
     "image": {"repository": "registry.example.com/ml/tessera", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
@@ -132,7 +133,7 @@ def test_chart_crds_are_the_generated_crds() -> None:
 
 @pytest.mark.parametrize("values", sorted(VALUE_SETS))
 def test_lint_is_clean(values: str) -> None:
-    report = helm.lint(CHART, VALUE_SETS[values], strict=True, namespace=NAMESPACE, kube_version="v1.33.0")
+    report = helm.lint(CHART, VALUE_SETS[values], strict=True, namespace=NAMESPACE, kube_version="v1.37.0")
     assert report["errors"] == []
     # Severity 1 is informational ("icon is recommended"); warnings and errors fail.
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
@@ -356,3 +357,18 @@ def test_schema_accepts_the_default_values() -> None:
         assert chart.schema is not None and chart.schema["$schema"].startswith(
             "http://json-schema.org/draft-07"
         )
+
+
+def test_kube_scheduler_tag_follows_the_cluster_unless_pinned() -> None:
+    def image(values: dict[str, Any] | None) -> str:
+        deployment = find(objects(render(values)), "Deployment", "-scheduler")
+        (ks,) = [
+            c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "kube-scheduler"
+        ]
+        return str(ks["image"])
+
+    # Offline rendering has Helm's default capabilities; installed, the API server's version (checked on the
+    # real control plane in tests/integration/k8s/test_chart_install.py).
+    assert re.fullmatch(r"registry\.k8s\.io/kube-scheduler:v1\.\d+\.\d+", image(None))
+    pinned = {"scheduler": {"kubeScheduler": {"image": {"tag": "v1.36.3"}}}}
+    assert image(pinned) == "registry.k8s.io/kube-scheduler:v1.36.3"
