@@ -5,9 +5,9 @@
 #
 #   KUBEBUILDER_ASSETS=$(bash hack/k8s-assets.sh)
 #
-# The directory is ~/.cache/tessera/k8s/<version>-<hash of go.mod, go.sum, the mains and this script>: a warm cache answers
-# at once, without calling Go; a cold build prints its progress on stderr (minutes on 2 cores, most of it
-# compiling k8s.io/kubernetes once for all five). Built the way upstream builds them: -trimpath, the version
+# The directory is ~/.cache/tessera/k8s/<version>-<hash of go.mod, go.sum, the mains and the build flags>: a
+# warm cache answers at once, without calling Go; a cold build prints its progress on stderr (minutes on 2
+# cores, most of it compiling k8s.io/kubernetes once for all five). Built the way upstream builds them: -trimpath, the version
 # stamped into k8s.io/component-base/version (so `--version` prints it), static (CGO_ENABLED=0) except the
 # kubelet, which upstream links dynamically.
 # Environment: TESSERA_CACHE_DIR (default ~/.cache/tessera), GOFLAGS/GOPROXY as for any Go build. Builds
@@ -23,8 +23,22 @@ if [[ -z "$version" ]]; then
   echo "hack/k8s-assets.sh: no 'require k8s.io/kubernetes vX.Y.Z' line in $mod/go.mod" >&2
   exit 1
 fi
-# Keyed by everything that decides the binaries: the module, the mains and this script (its flags).
-key=$(cat "$mod/go.mod" "$mod/go.sum" "$mod"/*/main.go "$here/k8s-assets.sh" | sha256sum | cut -c1-16)
+minor=${version#v*.}
+minor=${minor%%.*}
+major=${version#v}
+major=${major%%.*}
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+  # The module proxy's zip carries no commit: gitCommit stays empty rather than made up.
+  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.gitCommit="
+done
+# Static (CGO_ENABLED=0) as upstream builds them, except the kubelet, which upstream links dynamically.
+cgo_of() { if [[ "$1" == kubelet ]]; then echo 1; else echo 0; fi; }
+buildflags=(-trimpath -buildvcs=false -ldflags "$ldflags")
+recipe="${components[*]} kubelet-cgo=$(cgo_of kubelet) ${buildflags[*]}"
+# Keyed by everything that decides the binaries: the module, the mains and the build recipe above.
+key=$( (cat "$mod/go.mod" "$mod/go.sum" "$mod"/*/main.go && echo "$recipe") | sha256sum | cut -c1-16)
 cache="${TESSERA_CACHE_DIR:-$HOME/.cache/tessera}/k8s"
 dest="$cache/$version-$key"
 
@@ -54,28 +68,17 @@ say "downloading modules (go mod download)"
 go mod download
 say "modules ready"
 
-minor=${version#v*.}
-minor=${minor%%.*}
-major=${version#v}
-major=${major%%.*}
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-  # The module proxy's zip carries no commit: gitCommit stays empty rather than made up.
-  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.gitCommit="
-done
 
 # One `go build` per component; the second and later reuse the first's compiled packages from the Go build
 # cache, so the first takes most of the time. A ticker shows the build is alive while the compiler works.
 n=0
 for c in "${components[@]}"; do
   n=$((n + 1))
-  cgo=0
-  [[ "$c" == kubelet ]] && cgo=1
+  cgo=$(cgo_of "$c")
   say "($n/${#components[@]}) go build $c (CGO_ENABLED=$cgo)"
   (while sleep 60; do say "  ... still compiling $c"; done) &
   ticker=$!
-  if ! CGO_ENABLED=$cgo go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$work/$c" "./$c"; then
+  if ! CGO_ENABLED=$cgo go build "${buildflags[@]}" -o "$work/$c" "./$c"; then
     kill "$ticker" 2>/dev/null || true
     say "go build $c failed"
     exit 1
