@@ -157,6 +157,14 @@ def _demo_options(g: argparse._ArgumentGroup) -> None:
         default=None,
         help="with --fake-gpus: a JSON list of pod manifests standing in for the API server's pods",
     )
+    g.add_argument(
+        "--fake-gpu-backend",
+        type=int,
+        default=0,
+        metavar="N",
+        help="for testing without GPUs: N fake GPUs behind the NVML backend's interface; the Kubernetes API, "
+        "the kubelet and the node sockets are real (pair it with --no-mps)",
+    )
 
 
 # Flags are `--<dest with dashes>`; each fills the AgentSettings field of the same name (under `agent.` when
@@ -276,12 +284,19 @@ def _fake_cluster(settings: AgentSettings, fake_pods: list[NodePod]) -> _Cluster
 
 
 def _real_cluster(settings: AgentSettings) -> _Cluster:
-    """NVML's GPUs and the API server's pods; NvmlUnavailableError without a driver."""
+    """NVML's GPUs (or --fake-gpu-backend's) and the API server's pods; NvmlUnavailableError without a driver."""
     from .inventory import KubernetesNodePatcher
-    from .nvml_backend import NvmlGpuBackend
     from .pods import KubernetesPodSource
 
-    backend = NvmlGpuBackend()
+    backend: GpuBackend
+    if settings.fake_gpu_backend:
+        from .fake_backend import FakeGpuBackend
+
+        backend = FakeGpuBackend.uniform(settings.fake_gpu_backend)
+    else:
+        from .nvml_backend import NvmlGpuBackend
+
+        backend = NvmlGpuBackend()
     kube = KubernetesPodSource()
     cluster = _Cluster(backend, kube, KubernetesNodePatcher(kube.api))
     cfg = settings.agent

@@ -133,6 +133,9 @@ class AgentSettings(_Settings):
     lane_policy: Policy = "FAIR"
     fake_gpus: int = Field(0, ge=0, le=MAX_FAKE_GPUS)  # > 0: fake GPUs and no Kubernetes API
     fake_pods: Path | None = None  # with fake GPUs: a JSON list of pod manifests
+    # > 0: that many fake GPUs behind the NVML backend's interface, everything else real (the Kubernetes API,
+    # the kubelet's device-plugin calls, the node sockets): for testing a cluster without GPUs
+    fake_gpu_backend: int = Field(0, ge=0, le=MAX_FAKE_GPUS)
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -143,4 +146,9 @@ class AgentSettings(_Settings):
             )
         if self.fake_pods is not None and not self.fake_gpus:
             raise _fail("fake pods need fake GPUs", "fake_pods")
+        if self.fake_gpu_backend and self.fake_gpus:
+            raise _fail(
+                "--fake-gpus runs without a Kubernetes API, --fake-gpu-backend with one: choose one",
+                "fake_gpu_backend",
+            )
         return self

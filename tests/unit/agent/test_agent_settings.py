@@ -68,6 +68,10 @@ def test_flags_fill_their_fields() -> None:
         (["--shutdown-timeout", "0"], "--shutdown-timeout (shutdown_timeout_s): must be > 0"),
         (["--be-epsilon", "nan"], "--be-epsilon (agent.be_epsilon): must be a finite number"),
         (["--fake-gpus", "-1"], "--fake-gpus (fake_gpus): must be >= 0"),
+        (
+            ["--fake-gpus", "1", "--fake-gpu-backend", "1"],
+            "--fake-gpu-backend (fake_gpu_backend): --fake-gpus runs without a Kubernetes API",
+        ),
         (["--extra-reserve-mib", "-5"], "--extra-reserve-mib (agent.extra_reserve_mib): must be >= 0"),
         (
             ["--coordinator-socket", "/" + "a" * 110],

@@ -223,6 +223,15 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
         container["args"]
     )
     assert "-v" not in container["args"]
+    assert not [a for a in container["args"] if a.startswith("--fake-gpu-backend") or a == "--no-mps"]
+
+
+def test_fake_gpus_value_runs_the_fake_backend_without_mps() -> None:
+    """`agent.fakeGpus` (for testing without GPUs): the in-memory backend with the real API and kubelet."""
+    objs = objects(render({"agent": {"fakeGpus": 2}}))
+    (container,) = find(objs, "DaemonSet", "-agent")["spec"]["template"]["spec"]["containers"]
+    assert {"--fake-gpu-backend=2", "--no-mps"} <= set(container["args"])
+    assert "--fake-gpus" not in " ".join(container["args"]).replace("--fake-gpu-backend", "")
 
 
 def _rules(objs: list[dict[str, Any]], kind: str, suffix: str) -> set[tuple[str, str, str]]:
