@@ -67,14 +67,20 @@ if [[ ! -f "$base_tar" ]]; then
   mv "$tmp" "$base_tar"
   say "base: rootfs $(du -h "$base_tar" | cut -f1)"
 fi
-if [[ "$("${B[@]}" images --noheading --format '{{.Labels}}' "$BASE_IMAGE" 2>/dev/null)" != *"tessera.base.key:$base_key"* ]]; then
+# Only the Tessera build reads the base, so the rootfs is imported (once per key) when that build runs.
+import_base() {
+  local have
+  have=$("${B[@]}" inspect --type image --format '{{index .OCIv1.Config.Labels "tessera.base.key"}}' \
+    "$BASE_IMAGE" 2>/dev/null || true)
+  [[ "$have" == "$base_key" ]] && return
   say "base: importing the rootfs as $BASE_IMAGE"
+  local c
   c=$("${B[@]}" from --pull=never scratch)
   "${B[@]}" add --quiet "$c" "$base_tar" / >/dev/null
   "${B[@]}" config --env LANG=C.UTF-8 --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     --cmd python3 --label "tessera.base.key=$base_key" "$c"
   "${B[@]}" commit --quiet --rm "$c" "$BASE_IMAGE" >/dev/null
-fi
+}
 
 # ---- pause ---------------------------------------------------------------------------------------------------
 pause_key=$( (cat "$root/hack/images/pause.c"; gcc --version | head -n1) | sha)
@@ -105,6 +111,7 @@ tessera_key=$( (echo "$base_key"; cd "$root" && context_files | xargs sha256sum)
 TESSERA_IMAGE="localhost/tessera:$tessera_key"
 tessera_tar="$cache/tessera-$tessera_key.tar"
 if [[ ! -f "$tessera_tar" ]]; then
+  import_base
   say "tessera: buildah build -f Dockerfile (layers cached in $cache/storage)"
   t0=$SECONDS
   # pip inside the build uses this machine's pip configuration and CA bundle (a proxy's CA, if any); both are
