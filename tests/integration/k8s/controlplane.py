@@ -136,9 +136,21 @@ def wait_until(check: Any, timeout: float, what: str, proc: Process | None = Non
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}{detail}{log}")
 
 
+# The controllers the API-only tests run: no node IPAM, no node lifecycle (their nodes have no kubelet to
+# heartbeat, so they would be tainted unreachable), no TTL annotations.
+API_ONLY_CONTROLLERS = "*,-nodeipam,-nodelifecycle,-ttl"
+
+
 @dataclass
 class ControlPlane:
-    """etcd, kube-apiserver and kube-controller-manager on loopback; `kubeconfig` is cluster-admin's."""
+    """etcd, kube-apiserver and kube-controller-manager; `kubeconfig` is cluster-admin's.
+
+    The API server listens on `bind_address`, loopback by default. Given an address of the host's (the node
+    harness does), it also advertises it: the `kubernetes` Service then has that endpoint, so pods reach the
+    API server through the Service's ClusterIP as in any cluster. Clients authenticate with a token, or with
+    a certificate `issue_client_cert` signs with the plane's client CA (a kubelet as `system:node:<name>`);
+    the Node authorizer runs before RBAC, as kubeadm sets it up.
+    """
 
     assets: Path
     etcd_bin: Path
@@ -146,14 +158,46 @@ class ControlPlane:
     processes: list[Process] = field(default_factory=list)
     api_port: int = 0
     kubeconfig: Path = Path()
+    bind_address: str = "127.0.0.1"
+    controllers: str = API_ONLY_CONTROLLERS
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.api_port}"
+        return f"https://{self.bind_address}:{self.api_port}"
+
+    @property
+    def loopback(self) -> bool:
+        return self.bind_address.startswith("127.")
 
     @property
     def ca_file(self) -> Path:
+        """The API server's self-signed serving certificate (and its CA): what clients verify it with."""
         return self.workdir / "certs" / "apiserver.crt"
+
+    @property
+    def client_ca(self) -> tuple[Path, Path]:
+        """(certificate, key) of the CA the API server accepts client certificates from."""
+        return self.workdir / "certs" / "client-ca.crt", self.workdir / "certs" / "client-ca.key"
+
+    def issue_client_cert(
+        self, name: str, common_name: str, organizations: tuple[str, ...] = ()
+    ) -> tuple[Path, Path]:
+        """A client certificate (CN = user, O = groups) signed by the client CA: (certificate, key)."""
+        certs = self.workdir / "certs"
+        key, csr, crt = certs / f"{name}.key", certs / f"{name}.csr", certs / f"{name}.crt"
+        subject = "".join(f"/O={o}" for o in organizations) + f"/CN={common_name}"
+        ca_crt, ca_key = self.client_ca
+        subprocess.run(
+            ["openssl", "req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
+             "-keyout", str(key), "-out", str(csr)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        subprocess.run(
+            ["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-days", "2", "-out", str(crt)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        return crt, key
 
     @property
     def audit_log(self) -> Path:
@@ -192,6 +236,12 @@ class ControlPlane:
              "-keyout", str(key), "-out", str(crt)],
             check=True, capture_output=True,
         )  # fmt: skip
+        ca_crt, ca_key = self.client_ca
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-subj", "/CN=tessera-test-client-ca", "-keyout", str(ca_key), "-out", str(ca_crt)],
+            check=True, capture_output=True,
+        )  # fmt: skip
         tokens = self.workdir / "tokens.csv"
         tokens.write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
         policy = self.workdir / "audit-policy.yaml"
@@ -217,12 +267,16 @@ class ControlPlane:
         api = self.spawn(
             "kube-apiserver",
             [str(self.assets / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{client}",
-             "--bind-address=127.0.0.1", f"--secure-port={self.api_port}", "--advertise-address=127.0.0.1",
-             # No pod reaches the API server through the `kubernetes` Service here, and since v1.36 the
-             # endpoint reconciler refuses a loopback address for it.
-             "--endpoint-reconciler-type=none",
+             f"--bind-address={self.bind_address}", f"--secure-port={self.api_port}",
+             f"--advertise-address={self.bind_address}",
+             # On loopback no pod reaches the API server through the `kubernetes` Service, and since v1.36
+             # the endpoint reconciler refuses a loopback address for it.
+             *(["--endpoint-reconciler-type=none"] if self.loopback else []),
              "--service-cluster-ip-range=10.0.0.0/24", f"--cert-dir={certs}",
-             f"--token-auth-file={tokens}", "--authorization-mode=RBAC", "--allow-privileged=true",
+             f"--token-auth-file={tokens}", f"--client-ca-file={ca_crt}",
+             "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+             # `kubectl logs` and exec reach a kubelet at its node's InternalIP (its Hostname may not resolve).
+             "--kubelet-preferred-address-types=InternalIP",
              f"--service-account-key-file={crt}", f"--service-account-signing-key-file={key}",
              "--service-account-issuer=https://kubernetes.default.svc",
              f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
@@ -237,16 +291,22 @@ class ControlPlane:
             "kube-controller-manager",
             [str(self.assets / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
              "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-             "--controllers=*,-nodeipam,-nodelifecycle,-ttl",
+             f"--controllers={self.controllers}", f"--root-ca-file={self.ca_file}",
              f"--service-account-private-key-file={key}", "--concurrent-gc-syncs=5"],
         )  # fmt: skip
 
-    def write_kubeconfig(self, path: Path, *, token: str) -> Path:
+    def write_kubeconfig(
+        self, path: Path, *, token: str | None = None, cert: tuple[Path, Path] | None = None
+    ) -> Path:
+        """A kubeconfig for this server with a bearer token, or a client (certificate, key)."""
+        user: dict[str, str] = {"token": token} if token is not None else {}
+        if cert is not None:
+            user = {"client-certificate": str(cert[0]), "client-key": str(cert[1])}
         doc = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "test", "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)}}],
-            "users": [{"name": "u", "user": {"token": token}}],
+            "users": [{"name": "u", "user": user}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "u"}}],
             "current-context": "test",
         }  # fmt: skip
@@ -299,10 +359,12 @@ class ControlPlane:
 
 
 @contextlib.contextmanager
-def control_plane() -> Iterator[ControlPlane]:
+def control_plane(
+    bind_address: str = "127.0.0.1", controllers: str = API_ONLY_CONTROLLERS
+) -> Iterator[ControlPlane]:
     assets, etcd = find_assets()
     workdir = Path(tempfile.mkdtemp(prefix="tessera-k8s-"))
-    plane = ControlPlane(assets, etcd, workdir)
+    plane = ControlPlane(assets, etcd, workdir, bind_address=bind_address, controllers=controllers)
     try:
         plane.start()
         yield plane
