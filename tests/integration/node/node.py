@@ -271,6 +271,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_cdi = false
+  restrict_oom_score_adj = {str(not _has_sys_resource()).lower()}
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "{snapshotter}"
     default_runtime_name = "runc"
@@ -359,6 +360,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             },
             # NodePorts on 127.0.0.1 would need net.ipv4.conf.all.route_localnet=1 on the host.
             "iptables": {"localhostNodePorts": False},
+            **({} if _has_sys_resource() else {"oomScoreAdj": 0}),
         }
         path = self.workdir / "kube-proxy.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -396,6 +398,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "nodeStatusUpdateFrequency": "5s",
+            **({} if _has_sys_resource() else {"oomScoreAdj": 0}),
             "syncFrequency": "10s",
         }  # fmt: skip
         path = self.workdir / "kubelet.yaml"
@@ -579,6 +582,19 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         if self._log_links_before is None:
             with contextlib.suppress(OSError):
                 os.rmdir(LOG_LINKS_DIR)
+
+
+def _has_sys_resource() -> bool:
+    """Whether this process holds CAP_SYS_RESOURCE, which lowering an oom_score_adj below 0 needs.
+
+    Some sandboxes (this project's dev machines among them) drop it even for root: runc then fails every pod
+    sandbox ("failed to update /proc/self/oom_score_adj: Permission denied", seen by the kubelet only as
+    "can't get final child's PID from pipe: EOF"), so containerd is told to keep scores at or above its own,
+    and the kubelet and kube-proxy to leave their own score alone."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> 24 & 1)  # CAP_SYS_RESOURCE = 24
+    return False
 
 
 def _listing(directory: str) -> set[str] | None:
