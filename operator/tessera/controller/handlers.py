@@ -7,7 +7,9 @@ client), so tests can run two operators in one process and `tessera operator` ru
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -144,10 +146,27 @@ class Controller:
         return out
 
 
+def login_in_cluster(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's service-account login, addressed as client-go's in-cluster config addresses the API server:
+    `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`, which the kubelet sets in every container.
+
+    kopf's own login uses the name `kubernetes.default.svc`, which only resolves through the cluster's DNS:
+    where that is down or absent the operator could not start (seen on the real test node, which runs no
+    DNS). None outside a cluster (no service-account token)."""
+    conn = kopf.login_with_service_account(**kwargs)
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    if conn is None or not host or not port:
+        return conn
+    if ":" in host:  # an IPv6 Service address
+        host = f"[{host}]"
+    return dataclasses.replace(conn, server=f"https://{host}:{port}")
+
+
 def _login(controller: Controller, **kwargs: Any) -> kopf.ConnectionInfo:
     conn = controller.connection
     if conn is None:
-        conn = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        conn = login_in_cluster(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
     if conn is None:
         raise kopf.LoginError("no credentials: not in a cluster and no kubeconfig")
     controller.start(conn)
