@@ -147,6 +147,15 @@ def default_config() -> KubeConfig:
 async def api_client(config: KubeConfig) -> client.ApiClient:
     """One ApiClient (one aiohttp connection pool) for `config`; see the module doc on key material."""
     cfg = client.Configuration()
+    if config.incluster and not config.kubeconfig:
+        # The service account's files are read where the kubelet mounted them: no temporary directory, so a
+        # container with a read-only root filesystem and no writable /tmp can connect (the chart's extender
+        # exited at start with "No usable temporary directory found" on the first real node).
+        try:
+            incluster_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            return client.ApiClient(cfg)
+        except (OSError, ConfigException, ValueError) as err:
+            raise KubeError(f"cannot load Kubernetes credentials: {err}") from err
     with tempfile.TemporaryDirectory(prefix="tessera-kube-") as tmp:  # mode 0700, removed on exit
         try:
             if config.kubeconfig:
@@ -157,8 +166,6 @@ async def api_client(config: KubeConfig) -> client.ApiClient:
                     persist_config=False,
                     temp_file_path=tmp,
                 )
-            elif config.incluster:
-                incluster_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
             else:
                 _set_fields(cfg, config, Path(tmp))
             api = client.ApiClient(cfg)  # reads the CA, certificate and key into its SSL context now
