@@ -63,6 +63,7 @@ TABLES = ("filter", "nat", "mangle")
 NODE_CONTROLLERS = "*,-nodeipam,-ttl"
 NETNS_DIR = "/var/run/netns"
 LOG_LINKS_DIR = "/var/log/containers"
+KUBELET_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 
 
 class NoNode(NoBinaries):
@@ -150,6 +151,8 @@ class Node:
     timings: dict[str, float] = field(default_factory=dict)
     snapshotter: str = "overlayfs"
     _argv: dict[str, list[str]] = field(default_factory=dict)
+    _made_dirs: list[Path] = field(default_factory=list)
+    _device_plugins_before: set[str] = field(default_factory=set)
     _restarts: dict[str, int] = field(default_factory=dict)
     _sysctls: dict[str, str] = field(default_factory=dict)
     _iptables: dict[str, dict[str, tuple[set[str], set[str]]]] = field(default_factory=dict)
@@ -167,8 +170,10 @@ class Node:
 
     @property
     def device_plugin_dir(self) -> Path:
-        """The kubelet's device-plugin directory: `<root dir>/device-plugins`, where kubelet.sock is."""
-        return self.kubelet_root / "device-plugins"
+        """Where the kubelet's device-plugin registration socket is: a fixed path, whatever its --root-dir
+        (the kubelet's `pluginapi.DevicePluginPath`), so the chart's default. Made and removed by the node when
+        it was not there before."""
+        return KUBELET_DEVICE_PLUGINS
 
     @property
     def host_dir(self) -> Path:
@@ -187,6 +192,11 @@ class Node:
     # --- start ---------------------------------------------------------------------------------------------
     def start(self) -> None:
         t0 = time.monotonic()
+        # Deepest first: the directories of /var/lib/kubelet/device-plugins that the node makes, to remove.
+        self._made_dirs = [
+            p for p in (KUBELET_DEVICE_PLUGINS, *KUBELET_DEVICE_PLUGINS.parents) if not p.exists()
+        ]
+        self._device_plugins_before = _listing(str(KUBELET_DEVICE_PLUGINS)) or set()
         for path in (
             self.workdir / "cni" / "net.d",
             self.device_plugin_dir,
@@ -466,6 +476,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         step("bridge", lambda: _run("ip", "link", "del", self.bridge, check=False))
         step("sysctls", self._restore_sysctls)
         step("log links", self._remove_log_links)
+        step("device-plugin directory", self._remove_device_plugin_files)
         if errors:
             raise RuntimeError("node teardown left things behind:\n" + "\n".join(errors))
 
@@ -572,6 +583,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def _restore_sysctls(self) -> None:
         for key, value in self._sysctls.items():
             (Path("/proc/sys") / key).write_text(value)
+
+    def _remove_device_plugin_files(self) -> None:
+        """The kubelet's socket and checkpoint, the agent's socket; the directories if the node made them."""
+        for name in (_listing(str(KUBELET_DEVICE_PLUGINS)) or set()) - self._device_plugins_before:
+            with contextlib.suppress(OSError):
+                (KUBELET_DEVICE_PLUGINS / name).unlink()
+        for path in self._made_dirs:
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
     def _remove_log_links(self) -> None:
         """The kubelet links every container's log into /var/log/containers (a fixed path)."""

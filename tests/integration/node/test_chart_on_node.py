@@ -60,6 +60,7 @@ def chart_values(node: Node) -> dict[str, Any]:
         "agent": {
             "fakeGpus": FAKE_GPUS,
             "slotsPerGpu": SLOTS_PER_GPU,
+            # The kubelet's registration socket is at the chart's default path whatever its --root-dir.
             "devicePluginDir": str(node.device_plugin_dir),
             "mpsRoot": str(host / "mps"),
             "progress": {"enabled": True, "hostDir": str(host / "progress")},
@@ -119,25 +120,29 @@ def test_every_chart_pod_runs_and_the_operators_elect_one_leader(node: Node, rel
     operator = next(p for p in got if p["metadata"]["labels"]["app.kubernetes.io/component"] == "operator")
     assert operator["spec"]["securityContext"]["runAsUser"] == 10001
 
-    # kopf peering: both replicas keep their record alive, with distinct priorities; the highest is active and
-    # the other one says it pauses.
-    def peers() -> dict[str, Any]:
-        obj = node.plane.get("/apis/kopf.dev/v1/clusterkopfpeerings/tessera") or {}
-        return dict(obj.get("status") or {})
-
-    wait_until(lambda: len(peers()) == 2, 120, "two operator peers in the ClusterKopfPeering")
-    priorities = sorted(v["priority"] for v in peers().values())
-    assert priorities[0] != priorities[1]
-    operators = [
-        p["metadata"]["name"]
-        for p in got
-        if p["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
-    ]
+    # kopf peering: both replicas keep a record alive with a priority each drew at start; the highest is
+    # active and the other pauses.
+    leader, standby = wait_until(lambda: operator_roles(node), 120, "both operator replicas in the peering")
     wait_until(
-        lambda: sum("Pausing operations" in pod_log(node, NS, name) for name in operators) == 1,
+        lambda: "Pausing operations" in pod_log(node, NS, standby),
         120,
-        "exactly one operator replica to pause (the lower priority)",
+        f"the lower-priority replica {standby} to pause",
     )
+    assert leader != standby
+
+
+def operator_roles(node: Node) -> tuple[str, str] | None:
+    """(leader, standby) operator pod names by their ClusterKopfPeering priorities; None until both are there.
+
+    kopf names a peer `<user>@<hostname>/<start>/<random>`, the hostname being the pod's name."""
+    obj = node.plane.get("/apis/kopf.dev/v1/clusterkopfpeerings/tessera") or {}
+    peers = dict(obj.get("status") or {})
+    names = [p["metadata"]["name"] for p in component_pods(node, "operator")]
+    priority = {n: info["priority"] for ident, info in peers.items() for n in names if f"@{n}/" in ident}
+    if len(priority) != 2 or len(set(priority.values())) != 2:
+        return None
+    ranked = sorted(priority, key=priority.__getitem__)
+    return ranked[1], ranked[0]
 
 
 def test_the_kubelet_publishes_gpu_capacity_from_the_device_plugin(node: Node, release: helm.Config) -> None:
@@ -477,11 +482,9 @@ def test_agent_pod_deleted_is_recreated_and_registers_again(node: Node, release:
 
 
 def test_operator_leader_deleted_the_standby_takes_over(node: Node, release: helm.Config) -> None:
-    operators = component_pods(node, "operator")
-    assert len(operators) == 2
-    logs = {p["metadata"]["name"]: pod_log(node, NS, p["metadata"]["name"]) for p in operators}
-    (standby,) = [n for n, log in logs.items() if "Pausing operations" in log]
-    (leader,) = [n for n in logs if n != standby]
+    roles = operator_roles(node)
+    assert roles is not None, "two operator replicas with distinct peering priorities"
+    leader, standby = roles
     t0 = time.monotonic()
     status, got = node.plane.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{leader}")
     assert status == 200, got
