@@ -535,7 +535,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def _remove_netns(self) -> None:
         """containerd 1.6 pins pod network namespaces under /var/run/netns (not under its state dir)."""
         for name in (_listing(NETNS_DIR) or set()) - (self._netns_before or set()):
-            path = f"{NETNS_DIR}/{name}"
+            # mountinfo names the real path (/var/run is a link to /run on Debian)
+            path = os.path.realpath(f"{NETNS_DIR}/{name}")
             if path in _mountpoints():
                 _run("umount", path, check=False)
             with contextlib.suppress(OSError):
