@@ -541,9 +541,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 _run("umount", path, check=False)
             with contextlib.suppress(OSError):
                 os.remove(path)
-        if self._netns_before is None:
+        if self._netns_before is None:  # containerd made it, as a bind mount onto itself
+            real = os.path.realpath(NETNS_DIR)
+            if real in _mountpoints():
+                _run("umount", real, check=False)
             with contextlib.suppress(OSError):
-                os.rmdir(NETNS_DIR)
+                os.rmdir(real)
 
     def _remove_cgroups(self) -> None:
         left = []
