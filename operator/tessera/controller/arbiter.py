@@ -73,6 +73,10 @@ class Arbiter:
         self.status_writes = 0
         self.heartbeats = 0
         self._last_heartbeat = -math.inf
+        # The earliest lease expiry, or None to recompute. Every App's timer asks whether a lease has
+        # expired (N timers a tick); leases change only in rounds and when an App is tracked, so the
+        # answer is kept between those instead of scanning every lease on every tick (O(N^2) a tick).
+        self._earliest_expiry: float | None = None
         # A round's events, held to be posted as one per App and type when it ends (None: post at once).
         self._held: dict[tuple[str, str], tuple[AppRecord, list[tuple[str, str, str]]]] | None = None
         # GPUs that TrialGroup pools and serving workers reserve: never offered in an auction.
@@ -89,6 +93,7 @@ class Arbiter:
             return False
         self.records[rec.key] = rec
         self.dirty = True
+        self._earliest_expiry = None
         return True
 
     def outstanding(self) -> int:
@@ -99,6 +104,7 @@ class Arbiter:
             self.records.pop(key, None)
             self._written.pop(key, None)
             self.dirty = True
+            self._earliest_expiry = None
             self.metrics.remove_series(namespace=key[0], app=key[1])
 
     # --- rounds -----------------------------------------------------------------------------------
@@ -117,7 +123,11 @@ class Arbiter:
             return await self.run_round(now)
 
     def _lease_expired(self, now: float) -> bool:
-        return any(lease.expires <= now for r in self.records.values() for lease in r.leases)
+        if self._earliest_expiry is None:
+            self._earliest_expiry = min(
+                (lease.expires for r in self.records.values() for lease in r.leases), default=math.inf
+            )
+        return self._earliest_expiry <= now
 
     async def run_round(self, now: float) -> RoundReport:
         self._held = {}
@@ -125,6 +135,7 @@ class Arbiter:
             with self.passes.timing():
                 return await self._run_round(now)
         finally:
+            self._earliest_expiry = None  # the round expired and granted leases
             self._post_held()
 
     async def _run_round(self, now: float) -> RoundReport:
