@@ -119,6 +119,8 @@ class QueuedPolicy:
         nodes = {cluster.gpu(g).node for g in mine}
         ranked = sorted(avail, key=lambda g: (cluster.gpu(g).node not in nodes, cluster.order(g)))
         offer = ranked[:want]
+        if not offer:
+            return avail
         granted_before = {a.app_id: len(a.held) for a in apps}
         for gr in decision.grants:
             if gr.app_id in granted_before:

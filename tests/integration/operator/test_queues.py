@@ -1,0 +1,139 @@
+"""Team queues on the operator against kmock: a namespace label puts an App in a Queue; a queue borrows
+idle GPUs up to its maximum; a queue below its guarantee gets GPUs back at once (`immediate`) or when the
+lender's lease ends (`atLeaseEnd`), with events on both sides; Queue status and tessera_queue_* gauges; a
+deleted Queue's series go and its namespaces fall back to `default`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kmock
+from tessera.api import contract
+
+from .conftest import ALL, APPS, TEMPLATE, ManualClock, add_node, job, running_operator, wait_for
+
+QUEUES = f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_QUEUE}"
+
+
+def label_namespaces(ctl: Any, *names: str) -> None:
+    """What the Namespace watch does on a real API server (kmock cannot list Namespaces)."""
+    for name in names:
+        ctl.queues.set_namespace(name, {contract.LABEL_QUEUE: name})
+
+
+def setup_queues(k: kmock.KubernetesEmulator, **queues: dict[str, Any]) -> None:
+    k.resources[QUEUES] = kmock.ResourceInfo(
+        kind="Queue", namespaced=False, verbs=ALL, subresources={"status"}
+    )
+    for name, spec in queues.items():
+        k.objects[QUEUES, None, name] = {
+            "apiVersion": contract.API_VERSION,
+            "kind": "Queue",
+            "metadata": {"name": name, "uid": f"uid-q-{name}", "resourceVersion": "1"},
+            "spec": spec,
+        }
+
+
+def app(name: str, namespace: str, gpus: int) -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": "App",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": {"template": TEMPLATE, "jobs": [job("j", iters=10**9, gpus=gpus)]},
+    }
+
+
+def gpus(k: kmock.KubernetesEmulator, namespace: str, name: str) -> int:
+    try:
+        return int((dict(k.objects[APPS, namespace, name]).get("status") or {}).get("gpus") or 0)
+    except KeyError:
+        return 0
+
+
+def queue_status(k: kmock.KubernetesEmulator, name: str) -> dict[str, Any]:
+    try:
+        return dict(k.objects[QUEUES, None, name]).get("status") or {}
+    except KeyError:
+        return {}
+
+
+def events(k: kmock.KubernetesEmulator, reason: str, kind: str) -> list[dict[str, Any]]:
+    return [
+        dict(o)
+        for _, o in list(k.objects.items())
+        if dict(o).get("reason") == reason and dict(o).get("involvedObject", {}).get("kind") == kind
+    ]
+
+
+async def test_borrowing_stops_at_the_queues_maximum(api: kmock.KubernetesEmulator) -> None:
+    add_node(api, "n1", 6)
+    setup_queues(api, **{"team-a": {"guaranteedGPUs": 2, "maxGPUs": 4}, "team-b": {"guaranteedGPUs": 2}})
+    api.objects[APPS, "team-a", "a"] = app("a", "team-a", 6)
+    async with running_operator(api, queues=True) as ctl:
+        label_namespaces(ctl, "team-a", "team-b")
+        await wait_for(lambda: ctl.queues.queue_of("team-a") == "team-a", what="the namespace label seen")
+        await wait_for(lambda: gpus(api, "team-a", "a") == 4, what="A borrows up to its maximum")
+        st = await wait_for(
+            lambda: queue_status(api, "team-a").get("allocatedGPUs") == 4 and queue_status(api, "team-a"),
+            what="queue status",
+        )
+        assert st["borrowedGPUs"] == 2 and st["namespaces"] == ["team-a"]
+        assert ctl.metrics.gauge("tessera_queue_allocated_gpus").labels(queue="team-a")._value.get() == 4
+        # Deleting the Queue: its series go and team-a's objects belong to default (whole cluster again).
+        await api.delete(f"/apis/{QUEUES}/team-a")
+        await wait_for(lambda: ctl.queues.queue_of("team-a") == "default", what="team-a back in default")
+        assert not [
+            s
+            for m in ctl.metrics.gauge("tessera_queue_allocated_gpus").collect()
+            for s in m.samples
+            if s.labels.get("queue") == "team-a"
+        ]
+        await wait_for(lambda: gpus(api, "team-a", "a") == 6, what="A on the whole cluster under default")
+
+
+async def _reclaim(api: kmock.KubernetesEmulator, mode: str, clock: ManualClock) -> None:
+    add_node(api, "n1", 4)
+    setup_queues(
+        api,
+        **{
+            "team-a": {"guaranteedGPUs": 2, "reclaim": {"mode": mode, "checkpointGraceSeconds": 5}},
+            "team-b": {"guaranteedGPUs": 2},
+        },
+    )
+    api.objects[APPS, "team-a", "a"] = app("a", "team-a", 4)
+
+
+async def test_immediate_reclaim_takes_gpus_back_before_the_lease_ends(api: kmock.KubernetesEmulator) -> None:
+    clock = ManualClock()
+    await _reclaim(api, "immediate", clock)
+    async with running_operator(api, lease_s=1000.0, clock=clock, queues=True) as ctl:
+        label_namespaces(ctl, "team-a", "team-b")
+        await wait_for(lambda: gpus(api, "team-a", "a") == 4, what="A borrows B's idle guarantee")
+        await api.post(
+            f"/apis/{APPS.replace('/apps', '')}/namespaces/team-b/apps", json=app("b", "team-b", 2)
+        )
+        await wait_for(lambda: gpus(api, "team-b", "b") == 2, what="B gets its guarantee back at once")
+        assert gpus(api, "team-a", "a") == 2
+        await wait_for(lambda: events(api, "Reclaimed", "App"), what="the event on the App that lost GPUs")
+        await wait_for(lambda: events(api, "Reclaimed", "Queue"), what="the event on the Queue that gained")
+        msg = events(api, "Reclaimed", "App")[0]["message"]
+        assert "team-b" in msg and "below its guarantee" in msg
+
+
+async def test_at_lease_end_reclaim_waits_for_the_lease(api: kmock.KubernetesEmulator) -> None:
+    clock = ManualClock()
+    await _reclaim(api, "atLeaseEnd", clock)
+    async with running_operator(api, lease_s=1000.0, clock=clock, queues=True) as ctl:
+        label_namespaces(ctl, "team-a", "team-b")
+        await wait_for(lambda: gpus(api, "team-a", "a") == 4, what="A borrows B's idle guarantee")
+        await api.post(
+            f"/apis/{APPS.replace('/apps', '')}/namespaces/team-b/apps", json=app("b", "team-b", 2)
+        )
+        await wait_for(
+            lambda: (dict(api.objects[APPS, "team-b", "b"]).get("status") or {}).get("phase"),
+            what="B admitted",
+        )
+        assert gpus(api, "team-a", "a") == 4 and gpus(api, "team-b", "b") == 0  # the lease still runs
+        clock.advance(1001)
+        await wait_for(lambda: gpus(api, "team-b", "b") == 2, what="B's guarantee back at lease end")
+        assert gpus(api, "team-a", "a") == 2
