@@ -168,7 +168,15 @@ class Arbiter:
         expired leases returned, N_avg, completion. Returns the Apps whose status this changed."""
         changed: set[tuple[str, str]] = set()
         n_active = sum(1 for r in self.records.values() if not r.done)
+        # Under team queues N_avg counts the Apps of the App's own queue (ρ against the queue's share).
+        per_queue: dict[str, int] = {}
+        for r in self.records.values():
+            if not r.done:
+                q = self.queues.queue_of(r.namespace)
+                per_queue[q] = per_queue.get(q, 0) + 1
         for rec in self.records.values():
+            if self.queues.active:
+                n_active = per_queue.get(self.queues.queue_of(rec.namespace), 0)
             rec.account(now)
             pods = self.view.pods_with(contract.LABEL_APP, rec.name, rec.namespace)
             for job in rec.observe(pods):
@@ -339,12 +347,23 @@ class Arbiter:
         T_sh = elapsed + remaining time on the GPUs held at their locality, T_id from `t_id`. T_sh is
         infinite for an App holding nothing; ρ is then capped and T_sh not exported."""
         c = self.themis.config
-        bid = make_bid(rec.state(now), now, cluster, 0, rho_cap=c.rho_cap, tid_mode=c.tid_mode)
+        view = self._share_view(rec, cluster)
+        bid = make_bid(rec.state(now), now, view, 0, rho_cap=c.rho_cap, tid_mode=c.tid_mode)
         rec.rho = bid.rho_old
         locality = bid.held.locality()
         remaining = bid.app.estimator.remaining_time(bid.held.count, bid.app.sensitivity.slowdown(locality))
         rec.t_shared = bid.elapsed + remaining
         rec.t_independent = bid.tid
+
+    def _share_view(self, rec: AppRecord, cluster: Cluster) -> Cluster:
+        """The GPUs ρ is measured against: the cluster, or under team queues as many as the App's queue is
+        entitled to (its own GPUs among them), so T_independent is its time on a fair share of its queue."""
+        if not self.queues.active:
+            return cluster
+        share = max(1, round(self.queue_share.get(self.queues.queue_of(rec.namespace), 0.0)))
+        held = set(rec.held()) & set(cluster.gpu_ids)
+        others = [g for g in cluster.gpu_ids if g not in held][: max(0, share - len(held))]
+        return cluster.subset(held | set(others))
 
     # --- writing ----------------------------------------------------------------------------------
 
