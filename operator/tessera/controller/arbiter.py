@@ -85,6 +85,7 @@ class Arbiter:
         self.queues = QueueBook()
         self.queue_share: dict[str, float] = {}
         self.revoked: set[tuple[str, str]] = set()  # Apps a queue reclaimed GPUs from in the last round
+        self.reclaim_grace: dict[tuple[str, str], int] = {}  # their pods' grace: the lending queue's
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -279,6 +280,9 @@ class Arbiter:
             if not n:
                 continue
             self.revoked.add(rec.key)
+            spec = self.queues.specs.get(queue_of[app_id])
+            if spec is not None:
+                self.reclaim_grace[rec.key] = math.ceil(spec.reclaim.checkpoint_grace_seconds)
             self._count_lease(rec, "revoked", n)
             to = ", ".join(q for q in gainers if q != queue_of[app_id]) or "another queue"
             why = (
@@ -385,7 +389,12 @@ class Arbiter:
         def gang(p: PodPlan) -> str:
             return p.labels[contract.LABEL_JOB]
 
-        result = await self.ctx.sync_pods(
+        # Pods whose GPUs a queue took back at once get that lending queue's checkpoint grace.
+        grace = self.reclaim_grace.pop(rec.key, self.config.preemption_grace_s)
+        sync = self.ctx.sync_pods
+        if grace != sync.grace_seconds:
+            sync = dataclasses.replace(sync, grace_seconds=grace)
+        result = await sync(
             app_owner(rec),
             plans,
             existing,
@@ -400,7 +409,7 @@ class Arbiter:
                 rec,
                 "Normal",
                 "Preempted",
-                f"deleted {len(result.deleted)} pod(s) with {self.config.preemption_grace_s}s grace: "
+                f"deleted {len(result.deleted)} pod(s) with {grace}s grace: "
                 + ", ".join(result.deleted),
             )
         if result.created:

@@ -96,7 +96,7 @@ async def _reclaim(api: kmock.KubernetesEmulator, mode: str, clock: ManualClock)
     setup_queues(
         api,
         **{
-            "team-a": {"guaranteedGPUs": 2, "reclaim": {"mode": mode, "checkpointGraceSeconds": 5}},
+            "team-a": {"guaranteedGPUs": 2, "reclaim": {"mode": mode, "checkpointGraceSeconds": 7}},
             "team-b": {"guaranteedGPUs": 2},
         },
     )
@@ -118,6 +118,9 @@ async def test_immediate_reclaim_takes_gpus_back_before_the_lease_ends(api: kmoc
         await wait_for(lambda: events(api, "Reclaimed", "Queue"), what="the event on the Queue that gained")
         msg = events(api, "Reclaimed", "App")[0]["message"]
         assert "team-b" in msg and "below its guarantee" in msg
+        # A's pods on the reclaimed GPUs go with team-a's checkpoint grace, not the operator's 5 s.
+        preempted = await wait_for(lambda: events(api, "Preempted", "App"), what="A's pods deleted")
+        assert "with 7s grace" in preempted[0]["message"]
 
 
 async def test_at_lease_end_reclaim_waits_for_the_lease(api: kmock.KubernetesEmulator) -> None:
