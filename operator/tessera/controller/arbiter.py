@@ -86,6 +86,8 @@ class Arbiter:
         self.queue_share: dict[str, float] = {}
         self.revoked: set[tuple[str, str]] = set()  # Apps a queue reclaimed GPUs from in the last round
         self.reclaim_grace: dict[tuple[str, str], int] = {}  # their pods' grace: the lending queue's
+        # GPUs each queue holds in TrialGroup pools and serving replicas (set by the Controller).
+        self.outside: Callable[[], dict[str, float]] = dict
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -258,7 +260,9 @@ class Arbiter:
         """Themis on the whole cluster, or inside each team queue's share once Queues exist."""
         if not self.queues.active:
             return self.themis
-        return QueuedPolicy(self.themis, self.queues.nodes(), self.queues.rules(), name="themis")
+        return QueuedPolicy(
+            self.themis, self.queues.nodes(), self.queues.rules(), name="themis", outside=self.outside()
+        )
 
     def queued_state(self, rec: AppRecord, now: float, known: set[str] | None = None) -> AppState:
         # The minimum runtime counts from the App's start.
@@ -409,8 +413,7 @@ class Arbiter:
                 rec,
                 "Normal",
                 "Preempted",
-                f"deleted {len(result.deleted)} pod(s) with {grace}s grace: "
-                + ", ".join(result.deleted),
+                f"deleted {len(result.deleted)} pod(s) with {grace}s grace: " + ", ".join(result.deleted),
             )
         if result.created:
             self._event(rec, "Normal", "PodsCreated", ", ".join(result.created))

@@ -37,8 +37,9 @@ from tessera.controller.queues import QueueBook
 from tessera.controller.reconciler import KindReconciler
 from tessera.controller.tuning import TrialGroups
 from tessera.controller.usage import UsageMetrics
-from tessera.controller.view import ClusterView
+from tessera.controller.view import ClusterView, healthy_gpus
 from tessera.metrics import ComponentMetrics
+from tessera.policy.queues.training import entitled, with_default
 from tessera.policy.themis import admit
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ class Controller:
         self.deployments = ModelDeployments(ctx, self.app_and_pool_gpus)
         self.arbiter.reserved = self.reserved_by_others
         self.arbiter.queues = self.queues
+        self.arbiter.outside = self.queue_outside
+        self.trialgroups.queue_room = self.queue_room
 
     def app_gpus(self) -> set[str]:
         """GPUs that App leases hold (TrialGroup pools and serving are drawn from the rest)."""
@@ -106,6 +109,38 @@ class Controller:
         }
         now = self.config.clock()
         return {g for kind, index in self.claims.items() for g in unloaded(index, loaded[kind], now)}
+
+    def queue_outside(self) -> dict[str, float]:
+        """GPUs each team queue holds in TrialGroup pools and serving replicas (its Apps get the rest of
+        its share)."""
+        out: dict[str, float] = {}
+        for rec in self.trialgroups.records.values() if self.trialgroups is not None else ():
+            if not rec.done and rec.pool:
+                q = self.queues.queue_of(rec.namespace)
+                out[q] = out.get(q, 0.0) + len(rec.pool)
+        for srv in self.deployments.records.values() if self.deployments is not None else ():
+            if not srv.spec.placement.pool and srv.held():  # a shared serving pool serves several queues
+                q = self.queues.queue_of(srv.namespace)
+                out[q] = out.get(q, 0.0) + len(srv.held())
+        return out
+
+    def queue_room(self, namespace: str, want: int) -> float | None:
+        """GPUs an object of `namespace` wanting `want` may take now: its queue's entitlement in a division
+        counting every queue's Apps, pools and replicas, less what the queue holds. None: no queues."""
+        if not self.queues.active or self.arbiter is None:
+            return None
+        outside = self.queue_outside()
+        demand, held = dict(outside), dict(outside)
+        for rec in self.arbiter.records.values():
+            if not rec.done:
+                q = self.queues.queue_of(rec.namespace)
+                demand[q] = demand.get(q, 0.0) + rec.demand()
+                held[q] = held.get(q, 0.0) + len(rec.held())
+        q = self.queues.queue_of(namespace)
+        demand[q] = demand.get(q, 0.0) + want
+        capacity = len(healthy_gpus(self.view.cluster()))
+        share = entitled(capacity, with_default(self.queues.nodes()), demand)
+        return max(0.0, share.get(q, 0.0) - held.get(q, 0.0))
 
     def reserved_by_others(self) -> set[str]:
         """GPUs Themis must not auction: TrialGroup pools, serving replicas, and what objects not loaded

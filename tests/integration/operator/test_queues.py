@@ -5,20 +5,42 @@ deleted Queue's series go and its namespaces fall back to `default`."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import kmock
 from tessera.api import contract
 
-from .conftest import ALL, APPS, TEMPLATE, ManualClock, add_node, job, running_operator, wait_for
+from .conftest import (
+    ALL,
+    APPS,
+    TEMPLATE,
+    TGS,
+    ManualClock,
+    add_node,
+    job,
+    running_operator,
+    tg_body,
+    trial,
+    wait_for,
+)
 
 QUEUES = f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_QUEUE}"
 
 
-def label_namespaces(ctl: Any, *names: str) -> None:
-    """What the Namespace watch does on a real API server (kmock cannot list Namespaces)."""
+async def label_namespaces(ctl: Any, *names: str) -> None:
+    """What the Namespace watch does on a real API server (kmock cannot list Namespaces); then wait until
+    the Queue watch has seen the queues, so that the objects the test creates next are divided by them."""
     for name in names:
         ctl.queues.set_namespace(name, {contract.LABEL_QUEUE: name})
+    await wait_for(lambda: set(names) <= set(ctl.queues.specs), what="the Queues seen")
+
+
+async def create_app(k: kmock.KubernetesEmulator, name: str, namespace: str, gpus: int) -> None:
+    await k.post(
+        f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/apps",
+        json=app(name, namespace, gpus),
+    )
 
 
 def setup_queues(k: kmock.KubernetesEmulator, **queues: dict[str, Any]) -> None:
@@ -68,9 +90,9 @@ def events(k: kmock.KubernetesEmulator, reason: str, kind: str) -> list[dict[str
 async def test_borrowing_stops_at_the_queues_maximum(api: kmock.KubernetesEmulator) -> None:
     add_node(api, "n1", 6)
     setup_queues(api, **{"team-a": {"guaranteedGPUs": 2, "maxGPUs": 4}, "team-b": {"guaranteedGPUs": 2}})
-    api.objects[APPS, "team-a", "a"] = app("a", "team-a", 6)
     async with running_operator(api, queues=True) as ctl:
-        label_namespaces(ctl, "team-a", "team-b")
+        await label_namespaces(ctl, "team-a", "team-b")
+        await create_app(api, "a", "team-a", 6)
         await wait_for(lambda: ctl.queues.queue_of("team-a") == "team-a", what="the namespace label seen")
         await wait_for(lambda: gpus(api, "team-a", "a") == 4, what="A borrows up to its maximum")
         st = await wait_for(
@@ -100,14 +122,14 @@ async def _reclaim(api: kmock.KubernetesEmulator, mode: str, clock: ManualClock)
             "team-b": {"guaranteedGPUs": 2},
         },
     )
-    api.objects[APPS, "team-a", "a"] = app("a", "team-a", 4)
 
 
 async def test_immediate_reclaim_takes_gpus_back_before_the_lease_ends(api: kmock.KubernetesEmulator) -> None:
     clock = ManualClock()
     await _reclaim(api, "immediate", clock)
     async with running_operator(api, lease_s=1000.0, clock=clock, queues=True) as ctl:
-        label_namespaces(ctl, "team-a", "team-b")
+        await label_namespaces(ctl, "team-a", "team-b")
+        await create_app(api, "a", "team-a", 4)
         await wait_for(lambda: gpus(api, "team-a", "a") == 4, what="A borrows B's idle guarantee")
         await api.post(
             f"/apis/{APPS.replace('/apps', '')}/namespaces/team-b/apps", json=app("b", "team-b", 2)
@@ -127,7 +149,8 @@ async def test_at_lease_end_reclaim_waits_for_the_lease(api: kmock.KubernetesEmu
     clock = ManualClock()
     await _reclaim(api, "atLeaseEnd", clock)
     async with running_operator(api, lease_s=1000.0, clock=clock, queues=True) as ctl:
-        label_namespaces(ctl, "team-a", "team-b")
+        await label_namespaces(ctl, "team-a", "team-b")
+        await create_app(api, "a", "team-a", 4)
         await wait_for(lambda: gpus(api, "team-a", "a") == 4, what="A borrows B's idle guarantee")
         await api.post(
             f"/apis/{APPS.replace('/apps', '')}/namespaces/team-b/apps", json=app("b", "team-b", 2)
@@ -140,3 +163,32 @@ async def test_at_lease_end_reclaim_waits_for_the_lease(api: kmock.KubernetesEmu
         clock.advance(1001)
         await wait_for(lambda: gpus(api, "team-b", "b") == 2, what="B's guarantee back at lease end")
         assert gpus(api, "team-a", "a") == 2
+
+
+async def test_trialgroup_pool_stays_within_its_queues_share(api: kmock.KubernetesEmulator) -> None:
+    # team-a may hold 2 GPUs: its TrialGroup of four trials gets a pool of 2 on a 4-GPU node, and an App
+    # of team-a then gets nothing more (the pool counts against the queue).
+    add_node(api, "n1", 4)
+    setup_queues(api, **{"team-a": {"guaranteedGPUs": 1, "maxGPUs": 2}})
+    tg = tg_body("sweep", [trial(f"t{i}", 1000) for i in range(4)])
+    tg["metadata"]["namespace"] = "team-a"
+    async with running_operator(api, queues=True) as ctl:
+        await label_namespaces(ctl, "team-a")
+        await api.post(f"/apis/{TGS.replace('/trialgroups', '')}/namespaces/team-a/trialgroups", json=tg)
+        ann = await wait_for(
+            lambda: (dict(api.objects[TGS, "team-a", "sweep"])["metadata"].get("annotations") or {}).get(
+                contract.ANN_GPU_POOL
+            ),
+            what="the pool",
+        )
+        assert len(json.loads(ann)) == 2
+        await api.post(
+            f"/apis/{APPS.replace('/apps', '')}/namespaces/team-a/apps", json=app("a", "team-a", 2)
+        )
+
+        def waiting() -> bool:
+            conds = (dict(api.objects[APPS, "team-a", "a"]).get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Ready" and c.get("reason") == "WaitingForGPUs" for c in conds)
+
+        await wait_for(waiting, what="A bidding without a lease after a round")
+        assert gpus(api, "team-a", "a") == 0

@@ -124,3 +124,12 @@ def test_kueue_style_preempts_the_borrower_to_reclaim_nominal_quota() -> None:
     check_decision(d, [old, new, a1], [])
     assert set(d.revoke) == {"b2"}  # the most recently admitted borrower
     assert granted(d) == {"a1": 4}
+
+
+def test_gpus_a_queue_holds_outside_the_policy_count_against_its_share() -> None:
+    # A (g 4) already holds 3 GPUs in a TrialGroup pool; B (g 4). 8 GPUs, both hungry: A's Apps get 1 more.
+    qs = [QueueNode("a", guaranteed=4), QueueNode("b", guaranteed=4)]
+    apps = [app("a1", "a", 8), app("b1", "b", 8)]
+    free = CLUSTER.gpu_ids[3:]
+    d = QueuedPolicy(Themis(), qs, outside={"a": 3}).allocate(0.0, apps, CLUSTER, free, random.Random(0))
+    assert granted(d) == {"a1": 1, "b1": 4}

@@ -42,10 +42,14 @@ class QueuedPolicy:
         queues: Sequence[QueueNode],
         rules: Mapping[str, ReclaimRule] | None = None,
         name: str | None = None,
+        outside: Mapping[str, float] | None = None,
     ) -> None:
         self.inner = inner
         self.queues = with_default(queues)
         self.rules = dict(rules or {})
+        # GPUs each queue's other objects hold, which this policy does not move (TrialGroup pools, serving
+        # replicas): they count towards the queue's demand and holding, so its apps get only the rest.
+        self.outside = dict(outside or {})
         self.name: str = name or str(getattr(inner, "name", "queued"))
         # The simulator runs rounds with no GPU free only for a policy that may take GPUs back.
         self.preempts = any(r.mode == "immediate" for r in self.rules.values())
@@ -68,8 +72,9 @@ class QueuedPolicy:
         members: dict[str, list[AppState]] = {q.name: [] for q in self.queues}
         for a in apps:
             members[self.queue_of(a)].append(a)
-        demand = {q: float(sum(a.demand_max for a in m)) for q, m in members.items()}
-        held = {q: sum(len(a.held) for a in m) for q, m in members.items()}
+        extra = {q: int(self.outside.get(q, 0.0)) for q in members}
+        demand = {q: float(sum(a.demand_max for a in m) + extra[q]) for q, m in members.items()}
+        held = {q: sum(len(a.held) for a in m) + extra[q] for q, m in members.items()}
         share = entitled(len(cluster), self.queues, demand)
         revoke = self._reclaim(now, apps, members, share, held, demand, len(free))
         avail = [*free, *(g for gpus in revoke.values() for g in gpus)]
@@ -151,6 +156,10 @@ class QueuedPolicy:
             return {}
         holdings = [
             Holding(self.queue_of(a), a.app_id, float(len(a.held)), a.since, math.inf) for a in apps if a.held
+        ]
+        # What other objects hold counts for their queue but is never taken here (held "since forever").
+        holdings += [
+            Holding(q, f"outside/{q}", float(n), math.inf, math.inf) for q, n in self.outside.items() if n > 0
         ]
         waiting = {q: max(0.0, demand[q] - held[q]) for q in members}
         plan = plan_reclaim(now, self.queues, self.rules, share, holdings, waiting, float(n_free))
