@@ -295,7 +295,7 @@ def test_dashboards_ship_as_sidecar_configmaps() -> None:
         for o in objs
         if o["kind"] == "ConfigMap" and o["metadata"]["labels"].get("grafana_dashboard") == "1"
     ]
-    assert len(maps) == 4
+    assert len(maps) == len(list((CHART / "dashboards").glob("*.json"))) == 5
     for cm in maps:
         ((key, text),) = cm["data"].items()
         source = CHART / "dashboards" / key.removeprefix("tessera-")
@@ -323,7 +323,7 @@ def test_non_default_values_take_effect() -> None:
     dashboards = [
         o for o in objs if o["kind"] == "ConfigMap" and "grafana.io/dashboard" in o["metadata"]["labels"]
     ]
-    assert len(dashboards) == 4 and {d["metadata"]["namespace"] for d in dashboards} == {"monitoring"}
+    assert len(dashboards) == 5 and {d["metadata"]["namespace"] for d in dashboards} == {"monitoring"}
     agent = find(objs, "DaemonSet", "-agent")["spec"]["template"]["spec"]
     assert agent["runtimeClassName"] == "nvidia" and agent["serviceAccountName"] == "tessera-node"
     assert {"--slots-per-gpu=4", "-v"} <= set(agent["containers"][0]["args"])
