@@ -88,6 +88,7 @@ class Controller:
         self.arbiter.queues = self.queues
         self.arbiter.outside = self.queue_outside
         self.trialgroups.queue_room = self.queue_room
+        self.deployments.queue_room = self.queue_room
 
     def app_gpus(self) -> set[str]:
         """GPUs that App leases hold (TrialGroup pools and serving are drawn from the rest)."""

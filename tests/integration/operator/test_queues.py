@@ -19,10 +19,14 @@ from .conftest import (
     ManualClock,
     add_node,
     job,
+    md_body,
     running_operator,
     tg_body,
     trial,
     wait_for,
+)
+from .conftest import (
+    pods as pods_of,
 )
 
 QUEUES = f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_QUEUE}"
@@ -192,3 +196,26 @@ async def test_trialgroup_pool_stays_within_its_queues_share(api: kmock.Kubernet
 
         await wait_for(waiting, what="A bidding without a lease after a round")
         assert gpus(api, "team-a", "a") == 0
+
+
+async def test_serving_replicas_stay_within_the_queues_share(api: kmock.KubernetesEmulator) -> None:
+    # 300 rps wants two 1-GPU replicas (test_modeldeployment.py); team-a may hold 1 GPU: one is placed.
+    add_node(api, "n1", 4)
+    add_node(api, "n2", 4)
+    setup_queues(api, **{"team-a": {"guaranteedGPUs": 1, "maxGPUs": 1}})
+    md = md_body("m", 300)
+    md["metadata"]["namespace"] = "team-a"
+    async with running_operator(api, queues=True) as ctl:
+        await label_namespaces(ctl, "team-a")
+        await wait_for(lambda: len(ctl.view.nodes) == 2, what="both nodes in the view")
+        await api.post(
+            f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/team-a/modeldeployments", json=md
+        )
+        scaled = await wait_for(lambda: events_any(api, "Scaled"), what="the Scaled event")
+        assert "0 → 1 replicas" in scaled[0]["message"] and "only 1 placed" in scaled[0]["message"]
+        workers = pods_of(api, **{contract.LABEL_MODELDEPLOYMENT: "m", contract.LABEL_ROLE: "worker"})
+        assert len(workers) <= 1
+
+
+def events_any(k: kmock.KubernetesEmulator, reason: str) -> list[dict[str, Any]]:
+    return [dict(o) for _, o in list(k.objects.items()) if dict(o).get("reason") == reason]
