@@ -3,6 +3,7 @@ to the issue's bar (`tessera simulate examples/scenarios/multi-team.yaml` prints
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 from pathlib import Path
 
@@ -53,3 +54,40 @@ def test_allocation_is_at_least_the_best_baselines() -> None:
 def test_useful_utilisation_is_at_least_the_best_baselines() -> None:
     f = figures()
     assert f["tessera"]["useful"] >= max(f[p]["useful"] for p in ("kai-style", "kueue-style"))  # type: ignore[operator,type-var]
+
+
+SEEDS = range(1, 7)
+
+
+@cache
+def tessera_worst_rho_by_seed() -> dict[int, float]:
+    """Tessera's worst per-queue max ρ for seeds 1–6 (the seed drives Themis' random leftovers; the
+    baselines draw nothing, so one run each stands for every seed)."""
+    sc = training.load(yaml.safe_load(SCENARIO.read_text()), str(SCENARIO))
+    ours = [p for p in sc.policies if p.label == "tessera"]
+    out = {}
+    for seed in SEEDS:
+        result = training.run(dataclasses.replace(sc, seed=seed, policies=tuple(ours)), workers=1)
+        out[seed] = float(result.runs[0].queues["worst_max_rho"])
+    return out
+
+
+@pytest.mark.slow
+def test_worst_max_rho_over_seeds_is_lower_than_each_baseline_on_average() -> None:
+    f = figures()
+    by_seed = tessera_worst_rho_by_seed()
+    mean = sum(by_seed.values()) / len(by_seed)
+    assert mean < f["kai-style"]["worst_max_rho"]  # type: ignore[operator]
+    assert mean < f["kueue-style"]["worst_max_rho"]  # type: ignore[operator]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="not for every seed: with seeds 2 and 4 Themis' random leftovers leave team-b's worst App at "
+    "ρ 1.39 and 1.33, above the KAI-style (1.30) and Kueue-style (1.25) baselines",
+)
+def test_worst_max_rho_is_lower_than_each_baseline_for_every_seed() -> None:
+    f = figures()
+    best = min(f[p]["worst_max_rho"] for p in ("kai-style", "kueue-style"))  # type: ignore[type-var]
+    assert all(v < best for v in tessera_worst_rho_by_seed().values())  # type: ignore[operator]
