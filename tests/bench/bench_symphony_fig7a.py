@@ -4,7 +4,7 @@ Run: nice -n 15 .venv/bin/python tests/bench/bench_symphony_fig7a.py [--shapes 1
      [--policies symphony,eager] [--measure 10] [--warmup 2] [--seeds 0,1,2] [--converge] [--out FILE]
 
 Setup, as the paper's mixed-model case: the 35 models of Table 3 (1080Ti profiles and SLOs, bundled in
-``operator/tessera/sim/data/serving-symphony-zoo.yaml``) in one cluster of ``ratio × 35`` GPUs, equally
+``operator/tessera/sim/data/zoos/serving-symphony-zoo.yaml``) in one cluster of ``ratio × 35`` GPUs, equally
 popular, Gamma arrivals of shape k (CV = 1/√k; k = 1 is Poisson). Goodput = the highest total rate at which
 every model's p99 latency meets its own SLO, dropped requests counting as misses (Symphony §1, [S:L65]),
 found by bisection to 1 %; each rate runs ``warmup + measure`` seconds per seed and counts requests arriving

@@ -59,3 +59,19 @@ def test_fig7a_two_gpus_per_model_poisson_within_the_papers_band() -> None:
 def test_fig7a_one_gpu_per_model_poisson_within_the_papers_band() -> None:
     r = _ratio(1, 1.0)
     assert PAPER_LOW <= r <= PAPER_HIGH, r
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="Fig. 7a's band (+35-102 %) with bursty arrivals, Gamma shape 0.1, 2 GPUs per model: measured "
+    "1.04x (benchmark 7,162 vs 6,886 req/s; 1.05x with 20 s measured); 1.07x at 3 and at 4 GPUs per model. Burstiness costs Symphony little (Poisson "
+    "7,896 -> 7,162 req/s at 2 GPUs per model) but helps eager (5,555 -> 6,886): bursts batch "
+    "for eager what deferral batches for Symphony (at 5,500 req/s eager's mean batch grows from 1.28 to 1.57 "
+    "and its GPUs' busy share falls from 0.997 to 0.931). Remaining differences "
+    "from the paper: no network delay, deterministic l(b), the early-drop GETBATCH for both; the paper does "
+    "not give the ratio per Gamma shape",
+)
+def test_fig7a_two_gpus_per_model_gamma_0_1_within_the_papers_band() -> None:
+    r = _ratio(2, 0.1)
+    assert PAPER_LOW <= r <= PAPER_HIGH, r

@@ -1,6 +1,6 @@
 """Bundled model zoos for the multi-GPU serving simulator: Symphony's Table 3 (1080Ti, 35 models).
 
-``operator/tessera/sim/data/serving-symphony-zoo.yaml`` holds each model's ℓ(b) = αb + β and SLO with the
+``operator/tessera/sim/data/zoos/serving-symphony-zoo.yaml`` holds each model's ℓ(b) = αb + β and SLO with the
 line of the seed text it comes from; :func:`load_zoo` validates it and returns
 :class:`~tessera.sim.serving.cluster_sim.ServedModel` rows in the table's order.
 """
@@ -51,7 +51,9 @@ class Zoo(BaseModel):
 def load_zoo(path: str | Path | None = None) -> Zoo:
     """Read and validate a zoo file (default: the bundled Symphony Table 3)."""
     if path is None:
-        text = resources.files("tessera.sim").joinpath("data", SYMPHONY_ZOO).read_text(encoding="utf-8")
+        text = (
+            resources.files("tessera.sim").joinpath("data", "zoos", SYMPHONY_ZOO).read_text(encoding="utf-8")
+        )
     else:
         text = Path(path).read_text(encoding="utf-8")
     return Zoo.model_validate(yaml.safe_load(text))
