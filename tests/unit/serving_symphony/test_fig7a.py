@@ -19,7 +19,9 @@ from tessera.sim.serving.zoo import symphony_zoo
 PAPER_LOW, PAPER_HIGH = 1.35, 2.02
 
 
-def _ratio(gpus_per_model: int, shape: float) -> float:
+def _ratio(
+    gpus_per_model: int, shape: float, *, seeds: tuple[int, ...] = (0, 1), measure: float = 5.0
+) -> float:
     models = symphony_zoo()
     g = {
         p: per_model_goodput(
@@ -73,5 +75,7 @@ def test_fig7a_one_gpu_per_model_poisson_within_the_papers_band() -> None:
     "not give the ratio per Gamma shape",
 )
 def test_fig7a_two_gpus_per_model_gamma_0_1_within_the_papers_band() -> None:
-    r = _ratio(2, 0.1)
+    # One seed × 3 s (bursty runs cost more per request): 1.23x at this small sample, deterministic; the
+    # benchmark's 3 seeds × 10 s give 1.04x.
+    r = _ratio(2, 0.1, seeds=(0,), measure=3.0)
     assert PAPER_LOW <= r <= PAPER_HIGH, r
