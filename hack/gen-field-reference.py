@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write docs/reference/<kind>.md, the field reference of App, TrialGroup and ModelDeployment, from the
+"""Write docs/reference/<kind>.md, the field reference of App, TrialGroup, ModelDeployment and Queue, from the
 tessera.api models (run: .venv/bin/python hack/gen-field-reference.py [--out DIR] [--check]).
 
 The tables are read from the same structural schemas the CRDs are built from (tessera.api.crd), so a

@@ -48,7 +48,15 @@ def test_asha_time_to_target_gain() -> None:
     assert s.ratio >= 1.05 and s.low > 1.0, str(s)
 
 
-@pytest.mark.xfail(strict=True, reason="measured 0.95x: BOHB under Fluid reaches the target later")
+@pytest.mark.xfail(
+    strict=True,
+    reason="paper: BOHB reaches the target 10-30 % sooner under Fluid (dissertation Fig. 3.7, §3.6.1: CIFAR-10, WLM "
+    "and DCGAN tuning on 8 Quadro RTX 6000 GPUs, 5 runs). Here: the synthetic tuning simulator (seeded learning "
+    "curves, 40 samples, budgets 1/3/9/27, target score 0.85, packing slowdown 1.15, 8 GPUs, 200 paired seeds); "
+    "the paper's sample count, budgets and curves are not given. Measured 0.95x (CI 0.92-0.98): with twice the "
+    "concurrency fewer configs are drawn from BOHB's model, which is fit on low rungs that rank configs partly "
+    "by learning speed (1.02x without packing); docs/results-fluid.md",
+)
 def test_bohb_time_to_target_gain_at_least_10_percent() -> None:
     s = speedup("bohb", "time_to_target")
     assert s.ratio >= 1.1, str(s)
@@ -118,7 +126,12 @@ def test_asha_scaling_with_and_without_fluid() -> None:
 
 
 @pytest.mark.xfail(
-    strict=True, reason="measured: 16 workers reach the target sooner than 8 (no cost per worker)"
+    strict=True,
+    reason="paper: without Fluid, ASHA on 8 workers reaches the target soonest of 4/8/16 (dissertation Fig. 3.10, "
+    "§3.6.2, CIFAR-10 on Ray Tune, no reason given). Here the same 4/8/16 workers on the synthetic tuning "
+    "simulator, which charges nothing per worker (no communication, scheduler or Ray overhead): 16 workers "
+    "reach the target 1.06x sooner than 8, though fewer runs ever reach it (155 vs 157 of 200) and the best "
+    "score at 600 s is lower; docs/results-fluid.md",
 )
 def test_asha_without_fluid_best_at_8_workers() -> None:
     assert _ttt_vs_fifo8(16, "fifo").ratio < 1.0

@@ -1,6 +1,6 @@
 """Tessera API: resource models (spec + status), CRD generation and contract constants.
 
-Parse manifests with `parse_resource` / `parse_app` / `parse_trialgroup` / `parse_modeldeployment`
+Parse manifests with `parse_resource` / `parse_app` / `parse_trialgroup` / `parse_modeldeployment` / `parse_queue`
 (raise `ManifestError`), or list problems with `manifest_errors`; write status with `Status.to_wire()`.
 """
 
@@ -9,10 +9,12 @@ from tessera.api.resources import (
     App,
     ManifestError,
     ModelDeployment,
+    Queue,
     TrialGroup,
     manifest_errors,
     parse_app,
     parse_modeldeployment,
+    parse_queue,
     parse_resource,
     parse_trialgroup,
 )
@@ -22,10 +24,12 @@ __all__ = [
     "App",
     "ManifestError",
     "ModelDeployment",
+    "Queue",
     "TrialGroup",
     "manifest_errors",
     "parse_app",
     "parse_modeldeployment",
+    "parse_queue",
     "parse_resource",
     "parse_trialgroup",
 ]

@@ -14,9 +14,11 @@ API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND_APP: Final = "App"
 KIND_TRIALGROUP: Final = "TrialGroup"
 KIND_MODELDEPLOYMENT: Final = "ModelDeployment"
+KIND_QUEUE: Final = "Queue"
 PLURAL_APP: Final = "apps"
 PLURAL_TRIALGROUP: Final = "trialgroups"
 PLURAL_MODELDEPLOYMENT: Final = "modeldeployments"
+PLURAL_QUEUE: Final = "queues"
 CATEGORY: Final = "tessera"
 
 # Extended resources on pods, read by tessera.api.quantity.resource_quantity (canonical quantities: gpu-memory
@@ -48,6 +50,7 @@ LABEL_JOB: Final = f"{GROUP}/job"
 LABEL_TRIAL: Final = f"{GROUP}/trial"
 LABEL_ROLE: Final = f"{GROUP}/role"  # worker | gateway
 LABEL_LEASE: Final = f"{GROUP}/lease"
+LABEL_QUEUE: Final = f"{GROUP}/queue"  # on a Namespace: the Queue its objects belong to
 
 WORKLOAD_TRAINING: Final = "training"
 WORKLOAD_TRIAL: Final = "trial"

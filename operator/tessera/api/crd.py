@@ -179,7 +179,7 @@ def build_crd(kind: ResourceKind) -> JSON:
         },
         "spec": {
             "group": contract.GROUP,
-            "scope": "Namespaced",
+            "scope": kind.scope,
             "names": {
                 "kind": kind.kind,
                 "listKind": f"{kind.kind}List",

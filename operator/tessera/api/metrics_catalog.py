@@ -117,6 +117,19 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         ("component", "version"),
         frozenset({_OP, _EXT, _AGENT, _GW, _SIM}),
     ),
+    # --- team queues (tessera.policy.queues) --------------------------------------------------------------
+    *(
+        MetricSpec(f"tessera_queue_{name}", MetricType.GAUGE, help_, ("queue",), frozenset({_OP}))
+        for name, help_ in (
+            ("guaranteed_gpus", "GPUs a Queue is guaranteed (spec.guaranteedGPUs)."),
+            ("share_gpus", "GPUs the division entitles a Queue to this round."),
+            ("allocated_gpus", "GPUs the objects of a Queue hold now."),
+            ("borrowed_gpus", "GPUs a Queue holds above its guarantee."),
+            ("lent_gpus", "Guaranteed GPUs of a Queue it leaves to other queues now."),
+            ("waiting", "Objects of a Queue waiting for GPUs."),
+            ("max_rho", "Largest finish-time fairness rho among a Queue's Apps, against the Queue's share."),
+        )
+    ),
     # --- fairness: Themis (Mahajan et al., NSDI'20) ---------------------------------------------------------
     MetricSpec(
         "tessera_app_rho",

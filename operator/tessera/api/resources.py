@@ -14,6 +14,7 @@ from tessera.api import contract
 from tessera.api.app import AppSpec, AppStatus
 from tessera.api.base import ObjectMeta, WireModel
 from tessera.api.modeldeployment import ModelDeploymentSpec, ModelDeploymentStatus
+from tessera.api.queue import QueueSpec, QueueStatus
 from tessera.api.safe_load import value_problems
 from tessera.api.trialgroup import TrialGroupSpec, TrialGroupStatus
 
@@ -50,7 +51,13 @@ class ModelDeployment(Resource[ModelDeploymentSpec, ModelDeploymentStatus]):
     kind: Literal["ModelDeployment"]
 
 
-AnyResource = App | TrialGroup | ModelDeployment
+class Queue(Resource[QueueSpec, QueueStatus]):
+    """A team's guaranteed share of the cluster's GPUs, its maximum and its weight (cluster-scoped)."""
+
+    kind: Literal["Queue"]
+
+
+AnyResource = App | TrialGroup | ModelDeployment | Queue
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,11 @@ class ResourceKind:
     kind: str
     plural: str
     short_names: tuple[str, ...]
-    model: type[App] | type[TrialGroup] | type[ModelDeployment]
+    model: type[App] | type[TrialGroup] | type[ModelDeployment] | type[Queue]
     spec_model: type[WireModel]
     status_model: type[WireModel]
     columns: tuple[PrinterColumn, ...] = field(default_factory=tuple)
+    scope: Literal["Namespaced", "Cluster"] = "Namespaced"
 
     @property
     def singular(self) -> str:
@@ -140,6 +148,23 @@ KINDS: dict[str, ResourceKind] = {
             PrinterColumn(
                 "Goodput", "number", ".status.goodputRps", "Requests/s within the SLO over that window."
             ),
+            _AGE,
+        ),
+    ),
+    contract.KIND_QUEUE: ResourceKind(
+        kind=contract.KIND_QUEUE,
+        plural=contract.PLURAL_QUEUE,
+        short_names=("tq",),
+        model=Queue,
+        spec_model=QueueSpec,
+        status_model=QueueStatus,
+        scope="Cluster",
+        columns=(
+            PrinterColumn("Guaranteed", "number", ".spec.guaranteedGPUs", "GPUs guaranteed."),
+            PrinterColumn("Max", "number", ".spec.maxGPUs", "Most GPUs it may hold."),
+            PrinterColumn("Allocated", "number", ".status.allocatedGPUs", "GPUs its objects hold now."),
+            PrinterColumn("Borrowed", "number", ".status.borrowedGPUs", "GPUs held above the guarantee."),
+            PrinterColumn("Waiting", "integer", ".status.waiting", "Objects waiting for GPUs."),
             _AGE,
         ),
     ),
@@ -278,7 +303,7 @@ def parse_resource(obj: object) -> AnyResource:
     return parsed
 
 
-def _parse_as(model: type[App] | type[TrialGroup] | type[ModelDeployment], obj: object) -> Any:
+def _parse_as(model: type[App] | type[TrialGroup] | type[ModelDeployment] | type[Queue], obj: object) -> Any:
     resource = parse_resource(obj)
     if not isinstance(resource, model):
         raise ManifestError(resource.kind, resource.metadata.name, [("kind", f"expected {model.__name__}")])
@@ -301,3 +326,9 @@ def parse_modeldeployment(obj: object) -> ModelDeployment:
     """Parse a ModelDeployment manifest (raises ManifestError)."""
     md: ModelDeployment = _parse_as(ModelDeployment, obj)
     return md
+
+
+def parse_queue(obj: object) -> Queue:
+    """Parse a Queue manifest (raises ManifestError)."""
+    q: Queue = _parse_as(Queue, obj)
+    return q

@@ -134,6 +134,16 @@ class Cluster:
             out.setdefault(self._by_id[i].node, []).append(i)
         return out
 
+    def subset(self, gpu_ids: Iterable[str]) -> Cluster:
+        """The same machines with only these GPUs (a team queue's share, as its policy sees it)."""
+        keep = set(gpu_ids)
+        machines = []
+        for m in self.machines:
+            gpus = tuple(g for g in m.gpus if g.id in keep)
+            if gpus:
+                machines.append(Machine(name=m.name, rack=m.rack, gpus=gpus))
+        return Cluster(tuple(machines))
+
     # --- builders -------------------------------------------------------------------------------
 
     @staticmethod

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from tessera.api.queue import QueueSpec, hierarchy_errors
 from tessera.api.resources import manifest_errors
 from tessera.api.safe_load import InputError, load_yaml_documents, read_text
 
@@ -16,7 +17,7 @@ log = logging.getLogger(__name__)
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "validate",
-        help="check App / TrialGroup / ModelDeployment manifests offline",
+        help="check App / TrialGroup / ModelDeployment / Queue manifests offline",
         description=(
             "Validate Tessera manifests without a cluster. Prints 'OK <file>' per valid document and "
             "'<file>: <kind>/<name>: <field path>: <message>' per error; exits 1 if any error. "
@@ -65,6 +66,29 @@ def validate_file(path: Path) -> list[str]:
     return lines
 
 
+def queue_lines(files: list[Path]) -> list[str]:
+    """The rules over several Queues (children's guarantees within the parent's, no cycle) among the
+    valid Queues of all the files; a parent not given is taken to exist on the cluster."""
+    specs: dict[str, QueueSpec] = {}
+    where: dict[str, Path] = {}
+    for path in files:
+        try:
+            docs = load_yaml_documents(read_text(path), str(path))
+        except InputError:
+            continue
+        for doc in docs:
+            if isinstance(doc, dict) and doc.get("kind") == "Queue" and not manifest_errors(doc):
+                name = str(doc["metadata"]["name"])
+                specs[name] = QueueSpec.model_validate(doc["spec"])
+                where[name] = path
+    return [
+        f"{where[name]}: Queue/{name}: {field_path}: {message}"
+        for name, errors in sorted(hierarchy_errors(specs).items())
+        for field_path, message in errors
+        if not message.endswith("does not exist")
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     failed = False
     files = _files(args.paths)
@@ -75,5 +99,8 @@ def run(args: argparse.Namespace) -> int:
         for line in validate_file(path):
             failed |= not line.startswith("OK ")
             print(line)
+    for line in queue_lines(files):
+        failed = True
+        print(line)
     log.debug("validated %d file(s)", len(files))
     return 1 if failed else 0

@@ -7,9 +7,10 @@ neither loses a lease nor creates a second set of pods. Themis §4.2.2 (AGENT st
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -208,6 +209,20 @@ class AppRecord:
         gone = [lease for lease in self.leases if lease.job not in live]
         self.leases = [lease for lease in self.leases if lease.job in live]
         return gone
+
+    def revoke(self, gpus: Iterable[str]) -> int:
+        """Take these GPUs out of the App's leases now (a team queue reclaims them); returns how many went.
+        The pods on them are then deleted with the preemption grace, which is the checkpoint grace."""
+        gone = set(gpus)
+        kept: list[LeaseRec] = []
+        n = 0
+        for lease in self.leases:
+            left = tuple(g for g in lease.gpus if g not in gone)
+            n += len(lease.gpus) - len(left)
+            if left:
+                kept.append(dataclasses.replace(lease, gpus=left))
+        self.leases = kept
+        return n
 
     def expire(self, now: float) -> list[LeaseRec]:
         gone = [lease for lease in self.leases if lease.expires <= now]

@@ -11,6 +11,7 @@ timers and handlers, which kopf pauses on a lower-priority peer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import random
@@ -26,18 +27,21 @@ from tessera.controller.context import Context
 from tessera.controller.kube import Kind, KubeError
 from tessera.controller.liveness import PassClock
 from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.queues import QueueBook
 from tessera.controller.readiness import app_conditions, missing_pods
 from tessera.controller.status_writes import Written, status_due, written
 from tessera.controller.sync import RecentCreates
 from tessera.controller.view import healthy_gpus
+from tessera.policy.queues.training import QueuedPolicy
 from tessera.policy.themis import Themis, ThemisConfig
 from tessera.policy.themis.bids import make_bid
 from tessera.policy.themis.estimate import NAvg
-from tessera.policy.training import check_decision
+from tessera.policy.training import AppState, RoundDecision, TrainingPolicy, check_decision
 
 log = logging.getLogger(__name__)
 
 APPS = Kind(contract.GROUP, contract.VERSION, contract.PLURAL_APP)
+QUEUES = Kind(contract.GROUP, contract.VERSION, contract.PLURAL_QUEUE)
 
 
 @dataclass
@@ -73,10 +77,21 @@ class Arbiter:
         self.status_writes = 0
         self.heartbeats = 0
         self._last_heartbeat = -math.inf
+        # The earliest lease expiry, or None to recompute. Every App's timer asks whether a lease has
+        # expired (N timers a tick); leases change only in rounds and when an App is tracked, so the
+        # answer is kept between those instead of scanning every lease on every tick (O(N^2) a tick).
+        self._earliest_expiry: float | None = None
         # A round's events, held to be posted as one per App and type when it ends (None: post at once).
         self._held: dict[tuple[str, str], tuple[AppRecord, list[tuple[str, str, str]]]] | None = None
         # GPUs that TrialGroup pools and serving workers reserve: never offered in an auction.
         self.reserved: Callable[[], set[str]] = set
+        # Team queues (Queue objects, namespace labels): Themis runs inside each queue's share.
+        self.queues = QueueBook()
+        self.queue_share: dict[str, float] = {}
+        self.revoked: set[tuple[str, str]] = set()  # Apps a queue reclaimed GPUs from in the last round
+        self.reclaim_grace: dict[tuple[str, str], int] = {}  # their pods' grace: the lending queue's
+        # GPUs each queue holds in TrialGroup pools and serving replicas (set by the Controller).
+        self.outside: Callable[[], dict[str, float]] = dict
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -89,6 +104,7 @@ class Arbiter:
             return False
         self.records[rec.key] = rec
         self.dirty = True
+        self._earliest_expiry = None
         return True
 
     def outstanding(self) -> int:
@@ -99,6 +115,7 @@ class Arbiter:
             self.records.pop(key, None)
             self._written.pop(key, None)
             self.dirty = True
+            self._earliest_expiry = None
             self.metrics.remove_series(namespace=key[0], app=key[1])
 
     # --- rounds -----------------------------------------------------------------------------------
@@ -117,7 +134,11 @@ class Arbiter:
             return await self.run_round(now)
 
     def _lease_expired(self, now: float) -> bool:
-        return any(lease.expires <= now for r in self.records.values() for lease in r.leases)
+        if self._earliest_expiry is None:
+            self._earliest_expiry = min(
+                (lease.expires for r in self.records.values() for lease in r.leases), default=math.inf
+            )
+        return self._earliest_expiry <= now
 
     async def run_round(self, now: float) -> RoundReport:
         self._held = {}
@@ -125,6 +146,7 @@ class Arbiter:
             with self.passes.timing():
                 return await self._run_round(now)
         finally:
+            self._earliest_expiry = None  # the round expired and granted leases
             self._post_held()
 
     async def _run_round(self, now: float) -> RoundReport:
@@ -142,11 +164,13 @@ class Arbiter:
         free = self._free_gpus(cluster, active)
         report.free = len(free)
         gained: set[tuple[str, str]] = set()  # Apps granted GPUs in this round
-        if free and active:
+        # With team queues a round may take GPUs back (immediate reclaim) though none is free.
+        if active and (free or self.queues.active):
             gained = self._auction(now, cluster, active, free, before, report)
-            changed |= gained
+            changed |= gained | self.revoked
         self._export(now, cluster)
         await self._write_round(now, changed, gained)
+        await self.write_queues(now, cluster)
         report.seconds = time.perf_counter() - t0
         self.metrics.histogram("tessera_auction_duration_seconds").observe(report.seconds)
         self.rounds += 1
@@ -158,7 +182,15 @@ class Arbiter:
         expired leases returned, N_avg, completion. Returns the Apps whose status this changed."""
         changed: set[tuple[str, str]] = set()
         n_active = sum(1 for r in self.records.values() if not r.done)
+        # Under team queues N_avg counts the Apps of the App's own queue (ρ against the queue's share).
+        per_queue: dict[str, int] = {}
+        for r in self.records.values():
+            if not r.done:
+                q = self.queues.queue_of(r.namespace)
+                per_queue[q] = per_queue.get(q, 0) + 1
         for rec in self.records.values():
+            if self.queues.active:
+                n_active = per_queue.get(self.queues.queue_of(rec.namespace), 0)
             rec.account(now)
             pods = self.view.pods_with(contract.LABEL_APP, rec.name, rec.namespace)
             for job in rec.observe(pods):
@@ -206,11 +238,15 @@ class Arbiter:
         # The policy reasons about GPUs the cluster has: a lease on a node that left (or is not listed
         # yet) is kept to its expiry but is not part of the App's holding in a bid.
         known = set(cluster.gpu_ids)
-        states = [r.state(now, known) for r in active]
-        decision = self.themis.allocate(now, states, cluster, free, self.rng)
+        states = [self.queued_state(r, now, known) for r in active]
+        decision = self.policy().allocate(now, states, cluster, free, self.rng)
         check_decision(decision, states, free)
         by_id = {f"{r.namespace}/{r.name}": r for r in active}
         gained: set[tuple[str, str]] = set()
+        self._reclaimed(decision, by_id, states)
+        self.queue_share = {
+            q: float(v["share"]) for q, v in decision.record.get("queues", {}).items() if isinstance(v, dict)
+        }
         for grant in decision.grants:
             rec = by_id[grant.app_id]
             leases = rec.grant(grant.gpus, grant.expiry, grant.source, cluster)
@@ -230,6 +266,70 @@ class Arbiter:
                 )
         self.metrics.counter("tessera_auction_rounds_total").inc()
         return gained
+
+    def policy(self) -> TrainingPolicy:
+        """Themis on the whole cluster, or inside each team queue's share once Queues exist."""
+        if not self.queues.active:
+            return self.themis
+        return QueuedPolicy(
+            self.themis, self.queues.nodes(), self.queues.rules(), name="themis", outside=self.outside()
+        )
+
+    def queued_state(self, rec: AppRecord, now: float, known: set[str] | None = None) -> AppState:
+        # The minimum runtime counts from the App's start.
+        return dataclasses.replace(
+            rec.state(now, known), queue=self.queues.queue_of(rec.namespace), since=rec.start
+        )
+
+    def _reclaimed(
+        self, decision: RoundDecision, by_id: dict[str, AppRecord], states: list[AppState]
+    ) -> None:
+        """GPUs a team queue took back at once (`immediate`): out of the App's leases (its pods go with
+        the preemption grace), with an event on the App that lost them and on the Queue that gained."""
+        queue_of = {s.app_id: s.queue for s in states}
+        gainers = sorted({queue_of[g.app_id] for g in decision.grants})
+        self.revoked = set()
+        for app_id, gpus in decision.revoke.items():
+            rec = by_id[app_id]
+            n = rec.revoke(gpus)
+            if not n:
+                continue
+            self.revoked.add(rec.key)
+            spec = self.queues.specs.get(queue_of[app_id])
+            if spec is not None:
+                self.reclaim_grace[rec.key] = math.ceil(spec.reclaim.checkpoint_grace_seconds)
+            self._count_lease(rec, "revoked", n)
+            to = ", ".join(q for q in gainers if q != queue_of[app_id]) or "another queue"
+            why = (
+                f"queue {queue_of[app_id]} is above its share and {to} below its guarantee with work waiting"
+            )
+            self._event(rec, "Warning", "Reclaimed", f"{n} GPU(s) taken back for {to}: {why}")
+            for q in gainers:
+                if q != queue_of[app_id] and q in self.queues.uids:
+                    body = {
+                        "apiVersion": contract.API_VERSION,
+                        "kind": contract.KIND_QUEUE,
+                        "metadata": {"name": q, "namespace": "", "uid": self.queues.uids[q]},
+                    }
+                    self.ctx.post_event(
+                        body, "Normal", "Reclaimed", f"{n} GPU(s) of {app_id} reclaimed: {why}"
+                    )
+
+    async def write_queues(self, now: float, cluster: Cluster) -> None:
+        """Each Queue's status (share, allocated, borrowed, lent, waiting, max ρ) and its gauges."""
+        if not self.queues.active:
+            return
+        known = set(cluster.gpu_ids)
+        states = [self.queued_state(r, now, known) for r in self.records.values() if not r.done]
+        rho = {f"{r.namespace}/{r.name}": r.rho for r in self.records.values() if r.rho is not None}
+        for name in sorted(self.queues.specs):
+            status = self.queues.status(name, states, self.queue_share.get(name, 0.0), rho)
+            self.queues.export(self.metrics, name, status)
+            try:
+                await self.api.patch(QUEUES, "", name, {"status": status.to_wire()}, sub="status")
+            except KubeError as err:
+                if err.status != 404:  # a Queue deleted since: its delete handler cleans up
+                    log.warning("status of Queue %s not written: %s", name, err)
 
     def _export(self, now: float, cluster: Cluster) -> None:
         """ρ and its parts for every App that holds only GPUs the cluster knows, as status and gauges."""
@@ -266,12 +366,23 @@ class Arbiter:
         T_sh = elapsed + remaining time on the GPUs held at their locality, T_id from `t_id`. T_sh is
         infinite for an App holding nothing; ρ is then capped and T_sh not exported."""
         c = self.themis.config
-        bid = make_bid(rec.state(now), now, cluster, 0, rho_cap=c.rho_cap, tid_mode=c.tid_mode)
+        view = self._share_view(rec, cluster)
+        bid = make_bid(rec.state(now), now, view, 0, rho_cap=c.rho_cap, tid_mode=c.tid_mode)
         rec.rho = bid.rho_old
         locality = bid.held.locality()
         remaining = bid.app.estimator.remaining_time(bid.held.count, bid.app.sensitivity.slowdown(locality))
         rec.t_shared = bid.elapsed + remaining
         rec.t_independent = bid.tid
+
+    def _share_view(self, rec: AppRecord, cluster: Cluster) -> Cluster:
+        """The GPUs ρ is measured against: the cluster, or under team queues as many as the App's queue is
+        entitled to (its own GPUs among them), so T_independent is its time on a fair share of its queue."""
+        if not self.queues.active:
+            return cluster
+        share = max(1, round(self.queue_share.get(self.queues.queue_of(rec.namespace), 0.0)))
+        held = set(rec.held()) & set(cluster.gpu_ids)
+        others = [g for g in cluster.gpu_ids if g not in held][: max(0, share - len(held))]
+        return cluster.subset(held | set(others))
 
     # --- writing ----------------------------------------------------------------------------------
 
@@ -293,7 +404,12 @@ class Arbiter:
         def gang(p: PodPlan) -> str:
             return p.labels[contract.LABEL_JOB]
 
-        result = await self.ctx.sync_pods(
+        # Pods whose GPUs a queue took back at once get that lending queue's checkpoint grace.
+        grace = self.reclaim_grace.pop(rec.key, self.config.preemption_grace_s)
+        sync = self.ctx.sync_pods
+        if grace != sync.grace_seconds:
+            sync = dataclasses.replace(sync, grace_seconds=grace)
+        result = await sync(
             app_owner(rec),
             plans,
             existing,
@@ -308,8 +424,7 @@ class Arbiter:
                 rec,
                 "Normal",
                 "Preempted",
-                f"deleted {len(result.deleted)} pod(s) with {self.config.preemption_grace_s}s grace: "
-                + ", ".join(result.deleted),
+                f"deleted {len(result.deleted)} pod(s) with {grace}s grace: " + ", ".join(result.deleted),
             )
         if result.created:
             self._event(rec, "Normal", "PodsCreated", ", ".join(result.created))

@@ -36,6 +36,10 @@ class OperatorConfig(BaseModel):
     # only then may a lower-priority peer take over (kopf touches every lifetime - 5..10 s, at least 1 s).
     peering_lifetime_s: int = Field(default=60, ge=1)
     post_events: bool = True
+    # Team queues: watch Queue objects, and Namespaces for their `tessera.io/queue` label. Off only in tests
+    # whose API emulator serves neither (kmock cannot list cluster-scoped namespaces).
+    queues: bool = True
+    watch_namespaces: bool = True
     gateway_image: str = Field(default="tessera:latest", min_length=1)
     # Group owning the node agent's sockets (chart: agent.sockets.groupId): every pod the operator creates
     # gets it in supplementalGroups so its non-root processes can report progress and join lanes. 0: none.

@@ -69,6 +69,9 @@ class ModelDeployments(KindReconciler[ServingRecord]):
 
     def __init__(self, ctx: Context, held_elsewhere: Callable[[], set[str]]) -> None:
         super().__init__(ctx, held_elsewhere)
+        # Under team queues: GPUs a deployment of a namespace may add (its queue's share less what the
+        # queue holds); None without queues. Set by the Controller.
+        self.queue_room: Callable[[str, int], float | None] = lambda namespace, want: None
         config = ctx.config
         self._applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._wanted: dict[tuple[str, str], int] = {}  # replicas the last pass decided on
@@ -174,12 +177,15 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         """New replicas on healthy GPUs nobody holds (of placement.gpuTypes if given), all of a replica's
         GPUs on one node, while the free GPUs last."""
         taken = self.reserved() | self.held_elsewhere() | self.view.used_by_pods()
+        per = rec.spec.gpus_per_replica
+        room = self.queue_room(rec.namespace, (replicas - len(rec.gpus)) * per)
+        if room is not None:  # team queues: new replicas only within the queue's share
+            replicas = min(replicas, len(rec.gpus) + int(room + 1e-9) // per)
         models = set(rec.spec.placement.gpu_types)  # empty: any GPU model
         by_node: dict[str, list[str]] = {}
         for g in cluster.gpus:
             if g.healthy and g.id not in taken and (not models or g.model in models):
                 by_node.setdefault(g.id.rpartition("/")[0], []).append(g.id)
-        per = rec.spec.gpus_per_replica
         # Spread replicas over nodes (one failure domain per replica where possible).
         while len(rec.gpus) < replicas:
             nodes = sorted(

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import kopf
 
 from tessera.api import contract
-from tessera.api.resources import ManifestError
+from tessera.api.resources import ManifestError, parse_queue
 from tessera.controller.apps import AppRecord, record_from_body, template_of
 from tessera.controller.arbiter import Arbiter
 from tessera.controller.claims import Claim, app_claim, deployment_claim, trialgroup_claim, unloaded
@@ -32,14 +32,17 @@ from tessera.controller.conditions import (
 from tessera.controller.config import OperatorConfig
 from tessera.controller.context import Context
 from tessera.controller.deployments import ModelDeployments
+from tessera.controller.essence import LeanDiffBaseStorage
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
+from tessera.controller.queues import QueueBook
 from tessera.controller.reconciler import KindReconciler
 from tessera.controller.tuning import TrialGroups
 from tessera.controller.usage import UsageMetrics
-from tessera.controller.view import ClusterView
+from tessera.controller.view import ClusterView, healthy_gpus
 from tessera.metrics import ComponentMetrics
+from tessera.policy.queues.training import entitled, with_default
 from tessera.policy.themis import admit
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,7 @@ class Controller:
     watched: float | None = None  # when the node or pod watch last delivered an event (config.clock)
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
     usage: UsageMetrics = field(init=False)
+    queues: QueueBook = field(default_factory=QueueBook)  # Queues and namespace labels, watched
 
     def __post_init__(self) -> None:
         self.usage = UsageMetrics(self.metrics)
@@ -84,6 +88,10 @@ class Controller:
         self.trialgroups = TrialGroups(ctx, self.serving_and_app_gpus)
         self.deployments = ModelDeployments(ctx, self.app_and_pool_gpus)
         self.arbiter.reserved = self.reserved_by_others
+        self.arbiter.queues = self.queues
+        self.arbiter.outside = self.queue_outside
+        self.trialgroups.queue_room = self.queue_room
+        self.deployments.queue_room = self.queue_room
 
     def app_gpus(self) -> set[str]:
         """GPUs that App leases hold (TrialGroup pools and serving are drawn from the rest)."""
@@ -105,6 +113,38 @@ class Controller:
         }
         now = self.config.clock()
         return {g for kind, index in self.claims.items() for g in unloaded(index, loaded[kind], now)}
+
+    def queue_outside(self) -> dict[str, float]:
+        """GPUs each team queue holds in TrialGroup pools and serving replicas (its Apps get the rest of
+        its share)."""
+        out: dict[str, float] = {}
+        for rec in self.trialgroups.records.values() if self.trialgroups is not None else ():
+            if not rec.done and rec.pool:
+                q = self.queues.queue_of(rec.namespace)
+                out[q] = out.get(q, 0.0) + len(rec.pool)
+        for srv in self.deployments.records.values() if self.deployments is not None else ():
+            if not srv.spec.placement.pool and srv.held():  # a shared serving pool serves several queues
+                q = self.queues.queue_of(srv.namespace)
+                out[q] = out.get(q, 0.0) + len(srv.held())
+        return out
+
+    def queue_room(self, namespace: str, want: int) -> float | None:
+        """GPUs an object of `namespace` wanting `want` may take now: its queue's entitlement in a division
+        counting every queue's Apps, pools and replicas, less what the queue holds. None: no queues."""
+        if not self.queues.active or self.arbiter is None:
+            return None
+        outside = self.queue_outside()
+        demand, held = dict(outside), dict(outside)
+        for rec in self.arbiter.records.values():
+            if not rec.done:
+                q = self.queues.queue_of(rec.namespace)
+                demand[q] = demand.get(q, 0.0) + rec.demand()
+                held[q] = held.get(q, 0.0) + len(rec.held())
+        q = self.queues.queue_of(namespace)
+        demand[q] = demand.get(q, 0.0) + want
+        capacity = len(healthy_gpus(self.view.cluster()))
+        share = entitled(capacity, with_default(self.queues.nodes()), demand)
+        return max(0.0, share.get(q, 0.0) - held.get(q, 0.0))
 
     def reserved_by_others(self) -> set[str]:
         """GPUs Themis must not auction: TrialGroup pools, serving replicas, and what objects not loaded
@@ -184,6 +224,8 @@ def make_registry(
     _app_handlers(registry, ctl)
     _kind_handlers(registry, ctl, contract.PLURAL_TRIALGROUP, "trialgroup", lambda: ctl.trialgroups, "spec")
     _kind_handlers(registry, ctl, contract.PLURAL_MODELDEPLOYMENT, "deployment", lambda: ctl.deployments)
+    if config.queues:
+        _queue_handlers(registry, ctl)
     return registry, ctl
 
 
@@ -205,6 +247,9 @@ def _operator_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None
         settings.peering.lifetime = config.peering_lifetime_s
         settings.posting.enabled = False  # decisions are posted as events explicitly (Controller.post_event)
         settings.persistence.finalizer = contract.FINALIZER
+        # The same annotation and essence as kopf's default, built without deep-copying status (each
+        # of a round's status writes comes back as a watch event).
+        settings.persistence.diffbase_storage = LeanDiffBaseStorage()
         settings.watching.server_timeout = 60
         # A deletion that finds a tick mid-pass re-checks this often (kopf's 60 s held finalizers a minute).
         settings.background.cancellation_polling = config.deletion_recheck_s
@@ -299,6 +344,42 @@ def _app_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         for pod in pods:
             await ctl.api.delete(PODS, namespace, pod.name, grace_seconds=ctl.config.preemption_grace_s)
         ctl.post_event(dict(body), "Normal", "Cleanup", f"deleted {len(pods)} pod(s); leases returned")
+
+
+def _queue_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
+    """Queues and the namespace label `tessera.io/queue`: kept in the controller's QueueBook, which the
+    arbiter's next round divides by. Watch events only: a Queue needs no finalizer, since deleting one just
+    moves its namespaces' objects to `default` at the next round."""
+
+    def dirty() -> None:
+        if ctl.arbiter is not None:
+            ctl.arbiter.dirty = True
+
+    @kopf.on.event(G, V, contract.PLURAL_QUEUE, id="queue_event", registry=registry)
+    async def queue_event(body: kopf.Body, type: str | None, name: str, **_: Any) -> None:
+        if type == "DELETED":
+            moved = ctl.queues.remove_queue(name, ctl.metrics)
+            if moved:
+                log.info("Queue %s deleted: namespaces %s now belong to default", name, ", ".join(moved))
+        else:
+            try:
+                spec = parse_queue(dict(body)).spec
+            except ManifestError as err:  # the CRD's schema normally refuses these first
+                log.warning("Queue %s ignored: %s", name, err)
+                return
+            ctl.queues.set_queue(name, spec, body.metadata.uid or "")
+        dirty()
+
+    if not ctl.config.watch_namespaces:
+        return
+
+    @kopf.on.event("", "v1", "namespaces", id="namespace_event", registry=registry)
+    async def namespace_event(body: kopf.Body, type: str | None, name: str, **_: Any) -> None:
+        if type == "DELETED":
+            ctl.queues.remove_namespace(name)
+        else:
+            ctl.queues.set_namespace(name, dict(body.metadata.labels or {}))
+        dirty()
 
 
 async def reconcile_app(ctl: Controller, raw: dict[str, Any], patch: kopf.Patch) -> None:

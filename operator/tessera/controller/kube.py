@@ -149,7 +149,7 @@ class KubeApi:
                 "apiVersion": obj.get("apiVersion"),
                 "kind": obj.get("kind"),
                 "name": meta.get("name"),
-                "namespace": ns,
+                "namespace": meta.get("namespace") or "",  # empty for a cluster-scoped object (a Queue)
                 "uid": meta.get("uid"),
             },
             "type": type_,

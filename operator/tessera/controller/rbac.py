@@ -1,12 +1,12 @@
 """The least RBAC the operator needs, as data; the Helm chart's operator roles equal it.
 
 Every grant is a call the operator makes, and nothing else: kopf lists and watches the resources it
-handles (the three custom resources, nodes, pods), patches the custom resources (finalizers, progress
+handles (the three custom resources, team Queues, namespaces, nodes, pods), patches the custom resources (finalizers, progress
 annotations) and their status subresource, lists and watches CRDs (resource discovery), and lists, watches
 and patches its peering object; with a namespace list rather than --all-namespaces it also lists and
 watches namespaces to learn which of them exist. The controller's own client (`kube.KubeApi`) creates and
 deletes pods, creates, patches and deletes the gateway's Deployment, Services and ConfigMap, patches App
-status after arbiter rounds and creates events. Neither ever GETs a single object.
+and Queue status after arbiter rounds and creates events. Neither ever GETs a single object.
 
 Watching every namespace, all of it is one ClusterRole. Watching only the release namespace, what lives
 in a namespace is a Role there, and only the cluster-scoped part (nodes, CRDs, namespaces) stays a
@@ -47,14 +47,18 @@ NAMESPACED_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(("apps",), ("deployments",), ("create", "patch", "delete")),
     PolicyRule(("",), ("events",), ("create",)),
 )
-# Cluster-scoped resources, read whichever namespaces it serves.
+NAMESPACES = PolicyRule(("",), ("namespaces",), ("list", "watch"))
+# Cluster-scoped resources, read whichever namespaces it serves: nodes, CRDs, team Queues (status written
+# each round) and Namespaces (their tessera.io/queue label; kopf also checks the namespaces it serves).
 CLUSTER_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(("",), ("nodes",), ("list", "watch")),
     PolicyRule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch")),
+    PolicyRule((contract.GROUP,), (contract.PLURAL_QUEUE,), ("list", "watch")),
+    PolicyRule((contract.GROUP,), (f"{contract.PLURAL_QUEUE}/status",), ("patch",)),
+    NAMESPACES,
 )
 CLUSTER_PEERING = PolicyRule((_KOPF,), ("clusterkopfpeerings",), ("list", "watch", "patch"))
 NAMESPACE_PEERING = PolicyRule((_KOPF,), ("kopfpeerings",), ("list", "watch", "patch"))
-NAMESPACES = PolicyRule(("",), ("namespaces",), ("list", "watch"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +72,7 @@ class OperatorRbac:
 def operator_rbac(clusterwide: bool) -> OperatorRbac:
     if clusterwide:
         return OperatorRbac((*NAMESPACED_RULES, *CLUSTER_RULES, CLUSTER_PEERING), ())
-    return OperatorRbac((*CLUSTER_RULES, NAMESPACES), (*NAMESPACED_RULES, NAMESPACE_PEERING))
+    return OperatorRbac(CLUSTER_RULES, (*NAMESPACED_RULES, NAMESPACE_PEERING))
 
 
 # The default install (--all-namespaces): one ClusterRole.

@@ -51,6 +51,9 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
     def __init__(self, ctx: Context, held_elsewhere: Reserved) -> None:
         super().__init__(ctx, held_elsewhere)
         self.replans = 0
+        # Under team queues: GPUs a TrialGroup of a namespace may take (its queue's share less what the
+        # queue holds); None without queues. Set by the Controller.
+        self.queue_room: Callable[[str, int], float | None] = lambda namespace, want: None
 
     def reserved(self) -> set[str]:
         return {g for r in self.records.values() if not r.done for g in r.pool}
@@ -130,8 +133,16 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
     async def _acquire(self, rec: TrialGroupRecord, cluster: Cluster, patch: kopf.Patch) -> bool:
         free = self.free_gpus(cluster)
         n = pool_size_wanted(rec.spec, len(free))
-        if n < 1 or len(free) < n:
+        room = self.queue_room(rec.namespace, n)
+        if room is not None and rec.spec.gpus is None:
+            n = min(n, int(room + 1e-9))  # Fluid packs the trials into the queue's share
+        if room is not None and n > room + 1e-9:
+            msg = f"waiting for room in its queue: {n} GPUs wanted, {room:g} within the queue's share"
+        elif n < 1 or len(free) < n:
             msg = f"waiting for {max(n, 1)} free GPUs ({len(free)} free)"
+        else:
+            msg = ""
+        if msg:
             conds = (rec.body.get("status") or {}).get("conditions") or []
             if not any(c.get("reason") == "WaitingForGPUs" for c in conds):
                 patch.status["phase"] = "Pending"

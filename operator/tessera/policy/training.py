@@ -57,6 +57,8 @@ class AppState:
     estimator: Estimator
     network_intensive: bool = False
     peak_demand: int = 0  # app_demand_max over its whole life (T_cluster); 0 = demand_max
+    queue: str = "default"  # the team queue it belongs to (tessera.policy.queues)
+    since: float = 0.0  # when its GPU set last changed (a queue's minimum runtime counts from here)
 
     @property
     def app_demand_max(self) -> int:
@@ -83,6 +85,8 @@ class Grant:
 class RoundDecision:
     grants: list[Grant] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)  # policy-specific audit trail (auction record)
+    # GPUs taken back from apps now (queue reclaim, preemption); they may be granted again in `grants`.
+    revoke: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def granted(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -114,6 +118,12 @@ def check_decision(decision: RoundDecision, apps: Sequence[AppState], free: Sequ
     free_set = set(free)
     seen: set[str] = set()
     by_id = {a.app_id: a for a in apps}
+    lost: dict[str, int] = {}
+    for app_id, gpus in decision.revoke.items():
+        if app_id not in by_id or not set(gpus) <= by_id[app_id].held:
+            raise PolicyError(f"revoked GPUs {gpus} are not all held by {app_id!r}")
+        free_set |= set(gpus)
+        lost[app_id] = len(set(gpus))
     counts: dict[str, int] = {}
     for g in decision.grants:
         if g.app_id not in by_id:
@@ -127,7 +137,7 @@ def check_decision(decision: RoundDecision, apps: Sequence[AppState], free: Sequ
         counts[g.app_id] = counts.get(g.app_id, 0) + len(g.gpus)
     for app_id, n in counts.items():
         a = by_id[app_id]
-        if len(a.held) + n > a.demand_max:
+        if len(a.held) - lost.get(app_id, 0) + n > a.demand_max:
             raise PolicyError(f"{app_id} would hold {len(a.held) + n} GPUs, above its demand {a.demand_max}")
 
 

@@ -50,7 +50,12 @@ def cluster() -> Iterator[ControlPlane]:
 def apply_crds(cluster: ControlPlane) -> ControlPlane:
     """The chart's CRDs applied the way the README tells users to (server-side apply), and Established."""
     cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "charts" / "tessera" / "crds"))
-    for plural in (contract.PLURAL_APP, contract.PLURAL_TRIALGROUP, contract.PLURAL_MODELDEPLOYMENT):
+    for plural in (
+        contract.PLURAL_APP,
+        contract.PLURAL_TRIALGROUP,
+        contract.PLURAL_MODELDEPLOYMENT,
+        contract.PLURAL_QUEUE,
+    ):
         cluster.kubectl(
             "wait", "--for=condition=Established", "--timeout=60s", f"crd/{plural}.{contract.GROUP}"
         )

@@ -27,7 +27,8 @@ def test_every_crd_is_established(crds: ControlPlane) -> None:
 def _dry_run(cluster: ControlPlane, namespace: str, path: Path) -> tuple[int, str]:
     """`kubectl apply --dry-run=server` of an example, moved into the test's namespace (text otherwise as is)."""
     doc = load(path)
-    doc["metadata"]["namespace"] = namespace
+    if KINDS[doc["kind"]].scope == "Namespaced":  # a Queue is cluster-scoped
+        doc["metadata"]["namespace"] = namespace
     res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(doc), check=False)
     return res.returncode, res.stderr
 

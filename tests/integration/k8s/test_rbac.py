@@ -303,7 +303,40 @@ def pods_labelled(cluster: ControlPlane, namespace: str, label: str, value: str)
 async def exercise_operator(cluster: ControlPlane, ctl: Any, namespace: str) -> None:
     """Every code path of the operator that talks to the API: an App's pods, leases and status, a
     TrialGroup's pool and trial pods, a ModelDeployment's workers and gateway (created, then patched
-    when its spec changes), events, and the cleanup of all three on delete."""
+    when its spec changes), events, the cleanup of all three on delete, and a team Queue serving the
+    namespace (Queues and Namespaces watched, the Queue's status written)."""
+    queue = f"rbac-{secrets.token_hex(3)}"
+    queues = f"/apis/{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_QUEUE}"
+    body = {
+        "apiVersion": contract.API_VERSION,
+        "kind": "Queue",
+        "metadata": {"name": queue},
+        "spec": {"guaranteedGPUs": 1},
+    }
+    status, out = cluster.request("POST", queues, body)
+    assert status == 201, out
+    status, out = cluster.request(
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}",
+        {"metadata": {"labels": {contract.LABEL_QUEUE: queue}}},
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, out
+    try:
+        await _exercise(cluster, namespace)
+        await wait_for(
+            lambda: (
+                ((cluster.get(f"{queues}/{queue}") or {}).get("status") or {}).get("namespaces")
+                == [namespace]
+            ),
+            120,
+            "the Queue's status",
+        )
+    finally:
+        cluster.request("DELETE", f"{queues}/{queue}")
+
+
+async def _exercise(cluster: ControlPlane, namespace: str) -> None:
     for plural, body in (
         (contract.PLURAL_APP, app("a")),
         (contract.PLURAL_TRIALGROUP, trialgroup("tg")),

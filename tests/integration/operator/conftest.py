@@ -123,7 +123,16 @@ async def running_operator(
     # `identity` is the kopf peer id; `token` a bearer token, so a test of two operators can tell whose
     # requests reached kmock (request headers) — both default to what a single operator needs. `liveness`
     # is kopf's health endpoint URL (`tessera operator --liveness`), off by default.
-    settings: dict[str, Any] = {"lease_s": 1.0, "tick_s": 0.1, "standalone": True, "preemption_grace_s": 5}
+    # kmock serves no Queue kind unless a test registers it, and cannot list Namespaces (test_queues.py
+    # feeds namespace labels itself).
+    settings: dict[str, Any] = {
+        "lease_s": 1.0,
+        "tick_s": 0.1,
+        "standalone": True,
+        "preemption_grace_s": 5,
+        "queues": False,
+        "watch_namespaces": False,
+    }
     settings.update(overrides)
     settings.setdefault("clock", ManualClock())
     config = OperatorConfig(**settings)

@@ -38,6 +38,7 @@ SCENE_LABELS = {
     "gpu": ["0"],
     "uuid": ["GPU-6a7b8c9d-0000-4000-8000-000000000000"],
     "lane": ["l0", "l1"],
+    "queue": ["team-a"],
     "pod": ["worker-0"],
     "workload": ["training", "trial", "serving"],
     "change": ["granted", "revoked"],
@@ -112,7 +113,7 @@ def _dashboard_queries() -> list[tuple[str, str, str]]:
     for path in sorted(DASHBOARDS.glob("*.json")):
         dash: dict[str, Any] = json.loads(path.read_text())
         for panel in dash["panels"]:
-            for target in panel["targets"]:
+            for target in panel.get("targets", []):
                 found.append((path.name, f"{panel['title']} [{target['refId']}]", target["expr"]))
     return found
 

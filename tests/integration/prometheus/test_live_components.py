@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 import aiohttp
+import kmock
 import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client import start_http_server
@@ -73,10 +74,29 @@ async def operator_on_kmock(api: Any) -> AsyncIterator[str]:
     # A served model on a second node: the operator's replica gauge (tessera_serving_replicas).
     op.add_node(api, f"{NODE}-serving", 4)
     api.objects[op.MDS, op.NS, "resnet-serving"] = op.md_body("resnet-serving", 300)
-    async with op.running_operator(api) as ctl:
+    # A team Queue serving the namespace, guaranteed the whole cluster (the scene is divided as without
+    # queues): the operator's tessera_queue_* gauges. kmock cannot list Namespaces: the label is fed in.
+    queues = f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_QUEUE}"
+    api.resources[queues] = kmock.ResourceInfo(
+        kind="Queue", namespaced=False, verbs=op.ALL, subresources={"status"}
+    )
+    api.objects[queues, None, "ml-team"] = {
+        "apiVersion": contract.API_VERSION,
+        "kind": "Queue",
+        "metadata": {"name": "ml-team", "uid": "uid-q", "resourceVersion": "1"},
+        "spec": {"guaranteedGPUs": 8},
+    }
+    async with op.running_operator(api, queues=True) as ctl:
+        ctl.queues.set_namespace(op.NS, {contract.LABEL_QUEUE: "ml-team"})
         port = free_port()
         server, _ = start_http_server(port, addr="127.0.0.1", registry=ctl.metrics.registry)
         try:
+            gauge = ctl.metrics.gauge("tessera_queue_allocated_gpus")
+            await op.wait_for(
+                lambda: any(s.labels.get("queue") == "ml-team" for m in gauge.collect() for s in m.samples),
+                20,
+                "the Queue's gauges",
+            )
             await op.wait_for(
                 lambda: op.status_of(api, op.TGS, "lr-sweep").get("trialsRunning"), 20, "TrialGroup trials"
             )

@@ -75,6 +75,8 @@ def test_schema_is_structural(name: str) -> None:
 def test_pod_templates_preserve_unknown_fields_but_require_containers() -> None:
     for crd in CRDS.values():
         spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        if crd["spec"]["names"]["kind"] == "Queue":
+            continue  # a Queue runs no pods
         template = spec["properties"]["template"]
         assert template["x-kubernetes-preserve-unknown-fields"] is True
         assert template["properties"]["spec"]["required"] == ["containers"]
@@ -83,7 +85,7 @@ def test_pod_templates_preserve_unknown_fields_but_require_containers() -> None:
 
 def test_names_columns_and_subresources() -> None:
     by_kind = {c["spec"]["names"]["kind"]: c for c in CRDS.values()}
-    assert set(by_kind) == {"App", "TrialGroup", "ModelDeployment"}
+    assert set(by_kind) == {"App", "TrialGroup", "ModelDeployment", "Queue"}
     columns = {
         k: [col["name"] for col in c["spec"]["versions"][0]["additionalPrinterColumns"]]
         for k, c in by_kind.items()
@@ -102,13 +104,16 @@ def test_names_columns_and_subresources() -> None:
             "Goodput",
             "Age",
         ],
+        "Queue": ["Guaranteed", "Max", "Allocated", "Borrowed", "Waiting", "Age"],
     }
     short = {k: c["spec"]["names"]["shortNames"] for k, c in by_kind.items()}
-    assert short == {"App": ["tapp"], "TrialGroup": ["tg"], "ModelDeployment": ["md"]}
+    assert short == {"App": ["tapp"], "TrialGroup": ["tg"], "ModelDeployment": ["md"], "Queue": ["tq"]}
     for crd in CRDS.values():
         version = crd["spec"]["versions"][0]
         assert crd["spec"]["group"] == contract.GROUP and version["name"] == contract.VERSION
-        assert crd["spec"]["scope"] == "Namespaced"
+        # Teams' queues span namespaces; the workloads live in one.
+        cluster_scoped = crd["spec"]["names"]["kind"] == "Queue"
+        assert crd["spec"]["scope"] == ("Cluster" if cluster_scoped else "Namespaced")
         assert crd["spec"]["names"]["categories"] == [contract.CATEGORY]
         assert version["subresources"] == {"status": {}}
         status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]

@@ -54,7 +54,7 @@ def test_wire_names_keep_units_and_acronyms() -> None:
 
 def test_unknown_kind_and_non_mapping() -> None:
     assert manifest_errors({"kind": "Pod"}) == [
-        ("kind", "must be one of App, ModelDeployment, TrialGroup, got 'Pod'")
+        ("kind", "must be one of App, ModelDeployment, Queue, TrialGroup, got 'Pod'")
     ]
     assert manifest_errors([1, 2])[0][1].startswith("a manifest must be a mapping")
     with pytest.raises(ManifestError) as exc:

@@ -42,3 +42,23 @@ def test_multi_document_file_and_bad_yaml(tmp_path: Path, capsys: pytest.Capture
 
 def test_empty_directory_is_an_error(tmp_path: Path) -> None:
     assert main(["validate", str(tmp_path)]) == 1
+
+
+def test_queues_given_together_are_checked_as_a_hierarchy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "queues.yaml"
+    head = "apiVersion: tessera.io/v1alpha1\nkind: Queue\n"
+    f.write_text(
+        f"{head}metadata: {{name: org}}\nspec: {{guaranteedGPUs: 4}}\n---\n"
+        f"{head}metadata: {{name: a}}\nspec: {{parent: org, guaranteedGPUs: 3}}\n---\n"
+        f"{head}metadata: {{name: b}}\nspec: {{parent: org, guaranteedGPUs: 2}}\n---\n"
+        f"{head}metadata: {{name: c}}\nspec: {{parent: elsewhere}}\n"
+    )
+    assert main(["validate", str(f)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    # Each Queue is valid alone; together the children ask for 5 of org's 4. `elsewhere` may exist already.
+    assert out[-1] == (
+        f"{f}: Queue/org: spec.guaranteedGPUs: children a, b are guaranteed 5 GPUs in all, above this queue's 4"
+    )
+    assert sum(line.startswith("OK ") for line in out) == 4 and len(out) == 5

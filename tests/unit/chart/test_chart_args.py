@@ -104,6 +104,7 @@ def test_every_container_command_line_parses_with_the_real_parser(values: str) -
     expected = {
         "default": {"operator", "extender", "agent"},
         "non-default": {"operator", "extender", "agent"},
+        "queues": {"operator", "extender", "agent"},
         "agent-only": {"agent"},
     }[values]
     assert seen == expected

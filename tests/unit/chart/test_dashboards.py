@@ -12,7 +12,7 @@ from .promql_names import PromQLSyntaxError, dashboard_exprs, load_dashboards, m
 
 DASHBOARDS = Path(__file__).resolve().parents[3] / "charts" / "tessera" / "dashboards"
 ALL = load_dashboards(DASHBOARDS)
-REQUIRED = {"fairness.json", "utilisation.json", "tuning.json", "serving.json"}
+REQUIRED = {"fairness.json", "utilisation.json", "tuning.json", "serving.json", "queues.json"}
 
 
 def test_the_four_dashboards_of_issue_10_exist() -> None:
@@ -31,6 +31,9 @@ def test_dashboard_is_grafana_shaped(name: str) -> None:
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     for panel in dash["panels"]:
+        if panel["type"] == "row":  # a row groups (and may repeat) the panels below it; it queries nothing
+            assert panel.get("repeat") is None or panel["repeat"] in variables, panel["title"]
+            continue
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
         assert {"x", "y", "w", "h"} <= set(panel["gridPos"]) and panel["gridPos"]["x"] + panel["gridPos"][
             "w"
@@ -100,3 +103,11 @@ def test_tokenizer_finds_exactly_the_metric_names(expr: str, names: set[str]) ->
 def test_tokenizer_rejects_unbalanced_brackets() -> None:
     with pytest.raises(PromQLSyntaxError, match="unbalanced"):
         metric_names("sum(rate(x[5m])")
+
+
+def test_queues_dashboard_repeats_a_row_per_queue_over_every_queue_gauge() -> None:
+    dash = ALL["queues.json"]
+    (row,) = [p for p in dash["panels"] if p["type"] == "row"]
+    assert row["repeat"] == "queue"
+    names = _series_in(dash)
+    assert {s.name for s in catalog.CATALOG if s.name.startswith("tessera_queue_")} <= names

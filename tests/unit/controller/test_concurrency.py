@@ -6,13 +6,16 @@ import asyncio
 
 import kopf
 import pytest
-from tessera.controller.arbiter import Arbiter
+from tessera.controller.apps import AppRecord, record_from_body
+from tessera.controller.arbiter import Arbiter, RoundReport
 from tessera.controller.concurrency import gather_limited
 from tessera.controller.config import OperatorConfig
 from tessera.controller.context import Context
 from tessera.controller.kube import KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.view import ClusterView
+
+from tests.unit.controller.test_leases import body, cluster_of, job
 
 
 def test_at_most_limit_in_flight_results_in_order_and_errors_returned() -> None:
@@ -55,3 +58,49 @@ def test_a_caller_with_a_stale_clock_never_runs_a_round_back_in_time() -> None:
         return report.now, arbiter.last_round
 
     assert asyncio.run(run()) == (t0 + 601, t0 + 601)
+
+
+def test_a_round_starts_when_the_earliest_lease_expires_as_leases_change() -> None:
+    # Every App's timer asks whether a lease has expired; the answer is kept between rounds. It must
+    # follow the leases: renewed by a round, brought by an App tracked later, gone with a removed App.
+    t0 = 1_700_000_000.0
+    cluster = cluster_of({"n1": 2})
+
+    def app(name: str, gpu: str, expires: float) -> AppRecord:
+        raw = body([job("j", 1)])
+        raw["metadata"] = {"name": name, "namespace": "ml", "uid": f"u-{name}"}
+        rec = record_from_body(raw, t0)
+        rec.grant([gpu], expires, "auction", cluster)
+        return rec
+
+    async def run() -> list[float]:
+        api = KubeApi(kopf.ConnectionInfo(server="http://127.0.0.1:9"))
+        config = OperatorConfig(lease_s=600.0, clock=lambda: t0)
+        arbiter = Arbiter(Context(config, ClusterView(), api, operator_metrics(), lambda *_: None))
+        rounds: list[float] = []
+
+        async def round_(now: float) -> RoundReport:  # what a round does to leases, without the API
+            rounds.append(now)
+            arbiter.dirty, arbiter.last_round = False, now
+            for rec in arbiter.records.values():
+                for lease in rec.leases:
+                    if lease.expires <= now:
+                        lease.expires = now + 300.0  # re-auctioned to the same App
+            return RoundReport(now)
+
+        arbiter._run_round = round_  # type: ignore[method-assign]
+        arbiter.upsert(app("a", "n1/0", t0 + 100))
+        assert await arbiter.maybe_run(t0) is not None  # a new App
+        assert await arbiter.maybe_run(t0 + 99) is None
+        assert await arbiter.maybe_run(t0 + 100) is not None  # a's lease ends; renewed to t0 + 400
+        assert await arbiter.maybe_run(t0 + 399) is None  # the old expiry is not remembered
+        arbiter.upsert(app("b", "n1/1", t0 + 200))
+        assert await arbiter.maybe_run(t0 + 150) is not None  # a new App
+        await arbiter.remove(("ml", "b"))
+        assert await arbiter.maybe_run(t0 + 160) is not None  # an App left
+        assert await arbiter.maybe_run(t0 + 200) is None  # b's lease left with b
+        assert await arbiter.maybe_run(t0 + 400) is not None
+        await api.close()
+        return rounds
+
+    assert asyncio.run(run()) == [t0, t0 + 100, t0 + 150, t0 + 160, t0 + 400]

@@ -1,7 +1,8 @@
 """The kernel-level sharing model against Orion's findings (B.9 shape; spec E.5-style directional checks).
 
 One inf-train experiment (ResNet50 inference HP at 15 rps Poisson, ResNet50 training BE, synthetic kernel
-mixes) is run once per module; each finding is its own test. Findings the model does not show are strict
+mixes) and one inf-inf set (ResNet50 HP beside each other model as BE inference) are run once per module;
+each finding is its own test. Findings the model does not show are strict
 xfails that say why.
 """
 
@@ -11,7 +12,14 @@ from pathlib import Path
 
 import pytest
 from tessera.policy.orion.profiles import cost_saving
-from tessera.sim.orion.experiment import ABLATION, POLICIES, Collocation, ExperimentResult, run_experiment
+from tessera.sim.orion.experiment import (
+    ABLATION,
+    INF_INF_RPS,
+    POLICIES,
+    Collocation,
+    ExperimentResult,
+    run_experiment,
+)
 from tessera.sim.orion.gpu import ClientSpec, GpuSim
 from tessera.sim.orion.kernels import BN2D, CONV2D, MODELS, mix, summary
 from tessera.sim.orion.schedulers import FreeForAll
@@ -78,19 +86,62 @@ def test_temporal_sharing_head_of_line_blocking(inf_train: ExperimentResult) -> 
     assert inf_train.results["temporal"].ratio_p99 > 3
 
 
+INF_INF_BE = ("mobilenetv2", "resnet101", "bert", "transformer")
+
+
+@pytest.fixture(scope="module")
+def inf_inf() -> dict[str, ExperimentResult]:
+    """Orion §6.2.3 Fig. 12 (Poisson) for one HP model: ResNet50 inference at 50 req/s beside each other
+    Table 3 model as BE inference at its own inf-inf Poisson rate [O:L264-L272]."""
+    return {
+        be: run_experiment(
+            Collocation(
+                hp_model="resnet50",
+                be_models=(be,),
+                be_role="inference",
+                rate_rps=INF_INF_RPS["resnet50"]["poisson"],
+                requests=200,
+                warmup_requests=10,
+            ),
+            ("dedicated", "mps", "orion"),
+        )
+        for be in INF_INF_BE
+    }
+
+
 @pytest.mark.xfail(
     strict=True,
-    reason="the model's MPS inflates HP p99 by ~1.3-1.75x (by seed), short of the paper's 1.89-2.2x: its contention is only "
-    "SM queueing and bandwidth overload, without cache/scheduler effects; not tuned to the paper's number",
+    reason="paper: Streams/MPS give the HP 1.89x its dedicated p99 on average in inf-inf (Orion §6.2.3, Fig. 12 "
+    "Poisson, [O:L359]; 2.2x with 4 BE clients on an A100, §6.3). Same setting here (HP and BE inference, "
+    "Poisson at Table 3's inf-inf rates, two clients): MPS 1.28x for a ResNet50 HP averaged over its 4 BE "
+    "models, 1.22x over all 5 HP models (tests/bench/bench_orion_inf_inf.py). Remaining differences: synthetic "
+    "kernel mixes from Table 1 instead of traces, one seed, a V100 model whose only interference is SM queueing "
+    "and bandwidth overload (no caches, launch overhead or GIL); at these rates a BE inference client keeps "
+    "the GPU busy 26-32 % of the time, so most HP requests meet no BE kernel; only BERT's long, full-GPU kernels "
+    "inflate the HP p99 (1.9x)",
 )
-def test_mps_hp_p99_about_twice_dedicated(inf_train: ExperimentResult) -> None:
-    assert inf_train.results["mps"].ratio_p99 >= 1.8
+def test_mps_hp_p99_inf_inf_about_1_89x_dedicated(inf_inf: dict[str, ExperimentResult]) -> None:
+    mean = sum(r.results["mps"].ratio_p99 for r in inf_inf.values()) / len(inf_inf)
+    assert mean >= 1.8, mean
+
+
+def test_inf_inf_orion_cannot_undo_a_long_be_kernel(inf_inf: dict[str, ExperimentResult]) -> None:
+    # A BERT BE kernel admitted while the HP is idle holds nearly every SM until it ends (no preemption, Orion
+    # §5.1.2): an HP request arriving then waits for it under Orion as under MPS. Beside the vision models the
+    # HP p99 stays within 15 % of dedicated under both (the BE keeps the GPU busy only part of the time).
+    bert = inf_inf["bert"].results
+    assert bert["mps"].ratio_p99 > 1.5 and bert["orion"].ratio_p99 > 0.9 * bert["mps"].ratio_p99
+    for be in ("mobilenetv2", "resnet101"):
+        assert inf_inf[be].results["mps"].ratio_p99 < 1.15, be
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the model's REEF-N is only ~1.1-1.3x dedicated in inf-train, not 2.5-3.44x: with HP priority at "
-    "wave boundaries the BE backlog REEF lets through while HP is idle costs little",
+    reason="paper: REEF gives the HP 2.5x its dedicated p99 in inf-train with Poisson arrivals and 3.44x with the "
+    "Apollo trace (Orion §6.2.1, Figs. 6-7), averaged over the 5 training jobs as BE. Here (ResNet50 HP at 15 "
+    "req/s Poisson, ResNet50 training BE only, synthetic kernel mixes, one seed) the model's REEF-N is only "
+    "~1.1-1.3x: with HP priority at wave boundaries the BE backlog REEF lets through while HP is idle costs "
+    "little, and the model has no launch queues or memcpy periods",
 )
 def test_reef_hp_p99_over_twice_dedicated_inf_train(inf_train: ExperimentResult) -> None:
     assert inf_train.results["reef"].ratio_p99 >= 2.0

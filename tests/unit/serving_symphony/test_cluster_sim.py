@@ -10,12 +10,14 @@ import pytest
 from tessera.policy.serving.baselines.cluster import ClockworkClusterScheduler, ShepherdScheduler
 from tessera.policy.serving.common import LinearProfile, Request
 from tessera.sim.serving.cluster_sim import (
+    ServedModel,
     autoscale,
     identical_models,
     make_cluster_requests,
     make_scheduler,
     max_goodput,
     min_gpus,
+    per_model_goodput,
     run_policy,
     simulate_cluster,
     staggered_capacity,
@@ -30,8 +32,73 @@ def test_staggered_capacity_matches_table2_formula() -> None:
     assert staggered_capacity(m, 8) == pytest.approx(5839.4, abs=0.1)
 
 
+FAST = ServedModel("fast", LinearProfile(0.001, 0.004, 64), 0.020)
+SLOW = ServedModel("slow", LinearProfile(0.010, 0.005, 64), 0.100)
+
+
+def test_staggered_capacity_of_a_mixed_set_counts_every_model() -> None:
+    # 4 GPUs: fast b = 12 (1.25·16 ms ≤ 20 ms), 16 ms per 12 requests; slow b = 7 (1.25·75 ms ≤ 100 ms), 75 ms
+    # per 7. Half the requests each: λ·(16/12 + 75/7)/2 ms ≤ 4 GPUs gives λ ≤ 664.0 req/s. The slowest model's
+    # capacity alone (4·7/0.075 = 373.3) bounds only the slow half; times the model count it is 746.7.
+    got = staggered_capacity([FAST, SLOW], 4)
+    assert got == pytest.approx(8 / (16 / 12 + 75 / 7) * 1000, rel=1e-9)
+    assert 4 * 7 / 0.075 < got < 2 * 4 * 7 / 0.075
+    # The goodput search's ceiling is 1.2 × this bound: Symphony must land below it, not on it.
+    g = max_goodput("symphony", [FAST, SLOW], 4, duration=2.0, seed=2)
+    assert 0 < g < 0.98 * 1.2 * got, (g, got)
+
+
+def test_eager_is_symphony_dispatching_at_once() -> None:
+    # Symphony §3.4: eager = Algorithm 1 with line 5 changed to exec = now; GETBATCH and drops stay Symphony's.
+    reqs = make_cluster_requests(MODELS, 7000, 1.0, np.random.default_rng(0))  # ≈ 2 × Symphony's peak on 8
+
+    def run(policy: str, get_batch: str, **kw: float) -> tuple[int, int, list[int]]:
+        st = simulate_cluster(
+            policy,
+            make_scheduler(policy, MODELS, 8, get_batch=get_batch, **kw),
+            reqs,
+            MODELS,
+            8,
+            duration=1.0,
+        )
+        return st.on_time, st.late, st.batch_sizes
+
+    for gb in ("headGreedy", "earlyDropForTarget"):
+        assert run("eager", gb) == run("timeout", gb, timeout=0.0)
+    early, greedy = run("eager", "earlyDropForTarget"), run("eager", "headGreedy")
+    assert early[0] > 2 * greedy[0] and early[1] == 0  # the early drop keeps eager from collapsing too
+    # The old pairing is kept by name: head-greedy eager whatever GETBATCH Symphony gets.
+    assert run("eager-headgreedy", "earlyDropForTarget") == greedy
+
+
+def test_per_model_counts_start_after_the_warm_up() -> None:
+    st = run_policy("symphony", [FAST, SLOW], 4, 900.0, duration=2.0, seed=1, warmup=0.5)
+    reqs = make_cluster_requests([FAST, SLOW], 900.0, 2.0, np.random.default_rng(1))
+    late = [r for r in reqs if r.arrival >= 0.5]
+    assert sum(st.model_requests.values()) == len(late)
+    assert st.model_requests["slow"] == sum(r.model == "slow" for r in late)
+    bad = st.model_bad_rates()
+    assert bad["slow"] > 0.01 and set(bad) == {"fast", "slow"}  # 900 req/s is past the bound of 664
+
+
+def test_per_model_goodput_is_the_slowest_models_p99() -> None:
+    # One model: every model's p99 within its SLO is the aggregate 1 % bad-rate criterion, so both searches
+    # agree to their resolution. Two models: every probe's verdict is its worst model's bad rate.
+    one = [FAST]
+    agg = max_goodput("symphony", one, 4, duration=2.0, seed=2, iters=10)
+    per = per_model_goodput("symphony", one, 4, measure=2.0, warmup=0.0, seeds=[2], rel_tol=0.005)
+    assert per == pytest.approx(agg, rel=0.02)
+    probes: list = []
+    mixed = per_model_goodput(
+        "symphony", [FAST, SLOW], 4, measure=2.0, warmup=0.5, seeds=[2, 3], probes=probes
+    )
+    assert 0 < mixed < staggered_capacity([FAST, SLOW], 4)
+    assert all(p.ok == (p.worst_bad_rate <= 0.01) for p in probes) and any(not p.ok for p in probes)
+    assert max(p.rate for p in probes if p.ok) == mixed
+
+
 def test_deferred_is_never_late_and_every_request_has_one_outcome() -> None:
-    for policy in ("symphony", "eager", "shepherd", "clockwork"):
+    for policy in ("symphony", "eager", "eager-headgreedy", "shepherd", "clockwork"):
         st = run_policy(policy, MODELS, 4, 2500, duration=1.0, seed=5)
         assert st.on_time + st.late + st.dropped == st.n
         assert st.late == 0, policy  # GETBATCH only forms batches that finish by the head's deadline

@@ -1,7 +1,8 @@
 """Orion's experiments on the kernel-level model: one HP client and BE clients on one GPU under each policy.
 
-Use cases (Orion §6.1): `inf-train` (HP inference, Poisson or uniform arrivals, BE training, closed loop) and
-`train-train` (both training). Metrics as in the paper: HP p50/p95/p99 latency (request latency, or iteration
+Use cases (Orion §6.1): `inf-train` (HP inference, Poisson or uniform arrivals, BE training, closed loop),
+`train-train` (both training) and `inf-inf` (``be_role="inference"``: BE inference clients with their own
+Poisson or uniform arrivals at Table 3's inf-inf rates, Orion §6.2.3). Metrics as in the paper: HP p50/p95/p99 latency (request latency, or iteration
 time for a training HP) and its ratio to the dedicated (ideal) run; BE throughput in iterations/s, its ratio
 to a dedicated GPU, and the cost saving `2·Throughput_collocated / Throughput_dedicated` (Orion §6.2.1); SM,
 compute and memory-bandwidth utilisation.
@@ -24,6 +25,14 @@ from .kernels import Kernel, Role, mix
 from .schedulers import FreeForAll, Orion, Reef, Temporal, TesseraNode
 
 POLICIES = ("dedicated", "temporal", "mps", "streams", "reef", "orion", "tessera", "tessera-caps")
+# Orion Table 3 [O:L264-L272]: requests/s of each inference model in inf-inf (uniform, Poisson) and inf-train.
+INF_INF_RPS: dict[str, dict[str, float]] = {
+    "resnet50": {"uniform": 80, "poisson": 50},
+    "mobilenetv2": {"uniform": 100, "poisson": 65},
+    "resnet101": {"uniform": 40, "poisson": 25},
+    "bert": {"uniform": 8, "poisson": 5},
+    "transformer": {"uniform": 20, "poisson": 12},
+}
 ABLATION = ("mps", "priorities", "orion-profiles", "orion")  # §6.4 Fig. 14 order; its first bar is
 # streams at default priority, which the model treats like MPS (no priority)
 
@@ -37,6 +46,7 @@ class Collocation:
     hp_model: str = "resnet50"
     hp_role: Role = "inference"
     be_models: tuple[str, ...] = ("resnet50",)
+    be_role: Role = "training"  # "inference": inf-inf, each BE client open loop at its Table 3 inf-inf rate
     rate_rps: float = 15.0  # Table 3, inf-train Poisson, ResNet50
     arrival: Literal["poisson", "uniform"] = "poisson"
     requests: int = 400  # HP requests (inference) or iterations (training) measured
@@ -61,6 +71,12 @@ class Collocation:
             raise ExperimentError("rate_rps must be positive and requests at least 10")
         if not self.be_models:
             raise ExperimentError("at least one BE model is needed")
+        if self.be_role == "inference":
+            if self.hp_role != "inference":
+                raise ExperimentError("BE inference (inf-inf) needs an inference HP")
+            unknown = [m for m in self.be_models if m not in INF_INF_RPS]
+            if unknown:
+                raise ExperimentError(f"no inf-inf rate (Orion Table 3) for BE model(s) {unknown}")
 
 
 @dataclass
@@ -101,11 +117,25 @@ def _arrivals(w: Collocation, rng: random.Random, n: int) -> tuple[float, ...]:
     return tuple(out)
 
 
+def _be_arrivals(w: Collocation, model: str, i: int, until: float) -> tuple[float, ...]:
+    """A BE inference client's arrivals up to ``until``: Table 3's inf-inf rate, Poisson or uniform as the HP's."""
+    rate = INF_INF_RPS[model][w.arrival]
+    rng = random.Random(f"{w.seed}/be/{i}")
+    t, out = 0.0, list[float]()
+    while True:
+        t += rng.expovariate(rate) if w.arrival == "poisson" else 1.0 / rate
+        if t >= until:
+            return tuple(out)
+        out.append(t)
+
+
 def _clients(w: Collocation) -> tuple[ClientSpec, list[ClientSpec]]:
     rng = random.Random(w.seed)
     hp_k = mix(w.hp_model, w.hp_role, w.seed, w.num_sms)
     n = w.requests + w.warmup_requests
     arrivals = _arrivals(w, rng, n) if w.hp_role == "inference" else None
+    if w.be_role == "inference" and arrivals is None:
+        raise ExperimentError("BE inference (inf-inf) needs an inference HP")
 
     def gap(ks: tuple[Kernel, ...]) -> float:
         return w.iteration_gap * sum(k.duration for k in ks)
@@ -114,8 +144,13 @@ def _clients(w: Collocation) -> tuple[ClientSpec, list[ClientSpec]]:
     hp = ClientSpec(f"{w.hp_model}-{w.hp_role}", True, hp_k, arrivals, gap_s=hp_gap)
     be = []
     for i, m in enumerate(w.be_models):
-        ks = mix(m, "training", w.seed + 1 + i, w.num_sms)
-        be.append(ClientSpec(f"{m}-training-{i}", False, ks, gap_s=gap(ks)))
+        ks = mix(m, w.be_role, w.seed + 1 + i, w.num_sms)
+        if w.be_role == "inference":
+            assert arrivals is not None
+            be_arr = _be_arrivals(w, m, i, arrivals[-1] + 0.05)
+            be.append(ClientSpec(f"{m}-inference-{i}", False, ks, be_arr))
+        else:
+            be.append(ClientSpec(f"{m}-training-{i}", False, ks, gap_s=gap(ks)))
     return hp, be
 
 
@@ -196,8 +231,15 @@ def run_experiment(w: Collocation, policies: tuple[str, ...] = POLICIES) -> Expe
     )
     ded = run_one("dedicated", w, hp_latency, be_percent)
     be_ded = []
+    warmup, horizon = _horizon(w, hp)
     for spec in be:
         sim = GpuSim([spec], FreeForAll("dedicated"), w.num_sms)
+        if spec.arrivals is not None:  # open loop: requests served per second on a GPU of its own
+            sim.run(warmup, warmup)
+            start = spec_progress(sim)
+            sim.run(horizon, warmup)
+            be_ded.append((spec_progress(sim) - start) / (horizon - warmup))
+            continue
         it = sum(k.duration for k in spec.kernels) + spec.gap_s
         sim.run(20 * it)
         be_ded.append(spec_progress(sim) / (20 * it))

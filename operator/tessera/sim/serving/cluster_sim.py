@@ -23,7 +23,7 @@ from tessera.policy.serving.common import Batch, ClusterScheduler, LinearProfile
 from tessera.policy.serving.symphony import SymphonyScheduler, autoscale_advice
 from tessera.sim.serving.arrivals import gamma_arrivals
 
-CLUSTER_POLICIES = ("symphony", "eager", "shepherd", "clockwork")
+CLUSTER_POLICIES = ("symphony", "eager", "eager-headgreedy", "shepherd", "clockwork")
 
 
 @dataclass(frozen=True)
@@ -57,17 +57,22 @@ def make_scheduler(
     timeout: float | None = None,
     get_batch: str = "headGreedy",
 ) -> ClusterScheduler:
-    """``symphony`` (deferred, Alg. 1, GETBATCH ``get_batch``), ``eager`` (Alg. 1 with k = 0), ``timeout``
-    (k = ``timeout``), ``shepherd`` or ``clockwork`` (A.11)."""
+    """``symphony`` (deferred, Alg. 1, GETBATCH ``get_batch``), ``eager`` (Alg. 1 with line 5 changed to
+    dispatch at once, k = 0, and everything else Symphony's: the same ``get_batch`` and drop policy, as
+    Symphony §3.4 defines it), ``eager-headgreedy`` (k = 0 with the head-greedy GETBATCH whatever
+    ``get_batch`` says: what ``eager`` was before, kept as a named variant), ``timeout`` (k = ``timeout``,
+    same ``get_batch``), ``shepherd`` or ``clockwork`` (A.11)."""
     profiles = {m.name: m.profile for m in models}
     if policy == "symphony":
         return SymphonyScheduler(profiles, n_gpus, get_batch=get_batch)
     if policy == "eager":
-        return SymphonyScheduler(profiles, n_gpus, timeout=0.0)
+        return SymphonyScheduler(profiles, n_gpus, timeout=0.0, get_batch=get_batch)
+    if policy == "eager-headgreedy":
+        return SymphonyScheduler(profiles, n_gpus, timeout=0.0, get_batch="headGreedy")
     if policy == "timeout":
         if timeout is None or timeout < 0:
             raise ValueError("policy 'timeout' needs a timeout k >= 0 (seconds)")
-        return SymphonyScheduler(profiles, n_gpus, timeout=timeout)
+        return SymphonyScheduler(profiles, n_gpus, timeout=timeout, get_batch=get_batch)
     if policy == "shepherd":
         return ShepherdScheduler(profiles, n_gpus)
     if policy == "clockwork":
@@ -110,6 +115,10 @@ class ClusterStats:
     busy: list[float] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
+    # Per model, requests arriving at or after the warm-up (``simulate_cluster(warmup=...)``): how many,
+    # and how many finished by their deadline. Drops and late requests are the misses.
+    model_requests: dict[str, int] = field(default_factory=dict)
+    model_on_time: dict[str, int] = field(default_factory=dict)
 
     @property
     def goodput(self) -> float:
@@ -135,6 +144,10 @@ class ClusterStats:
     def latency_percentile(self, q: float) -> float:
         return float(np.percentile(self.latencies, q)) if self.latencies else math.nan
 
+    def model_bad_rates(self) -> dict[str, float]:
+        """Per model, the share of measured requests that missed their SLO (late or dropped)."""
+        return {m: 1.0 - self.model_on_time[m] / n for m, n in self.model_requests.items() if n}
+
 
 def simulate_cluster(
     policy: str,
@@ -144,8 +157,12 @@ def simulate_cluster(
     n_gpus: int,
     *,
     duration: float,
+    warmup: float = 0.0,
 ) -> ClusterStats:
-    """Drive ``scheduler`` with ``requests`` (sorted by arrival) until every timer has fired."""
+    """Drive ``scheduler`` with ``requests`` (sorted by arrival) until every timer has fired.
+
+    The aggregate counts cover every request; the per-model counts only those arriving at or after
+    ``warmup`` (the cluster starts empty, so the first batches see no queue)."""
     prof = {m.name: m.profile for m in models}
     reqs = sorted(requests, key=lambda r: (r.arrival, r.rid))
     batches: list[Batch] = []
@@ -173,6 +190,7 @@ def simulate_cluster(
                 cancelled[id(b)] = t
     st = ClusterStats(policy, n_gpus, duration, n=len(reqs), busy=[0.0] * n_gpus)
     served: set[int] = set()
+    in_time: set[int] = set()
     for b in batches:
         dur = prof[b.model](b.size)
         if id(b) in cancelled:  # preempted: the time it ran is wasted, its requests were requeued
@@ -189,9 +207,16 @@ def simulate_cluster(
             st.latencies.append(finish - r.arrival)
             if finish <= r.deadline + 1e-9:
                 st.on_time += 1
+                in_time.add(r.rid)
             else:
                 st.late += 1
     st.dropped = st.n - len(served)
+    for m in models:
+        st.model_requests[m.name] = st.model_on_time[m.name] = 0
+    for r in reqs:
+        if r.arrival >= warmup:
+            st.model_requests[r.model] += 1
+            st.model_on_time[r.model] += r.rid in in_time
     return st
 
 
@@ -211,22 +236,32 @@ def run_policy(
     cv: float = 1.0,
     timeout: float | None = None,
     get_batch: str = "headGreedy",
+    warmup: float = 0.0,
 ) -> ClusterStats:
     reqs = make_cluster_requests(models, total_rate, duration, np.random.default_rng(seed), cv=cv)
     sched = make_scheduler(policy, models, n_gpus, timeout=timeout, get_batch=get_batch)
-    return simulate_cluster(policy, sched, reqs, models, n_gpus, duration=duration)
+    return simulate_cluster(policy, sched, reqs, models, n_gpus, duration=duration, warmup=warmup)
+
+
+def staggered_batch(model: ServedModel, n_gpus: int) -> int:
+    """The largest b with (1 + 1/N)·ℓ(b) ≤ SLO (A.6 Eq. 1), at least 1."""
+    b = 1
+    while b < model.profile.max_batch and (1 + 1 / n_gpus) * model.profile(b + 1) <= model.slo:
+        b += 1
+    return b
 
 
 def staggered_capacity(models: Sequence[ServedModel], n_gpus: int) -> float:
-    """Upper bound on total rate: N·b/ℓ(b) at the largest b with (1 + 1/N)·ℓ(b) ≤ SLO (A.6 Eq. 1-2),
-    for the slowest model, times the model count."""
-    caps = []
-    for m in models:
-        b = 1
-        while b < m.profile.max_batch and (1 + 1 / n_gpus) * m.profile(b + 1) <= m.slo:
-            b += 1
-        caps.append(n_gpus * b / m.profile(b))
-    return min(caps)
+    """Upper bound on the total rate of equally popular ``models`` sharing ``n_gpus`` GPUs (A.6 Eq. 1-2).
+
+    A request of model m costs at least ℓ_m(b_m)/b_m GPU-seconds at its staggered batch b_m, so a total
+    rate λ split evenly needs λ·mean_m(ℓ_m(b_m)/b_m) ≤ N. For identical models this is one model's
+    N·b/ℓ(b); for a mixed set it lies between the slowest model's N·b/ℓ(b) and that times the model count
+    (the slowest model's capacity alone, returned before, is below what the faster models add)."""
+    if not models:
+        raise ValueError("need at least one model")
+    cost = [m.profile(b) / b for m in models for b in (staggered_batch(m, n_gpus),)]
+    return n_gpus * len(models) / sum(cost)
 
 
 def max_goodput(
@@ -258,6 +293,73 @@ def max_goodput(
             get_batch=get_batch,
         )
         if st.bad_rate <= bad_rate:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(frozen=True)
+class GoodputProbe:
+    """One offered rate of :func:`per_model_goodput`'s search: the worst model's bad rate, pooled over seeds."""
+
+    rate: float
+    worst_bad_rate: float
+    worst_model: str
+    ok: bool
+
+
+def per_model_goodput(
+    policy: str,
+    models: Sequence[ServedModel],
+    n_gpus: int,
+    *,
+    measure: float,
+    warmup: float,
+    seeds: Sequence[int],
+    cv: float = 1.0,
+    quantile: float = 0.99,
+    rel_tol: float = 0.01,
+    get_batch: str = "headGreedy",
+    timeout: float | None = None,
+    probes: list[GoodputProbe] | None = None,
+) -> float:
+    """Symphony's goodput (§1, §3.4): the highest total rate at which every model's ``quantile`` latency
+    meets its own SLO, a dropped request counting as a miss; i.e. at most 1 − ``quantile`` of each model's
+    requests are bad.
+
+    Each rate runs ``warmup + measure`` seconds per seed and counts the requests arriving after the
+    warm-up, pooled over ``seeds`` (one longer sample per model). The search brackets the rate from
+    1.2 × :func:`staggered_capacity` (growing it while it still passes) and bisects until the bracket is
+    within ``rel_tol`` of its top; the pass/fail of every probe is appended to ``probes`` if given."""
+    if not seeds or measure <= 0 or warmup < 0 or not 0 < quantile < 1:
+        raise ValueError("need seeds, measure > 0, warmup >= 0 and 0 < quantile < 1")
+    allowed = 1.0 - quantile
+
+    def probe(rate: float) -> bool:
+        n: dict[str, int] = {}
+        good: dict[str, int] = {}
+        for seed in seeds:
+            st = run_policy(
+                policy, models, n_gpus, rate, duration=warmup + measure, seed=seed, cv=cv,
+                timeout=timeout, get_batch=get_batch, warmup=warmup,
+            )  # fmt: skip
+            for m, k in st.model_requests.items():
+                n[m] = n.get(m, 0) + k
+                good[m] = good.get(m, 0) + st.model_on_time[m]
+        bad = {m: 1.0 - good[m] / k for m, k in n.items() if k}
+        worst = max(bad, key=lambda m: bad[m])
+        ok = bad[worst] <= allowed + 1e-12
+        if probes is not None:
+            probes.append(GoodputProbe(rate, bad[worst], worst, ok))
+        return ok
+
+    lo, hi = 0.0, 1.2 * staggered_capacity(models, n_gpus)
+    while probe(hi):
+        lo, hi = hi, 1.5 * hi
+    while hi - lo > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        if probe(mid):
             lo = mid
         else:
             hi = mid

@@ -139,7 +139,15 @@ class TrainingResult:
                 )
             )
         lines.extend(self._tuning_lines())
+        lines.extend(self._queue_lines())
         return "\n".join(lines)
+
+    def _queue_lines(self) -> list[str]:
+        """Team queues: guarantee violations, time to reclaim, utilisation, per-queue max ρ, JCT."""
+        from tessera.sim.training.queues import QueueFigures, table
+
+        rows = [QueueFigures(**r.queues) for r in self.runs if r.queues]
+        return ["", "team queues (ρ against the queue's share):", table(rows)] if rows else []
 
     def _tuning_lines(self) -> list[str]:
         """Per tuning app, one line per policy: how it fared with Fluid inside that policy's leases."""
@@ -168,6 +176,7 @@ class TrainingResult:
         def clean(v: Any) -> Any:
             return None if isinstance(v, float) and not math.isfinite(v) else v
 
+        queued = any(r.queues for r in self.runs)
         return {
             "scenario": self.name,
             "meta": self.meta,
@@ -194,6 +203,7 @@ class TrainingResult:
             "placement_cdf": {
                 r.policy: [quantile(r.placement_scores, q / 20) for q in range(21)] for r in self.runs
             },
+            **({"queues": [{k: clean(v) for k, v in r.queues.items()} for r in self.runs]} if queued else {}),
         }
 
     def plots(self, directory: Path) -> list[Path]:

@@ -7,12 +7,14 @@
     trace: {generate: {apps: 200, workload: w2, mean_interarrival_s: 600}}   # or {file: trace.csv}
            # either may add apps in the trace YAML form, e.g. tuning apps run by Fluid inside their lease:
            # trace: {generate: {...}, apps: [{id: tune, arrival: 0, tuning: {algorithm: asha, max_gpus: 8}}]}
-    policies: [themis, tiresias, gandiva, optimus, slaq, srtf, srsf, drf]
+    policies: [themis, tiresias, gandiva, optimus, slaq, srtf, srsf, drf]   # with queues: also kai-style, kueue-style
               # an entry may be a mapping: {policy: themis, label: themis-f0, fairness_knob: 0, lease_s: 300}
               # baselines take lease_s and placement: tight | any | random ({policy: drf, placement: tight})
     themis: {fairness_knob: 0.8, lease_s: 600}   # defaults for every themis entry
     lease_s: 600                                  # baselines' lease (drf never preempts unless given one)
     sim: {restart_s: 30, admission_threshold: null, halving_rule: median}
+    queues:                                       # team queues; apps name theirs (`queue:`), else `default`
+      - {name: team-a, guaranteed: 16, max: 48, weight: 1, reclaim: atLeaseEnd, min_runtime_s: 0}
 
 Every error names the file, the field and what is wrong (tessera.sim.scenario.ScenarioError).
 """
@@ -31,6 +33,10 @@ from pydantic import BeforeValidator, Field, create_model
 
 from tessera.cluster import Cluster, Sensitivity
 from tessera.policy.baselines import BASELINES
+from tessera.policy.queues import QueueNode, ReclaimRule
+from tessera.policy.queues.kai import kai_style
+from tessera.policy.queues.kueue import KueueStyle
+from tessera.policy.queues.training import QueuedPolicy, with_default
 from tessera.policy.themis import Themis, ThemisConfig
 from tessera.policy.training import TrainingPolicy
 from tessera.progress import Progress
@@ -40,6 +46,8 @@ from tessera.sim.inputs import (
     Input,
     Int,
     Machines,
+    NonNegative,
+    Positive,
     PositiveInt,
     Seconds,
     Trials,
@@ -49,6 +57,7 @@ from tessera.sim.inputs import (
 )
 from tessera.sim.inputs import validate as validate_input
 from tessera.sim.scenario import MAX_GPUS, MAX_MACHINES, ScenarioError
+from tessera.sim.training.queues import QueueMeter, figures
 from tessera.sim.training.report import TrainingResult
 from tessera.sim.training.simulator import SimConfig, SimRun, simulate
 from tessera.sim.training.trace import (
@@ -67,6 +76,7 @@ PRESETS: dict[str, list[tuple[int, int]]] = {
     "testbed-64": [(1, 2)] * 8 + [(1, 4)] * 12,
 }
 ALL_POLICIES = ["themis", *BASELINES]
+QUEUE_BASELINES = ["kai-style", "kueue-style"]  # team-queue schedulers (need a `queues:` block)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +84,26 @@ class PolicySpec:
     policy: str
     label: str
     knobs: dict[str, Any] = field(default_factory=dict)
+    queues: tuple[QueueNode, ...] = ()  # team queues: the policy runs inside each queue's share
+    rules: tuple[tuple[str, ReclaimRule], ...] = ()
 
     def build(self) -> TrainingPolicy:
+        if self.policy == "kai-style":
+            return kai_style(self.queues, {n: r.min_runtime_s for n, r in self.rules})
+        if self.policy == "kueue-style":
+            return KueueStyle(self.queues)
+        inner: TrainingPolicy
         if self.policy == "themis":
             t = Themis(ThemisConfig(**self.knobs))
             t.name = self.label
-            return t
-        p = BASELINES[self.policy](**self.knobs)
-        p.name = self.label
-        return p
+            inner = t
+        else:
+            p = BASELINES[self.policy](**self.knobs)
+            p.name = self.label
+            inner = p
+        if not self.queues:
+            return inner
+        return QueuedPolicy(inner, self.queues, dict(self.rules), name=self.label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +117,7 @@ class TrainingScenario:
     policies: tuple[PolicySpec, ...]
     sim: SimConfig
     extra_apps: Trace = field(default_factory=Trace)  # `trace.apps`: added to the file or generated trace
+    queues: tuple[QueueNode, ...] = ()
 
     def resolved_trace(self) -> Trace:
         if self.trace is not None:
@@ -123,7 +145,7 @@ GeneratorInput = mirror(GeneratorConfig, apps=Apps, jobs_per_app=tuple[Trials, T
 SimInput = mirror(SimConfig, reported_sensitivity=(dict[str, SensitivityInput], {}))
 # A policy entry: a baseline takes lease_s and placement; themis any ThemisConfig knob.
 _ENTRY_FIELDS: dict[str, Any] = {
-    "policy": (one_of(tuple(ALL_POLICIES)), ...),
+    "policy": (one_of(tuple(ALL_POLICIES + QUEUE_BASELINES)), ...),
     "label": (str | None, None),
     "lease_s": (Seconds | None, None),
     "placement": (str | None, None),
@@ -131,6 +153,19 @@ _ENTRY_FIELDS: dict[str, Any] = {
 }
 PolicyEntry = create_model("PolicyEntry", __base__=Input, **_ENTRY_FIELDS)
 _BASELINE_KEYS = {"policy", "label", "lease_s", "placement"}
+
+
+class QueueInput(Input):
+    """One team queue (the Queue kind's fields, tessera.api.queue)."""
+
+    name: str
+    guaranteed: NonNegative = 0.0
+    max: NonNegative | None = None
+    weight: Positive = 1.0
+    parent: str | None = None
+    reclaim: Literal["atLeaseEnd", "immediate"] = "atLeaseEnd"
+    min_runtime_s: NonNegative = 0.0
+    grace_s: NonNegative = 30.0
 
 
 class MachinesInput(Input):
@@ -172,6 +207,33 @@ class TrainingFile(Input):
     lease_s: Seconds = 600.0
     """Baselines' lease (drf never preempts unless given one)."""
     sim: SimInput = SimInput()  # type: ignore[valid-type]
+    queues: list[QueueInput] | None = None
+
+
+def _queues(
+    source: str, d: TrainingFile
+) -> tuple[tuple[QueueNode, ...], tuple[tuple[str, ReclaimRule], ...]]:
+    """The `queues:` block as division nodes and reclaim rules; problems name the field."""
+    if not d.queues:
+        return (), ()
+    from tessera.policy.queues import DivisionError, children_of
+
+    nodes, rules = [], []
+    for i, q in enumerate(d.queues):
+        if q.max is not None and q.max < q.guaranteed:
+            raise ScenarioError(source, f"queues[{i}].max", "must be >= guaranteed")
+        nodes.append(
+            QueueNode(q.name, q.guaranteed, math.inf if q.max is None else q.max, q.weight, q.parent)
+        )
+        rules.append((q.name, ReclaimRule(q.reclaim, q.min_runtime_s, q.grace_s)))
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        raise ScenarioError(source, "queues", f"queue names must be unique, got {names}")
+    try:
+        children_of(nodes)
+    except DivisionError as e:
+        raise ScenarioError(source, "queues", str(e)) from None
+    return tuple(nodes), tuple(rules)
 
 
 def _cluster(source: str, c: ClusterInput) -> Cluster:
@@ -198,6 +260,7 @@ def _cluster(source: str, c: ClusterInput) -> Cluster:
 
 
 def _policies(source: str, d: TrainingFile) -> tuple[PolicySpec, ...]:
+    queues, rules = _queues(source, d)
     themis_defaults = given(d.themis)
     try:  # validate the shared knobs on their own, so an error names `themis`, not a policy entry
         PolicySpec("themis", "themis", themis_defaults).build()
@@ -208,13 +271,17 @@ def _policies(source: str, d: TrainingFile) -> tuple[PolicySpec, ...]:
         where = f"policies[{i}]"
         entry = {k: getattr(p, k) for k in p.model_fields_set}
         name = entry.pop("policy")
-        if name not in ALL_POLICIES:
+        if name in QUEUE_BASELINES and not queues:
+            raise ScenarioError(source, f"{where}.policy", f"{name} needs a `queues:` block")
+        if name not in ALL_POLICIES + QUEUE_BASELINES:
             raise ScenarioError(
                 source, f"{where}.policy", f"unknown policy {name!r}; known: {', '.join(ALL_POLICIES)}"
             )
         label = str(entry.pop("label", None) or name)
         knobs: dict[str, Any]
-        if name == "themis":
+        if name in QUEUE_BASELINES:
+            knobs = {}
+        elif name == "themis":
             knobs = {**themis_defaults, **{k: v for k, v in entry.items() if v is not None}}
         else:
             for k in sorted(entry):
@@ -228,7 +295,7 @@ def _policies(source: str, d: TrainingFile) -> tuple[PolicySpec, ...]:
             if entry.get("placement") is not None:  # tight | any | random; default: the paper's rule
                 knobs["placement"] = entry["placement"]
         try:
-            spec = PolicySpec(name, label, knobs)
+            spec = PolicySpec(name, label, knobs, queues, rules)
             spec.build()
         except (ValueError, TypeError) as e:
             raise ScenarioError(source, where, str(e)) from None
@@ -293,11 +360,20 @@ def load(data: dict[str, Any], source: str) -> TrainingScenario:
         extra_apps=extra,
         policies=_policies(source, d),
         sim=_sim(source, d.sim),
+        queues=_queues(source, d)[0],
     )
 
 
 def _run_one(scenario: TrainingScenario, spec: PolicySpec, trace: Trace) -> SimRun:
-    return simulate(spec.build(), scenario.cluster, trace, random.Random(scenario.seed), scenario.sim)
+    if not scenario.queues:
+        return simulate(spec.build(), scenario.cluster, trace, random.Random(scenario.seed), scenario.sim)
+    meter = QueueMeter(with_default(scenario.queues))
+    run = simulate(
+        spec.build(), scenario.cluster, trace, random.Random(scenario.seed), scenario.sim, observers=[meter]
+    )
+    app_queue = {a.id: a.queue for a in trace.apps}
+    run.queues = figures(run, meter, scenario.queues, len(scenario.cluster), app_queue).to_json()
+    return run
 
 
 def run(scenario: TrainingScenario, *, progress: bool = False, workers: int | None = None) -> TrainingResult:

@@ -96,6 +96,7 @@ class SimRun:
     # (sim time s, app id, ρ_current, GPUs held) for every active app at the start of every round: what the
     # arbiter ranks on (Themis' cached-table rule, §3.3.2; ρ_cap = 1e6 for an app holding nothing).
     rho_timeline: list[tuple[float, str, float, int]] = field(default_factory=list)
+    queues: dict[str, Any] = field(default_factory=dict)  # team-queue figures (a `queues:` block)
 
 
 @dataclass(slots=True)
@@ -214,6 +215,10 @@ class _Simulation:
         self.pending: dict[str, set[str]] = {}  # apps whose GPU set changed this instant → new set
         self.last_round = -math.inf
         self.tick_pending = False
+        # A policy that may take GPUs back (team-queue reclaim, preemption) runs rounds with none free.
+        self.preempts = bool(getattr(policy, "preempts", False))
+        self.queued = hasattr(policy, "queues")
+        self.observers: list[Callable[[float, _Simulation], None]] = []
 
     def push(self, t: float, kind: int, app_id: str, version: int = 0) -> None:
         self.seq += 1
@@ -226,6 +231,8 @@ class _Simulation:
                 raise RuntimeError(
                     f"simulation passed max_time={self.cfg.max_time}s with {len(self.live)} apps unfinished"
                 )
+            for observe in self.observers:
+                observe(now, self)
             self.pending.clear()
             if self._pop_events(now):
                 self._navg_update(now)
@@ -284,7 +291,12 @@ class _Simulation:
             if self.cfg.estimate_error
             else None
         )
-        self.live[app_id] = _Live(spec, rt, NAvg(now, len(self.live) + 1), since=now, error=err)
+        peers = (
+            sum(1 for a in self.live.values() if a.spec.queue == spec.queue)
+            if self.queued
+            else len(self.live)
+        )
+        self.live[app_id] = _Live(spec, rt, NAvg(now, peers + 1), since=now, error=err)
         return True
 
     def _runtime_event(self, now: float, app_id: str, version: int) -> None:
@@ -325,9 +337,18 @@ class _Simulation:
             self.push(t, _RUNTIME, app.spec.id, app.version)
 
     def _navg_update(self, now: float) -> None:
-        n = len(self.live)
+        """N_avg counts the apps sharing with each app: the cluster's, or its queue's under team queues
+        (ρ is then measured against the queue's share)."""
+        if not self.queued:
+            n = len(self.live)
+            for a in self.live.values():
+                a.navg.update(now, n)
+            return
+        per_queue: dict[str, int] = {}
         for a in self.live.values():
-            a.navg.update(now, n)
+            per_queue[a.spec.queue] = per_queue.get(a.spec.queue, 0) + 1
+        for a in self.live.values():
+            a.navg.update(now, per_queue[a.spec.queue])
 
     def _release(self, now: float) -> None:
         """Finished apps leave; apps that shrank give back GPUs their jobs no longer use."""
@@ -360,7 +381,7 @@ class _Simulation:
         """A round when GPUs are free and an app wants more, at most one per `round_gap_s` (a later tick
         event brings the next one)."""
         hungry = [a for a in self.live.values() if a.runtime.demand() > len(a.held)]
-        if not (self.free and hungry):
+        if not ((self.free or self.preempts) and hungry):
             return
         if now < self.last_round + self.cfg.round_gap_s - 1e-9:
             if not self.tick_pending:
@@ -385,6 +406,8 @@ class _Simulation:
         check_decision(decision, states, free_list)
         if self.keep_records and decision.record:
             self.records.append(decision.record)
+        for app_id, gpus in decision.revoke.items():
+            self._revoke(now, app_id, gpus)
         for grant in decision.grants:
             self._lease(now, grant)
 
@@ -404,7 +427,19 @@ class _Simulation:
             estimator=MisestimatingEstimator(a.runtime, a.error) if a.error else a.runtime,
             network_intensive=a.spec.network_intensive,
             peak_demand=a.runtime.peak_demand(),
+            queue=a.spec.queue,
+            since=a.since,
         )
+
+    def _revoke(self, now: float, app_id: str, gpus: Iterable[str]) -> None:
+        """GPUs taken back before their lease ends; the app restarts on what it keeps (its checkpoint cost
+        is the runtime's restart time)."""
+        app = self.live[app_id]
+        gone = set(gpus)
+        self._free_gpus(gone)
+        new = set(self.pending.get(app_id, app.held)) - gone
+        self.pending[app_id] = new
+        self._set_held(app, now, new)
 
     def _lease(self, now: float, grant: Grant) -> None:
         app = self.live[grant.app_id]
@@ -483,10 +518,12 @@ def simulate(
     on_progress: Callable[[float], None] | None = None,
     keep_records: bool = False,
     runtime_factory: RuntimeFactory | None = None,
+    observers: Iterable[Callable[[float, Any], None]] = (),
 ) -> SimRun:
     """Run the whole trace under `policy`. `on_progress(fraction of apps finished)` is called as it goes.
     `runtime_factory` builds each arriving app's runtime (default `make_runtime`): the hook for an app
-    scheduler of one's own (docs/simulate.md, "Plugging in an app scheduler")."""
+    scheduler of one's own (docs/simulate.md, "Plugging in an app scheduler"). Each of `observers` is
+    called with (now, the simulation) at every instant, before its events (the team-queue meters)."""
     wall0 = time.perf_counter()
     sim = _Simulation(
         policy,
@@ -498,5 +535,6 @@ def simulate(
         on_progress,
         keep_records,
     )
+    sim.observers.extend(observers)
     sim.run()
     return sim.result(time.perf_counter() - wall0)

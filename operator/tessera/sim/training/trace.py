@@ -100,6 +100,7 @@ class TraceApp:
     model: str = ""
     halving: HalvingSpec | None = None
     tuning: TuningAppSpec | None = None  # a tuning App: Fluid runs its trials inside its lease (no jobs)
+    queue: str = "default"  # the team queue it belongs to (a scenario's `queues:` block)
 
     @property
     def work(self) -> float:
@@ -204,6 +205,8 @@ class AppInput(Input):
     halving: HalvingInput | None = None
     configs: Annotated[list[ConfigInput], Field(min_length=1)] | None = None
     tuning: TuningBlock | None = None
+    queue: str = "default"
+    """The team queue of a scenario's `queues:` block the app belongs to."""
 
     @field_validator("model")
     @classmethod
@@ -282,7 +285,7 @@ def _app(app: AppInput, i: int, where: str, cluster_gpus: int | None) -> TraceAp
     except ValueError as e:
         raise _Bad(f"{where}.sensitivity", str(e)) from None
     app_id = str(app.id) if app.id is not None else f"app-{i:04d}"
-    return TraceApp(app_id, app.arrival, tuple(jobs), sens, ni, app.model, halving, tuning)
+    return TraceApp(app_id, app.arrival, tuple(jobs), sens, ni, app.model, halving, tuning, app.queue)
 
 
 class _Bad(Exception):

@@ -1,0 +1,143 @@
+"""`Queue`: a team's share of the cluster's GPUs (cluster-scoped).
+
+A Queue guarantees GPUs to the namespaces labelled `tessera.io/queue: <name>`, caps what they may take, and
+shares what is left over by weight; queues nest through `parent`. Every round the GPUs are divided among
+queues first (tessera.policy.queues.division), then Themis, Fluid and the serving planner share each queue's
+GPUs among its Apps, TrialGroups and ModelDeployments. Objects in namespaces no queue serves belong to the
+`default` queue. Rules over several Queues (a parent that exists, no cycle, children's guarantees within
+the parent's) are checked by `hierarchy_errors`, which the operator reports on the Queue's Valid condition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import Field
+
+from tessera.api.base import MAX_GPUS, MAX_SECONDS, Condition, CrossFieldRule, WireModel
+
+DEFAULT_QUEUE = "default"
+QUEUE_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class ReclaimSpec(WireModel):
+    """How GPUs this queue borrowed are given back when a queue below its guarantee needs them."""
+
+    mode: Literal["atLeaseEnd", "immediate"] = Field(
+        default="atLeaseEnd",
+        description="atLeaseEnd: borrowed GPUs are not renewed when their lease ends; immediate: they are "
+        "taken once the checkpoint grace has passed.",
+    )
+    min_runtime_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_SECONDS,
+        description="Nothing this queue holds is reclaimed before it has run this long.",
+    )
+    checkpoint_grace_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=MAX_SECONDS,
+        description="With immediate: seconds a reclaimed workload gets to checkpoint before its GPUs go.",
+    )
+
+
+class QueueSpec(WireModel):
+    """A team's guaranteed GPUs, its maximum, its weight for what is left over, and its parent."""
+
+    guaranteed_gpus: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_GPUS,
+        description="GPUs the queue gets whenever its work can use them (fractions count lanes).",
+    )
+    max_gpus: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_GPUS,
+        description="Most GPUs the queue may hold, borrowed ones included; unset: no limit.",
+    )
+    weight: float = Field(
+        default=1.0, gt=0, le=1e6, description="Share of the GPUs left over after guarantees, by weight."
+    )
+    parent: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=QUEUE_NAME,
+        description="Parent queue; this queue's guarantee comes out of the parent's.",
+    )
+    reclaim: ReclaimSpec = Field(default_factory=ReclaimSpec)
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="!has(self.maxGPUs) || double(self.maxGPUs) >= double(self.guaranteedGPUs)",
+            message="maxGPUs must be >= guaranteedGPUs",
+            check=lambda s: s.max_gpus is None or s.max_gpus >= s.guaranteed_gpus,
+            field_path=".maxGPUs",
+        ),
+    )
+
+
+class QueueStatus(WireModel):
+    """What the operator reports for a Queue every round."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation of the spec this status reflects."
+    )
+    share_gpus: float = Field(default=0.0, ge=0, description="GPUs the division entitles the queue to now.")
+    allocated_gpus: float = Field(default=0.0, ge=0, description="GPUs its objects hold now.")
+    borrowed_gpus: float = Field(default=0.0, ge=0, description="GPUs held above its guarantee.")
+    lent_gpus: float = Field(
+        default=0.0, ge=0, description="Guaranteed GPUs it does not use now, which other queues may borrow."
+    )
+    waiting: int = Field(default=0, ge=0, description="Objects of the queue waiting for GPUs.")
+    max_rho: float | None = Field(default=None, ge=0, description="Largest ρ among its Apps now.")
+    namespaces: list[str] = Field(default_factory=list, description="Namespaces the queue serves.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Valid: False while the queue breaks a rule over several queues (unknown parent, a cycle, "
+        "children guaranteed more than the parent), naming the field.",
+    )
+
+
+def hierarchy_errors(specs: Mapping[str, QueueSpec]) -> dict[str, list[tuple[str, str]]]:
+    """Problems that involve several Queues, as (field path, message) per queue name: a parent that does not
+    exist, parents forming a cycle, children's guarantees above the parent's, a child guaranteed more than
+    the parent's maximum. A queue with no problem is absent."""
+    out: dict[str, list[tuple[str, str]]] = {}
+
+    def add(name: str, path: str, msg: str) -> None:
+        out.setdefault(name, []).append((path, msg))
+
+    for name, spec in specs.items():
+        if name == DEFAULT_QUEUE and spec.parent is not None:
+            add(name, "spec.parent", f"the {DEFAULT_QUEUE} queue must be top-level")
+        if spec.parent is None:
+            continue
+        if spec.parent not in specs:
+            add(name, "spec.parent", f"queue {spec.parent!r} does not exist")
+            continue
+        seen = {name}
+        p: str | None = spec.parent
+        while p is not None and p in specs:
+            if p in seen:
+                add(name, "spec.parent", f"parents form a cycle through {p!r}")
+                break
+            seen.add(p)
+            p = specs[p].parent
+        parent = specs[spec.parent]
+        if parent.max_gpus is not None and spec.guaranteed_gpus > parent.max_gpus:
+            add(name, "spec.guaranteedGPUs", f"must be <= the parent's maxGPUs {parent.max_gpus:g}")
+    for name, spec in specs.items():
+        kids = sorted(k for k, s in specs.items() if s.parent == name)
+        total = sum(specs[k].guaranteed_gpus for k in kids)
+        if kids and total > spec.guaranteed_gpus + 1e-9:
+            add(
+                name,
+                "spec.guaranteedGPUs",
+                f"children {', '.join(kids)} are guaranteed {total:g} GPUs in all, above this queue's "
+                f"{spec.guaranteed_gpus:g}",
+            )
+    return out

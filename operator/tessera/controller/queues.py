@@ -1,0 +1,149 @@
+"""Team queues in the operator: which Queue each namespace's objects belong to (the namespace label
+`tessera.io/queue`), the queues as the division sees them, and each Queue's status and metrics.
+
+The division itself lives in tessera.policy.queues; this module only keeps the cluster's Queues and
+Namespaces in step and reports. A namespace whose label names no existing Queue — or whose Queue was
+deleted — belongs to `default`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from tessera.api import contract
+from tessera.api.queue import DEFAULT_QUEUE, QueueSpec, QueueStatus, hierarchy_errors
+from tessera.metrics import ComponentMetrics
+from tessera.policy.queues import QueueNode, ReclaimRule
+from tessera.policy.training import AppState
+
+_GAUGES = (
+    "guaranteed_gpus",
+    "share_gpus",
+    "allocated_gpus",
+    "borrowed_gpus",
+    "lent_gpus",
+    "waiting",
+    "max_rho",
+)
+
+
+@dataclass
+class QueueBook:
+    specs: dict[str, QueueSpec] = field(default_factory=dict)
+    uids: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # namespace → the queue its label names
+
+    # --- keeping in step ---------------------------------------------------------------------------------
+
+    def set_queue(self, name: str, spec: QueueSpec, uid: str = "") -> None:
+        self.specs[name] = spec
+        self.uids[name] = uid
+
+    def remove_queue(self, name: str, metrics: ComponentMetrics | None = None) -> list[str]:
+        """Forget a deleted Queue (and its series); returns the namespaces that now belong to default."""
+        self.specs.pop(name, None)
+        self.uids.pop(name, None)
+        if metrics is not None:
+            metrics.remove_series(queue=name)
+        return sorted(ns for ns, q in self.labels.items() if q == name)
+
+    def set_namespace(self, namespace: str, labels: Mapping[str, str] | None) -> None:
+        q = (labels or {}).get(contract.LABEL_QUEUE)
+        if q:
+            self.labels[namespace] = q
+        else:
+            self.labels.pop(namespace, None)
+
+    def remove_namespace(self, namespace: str) -> None:
+        self.labels.pop(namespace, None)
+
+    # --- reading -----------------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """Whether any Queue exists (without one, every object shares the whole cluster as before)."""
+        return bool(self.specs)
+
+    def queue_of(self, namespace: str) -> str:
+        q = self.labels.get(namespace)
+        return q if q is not None and q in self.specs and q not in self.invalid() else DEFAULT_QUEUE
+
+    def invalid(self) -> set[str]:
+        """Queues that break a rule over several Queues: left out of the division until fixed."""
+        return set(hierarchy_errors(self.specs))
+
+    def nodes(self) -> list[QueueNode]:
+        bad = self.invalid()
+        return [
+            QueueNode(
+                name,
+                s.guaranteed_gpus,
+                math.inf if s.max_gpus is None else s.max_gpus,
+                s.weight,
+                s.parent if s.parent not in bad else None,
+            )
+            for name, s in sorted(self.specs.items())
+            if name not in bad
+        ]
+
+    def rules(self) -> dict[str, ReclaimRule]:
+        return {
+            name: ReclaimRule(
+                s.reclaim.mode, s.reclaim.min_runtime_seconds, s.reclaim.checkpoint_grace_seconds
+            )
+            for name, s in self.specs.items()
+        }
+
+    def namespaces(self, queue: str) -> list[str]:
+        return sorted(ns for ns in self.labels if self.queue_of(ns) == queue)
+
+    def status(
+        self,
+        name: str,
+        apps: Iterable[AppState],
+        share: float,
+        rho: Mapping[str, float],
+        generation: int | None = None,
+    ) -> QueueStatus:
+        """A Queue's status from the App states of its namespaces, its share and their ρ."""
+        spec = self.specs.get(name, QueueSpec())
+        mine = [a for a in apps if a.queue == name]
+        held = float(sum(len(a.held) for a in mine))
+        rhos = [rho[a.app_id] for a in mine if a.app_id in rho and math.isfinite(rho[a.app_id])]
+        demand = sum(a.demand_max for a in mine)
+        errors = hierarchy_errors(self.specs).get(name, [])
+        cond = {
+            "type": "Valid",
+            "status": "False" if errors else "True",
+            "reason": "InvalidHierarchy" if errors else "Valid",
+            "message": "; ".join(f"{p}: {m}" for p, m in errors) or "the queue takes part in the division",
+        }
+        return QueueStatus.model_validate(
+            {
+                "observedGeneration": generation,
+                "shareGPUs": share,
+                "allocatedGPUs": held,
+                "borrowedGPUs": max(0.0, held - spec.guaranteed_gpus),
+                "lentGPUs": max(0.0, spec.guaranteed_gpus - max(held, float(demand))),
+                "waiting": sum(1 for a in mine if len(a.held) < a.demand_max),
+                "maxRho": max(rhos) if rhos else None,
+                "namespaces": self.namespaces(name),
+                "conditions": [cond],
+            }
+        )
+
+    def export(self, metrics: ComponentMetrics, name: str, status: QueueStatus) -> None:
+        spec = self.specs.get(name, QueueSpec())
+        values = {
+            "guaranteed_gpus": spec.guaranteed_gpus,
+            "share_gpus": status.share_gpus,
+            "allocated_gpus": status.allocated_gpus,
+            "borrowed_gpus": status.borrowed_gpus,
+            "lent_gpus": status.lent_gpus,
+            "waiting": float(status.waiting),
+            "max_rho": status.max_rho if status.max_rho is not None else 0.0,
+        }
+        for g in _GAUGES:
+            metrics.gauge(f"tessera_queue_{g}").labels(queue=name).set(values[g])

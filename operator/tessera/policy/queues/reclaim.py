@@ -1,0 +1,114 @@
+"""Reclaim: a queue below its guarantee with waiting work takes GPUs back from queues above theirs.
+
+Rules (one place, for the operator's events and the simulator alike):
+
+* only what free GPUs cannot cover is reclaimed, and only up to min(guarantee, entitled share, demand);
+* a lender is never taken below its own guarantee, nor below its entitled share;
+* nothing held for less than the lender's minimum runtime is taken;
+* `atLeaseEnd` (default): the GPUs come back when the holder's lease ends (they are not renewed);
+  `immediate`: they are taken now, after the checkpoint grace;
+* the newest holdings of the queue furthest above its share go first (the least work lost).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from tessera.policy.queues.division import QueueNode
+
+ReclaimMode = Literal["atLeaseEnd", "immediate"]
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimRule:
+    mode: ReclaimMode = "atLeaseEnd"
+    min_runtime_s: float = 0.0
+    grace_s: float = 30.0  # the checkpoint grace an `immediate` reclaim waits
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """GPUs one object (an App, a TrialGroup, a ModelDeployment's replicas) holds in a queue."""
+
+    queue: str
+    owner: str
+    gpus: float
+    since: float  # when it got them (the minimum runtime counts from here)
+    lease_end: float  # when its lease ends (math.inf: held until done)
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """`gpus` of `owner` (in `from_queue`) go to `for_queue` at time `at`."""
+
+    owner: str
+    from_queue: str
+    for_queue: str
+    gpus: float
+    at: float
+    mode: ReclaimMode
+    reason: str
+
+
+def plan_reclaim(
+    now: float,
+    queues: Sequence[QueueNode],
+    rules: Mapping[str, ReclaimRule],
+    shares: Mapping[str, float],
+    holdings: Sequence[Holding],
+    waiting: Mapping[str, float],
+    free: float,
+) -> list[Reclaim]:
+    """What to take back, from whom, for whom and when. `shares` are the queues' entitled GPUs (own
+    shares), `waiting` the GPUs each queue's objects wait for, `free` the GPUs nobody holds."""
+    node = {q.name: q for q in queues}
+    held: dict[str, float] = {}
+    for h in holdings:
+        held[h.queue] = held.get(h.queue, 0.0) + h.gpus
+    need: dict[str, float] = {}
+    for q in queues:
+        have = held.get(q.name, 0.0)
+        target = min(q.guaranteed, shares.get(q.name, 0.0), have + waiting.get(q.name, 0.0))
+        if target - have > _EPS:
+            need[q.name] = target - have
+    # Free GPUs go to the neediest first; reclaim covers only the rest.
+    for name in sorted(need, key=lambda n: -need[n]):
+        use = min(free, need[name])
+        free -= use
+        need[name] -= use
+    need = {k: v for k, v in need.items() if v > _EPS}
+    if not need:
+        return []
+    lendable = {
+        name: have - max(node[name].guaranteed, shares.get(name, 0.0))
+        for name, have in held.items()
+        if name in node and have - max(node[name].guaranteed, shares.get(name, 0.0)) > _EPS
+    }
+    out: list[Reclaim] = []
+    victims = sorted(
+        (h for h in holdings if h.queue in lendable),
+        key=lambda h: (-lendable[h.queue], -h.since, h.owner),
+    )
+    for claimant in sorted(need, key=lambda n: (-need[n], n)):
+        for h in victims:
+            rule = rules.get(h.queue, ReclaimRule())
+            if need[claimant] <= _EPS:
+                break
+            if now - h.since < rule.min_runtime_s - _EPS:
+                continue
+            taken = sum(r.gpus for r in out if r.owner == h.owner)
+            take = min(h.gpus - taken, lendable[h.queue], need[claimant])
+            if take <= _EPS:
+                continue
+            at = now + rule.grace_s if rule.mode == "immediate" else max(now, h.lease_end)
+            reason = (
+                f"queue {claimant} is below its guarantee of {node[claimant].guaranteed:g} GPUs with work "
+                f"waiting; {h.queue} holds {held[h.queue]:g}, above its share"
+            )
+            out.append(Reclaim(h.owner, h.queue, claimant, take, at, rule.mode, reason))
+            lendable[h.queue] -= take
+            need[claimant] -= take
+    return out

@@ -1,0 +1,186 @@
+"""Team queues around a training policy: each round the GPUs are divided among queues (`divide`), then the
+inner policy (Themis; DRF for the KAI-style baseline) shares each queue's GPUs among that queue's apps
+exactly as it shares a whole cluster — seeing only the queue's GPUs, so ρ is computed against the queue's
+share. Queues whose lending rule is `immediate` give GPUs back before their leases end (`plan_reclaim`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Mapping, Sequence
+
+from tessera.cluster import Cluster
+from tessera.policy.queues.division import QueueNode, divide, own_share, quantize
+from tessera.policy.queues.reclaim import Holding, ReclaimRule, plan_reclaim
+from tessera.policy.training import AppState, Grant, RoundDecision, TrainingPolicy
+
+DEFAULT_QUEUE = "default"
+
+
+def with_default(queues: Sequence[QueueNode]) -> list[QueueNode]:
+    """The queues plus `default` (no guarantee, weight 1) unless one of that name is given."""
+    out = list(queues)
+    if all(q.name != DEFAULT_QUEUE for q in out):
+        out.append(QueueNode(DEFAULT_QUEUE))
+    return out
+
+
+def entitled(capacity: int, queues: Sequence[QueueNode], demand: Mapping[str, float]) -> dict[str, float]:
+    """Whole GPUs each queue's own apps are entitled to now."""
+    own = own_share(queues, divide(capacity, queues, demand))
+    return quantize(own, 1.0, capacity, caps={q.name: q.max for q in queues})
+
+
+class QueuedPolicy:
+    """A `TrainingPolicy` that divides the cluster among team queues, then runs `inner` inside each."""
+
+    def __init__(
+        self,
+        inner: TrainingPolicy,
+        queues: Sequence[QueueNode],
+        rules: Mapping[str, ReclaimRule] | None = None,
+        name: str | None = None,
+        outside: Mapping[str, float] | None = None,
+    ) -> None:
+        self.inner = inner
+        self.queues = with_default(queues)
+        self.rules = dict(rules or {})
+        # GPUs each queue's other objects hold, which this policy does not move (TrialGroup pools, serving
+        # replicas): they count towards the queue's demand and holding, so its apps get only the rest.
+        self.outside = dict(outside or {})
+        self.name: str = name or str(getattr(inner, "name", "queued"))
+        # The simulator runs rounds with no GPU free only for a policy that may take GPUs back.
+        self.preempts = any(r.mode == "immediate" for r in self.rules.values())
+
+    @property
+    def lease_s(self) -> float:
+        return self.inner.lease_s
+
+    def queue_of(self, app: AppState) -> str:
+        return app.queue if any(q.name == app.queue for q in self.queues) else DEFAULT_QUEUE
+
+    def allocate(
+        self,
+        now: float,
+        apps: Sequence[AppState],
+        cluster: Cluster,
+        free: Sequence[str],
+        rng: random.Random,
+    ) -> RoundDecision:
+        members: dict[str, list[AppState]] = {q.name: [] for q in self.queues}
+        for a in apps:
+            members[self.queue_of(a)].append(a)
+        extra = {q: int(self.outside.get(q, 0.0)) for q in members}
+        demand = {q: float(sum(a.demand_max for a in m) + extra[q]) for q, m in members.items()}
+        held = {q: sum(len(a.held) for a in m) + extra[q] for q, m in members.items()}
+        share = entitled(len(cluster), self.queues, demand)
+        revoke = self._reclaim(now, apps, members, share, held, demand, len(free))
+        avail = [*free, *(g for gpus in revoke.values() for g in gpus)]
+        decision = RoundDecision(revoke=revoke)
+        for a in apps:  # the inner policy sees each app without what it just lost
+            if a.app_id in revoke:
+                lost = set(revoke[a.app_id])
+                a2 = dataclasses.replace(a, held=a.held - lost)
+                members[self.queue_of(a)] = [
+                    a2 if x.app_id == a.app_id else x for x in members[self.queue_of(a)]
+                ]
+                held[self.queue_of(a)] -= len(lost)
+        # First pass: each queue's share; second: GPUs a queue's policy left unused go to queues with
+        # unmet demand below their maximum (work-conserving).
+        order = sorted(members, key=lambda q: (held[q] - share[q], q))
+        for q in order:
+            want = int(share[q]) - held[q]
+            if want > 0 and members[q]:
+                avail = self._run(now, q, members[q], want, cluster, avail, rng, decision, held)
+        cap = {n.name: n.max for n in self.queues}
+        for q in order:
+            room = min(cap[q] - held[q], sum(a.unmet for a in members[q]) - _granted(decision, members[q]))
+            if avail and room >= 1 and members[q]:
+                avail = self._run(
+                    now, q, members[q], int(min(room, len(avail))), cluster, avail, rng, decision, held
+                )
+        decision.record = {"queues": {q: {"share": share[q], "held": held[q]} for q in members}}
+        return decision
+
+    def _run(
+        self,
+        now: float,
+        q: str,
+        apps: list[AppState],
+        want: int,
+        cluster: Cluster,
+        avail: list[str],
+        rng: random.Random,
+        decision: RoundDecision,
+        held: dict[str, int],
+    ) -> list[str]:
+        """Offer `want` of the available GPUs (next to the queue's own first) to the inner policy on the
+        queue's part of the cluster; returns what is still available."""
+        mine = {g for a in apps for g in a.held} | {
+            g for gr in decision.grants if gr.app_id in {a.app_id for a in apps} for g in gr.gpus
+        }
+        nodes = {cluster.gpu(g).node for g in mine}
+        ranked = sorted(avail, key=lambda g: (cluster.gpu(g).node not in nodes, cluster.order(g)))
+        offer = ranked[:want]
+        if not offer:
+            return avail
+        granted_before = {a.app_id: len(a.held) for a in apps}
+        for gr in decision.grants:
+            if gr.app_id in granted_before:
+                granted_before[gr.app_id] += len(gr.gpus)
+        view = [dataclasses.replace(a, held=frozenset(a.held | _grants_of(decision, a.app_id))) for a in apps]
+        sub = cluster.subset(mine | set(offer))
+        inner = self.inner.allocate(now, view, sub, cluster.sorted(offer), rng)
+        taken: set[str] = set()
+        for g in inner.grants:
+            decision.grants.append(g)
+            taken |= set(g.gpus)
+            held[q] += len(g.gpus)
+        return [g for g in avail if g not in taken]
+
+    def _reclaim(
+        self,
+        now: float,
+        apps: Sequence[AppState],
+        members: Mapping[str, list[AppState]],
+        share: Mapping[str, float],
+        held: Mapping[str, int],
+        demand: Mapping[str, float],
+        n_free: int,
+    ) -> dict[str, tuple[str, ...]]:
+        """GPUs taken now from apps of queues lending under `immediate` (lease-end reclaim needs no action
+        here: a lease that ends frees its GPUs and the next division hands them to the queue owed them)."""
+        if not self.preempts:
+            return {}
+        holdings = [
+            Holding(self.queue_of(a), a.app_id, float(len(a.held)), a.since, math.inf) for a in apps if a.held
+        ]
+        # What other objects hold counts for their queue but is never taken here (held "since forever").
+        holdings += [
+            Holding(q, f"outside/{q}", float(n), math.inf, math.inf) for q, n in self.outside.items() if n > 0
+        ]
+        waiting = {q: max(0.0, demand[q] - held[q]) for q in members}
+        plan = plan_reclaim(now, self.queues, self.rules, share, holdings, waiting, float(n_free))
+        by_id = {a.app_id: a for a in apps}
+        out: dict[str, list[str]] = {}
+        for r in plan:
+            if r.mode != "immediate":
+                continue
+            a = by_id[r.owner]
+            left = [g for g in sorted(a.held) if g not in out.get(r.owner, [])]
+            out.setdefault(r.owner, []).extend(left[-math.ceil(r.gpus - 1e-9) :])
+        return {k: tuple(v) for k, v in out.items() if v}
+
+
+def _grants_of(decision: RoundDecision, app_id: str) -> frozenset[str]:
+    return frozenset(g for gr in decision.grants if gr.app_id == app_id for g in gr.gpus)
+
+
+def _granted(decision: RoundDecision, apps: Sequence[AppState]) -> int:
+    ids = {a.app_id for a in apps}
+    return sum(len(g.gpus) for g in decision.grants if g.app_id in ids)
+
+
+__all__ = ["DEFAULT_QUEUE", "Grant", "QueuedPolicy", "entitled", "with_default"]

@@ -1,0 +1,193 @@
+"""Team queues on a real control plane: two Queues serving two labelled namespaces; team A's burst borrows
+team B's idle GPUs up to A's maximum; B's arrival gets them back when A's lease ends, or at once under
+`immediate` (A's pods deleted with A's checkpoint grace, events on both sides); deleting a Queue moves its
+namespace's Apps to `default`. The operator runs as the chart's ServiceAccount, pods are bound by the real
+kube-scheduler through the extender."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tessera.api import contract
+
+from .conftest import Credentials, ManualClock, Nodes, Scheduling, wait_for
+from .controlplane import ControlPlane
+from .test_app import app_body, app_path, app_pods, app_status, job
+from .workloads import bound, call, events, kubelet, operator, release
+
+QUEUES = f"/apis/{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_QUEUE}"
+
+
+@contextlib.asynccontextmanager
+async def teams(cluster: ControlPlane, first: str, **specs: dict[str, Any]) -> AsyncIterator[dict[str, str]]:
+    """A Queue per entry of `specs` and a namespace labelled for each (the first is the test's own
+    `first`, the others made here); queue name → namespace. All removed afterwards."""
+    tag = secrets.token_hex(3)
+    out: dict[str, str] = {}
+    made: list[str] = []
+    try:
+        for i, (team, spec) in enumerate(specs.items()):
+            queue = f"{team}-{tag}"
+            body = {
+                "apiVersion": contract.API_VERSION,
+                "kind": "Queue",
+                "metadata": {"name": queue},
+                "spec": spec,
+            }
+            await call(cluster, "POST", QUEUES, body)
+            ns = first if i == 0 else f"{team}-{tag}"
+            if i:
+                await call(cluster, "POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+                made.append(ns)
+            await call(
+                cluster,
+                "PATCH",
+                f"/api/v1/namespaces/{ns}",
+                {"metadata": {"labels": {contract.LABEL_QUEUE: queue}}},
+                content_type="application/merge-patch+json",
+            )
+            out[team] = ns
+            out[f"{team}.queue"] = queue
+        yield out
+    finally:
+        for team in specs:
+            cluster.request("DELETE", f"{QUEUES}/{team}-{tag}")
+        for ns in made:
+            cluster.request("DELETE", f"/api/v1/namespaces/{ns}")
+
+
+def queue_status(cluster: ControlPlane, name: str) -> dict[str, Any]:
+    return dict((cluster.get(f"{QUEUES}/{name}") or {}).get("status") or {})
+
+
+def gpus(cluster: ControlPlane, ns: str, app: str) -> int:
+    return int(app_status(cluster, ns, app).get("gpus") or 0)
+
+
+async def seen(ctl: Any, t: dict[str, str], *teams_: str) -> None:
+    """The operator's watches have both the Queues and the namespace labels."""
+    await wait_for(
+        lambda: all(ctl.queues.queue_of(t[x]) == t[f"{x}.queue"] for x in teams_),
+        60,
+        "queues and labels seen",
+    )
+
+
+async def test_borrow_up_to_max_then_reclaim_at_lease_end(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    clock = ManualClock()
+    nodes.add(f"{namespace}-n1", gpus=4)
+    specs = {"a": {"guaranteedGPUs": 2, "maxGPUs": 3}, "b": {"guaranteedGPUs": 2}}
+    async with (
+        teams(cluster, namespace, **specs) as t,
+        kubelet(cluster, t["a"]),
+        kubelet(cluster, t["b"]),
+        operator(cluster, chart_rbac["operator"], t["a"], lease_s=100.0, clock=clock) as ctl,
+    ):
+        await seen(ctl, t, "a", "b")
+        await call(
+            cluster,
+            "POST",
+            app_path(t["a"]),
+            app_body("burst", [job(f"j{i}", 1, 10**8) for i in range(4)]),
+        )
+        # A borrows B's idle guarantee, but only up to its maximum of 3.
+        await wait_for(
+            lambda: (p := app_pods(cluster, t["a"], "burst")) and len(p) == 3 and bound(p),
+            120,
+            "3 pods of A",
+        )
+        assert gpus(cluster, t["a"], "burst") == 3
+        st = await wait_for(
+            lambda: (s := queue_status(cluster, t["a.queue"])).get("allocatedGPUs") == 3 and s,
+            60,
+            "A's status",
+        )
+        assert st["borrowedGPUs"] == 1 and st["namespaces"] == [t["a"]]
+        await call(
+            cluster,
+            "POST",
+            app_path(t["b"]),
+            app_body("steady", [job("j0", 1, 10**8), job("j1", 1, 10**8)]),
+        )
+        # The free GPU at once; the borrowed one only when A's lease ends.
+        await wait_for(lambda: gpus(cluster, t["b"], "steady") == 1, 90, "B on the free GPU")
+        assert gpus(cluster, t["a"], "burst") == 3
+        clock.advance(101)
+        await wait_for(lambda: gpus(cluster, t["b"], "steady") == 2, 90, "B's guarantee back at lease end")
+        await wait_for(
+            lambda: (p := app_pods(cluster, t["b"], "steady")) and len(p) == 2 and bound(p),
+            120,
+            "B's pods bound",
+        )
+        await wait_for(lambda: len(app_pods(cluster, t["a"], "burst")) == 2, 120, "A down to its guarantee")
+        await call(cluster, "DELETE", app_path(t["b"], "steady"))
+        await wait_for(
+            lambda: cluster.request("GET", app_path(t["b"], "steady"))[0] == 404, 60, "B's App gone"
+        )
+
+
+async def test_immediate_reclaim_and_deleting_a_queue(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    clock = ManualClock()
+    nodes.add(f"{namespace}-n1", gpus=4)
+    spec_a = {
+        "guaranteedGPUs": 2,
+        "maxGPUs": 3,
+        "reclaim": {"mode": "immediate", "checkpointGraceSeconds": 3},
+    }
+    async with (
+        teams(cluster, namespace, a=spec_a, b={"guaranteedGPUs": 2}) as t,
+        kubelet(cluster, t["a"]) as kl,
+        kubelet(cluster, t["b"]),
+        operator(cluster, chart_rbac["operator"], t["a"], lease_s=1000.0, clock=clock) as ctl,
+    ):
+        await seen(ctl, t, "a", "b")
+        await call(
+            cluster,
+            "POST",
+            app_path(t["a"]),
+            app_body("burst", [job(f"j{i}", 1, 10**8) for i in range(4)]),
+        )
+        await wait_for(lambda: gpus(cluster, t["a"], "burst") == 3, 90, "A at its maximum")
+        await call(
+            cluster,
+            "POST",
+            app_path(t["b"]),
+            app_body("steady", [job("j0", 1, 10**8), job("j1", 1, 10**8)]),
+        )
+        # No lease ends (the clock stands still): B gets its guarantee back at once.
+        await wait_for(lambda: gpus(cluster, t["b"], "steady") == 2, 90, "B's guarantee back at once")
+        assert gpus(cluster, t["a"], "burst") == 2
+        await wait_for(lambda: events(cluster, t["a"], "Reclaimed"), 60, "the event on A's App")
+        on_queue = await wait_for(
+            lambda: [
+                e
+                for e in events(cluster, "default", "Reclaimed")
+                if e["involvedObject"]["name"] == t["b.queue"]
+            ],
+            60,
+            "the event on B's Queue",
+        )
+        assert "below its guarantee" in on_queue[0]["message"]
+        await wait_for(lambda: kl.grace, 60, "A's reclaimed pod deleted")
+        assert set(kl.grace.values()) == {3}  # A's checkpoint grace
+        await release(cluster, t["b"])
+        # Deleting A's Queue: its namespace's App belongs to default, where no maximum holds it.
+        await call(cluster, "DELETE", f"{QUEUES}/{t['a.queue']}")
+        await wait_for(lambda: ctl.queues.queue_of(t["a"]) == "default", 60, "A's namespace in default")
+        clock.advance(1001)
+        await wait_for(lambda: gpus(cluster, t["a"], "burst") == 4, 90, "A on all four GPUs under default")

@@ -1,0 +1,221 @@
+"""Team queues on the operator against kmock: a namespace label puts an App in a Queue; a queue borrows
+idle GPUs up to its maximum; a queue below its guarantee gets GPUs back at once (`immediate`) or when the
+lender's lease ends (`atLeaseEnd`), with events on both sides; Queue status and tessera_queue_* gauges; a
+deleted Queue's series go and its namespaces fall back to `default`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kmock
+from tessera.api import contract
+
+from .conftest import (
+    ALL,
+    APPS,
+    TEMPLATE,
+    TGS,
+    ManualClock,
+    add_node,
+    job,
+    md_body,
+    running_operator,
+    tg_body,
+    trial,
+    wait_for,
+)
+from .conftest import (
+    pods as pods_of,
+)
+
+QUEUES = f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_QUEUE}"
+
+
+async def label_namespaces(ctl: Any, *names: str) -> None:
+    """What the Namespace watch does on a real API server (kmock cannot list Namespaces); then wait until
+    the Queue watch has seen the queues, so that the objects the test creates next are divided by them."""
+    for name in names:
+        ctl.queues.set_namespace(name, {contract.LABEL_QUEUE: name})
+    await wait_for(lambda: set(names) <= set(ctl.queues.specs), what="the Queues seen")
+
+
+async def create_app(k: kmock.KubernetesEmulator, name: str, namespace: str, gpus: int) -> None:
+    await k.post(
+        f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/apps",
+        json=app(name, namespace, gpus),
+    )
+
+
+def setup_queues(k: kmock.KubernetesEmulator, **queues: dict[str, Any]) -> None:
+    k.resources[QUEUES] = kmock.ResourceInfo(
+        kind="Queue", namespaced=False, verbs=ALL, subresources={"status"}
+    )
+    for name, spec in queues.items():
+        k.objects[QUEUES, None, name] = {
+            "apiVersion": contract.API_VERSION,
+            "kind": "Queue",
+            "metadata": {"name": name, "uid": f"uid-q-{name}", "resourceVersion": "1"},
+            "spec": spec,
+        }
+
+
+def app(name: str, namespace: str, gpus: int) -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": "App",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": {"template": TEMPLATE, "jobs": [job("j", iters=10**9, gpus=gpus)]},
+    }
+
+
+def gpus(k: kmock.KubernetesEmulator, namespace: str, name: str) -> int:
+    try:
+        return int((dict(k.objects[APPS, namespace, name]).get("status") or {}).get("gpus") or 0)
+    except KeyError:
+        return 0
+
+
+def queue_status(k: kmock.KubernetesEmulator, name: str) -> dict[str, Any]:
+    try:
+        return dict(k.objects[QUEUES, None, name]).get("status") or {}
+    except KeyError:
+        return {}
+
+
+def events(k: kmock.KubernetesEmulator, reason: str, kind: str) -> list[dict[str, Any]]:
+    return [
+        dict(o)
+        for _, o in list(k.objects.items())
+        if dict(o).get("reason") == reason and dict(o).get("involvedObject", {}).get("kind") == kind
+    ]
+
+
+async def test_borrowing_stops_at_the_queues_maximum(api: kmock.KubernetesEmulator) -> None:
+    add_node(api, "n1", 6)
+    setup_queues(api, **{"team-a": {"guaranteedGPUs": 2, "maxGPUs": 4}, "team-b": {"guaranteedGPUs": 2}})
+    async with running_operator(api, queues=True) as ctl:
+        await label_namespaces(ctl, "team-a", "team-b")
+        await create_app(api, "a", "team-a", 6)
+        await wait_for(lambda: ctl.queues.queue_of("team-a") == "team-a", what="the namespace label seen")
+        await wait_for(lambda: gpus(api, "team-a", "a") == 4, what="A borrows up to its maximum")
+        st = await wait_for(
+            lambda: queue_status(api, "team-a").get("allocatedGPUs") == 4 and queue_status(api, "team-a"),
+            what="queue status",
+        )
+        assert st["borrowedGPUs"] == 2 and st["namespaces"] == ["team-a"]
+        assert ctl.metrics.gauge("tessera_queue_allocated_gpus").labels(queue="team-a")._value.get() == 4
+        # Deleting the Queue: its series go and team-a's objects belong to default (whole cluster again).
+        await api.delete(f"/apis/{QUEUES}/team-a")
+        await wait_for(lambda: ctl.queues.queue_of("team-a") == "default", what="team-a back in default")
+        assert not [
+            s
+            for m in ctl.metrics.gauge("tessera_queue_allocated_gpus").collect()
+            for s in m.samples
+            if s.labels.get("queue") == "team-a"
+        ]
+        await wait_for(lambda: gpus(api, "team-a", "a") == 6, what="A on the whole cluster under default")
+
+
+async def _reclaim(api: kmock.KubernetesEmulator, mode: str, clock: ManualClock) -> None:
+    add_node(api, "n1", 4)
+    setup_queues(
+        api,
+        **{
+            "team-a": {"guaranteedGPUs": 2, "reclaim": {"mode": mode, "checkpointGraceSeconds": 7}},
+            "team-b": {"guaranteedGPUs": 2},
+        },
+    )
+
+
+async def test_immediate_reclaim_takes_gpus_back_before_the_lease_ends(api: kmock.KubernetesEmulator) -> None:
+    clock = ManualClock()
+    await _reclaim(api, "immediate", clock)
+    async with running_operator(api, lease_s=1000.0, clock=clock, queues=True) as ctl:
+        await label_namespaces(ctl, "team-a", "team-b")
+        await create_app(api, "a", "team-a", 4)
+        await wait_for(lambda: gpus(api, "team-a", "a") == 4, what="A borrows B's idle guarantee")
+        await api.post(
+            f"/apis/{APPS.replace('/apps', '')}/namespaces/team-b/apps", json=app("b", "team-b", 2)
+        )
+        await wait_for(lambda: gpus(api, "team-b", "b") == 2, what="B gets its guarantee back at once")
+        assert gpus(api, "team-a", "a") == 2
+        await wait_for(lambda: events(api, "Reclaimed", "App"), what="the event on the App that lost GPUs")
+        await wait_for(lambda: events(api, "Reclaimed", "Queue"), what="the event on the Queue that gained")
+        msg = events(api, "Reclaimed", "App")[0]["message"]
+        assert "team-b" in msg and "below its guarantee" in msg
+        # A's pods on the reclaimed GPUs go with team-a's checkpoint grace, not the operator's 5 s.
+        preempted = await wait_for(lambda: events(api, "Preempted", "App"), what="A's pods deleted")
+        assert "with 7s grace" in preempted[0]["message"]
+
+
+async def test_at_lease_end_reclaim_waits_for_the_lease(api: kmock.KubernetesEmulator) -> None:
+    clock = ManualClock()
+    await _reclaim(api, "atLeaseEnd", clock)
+    async with running_operator(api, lease_s=1000.0, clock=clock, queues=True) as ctl:
+        await label_namespaces(ctl, "team-a", "team-b")
+        await create_app(api, "a", "team-a", 4)
+        await wait_for(lambda: gpus(api, "team-a", "a") == 4, what="A borrows B's idle guarantee")
+        await api.post(
+            f"/apis/{APPS.replace('/apps', '')}/namespaces/team-b/apps", json=app("b", "team-b", 2)
+        )
+        await wait_for(
+            lambda: (dict(api.objects[APPS, "team-b", "b"]).get("status") or {}).get("phase"),
+            what="B admitted",
+        )
+        assert gpus(api, "team-a", "a") == 4 and gpus(api, "team-b", "b") == 0  # the lease still runs
+        clock.advance(1001)
+        await wait_for(lambda: gpus(api, "team-b", "b") == 2, what="B's guarantee back at lease end")
+        assert gpus(api, "team-a", "a") == 2
+
+
+async def test_trialgroup_pool_stays_within_its_queues_share(api: kmock.KubernetesEmulator) -> None:
+    # team-a may hold 2 GPUs: its TrialGroup of four trials gets a pool of 2 on a 4-GPU node, and an App
+    # of team-a then gets nothing more (the pool counts against the queue).
+    add_node(api, "n1", 4)
+    setup_queues(api, **{"team-a": {"guaranteedGPUs": 1, "maxGPUs": 2}})
+    tg = tg_body("sweep", [trial(f"t{i}", 1000) for i in range(4)])
+    tg["metadata"]["namespace"] = "team-a"
+    async with running_operator(api, queues=True) as ctl:
+        await label_namespaces(ctl, "team-a")
+        await api.post(f"/apis/{TGS.replace('/trialgroups', '')}/namespaces/team-a/trialgroups", json=tg)
+        ann = await wait_for(
+            lambda: (dict(api.objects[TGS, "team-a", "sweep"])["metadata"].get("annotations") or {}).get(
+                contract.ANN_GPU_POOL
+            ),
+            what="the pool",
+        )
+        assert len(json.loads(ann)) == 2
+        await api.post(
+            f"/apis/{APPS.replace('/apps', '')}/namespaces/team-a/apps", json=app("a", "team-a", 2)
+        )
+
+        def waiting() -> bool:
+            conds = (dict(api.objects[APPS, "team-a", "a"]).get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Ready" and c.get("reason") == "WaitingForGPUs" for c in conds)
+
+        await wait_for(waiting, what="A bidding without a lease after a round")
+        assert gpus(api, "team-a", "a") == 0
+
+
+async def test_serving_replicas_stay_within_the_queues_share(api: kmock.KubernetesEmulator) -> None:
+    # 300 rps wants two 1-GPU replicas (test_modeldeployment.py); team-a may hold 1 GPU: one is placed.
+    add_node(api, "n1", 4)
+    add_node(api, "n2", 4)
+    setup_queues(api, **{"team-a": {"guaranteedGPUs": 1, "maxGPUs": 1}})
+    md = md_body("m", 300)
+    md["metadata"]["namespace"] = "team-a"
+    async with running_operator(api, queues=True) as ctl:
+        await label_namespaces(ctl, "team-a")
+        await wait_for(lambda: len(ctl.view.nodes) == 2, what="both nodes in the view")
+        await api.post(
+            f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/team-a/modeldeployments", json=md
+        )
+        scaled = await wait_for(lambda: events_any(api, "Scaled"), what="the Scaled event")
+        assert "0 → 1 replicas" in scaled[0]["message"] and "only 1 placed" in scaled[0]["message"]
+        workers = pods_of(api, **{contract.LABEL_MODELDEPLOYMENT: "m", contract.LABEL_ROLE: "worker"})
+        assert len(workers) <= 1
+
+
+def events_any(k: kmock.KubernetesEmulator, reason: str) -> list[dict[str, Any]]:
+    return [dict(o) for _, o in list(k.objects.items()) if dict(o).get("reason") == reason]

@@ -1,0 +1,93 @@
+"""The bundled multi-team scenario: Tessera's queues against the KAI-style and Kueue-style baselines, held
+to the issue's bar (`tessera simulate examples/scenarios/multi-team.yaml` prints the same table)."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+from tessera.sim.training import scenario as training
+
+SCENARIO = Path(__file__).resolve().parents[3] / "examples/scenarios/multi-team.yaml"
+LEASE_S = 600.0
+
+
+@cache
+def figures() -> dict[str, dict[str, object]]:
+    sc = training.load(yaml.safe_load(SCENARIO.read_text()), str(SCENARIO))
+    result = training.run(sc)
+    return {r.policy: r.queues for r in result.runs}
+
+
+def test_every_policy_reports_queue_figures() -> None:
+    f = figures()
+    assert set(f) == {"tessera", "kai-style", "kueue-style"}
+    for row in f.values():
+        assert set(row["max_rho"]) == {"team-a", "team-b", "team-c"}  # type: ignore[arg-type]
+
+
+def test_no_guarantee_violation_longer_than_one_lease() -> None:
+    assert figures()["tessera"]["longest_violation_s"] <= LEASE_S  # type: ignore[operator]
+
+
+def test_worst_per_queue_max_rho_is_lower_than_each_baseline() -> None:
+    f = figures()
+    ours = f["tessera"]["worst_max_rho"]
+    assert ours < f["kai-style"]["worst_max_rho"]  # type: ignore[operator]
+    assert ours < f["kueue-style"]["worst_max_rho"]  # type: ignore[operator]
+
+
+def test_allocation_is_at_least_the_best_baselines() -> None:
+    f = figures()
+    assert f["tessera"]["utilisation"] >= max(f[p]["utilisation"] for p in ("kai-style", "kueue-style"))  # type: ignore[operator,type-var]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Themis' leases move GPUs between apps and every move costs the restart time, so Tessera holds "
+    "more GPU-hours for the same work: useful utilisation comes out a fraction of a percent below the "
+    "KAI-style baseline's on this scenario",
+)
+def test_useful_utilisation_is_at_least_the_best_baselines() -> None:
+    f = figures()
+    assert f["tessera"]["useful"] >= max(f[p]["useful"] for p in ("kai-style", "kueue-style"))  # type: ignore[operator,type-var]
+
+
+SEEDS = range(1, 7)
+
+
+@cache
+def tessera_worst_rho_by_seed() -> dict[int, float]:
+    """Tessera's worst per-queue max ρ for seeds 1–6 (the seed drives Themis' random leftovers; the
+    baselines draw nothing, so one run each stands for every seed)."""
+    sc = training.load(yaml.safe_load(SCENARIO.read_text()), str(SCENARIO))
+    ours = [p for p in sc.policies if p.label == "tessera"]
+    out = {}
+    for seed in SEEDS:
+        result = training.run(dataclasses.replace(sc, seed=seed, policies=tuple(ours)), workers=1)
+        out[seed] = float(result.runs[0].queues["worst_max_rho"])
+    return out
+
+
+@pytest.mark.slow
+def test_worst_max_rho_over_seeds_is_lower_than_each_baseline_on_average() -> None:
+    f = figures()
+    by_seed = tessera_worst_rho_by_seed()
+    mean = sum(by_seed.values()) / len(by_seed)
+    assert mean < f["kai-style"]["worst_max_rho"]  # type: ignore[operator]
+    assert mean < f["kueue-style"]["worst_max_rho"]  # type: ignore[operator]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="not for every seed: with seeds 2 and 4 Themis' random leftovers leave team-b's worst App at "
+    "ρ 1.39 and 1.33, above the KAI-style (1.30) and Kueue-style (1.25) baselines",
+)
+def test_worst_max_rho_is_lower_than_each_baseline_for_every_seed() -> None:
+    f = figures()
+    best = min(f[p]["worst_max_rho"] for p in ("kai-style", "kueue-style"))  # type: ignore[type-var]
+    assert all(v < best for v in tessera_worst_rho_by_seed().values())  # type: ignore[operator]

@@ -1,0 +1,135 @@
+"""Team queues around training policies: Tessera's wrapper (division + Themis), the KAI-style and the
+Kueue-style baselines, on rounds small enough to work out by hand."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from tessera.cluster import NETWORK_INTENSIVE, Cluster
+from tessera.policy.queues import QueueNode, ReclaimRule
+from tessera.policy.queues.kai import kai_style
+from tessera.policy.queues.kueue import KueueStyle
+from tessera.policy.queues.training import QueuedPolicy
+from tessera.policy.themis import Themis
+from tessera.policy.training import AppState, RoundDecision, check_decision
+
+CLUSTER = Cluster.homogeneous(2, 4)  # m000/0..3, m001/0..3
+
+
+class _Linear:
+    """An app whose work divides evenly over its GPUs."""
+
+    def __init__(self, work: float) -> None:
+        self.work = work
+
+    def remaining_time(self, gpus: int, slowdown: float) -> float:
+        return math.inf if gpus <= 0 else self.work * slowdown / gpus
+
+
+def app(
+    app_id: str, queue: str, demand: int, held: tuple[str, ...] = (), arrival: float = 0.0, since: float = 0.0
+) -> AppState:
+    return AppState(
+        app_id=app_id,
+        arrival=arrival,
+        demand_max=demand,
+        held=frozenset(held),
+        sensitivity=NETWORK_INTENSIVE,
+        total_work=3600.0 * demand,
+        remaining_work=3600.0 * demand,
+        attained_service=0.0,
+        n_avg=1.0,
+        estimator=_Linear(3600.0 * demand),
+        queue=queue,
+        since=since,
+    )
+
+
+def granted(d: RoundDecision) -> dict[str, int]:
+    return {k: len(v) for k, v in d.granted().items()}
+
+
+def test_each_queue_gets_its_share_and_themis_shares_it() -> None:
+    # 8 GPUs, A g=6, B g=2, both hungry for 8: the division gives 6 and 2.
+    qs = [QueueNode("a", guaranteed=6), QueueNode("b", guaranteed=2)]
+    apps = [app("a1", "a", 8), app("b1", "b", 8)]
+    d = QueuedPolicy(Themis(), qs).allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
+    check_decision(d, apps, CLUSTER.gpu_ids)
+    assert granted(d) == {"a1": 6, "b1": 2}
+
+
+def test_idle_guarantee_is_borrowed_and_max_holds() -> None:
+    # B has no work: A borrows, but only up to its maximum of 5.
+    qs = [QueueNode("a", guaranteed=2, max=5), QueueNode("b", guaranteed=6)]
+    apps = [app("a1", "a", 8)]
+    d = QueuedPolicy(Themis(), qs).allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
+    assert granted(d) == {"a1": 5}
+
+
+def test_objects_of_unknown_queues_go_to_default() -> None:
+    qs = [QueueNode("a", guaranteed=8)]
+    apps = [app("x", "nope", 2)]
+    d = QueuedPolicy(Themis(), qs).allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
+    assert granted(d) == {"x": 2}
+
+
+def test_immediate_reclaim_takes_back_from_the_borrower_after_min_runtime() -> None:
+    # B borrowed all 8; A (g 4) arrives. B lends under `immediate` with a 600 s minimum runtime.
+    qs = [QueueNode("a", guaranteed=4), QueueNode("b", guaranteed=4)]
+    rules = {"b": ReclaimRule(mode="immediate", min_runtime_s=600, grace_s=0)}
+    policy = QueuedPolicy(Themis(), qs, rules)
+    b1 = app("b1", "b", 8, held=tuple(CLUSTER.gpu_ids), since=0.0)
+    a1 = app("a1", "a", 4, arrival=100.0)
+    young = policy.allocate(300.0, [a1, b1], CLUSTER, [], random.Random(0))
+    assert young.revoke == {} and young.grants == []  # not before the minimum runtime
+    d = policy.allocate(900.0, [a1, b1], CLUSTER, [], random.Random(0))
+    check_decision(d, [a1, b1], [])
+    assert {k: len(v) for k, v in d.revoke.items()} == {"b1": 4}
+    assert granted(d) == {"a1": 4}
+
+
+def test_at_lease_end_reclaim_takes_nothing_before_the_lease_ends() -> None:
+    qs = [QueueNode("a", guaranteed=4), QueueNode("b", guaranteed=4)]
+    policy = QueuedPolicy(Themis(), qs)  # atLeaseEnd by default
+    b1 = app("b1", "b", 8, held=tuple(CLUSTER.gpu_ids))
+    d = policy.allocate(900.0, [app("a1", "a", 4), b1], CLUSTER, [], random.Random(0))
+    assert d.revoke == {} and d.grants == []
+
+
+def test_kai_style_is_drf_inside_a_queue() -> None:
+    # One queue of 8 GPUs, two apps: DRF gives one GPU at a time to the smaller share → 4 and 4.
+    qs = [QueueNode("a", guaranteed=8)]
+    apps = [app("a1", "a", 8), app("a2", "a", 8, arrival=1.0)]
+    d = kai_style(qs).allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
+    assert granted(d) == {"a1": 4, "a2": 4}
+    assert all(g.expiry == math.inf for g in d.grants)  # held until done
+
+
+def test_kueue_style_strict_fifo_admits_whole_workloads_and_borrows() -> None:
+    # A (nominal 4, max 8): its head wants 6 → borrows B's idle quota; the next (4) does not fit and
+    # blocks the 1-GPU one behind it (StrictFIFO).
+    qs = [QueueNode("a", guaranteed=4, max=8), QueueNode("b", guaranteed=4)]
+    apps = [app("a1", "a", 6, arrival=0), app("a2", "a", 4, arrival=1), app("a3", "a", 1, arrival=2)]
+    d = KueueStyle(qs).allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
+    assert granted(d) == {"a1": 6}
+
+
+def test_kueue_style_preempts_the_borrower_to_reclaim_nominal_quota() -> None:
+    qs = [QueueNode("a", guaranteed=4), QueueNode("b", guaranteed=4)]
+    old = app("b1", "b", 4, held=tuple(CLUSTER.gpu_ids[:4]), since=0.0)
+    new = app("b2", "b", 4, held=tuple(CLUSTER.gpu_ids[4:]), since=50.0)
+    a1 = app("a1", "a", 4, arrival=100.0)
+    d = KueueStyle(qs).allocate(100.0, [old, new, a1], CLUSTER, [], random.Random(0))
+    check_decision(d, [old, new, a1], [])
+    assert set(d.revoke) == {"b2"}  # the most recently admitted borrower
+    assert granted(d) == {"a1": 4}
+
+
+def test_gpus_a_queue_holds_outside_the_policy_count_against_its_share() -> None:
+    # A (g 4) already holds 3 GPUs in a TrialGroup pool; B (g 4). 8 GPUs, both hungry: A's Apps get 1 more.
+    qs = [QueueNode("a", guaranteed=4), QueueNode("b", guaranteed=4)]
+    apps = [app("a1", "a", 8), app("b1", "b", 8)]
+    free = CLUSTER.gpu_ids[3:]
+    d = QueuedPolicy(Themis(), qs, outside={"a": 3}).allocate(0.0, apps, CLUSTER, free, random.Random(0))
+    assert granted(d) == {"a1": 1, "b1": 4}
