@@ -26,35 +26,9 @@ done
 [[ -e /usr/lib/x86_64-linux-gnu/libc.a || -e /usr/lib/aarch64-linux-gnu/libc.a ]] || missing+=(libc6-dev)
 
 if ((${#missing[@]})); then
-  SUDO=""
-  if [[ "$(id -u)" != "0" ]]; then
-    if command -v sudo >/dev/null 2>&1; then
-      SUDO="sudo"
-    else
-      echo "hack/install-node-deps.sh: need root (or sudo) to apt-get install ${missing[*]}" >&2
-      exit 1
-    fi
-  fi
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "hack/install-node-deps.sh: apt-get not found; install ${missing[*]} by hand" >&2
-    exit 1
-  fi
-  POLICY=/usr/sbin/policy-rc.d
-  BACKUP=""
-  if [[ -e "$POLICY" ]]; then
-    BACKUP=$(mktemp)
-    $SUDO cp -p "$POLICY" "$BACKUP"
-  fi
-  restore_policy() {
-    if [[ -n "$BACKUP" ]]; then $SUDO mv "$BACKUP" "$POLICY"; else $SUDO rm -f "$POLICY"; fi
-  }
-  trap restore_policy EXIT
-  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$POLICY" >/dev/null
-  $SUDO chmod +x "$POLICY"
-  export DEBIAN_FRONTEND=noninteractive
-  echo "hack/install-node-deps.sh: installing ${missing[*]}" >&2
-  $SUDO apt-get update -q >&2
-  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+  # shellcheck source=hack/lib/apt.sh
+  source hack/lib/apt.sh
+  apt_install hack/install-node-deps.sh "${missing[@]}"
 fi
 echo "containerd: $(containerd --version 2>&1 | head -n1)"
 echo "runc: $(runc --version 2>&1 | head -n1)"

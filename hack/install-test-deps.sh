@@ -15,35 +15,9 @@ command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the test API server's service-account key
 
 if ((${#missing[@]})); then
-  SUDO=""
-  if [[ "$(id -u)" != "0" ]]; then
-    if command -v sudo >/dev/null 2>&1; then
-      SUDO="sudo"
-    else
-      echo "hack/install-test-deps.sh: need root (or sudo) to apt-get install ${missing[*]}" >&2
-      exit 1
-    fi
-  fi
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "hack/install-test-deps.sh: apt-get not found; install ${missing[*]} by hand and put them on PATH" >&2
-    exit 1
-  fi
-  # Forbid service starts during the install only; restore whatever policy-rc.d was there before.
-  POLICY=/usr/sbin/policy-rc.d
-  BACKUP=""
-  if [[ -e "$POLICY" ]]; then
-    BACKUP=$(mktemp)
-    $SUDO cp -p "$POLICY" "$BACKUP"
-  fi
-  restore_policy() {
-    if [[ -n "$BACKUP" ]]; then $SUDO mv "$BACKUP" "$POLICY"; else $SUDO rm -f "$POLICY"; fi
-  }
-  trap restore_policy EXIT
-  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$POLICY" >/dev/null
-  $SUDO chmod +x "$POLICY"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -q
-  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # shellcheck source=hack/lib/apt.sh
+  source hack/lib/apt.sh
+  apt_install hack/install-test-deps.sh "${missing[@]}"
 fi
 echo "etcd: $(command -v etcd) ($(etcd --version 2>&1 | head -n1))"
 echo "prometheus: $(command -v prometheus) ($(prometheus --version 2>&1 | head -n1))"
