@@ -220,6 +220,7 @@ def test_uninstall_runs_a_hook_that_removes_the_agents_node_annotation() -> None
     # The release's own objects do not include it, and without the agent there is nothing to clean.
     assert all("cleanup" not in o["metadata"]["name"] for o in objects(rendered))
     assert not objects(render({"agent": {"enabled": False}}), hooks=True)
+    assert not objects(render({"agent": {"cleanupOnUninstall": False}}), hooks=True)
 
 
 def test_scheduler_config_keeps_the_extender_contract() -> None:
