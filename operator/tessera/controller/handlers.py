@@ -70,6 +70,7 @@ class Controller:
     claims: dict[str, Mapping[tuple[str, str], Iterable[Claim]]] = field(default_factory=dict)
     watched: float | None = None  # when the node or pod watch last delivered an event (config.clock)
     _tasks: set[asyncio.Future[None]] = field(default_factory=set)
+    _stopping: bool = False
     usage: UsageMetrics = field(init=False)
     queues: QueueBook = field(default_factory=QueueBook)  # Queues and namespace labels, watched
 
@@ -77,9 +78,23 @@ class Controller:
         self.usage = UsageMetrics(self.metrics)
 
     def post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        if self.config.post_events and self.api is not None:
+        if self.config.post_events and self.api is not None and not self._stopping:
             self._tasks.add(task := asyncio.ensure_future(self.api.post_event(body, type_, reason, message)))
             task.add_done_callback(self._tasks.discard)
+
+    async def stop(self, drain_s: float = 5.0) -> None:
+        """Let the events still being posted finish (for up to `drain_s`), cancel the rest, then close the
+        API client. An event task left running past the close used the closed session and failed, and kopf
+        re-raises the failure of any task the operator leaves behind."""
+        self._stopping = True
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=drain_s)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+        if self.api is not None:
+            await self.api.close()
 
     def start(self, conn: kopf.ConnectionInfo) -> None:
         self.api = KubeApi(conn)
@@ -256,8 +271,7 @@ def _operator_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None
 
     @kopf.on.cleanup(registry=registry)
     async def close(**_: Any) -> None:
-        if ctl.api is not None:
-            await ctl.api.close()
+        await ctl.stop()
 
     # Served on --liveness (/healthz): a probe that raises answers 500, and the kubelet restarts the pod.
     @kopf.on.probe(id="passes", errors=kopf.ErrorsMode.PERMANENT, registry=registry)

@@ -33,6 +33,18 @@ def test_no_guarantee_violation_longer_than_one_lease() -> None:
     assert figures()["tessera"]["longest_violation_s"] <= LEASE_S  # type: ignore[operator]
 
 
+def test_under_immediate_reclaim_no_violation_outlasts_the_checkpoint_grace() -> None:
+    # Every queue lending under `immediate` with no minimum runtime: a queue owed GPUs gets them in a round
+    # run at once, not one round gap (60 s) later — the spell was 55 s before, above the 30 s grace.
+    raw = yaml.safe_load(SCENARIO.read_text())
+    for q in raw["queues"]:
+        q.update(reclaim="immediate", min_runtime_s=0, grace_s=30)
+    sc = training.load(raw, str(SCENARIO))
+    ours = [p for p in sc.policies if p.label == "tessera"]
+    run = training.run(dataclasses.replace(sc, policies=tuple(ours)), workers=1).runs[0]
+    assert run.queues["longest_violation_s"] <= 30  # type: ignore[operator]
+
+
 def test_worst_per_queue_max_rho_is_lower_than_each_baseline() -> None:
     f = figures()
     ours = f["tessera"]["worst_max_rho"]
@@ -84,8 +96,8 @@ def test_worst_max_rho_over_seeds_is_lower_than_each_baseline_on_average() -> No
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="not for every seed: with seeds 2 and 4 Themis' random leftovers leave team-b's worst App at "
-    "ρ 1.39 and 1.33, above the KAI-style (1.30) and Kueue-style (1.25) baselines",
+    reason="not for every seed: with seeds 2, 4 and 5 Themis' random leftovers leave team-b's worst App at "
+    "ρ 1.32, 1.26 and 1.26, above the Kueue-style baseline's 1.25 (seed 2 also above KAI-style's 1.30)",
 )
 def test_worst_max_rho_is_lower_than_each_baseline_for_every_seed() -> None:
     f = figures()

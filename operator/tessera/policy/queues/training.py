@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from tessera.cluster import Cluster
 from tessera.policy.queues.division import QueueNode, divide, own_share, quantize
@@ -58,8 +58,37 @@ class QueuedPolicy:
     def lease_s(self) -> float:
         return self.inner.lease_s
 
+    def reclaim_due(self, apps: Iterable[tuple[str, float, float]], n_free: int) -> bool:
+        """A round cannot wait for the next tick: a queue with work waiting holds less than its guarantee
+        (capped by its demand) while GPUs are free or a queue lending under `immediate` holds more than its
+        own. `immediate` promises the GPUs back after the checkpoint grace, not after the grace plus a round
+        gap. Which GPUs move, and whether the minimum runtime allows it, the round decides. `apps` gives
+        each app's queue name, GPUs held and GPUs wanted."""
+        eps = 1e-9
+        held = {q: float(int(n)) for q, n in self.outside.items()}
+        demand = dict(held)
+        for name, has, wants in apps:
+            q = self.queue_of_name(name)
+            held[q] = held.get(q, 0.0) + has
+            demand[q] = demand.get(q, 0.0) + wants
+        owed = any(
+            held.get(q.name, 0.0) < min(q.guaranteed, demand.get(q.name, 0.0)) - eps for q in self.queues
+        )
+        if not owed:
+            return False
+        if n_free > 0:
+            return True
+        return any(
+            self.rules.get(q.name, ReclaimRule()).mode == "immediate"
+            and held.get(q.name, 0.0) > q.guaranteed + eps
+            for q in self.queues
+        )
+
     def queue_of(self, app: AppState) -> str:
-        return app.queue if any(q.name == app.queue for q in self.queues) else DEFAULT_QUEUE
+        return self.queue_of_name(app.queue)
+
+    def queue_of_name(self, name: str) -> str:
+        return name if any(q.name == name for q in self.queues) else DEFAULT_QUEUE
 
     def allocate(
         self,

@@ -383,12 +383,20 @@ class _Simulation:
         hungry = [a for a in self.live.values() if a.runtime.demand() > len(a.held)]
         if not ((self.free or self.preempts) and hungry):
             return
-        if now < self.last_round + self.cfg.round_gap_s - 1e-9:
+        if now < self.last_round + self.cfg.round_gap_s - 1e-9 and not self._reclaim_due():
             if not self.tick_pending:
                 self.tick_pending = True
                 self.push(self.last_round + self.cfg.round_gap_s, _TICK, "")
             return
         self._round(now)
+
+    def _reclaim_due(self) -> bool:
+        """Team queues owed GPUs now (QueuedPolicy.reclaim_due) take them without waiting for the round gap."""
+        due = getattr(self.policy, "reclaim_due", None)
+        if due is None:
+            return False
+        apps = ((a.spec.queue, float(len(a.held)), float(a.runtime.demand())) for a in self.live.values())
+        return bool(due(apps, len(self.free)))
 
     def _round(self, now: float) -> None:
         self.rounds += 1
