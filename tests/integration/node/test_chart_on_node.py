@@ -139,11 +139,18 @@ def test_every_chart_pod_runs_and_the_operators_elect_one_leader(node: Node, rel
     # active and the other pauses.
     leader, standby = wait_until(lambda: operator_roles(node), 120, "both operator replicas in the peering")
     wait_until(
-        lambda: "Pausing operations" in pod_log(node, NS, standby),
-        120,
-        f"the lower-priority replica {standby} to pause",
+        lambda: peering_state(pod_log(node, NS, leader)) == "active", 120, f"the leader {leader} to resume"
     )
+    assert peering_state(pod_log(node, NS, standby)) == "paused"
     assert leader != standby
+
+
+def peering_state(log: str) -> str:
+    """A replica's state by its log: kopf starts it paused (the peering is mandatory), logs "Resuming
+    operations" when no higher-priority peer is alive and "Pausing operations" when one appears after that,
+    so a standby that started after the leader never logs either."""
+    resumed, paused = log.rfind("Resuming operations"), log.rfind("Pausing operations")
+    return "active" if resumed > paused else "paused"
 
 
 def operator_roles(node: Node) -> tuple[str, str] | None:
@@ -797,7 +804,7 @@ def test_operator_leader_deleted_the_standby_takes_over(node: Node, release: hel
     status, got = node.plane.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{leader}")
     assert status == 200, got
     wait_until(
-        lambda: "Resuming operations" in pod_log(node, NS, standby), 180, "the standby to resume operations"
+        lambda: peering_state(pod_log(node, NS, standby)) == "active", 180, "the standby to resume operations"
     )
     node.timings["recovery: operator leader deleted (standby resumed)"] = time.monotonic() - t0
     # The Deployment's replacement joins as a peer (it may out-rank the survivor: then the survivor pauses).
