@@ -104,8 +104,11 @@ class ClusterDns:
         assert status == 201, body
 
     def stop(self) -> None:
+        # shutdown wakes the thread blocked in recvfrom (close alone would not), then it sees the error.
         with contextlib.suppress(OSError):
-            self.sock.close()
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self._thread.join(10)
 
     def _serve(self) -> None:
         while True:
@@ -113,6 +116,8 @@ class ClusterDns:
                 packet, peer = self.sock.recvfrom(4096)
             except OSError:
                 return  # closed
+            if peer is None:
+                return  # shut down
             self.queries += 1
             try:
                 reply = answer(packet, self.lookup)
