@@ -10,6 +10,9 @@
 #                   Debian bookworm rootfs with Python 3.11 made by mmdebstrap (not exported: only built on)
 #   PAUSE_IMAGE     localhost/tessera/pause:<key> — the pod sandbox, hack/images/pause.c compiled static
 #   TESSERA_IMAGE   localhost/tessera:<key> — the repository's Dockerfile, built by buildah
+#   WORKER_IMAGE    localhost/tessera/worker:<key> — a model server as a user would build one for a
+#                   ModelDeployment: the Tessera image plus pyproject's `serving` extra (ONNX Runtime), so
+#                   `tessera worker` runs in it
 #   SCHEDULER_IMAGE registry.k8s.io/kube-scheduler:<version> — the chart's kube-scheduler image: the static
 #                   kube-scheduler of KUBERNETES_ASSETS_DIR (hack/k8s-assets.sh) on an empty image; only when
 #                   that directory is given
@@ -132,6 +135,34 @@ if [[ ! -f "$tessera_tar" ]]; then
   mv "$tessera_tar.tmp" "$tessera_tar"
 fi
 
+# ---- worker: the Tessera image and the `serving` extra ------------------------------------------------------
+serving=$(cd "$root" && python3 -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["serving"]))')
+worker_key=$( (echo "$tessera_key $serving") | sha)
+WORKER_IMAGE="localhost/tessera/worker:$worker_key"
+worker_tar="$cache/worker-$worker_key.tar"
+if [[ ! -f "$worker_tar" ]]; then
+  if ! "${B[@]}" inspect --type image "$TESSERA_IMAGE" >/dev/null 2>&1; then
+    "${B[@]}" pull --quiet "docker-archive:$tessera_tar" >/dev/null
+  fi
+  say "worker: $TESSERA_IMAGE + $serving"
+  c=$("${B[@]}" from --pull=never "$TESSERA_IMAGE")
+  mounts=()
+  for f in /etc/pip.conf /etc/ssl/certs/ca-certificates.crt; do
+    [[ -f "$f" ]] && mounts+=(--volume "$f:$f:ro")
+  done
+  envs=(--env PIP_NO_CACHE_DIR=1)
+  for v in PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_DEFAULT_TIMEOUT HTTPS_PROXY HTTP_PROXY NO_PROXY; do
+    [[ -n "${!v:-}" ]] && envs+=(--env "$v=${!v}")
+  done
+  [[ -f /etc/ssl/certs/ca-certificates.crt ]] && envs+=(--env PIP_CERT=/etc/ssl/certs/ca-certificates.crt)
+  # shellcheck disable=SC2086  # one requirement per word
+  "${B[@]}" run --user 0:0 --network=host "${mounts[@]}" "${envs[@]}" "$c" -- \
+    /opt/tessera/bin/pip install --quiet $serving >&2
+  "${B[@]}" commit --quiet --rm "$c" "$WORKER_IMAGE" >/dev/null
+  "${B[@]}" push --quiet "$WORKER_IMAGE" "docker-archive:$worker_tar.tmp:$WORKER_IMAGE" >&2
+  mv "$worker_tar.tmp" "$worker_tar"
+fi
+
 # ---- kube-scheduler: the chart's scheduler pod --------------------------------------------------------------
 SCHEDULER_IMAGE=""
 scheduler_tar=""
@@ -157,17 +188,19 @@ if [[ -n "$assets" ]]; then
 fi
 
 # ---- the set: a directory of links to the archives and images.env --------------------------------------------
-set_key=$(echo "$pause_key $tessera_key $scheduler_tar" | sha)
+set_key=$(echo "$pause_key $tessera_key $worker_key $scheduler_tar" | sha)
 dest="$cache/set-$set_key"
 if [[ ! -f "$dest/images.env" ]]; then
   mkdir -p "$dest"
   ln -sf "$pause_tar" "$dest/pause.tar"
   ln -sf "$tessera_tar" "$dest/tessera.tar"
+  ln -sf "$worker_tar" "$dest/worker.tar"
   [[ -n "$scheduler_tar" ]] && ln -sf "$scheduler_tar" "$dest/kube-scheduler.tar"
   {
     echo "BASE_IMAGE=$BASE_IMAGE"
     echo "PAUSE_IMAGE=$PAUSE_IMAGE"
     echo "TESSERA_IMAGE=$TESSERA_IMAGE"
+    echo "WORKER_IMAGE=$WORKER_IMAGE"
     echo "SCHEDULER_IMAGE=$SCHEDULER_IMAGE"
   } >"$dest/images.env.tmp"
   mv "$dest/images.env.tmp" "$dest/images.env"

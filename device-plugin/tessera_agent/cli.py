@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     _socket_options(p.add_argument_group("node sockets"))
     _lane_options(p.add_argument_group("HP/BE lanes"))
     _demo_options(p.add_argument_group("without a GPU or a cluster"))
+    p.add_argument(
+        "--forget-nodes",
+        action="store_true",
+        help=f"remove the {contract.ANN_NODE_GPUS} annotation from every Node and exit (the chart runs this "
+        "before `helm uninstall` removes the agents)",
+    )
     logs.add_arguments(p)
     p.add_argument(
         "-v", "--verbose", action="count", default=0, help="-v: INFO, -vv: DEBUG (lowers --log-level)"
@@ -179,7 +185,7 @@ _RENAMED: Final = {
     "sample_interval": "sample_interval_s",
     "shutdown_timeout": "shutdown_timeout_s",
 }
-_NOT_SETTINGS: Final = frozenset({"log_level", "log_format", "verbose"})
+_NOT_SETTINGS: Final = frozenset({"log_level", "log_format", "verbose", "forget_nodes"})
 
 
 def settings_field(dest: str) -> str:
@@ -233,6 +239,8 @@ def _main(argv: list[str] | None) -> int:
 
     args = build_parser().parse_args(argv)
     _setup_logging(args)
+    if args.forget_nodes:
+        return asyncio.run(_forget_nodes())
     try:
         settings = settings_from(args)
         fake_pods = load_pod_manifests(settings.fake_pods) if settings.fake_pods is not None else []
@@ -251,6 +259,20 @@ def _main(argv: list[str] | None) -> int:
             return _refuse(f"{err} (use --fake-gpus N to try it without a GPU)", code=1)
     agent = _build_agent(settings, cluster)
     asyncio.run(_run_until_signalled(agent, settings.shutdown_timeout_s))
+    return 0
+
+
+async def _forget_nodes() -> int:
+    from tessera.kube import KubeClient, default_config
+
+    from .inventory import forget_nodes
+
+    api = KubeClient(default_config())
+    try:
+        changed = await forget_nodes(api)
+    finally:
+        await api.close()
+    log.info("removed %s from %d node(s): %s", contract.ANN_NODE_GPUS, len(changed), ", ".join(changed))
     return 0
 
 

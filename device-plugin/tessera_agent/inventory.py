@@ -56,6 +56,20 @@ class KubernetesNodePatcher(NodePatcher):
         await self._api.patch_node_annotations(node, annotations)
 
 
+async def forget_nodes(api: KubeClient) -> list[str]:
+    """Remove the inventory annotation from every Node that has one (the chart's pre-delete hook: an
+    uninstalled Tessera leaves no annotation behind); the names of the Nodes changed."""
+    nodes = (await api.list_nodes()).get("items") or []
+    changed = []
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        if contract.ANN_NODE_GPUS in (meta.get("annotations") or {}):
+            # A merge patch's null removes the key.
+            await api.patch_node_annotations(meta["name"], {contract.ANN_NODE_GPUS: None})
+            changed.append(str(meta["name"]))
+    return changed
+
+
 class InventoryPublisher:
     """Writes the annotation when it differs from what was last written (health flips, GPUs appear)."""
 

@@ -310,8 +310,9 @@ class KubeClient:
         body = {"metadata": {"annotations": annotations}}
         return await self.request("PATCH", PODS.path(namespace, name), body=body, content_type=MERGE_PATCH)
 
-    async def patch_node_annotations(self, name: str, annotations: dict[str, str]) -> JsonObj:
-        body = {"metadata": {"annotations": annotations}}
+    async def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> JsonObj:
+        """Merge the annotations into the Node's; a None value removes that key."""
+        body = {"metadata": {"annotations": dict(annotations)}}
         return await self.request("PATCH", NODES.path(None, name), body=body, content_type=MERGE_PATCH)
 
     async def delete_pod(self, namespace: str, name: str, *, uid: str | None = None) -> JsonObj:

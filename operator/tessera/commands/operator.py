@@ -80,6 +80,11 @@ def _endpoint_options(group: argparse._ArgumentGroup) -> None:
         default=0,
         help="group id of the node agent's sockets, added to supplementalGroups of every pod created (0: none)",
     )
+    group.add_argument(
+        "--gateway-image",
+        default="tessera:latest",
+        help="image of the serving gateway pods a ModelDeployment gets (the chart passes its own image)",
+    )
     group.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port (0 disables)")
     group.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL ('' disables)"
@@ -108,6 +113,7 @@ FLAGS: Final = {
     "peering_lifetime_s": "--peering-lifetime-seconds",
     "socket_group": "--socket-group",
     "pass_deadline_s": "--pass-deadline-seconds",
+    "gateway_image": "--gateway-image",
 }
 
 

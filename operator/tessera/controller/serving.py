@@ -431,6 +431,9 @@ def _deployment_spec(
                     {
                         "name": "gateway",
                         "image": image,
+                        # The image has no entrypoint (its CMD is `tessera --help`): args alone would run
+                        # `gateway` as a program.
+                        "command": ["tessera"],
                         "args": ["gateway", "--config", CONFIG_PATH],
                         "ports": ports,
                         "volumeMounts": [{"name": "config", "mountPath": "/etc/tessera"}],

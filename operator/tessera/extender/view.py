@@ -531,7 +531,10 @@ class SchedulerCache:
         meta = pod["metadata"]
         uid = meta.get("uid", pod_key(pod))
         self.pods[pod_key(pod)] = pod
-        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") or meta.get("deletionTimestamp"):
+        # A pod being deleted keeps its lanes until its containers have stopped (a terminal phase, or the
+        # pod gone): during its grace period it is still running, e.g. checkpointing after SIGTERM, and a
+        # successor must not start on its GPU until then (kube-scheduler counts terminating pods too).
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
             self.release(uid)
             self.unreserve(uid)
             return

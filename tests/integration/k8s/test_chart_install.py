@@ -133,6 +133,8 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, release_namespace: str
             "operator": {"replicas": 3, "allNamespaces": False, "themis": {"leaseSeconds": 300}},
             # Asked for on a cluster without prometheus-operator: skipped (with a warning), not a failure.
             "serviceMonitor": {"enabled": True},
+            # No kubelet here runs the uninstall hook's Job (tests/integration/node runs it).
+            "agent": {"cleanupOnUninstall": False},
         }
         upgraded = cfg.upgrade(CHART, release, values, timeout=300)
         assert (upgraded["status"], upgraded["revision"]) == ("deployed", 2)

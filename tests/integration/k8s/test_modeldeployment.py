@@ -90,7 +90,7 @@ async def test_gateway_and_workers_on_lanes_then_replicas_follow_the_reported_lo
         )
         assert dep["metadata"]["ownerReferences"][0]["uid"] == md["metadata"]["uid"]
         container = dep["spec"]["template"]["spec"]["containers"][0]
-        assert container["args"][:1] == ["gateway"]
+        assert container["command"] == ["tessera"] and container["args"][:1] == ["gateway"]
         # gRPC beside HTTP (frontend.grpcPort, default 8001): the container's port and the Service's.
         assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8080, "grpc": 8001}
         # The operator applies the gateway's objects one request at a time (ConfigMap, Deployment, Service,

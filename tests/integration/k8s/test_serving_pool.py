@@ -15,7 +15,7 @@ from tessera.api import contract
 
 from .conftest import Credentials, Nodes, Scheduling, wait_for
 from .controlplane import ControlPlane
-from .workloads import bound, call, cr_path, modeldeployment, operator, placement_of, status_of
+from .workloads import bound, call, cr_path, kubelet, modeldeployment, operator, placement_of, status_of
 
 RATES = {"m0": 30, "m1": 30, "m2": 5, "m3": 5, "m4": 2, "m5": 2}
 
@@ -50,7 +50,11 @@ async def test_pool_plan_in_status_and_group_workers_bound(
 ) -> None:
     n1 = nodes.add(f"{namespace}-n1", gpus=4, slots_per_gpu=contract.DEFAULT_SLOTS_PER_GPU)
     n2 = nodes.add(f"{namespace}-n2", gpus=4, slots_per_gpu=contract.DEFAULT_SLOTS_PER_GPU)
-    async with operator(cluster, chart_rbac["operator"], namespace, serving_stats_interval_s=0) as ctl:
+    # The kubelet's part: a worker the operator deletes while it re-plans holds its lanes until it is gone.
+    async with (
+        kubelet(cluster, namespace),
+        operator(cluster, chart_rbac["operator"], namespace, serving_stats_interval_s=0) as ctl,
+    ):
         await wait_for(lambda: {n1, n2} <= set(ctl.view.nodes), 60, "both nodes in the operator's view")
         for name, rps in RATES.items():
             await call(

@@ -32,6 +32,9 @@ def node() -> Iterator[Node]:
     finally:
         memory = ", ".join(f"{k} {v:.0f}" for k, v in sorted(made.memory_mib().items()))
         print(f"\n[node] resident memory (MiB): {memory}", file=sys.stderr)
+        if made.pod_memory:
+            pods = ", ".join(f"{k} {v:.0f}" for k, v in sorted(made.pod_memory.items()))
+            print(f"[node] resident memory of the chart's pods (MiB): {pods}", file=sys.stderr)
         timings = ", ".join(f"{k} {v:.1f}s" for k, v in made.timings.items())
         print(f"[node] timings: {timings}", file=sys.stderr)
         cluster.__exit__(None, None, None)

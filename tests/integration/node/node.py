@@ -8,6 +8,7 @@ The node is what a kubeadm worker runs, as processes of this test session:
   kube-proxy   iptables mode, leaving the host's conntrack and route_localnet settings alone
   kubelet      its own root dir and cgroup root; registers its Node and authenticates as
                `system:node:<name>` with a client certificate signed by the control plane's client CA
+  cluster DNS  the `kube-dns` Service's records, answered by the harness from the API server (dns.py)
 
 plus a kube-scheduler (the default one: the chart's own scheduler pod must be placed by something) and the
 images of hack/images.sh (the project's pause image, the Tessera image built from the Dockerfile, the chart's
@@ -48,6 +49,8 @@ from tests.integration.k8s.controlplane import (
     wait_until,
 )
 from tests.ports import free_port
+
+from .dns import DOMAIN, ClusterDns
 
 IMAGES_SCRIPT = ROOT / "hack" / "images.sh"
 CNI_BIN = Path("/usr/lib/cni")
@@ -149,11 +152,14 @@ class Node:
     token: str = field(default_factory=lambda: secrets.token_hex(4))
     processes: dict[str, Process] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    # Resident memory of the chart's pods (MiB), taken while they run (test_helm_uninstall_…, before it).
+    pod_memory: dict[str, float] = field(default_factory=dict)
     snapshotter: str = "overlayfs"
     _argv: dict[str, list[str]] = field(default_factory=dict)
     _made_dirs: list[Path] = field(default_factory=list)
     _device_plugins_before: set[str] = field(default_factory=set)
     _restarts: dict[str, int] = field(default_factory=dict)
+    dns: ClusterDns | None = None
     _sysctls: dict[str, str] = field(default_factory=dict)
     _iptables: dict[str, dict[str, tuple[set[str], set[str]]]] = field(default_factory=dict)
     _netns_before: set[str] | None = None  # None: /var/run/netns did not exist
@@ -219,6 +225,8 @@ class Node:
         self.timings["images imported"] = time.monotonic() - t0
         self._start_scheduler()
         self._start_kube_proxy()
+        self.dns = ClusterDns(self.plane, self.address)
+        self.dns.start()
         self._start_kubelet()
         self.timings["node ready"] = time.monotonic() - t0
 
@@ -336,7 +344,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         for archive in sorted(directory.glob("*.tar")):
             self.ctr("images", "import", "--snapshotter", self.snapshotter, str(archive.resolve()))
         listed = self.ctr("images", "ls", "-q").stdout.split()
-        for name in ("PAUSE_IMAGE", "TESSERA_IMAGE", "SCHEDULER_IMAGE"):
+        for name in ("PAUSE_IMAGE", "TESSERA_IMAGE", "WORKER_IMAGE", "SCHEDULER_IMAGE"):
             if self.images.get(name):
                 assert self.images[name] in listed, f"{self.images[name]} not imported: {listed}"
 
@@ -400,6 +408,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "podLogsDir": str(self.workdir / "pod-logs"),
             "failSwapOn": False,
             "resolvConf": "/etc/resolv.conf",
+            "clusterDNS": [self.dns.service_ip if self.dns else ""],
+            "clusterDomain": DOMAIN,
             "serializeImagePulls": False,
             "rotateCertificates": False,
             # A shared disk: evict only on real exhaustion, never collect the imported images.
@@ -447,6 +457,22 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     out[proc.name] = int(line.split()[1]) / 1024
         return out
 
+    def pod_memory_mib(self) -> dict[str, float]:
+        """Resident memory of each running pod's processes (MiB), by `<namespace>/<pod>`: the processes in
+        the pod's memory cgroup (the kubelet names it `pod<uid>`), their VmRSS summed."""
+        got = self.plane.get("/api/v1/pods") or {}
+        names = {p["metadata"]["uid"]: f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+                 for p in got.get("items") or []}  # fmt: skip
+        out: dict[str, float] = {}
+        top = CGROUP_V1 / "memory" / self.cgroup_root.lstrip("/")
+        for procs in top.rglob("cgroup.procs"):
+            uid = next((part[3:].replace("_", "-") for part in procs.parts if part.startswith("pod")), None)
+            if uid not in names:
+                continue
+            for pid in procs.read_text().split():
+                out[names[uid]] = out.get(names[uid], 0.0) + _rss_mib(pid)
+        return out
+
     # --- stop ------------------------------------------------------------------------------------------------
     def stop(self) -> None:
         errors: list[str] = []
@@ -466,6 +492,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             if name in self.processes:
                 step(f"stop {name}", self.processes[name].stop)
         step("remove containers", self._remove_containers)
+        if self.dns is not None:
+            step("stop the cluster DNS", self.dns.stop)
         if "containerd" in self.processes:
             step("stop containerd", self.processes["containerd"].stop)
         step("stop shims", self._stop_shims)
@@ -606,6 +634,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         if self._log_links_before is None:
             with contextlib.suppress(OSError):
                 os.rmdir(LOG_LINKS_DIR)
+
+
+def _rss_mib(pid: str) -> float:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    return next((int(ln.split()[1]) / 1024 for ln in status.splitlines() if ln.startswith("VmRSS:")), 0.0)
 
 
 def _has_sys_resource() -> bool:

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import helm_python as helm
+import numpy as np
 import pytest
 from tessera.api import contract
+from tessera.gateway.demo_models import early_exit_reference
 
 from tests.integration.k8s.controlplane import wait_until
 from tests.integration.k8s.test_chart_install import api_path, key
@@ -30,6 +34,8 @@ RELEASE = "tessera"
 FAKE_GPUS = 2
 SLOTS_PER_GPU = 4
 SOCKET_GROUP = 7070
+LEASE_S = 20
+CHECKPOINT_GRACE_S = 20
 
 
 def pods(node: Node, namespace: str, selector: str = "") -> list[dict[str, Any]]:
@@ -55,6 +61,15 @@ def chart_values(node: Node) -> dict[str, Any]:
     host = node.host_dir
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        # Short leases so a second App wins a GPU within the test; every App bids in each round (f = 0), so
+        # the round at the first App's lease expiry splits the GPUs between the two.
+        "operator": {
+            "themis": {
+                "leaseSeconds": LEASE_S,
+                "preemptionGraceSeconds": CHECKPOINT_GRACE_S,
+                "fairnessKnob": 0,
+            }
+        },
         # registry.k8s.io/kube-scheduler:<the cluster's version>, built by hack/images.sh from the same binary.
         "scheduler": {"kubeScheduler": {"image": {"pullPolicy": "Never"}}},
         "agent": {
@@ -124,11 +139,18 @@ def test_every_chart_pod_runs_and_the_operators_elect_one_leader(node: Node, rel
     # active and the other pauses.
     leader, standby = wait_until(lambda: operator_roles(node), 120, "both operator replicas in the peering")
     wait_until(
-        lambda: "Pausing operations" in pod_log(node, NS, standby),
-        120,
-        f"the lower-priority replica {standby} to pause",
+        lambda: peering_state(pod_log(node, NS, leader)) == "active", 120, f"the leader {leader} to resume"
     )
+    assert peering_state(pod_log(node, NS, standby)) == "paused"
     assert leader != standby
+
+
+def peering_state(log: str) -> str:
+    """A replica's state by its log: kopf starts it paused (the peering is mandatory), logs "Resuming
+    operations" when no higher-priority peer is alive and "Pausing operations" when one appears after that,
+    so a standby that started after the leader never logs either."""
+    resumed, paused = log.rfind("Resuming operations"), log.rfind("Pausing operations")
+    return "active" if resumed > paused else "paused"
 
 
 def operator_roles(node: Node) -> tuple[str, str] | None:
@@ -327,8 +349,16 @@ def test_a_trialgroup_runs_three_trials_at_once_on_lanes_of_one_gpu(
         wait_until(lambda: tg().get("trialsDone") == 3, 300, "the three trials to be done")
     except TimeoutError as err:
         raise AssertionError(f"{err}\nstatus: {tg()}\n{describe(node, namespace)}") from err
-    trial_pods = pods(node, namespace, f"{contract.LABEL_TRIALGROUP}=tg")
-    assert len(trial_pods) == 3, describe(node, namespace)
+    # A trial's last report can reach the operator before its container has exited: wait for the kubelet.
+    trial_pods = wait_until(
+        lambda: (
+            len(got := pods(node, namespace, f"{contract.LABEL_TRIALGROUP}=tg")) == 3
+            and all(p["status"].get("phase") == "Succeeded" for p in got)
+            and got
+        ),
+        120,
+        f"the three trial pods Succeeded\n{describe(node, namespace)}",
+    )
     lanes = {}
     for pod in trial_pods:
         log = pod_log(node, namespace, pod["metadata"]["name"])
@@ -346,6 +376,272 @@ def test_a_trialgroup_runs_three_trials_at_once_on_lanes_of_one_gpu(
     assert len(limits) == 1 and re.fullmatch(r"0=\d+M", limits.pop()), lanes
     st = tg()
     assert {t["name"]: t["phase"] for t in st["trials"]} == dict.fromkeys("abc", "Completed"), st
+
+
+LEASED = """
+import json, os, signal, socket, sys, time
+from pathlib import Path
+marks, pod = Path("/marks"), socket.gethostname()
+def mark(what, **extra):
+    (marks / f"{pod}.{what}").write_text(json.dumps({"t": time.time(), **extra}))
+def checkpoint(signum, frame):
+    mark("sigterm")
+    # The checkpoint: it takes until the test has looked at the terminating pod (at most 10 s), plus 2 s.
+    deadline = time.monotonic() + 10
+    while not (marks / f"{pod}.release").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(2)
+    mark("checkpointed")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, checkpoint)
+env = {k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "TESSERA_"))}
+mark("started", env=env)
+while True:
+    time.sleep(1)  # training steps, until the lease moves
+"""
+
+
+def leased_app(node: Node, name: str, max_gpus: int, marks: str) -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_APP,
+        "metadata": {"name": name},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": node.images["TESSERA_IMAGE"],
+                            "imagePullPolicy": "Never",
+                            "command": ["python", "-c", LEASED],
+                            "volumeMounts": [{"name": "marks", "mountPath": "/marks"}],
+                        }
+                    ],
+                    "volumes": [{"name": "marks", "hostPath": {"path": marks, "type": "Directory"}}],
+                }
+            },
+            "jobs": [{"name": "j", "iterTotal": 100000, "iterTimeSerialSeconds": 1.0, "maxGPUs": max_gpus}],
+        },
+    }
+
+
+def test_a_second_app_takes_a_gpu_by_lease_and_the_first_checkpoints_on_sigterm(
+    node: Node, release: helm.Config, namespace: str
+) -> None:
+    marks = node.host_dir / f"marks-{namespace}"
+    marks.mkdir(mode=0o777)
+    marks.chmod(0o777)
+    path = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/{contract.PLURAL_APP}"
+
+    def started(pod: str) -> dict[str, Any] | None:
+        f = marks / f"{pod}.started"
+        return json.loads(f.read_text()) if f.exists() else None
+
+    def running_pod(app: str) -> dict[str, Any] | None:
+        """The App's pod once its container has started (its `started` mark), not one being deleted."""
+        for pod in pods(node, namespace, f"{contract.LABEL_APP}={app}"):
+            if not pod["metadata"].get("deletionTimestamp") and started(pod["metadata"]["name"]):
+                return pod
+        return None
+
+    status, got = node.plane.request("POST", path, leased_app(node, "first", 2, str(marks)))
+    assert status == 201, got
+    try:
+        first = wait_until(lambda: running_pod("first"), 240, "the first App's job running on both GPUs")
+        first_name = first["metadata"]["name"]
+        first_gpus = started(first_name)["env"][contract.ENV_CUDA_VISIBLE_DEVICES].split(",")  # type: ignore[index]
+        assert len(first_gpus) == 2, first_gpus
+        status, got = node.plane.request("POST", path, leased_app(node, "second", 1, str(marks)))
+        assert status == 201, got
+
+        # The next round (at the first App's lease expiry) gives the second App a GPU: the first App's pod is
+        # deleted with the checkpoint grace, and its container gets SIGTERM.
+        t0 = time.monotonic()
+        wait_until(
+            lambda: (marks / f"{first_name}.sigterm").exists(), 3 * LEASE_S + 120, "SIGTERM in the first job"
+        )
+        terminating = node.plane.get(f"/api/v1/namespaces/{namespace}/pods/{first_name}")
+        assert isinstance(terminating, dict) and terminating["metadata"].get("deletionTimestamp"), terminating
+        assert terminating["metadata"]["deletionGracePeriodSeconds"] == CHECKPOINT_GRACE_S
+        (marks / f"{first_name}.release").touch()
+        wait_until(
+            lambda: (marks / f"{first_name}.checkpointed").exists(), CHECKPOINT_GRACE_S + 30, "the checkpoint"
+        )
+
+        second = wait_until(lambda: running_pod("second"), 240, "the second App's job running")
+        successor = wait_until(
+            lambda: (p := running_pod("first")) and p["metadata"]["name"] != first_name and p,
+            240,
+            "the first App's successor pod running",
+        )
+        node.timings["lease move: SIGTERM to both Apps running"] = time.monotonic() - t0
+    except TimeoutError as err:
+        apps = {n: (node.plane.get(f"{path}/{n}") or {}).get("status") for n in ("first", "second")}
+        raise AssertionError(f"{err}\nApps: {json.dumps(apps)[:3000]}\n{describe(node, namespace)}") from err
+
+    sigterm = json.loads((marks / f"{first_name}.sigterm").read_text())["t"]
+    checkpointed = json.loads((marks / f"{first_name}.checkpointed").read_text())["t"]
+    assert checkpointed - sigterm >= 2  # the container ran on after SIGTERM: the grace was honoured
+    # The successor runs on its new assignment, one GPU of the two, the second App on the other; it started
+    # only once its predecessor had checkpointed and exited.
+    mine = started(successor["metadata"]["name"])["env"][contract.ENV_CUDA_VISIBLE_DEVICES]  # type: ignore[index]
+    theirs = started(second["metadata"]["name"])["env"][contract.ENV_CUDA_VISIBLE_DEVICES]  # type: ignore[index]
+    assert mine in first_gpus and theirs in first_gpus and mine != theirs, (first_gpus, mine, theirs)
+    assert started(successor["metadata"]["name"])["t"] > checkpointed  # type: ignore[index]
+    assignment = json.loads(successor["metadata"]["annotations"][contract.ANN_ASSIGNMENT])
+    assert assignment["gpuUUIDs"] == [mine], assignment
+
+
+WORKER = (
+    "tessera worker --write-demo-model /tmp/model.onnx && "
+    'exec tessera worker --model /tmp/model.onnx --name "$TESSERA_MODEL" --host 0.0.0.0 --port 9001'
+)
+# A static model declared slow (ℓ(1) = 200 ms, ℓ(2) = 400 ms) under a 1 s SLO: the best batch within half the
+# SLO is 2 at 400 ms, 5 requests/s per replica. 2 expected requests/s → one replica; a few clients in a
+# closed loop offer more than 5 → two (the most the node's two GPUs hold, and placement.maxGPUs).
+DEMO_WIDTH = 256  # `tessera worker --write-demo-model`'s
+
+
+def modeldeployment(node: Node) -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_MODELDEPLOYMENT,
+        "metadata": {"name": "m"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "worker",
+                            "image": node.images["WORKER_IMAGE"],
+                            "imagePullPolicy": "Never",
+                            "command": ["sh", "-c", WORKER],
+                            "ports": [{"containerPort": 9001, "name": "http"}],
+                        }
+                    ]
+                }
+            },
+            "model": {"name": "early-exit", "dynamic": False},
+            "slo": {"latencyMs": 1000},
+            "traffic": {"expectedRps": 2},
+            "batching": {
+                "supportedBatchSizes": [1, 2],
+                "latencyModel": {"type": "perBatchSize", "perBatchSizeMs": [200, 400]},
+            },
+            "placement": {"minGPUs": 1, "maxGPUs": 2},
+            "gpu": {"lane": {"memoryMiB": 4096, "computePercent": 50}},
+        },
+    }
+
+
+def test_a_modeldeployment_serves_tritonclient_through_its_service_and_scales_with_load(
+    node: Node, release: helm.Config, namespace: str
+) -> None:
+    httpclient = pytest.importorskip("tritonclient.http")
+    path = (
+        f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/{contract.PLURAL_MODELDEPLOYMENT}"
+    )
+    status, got = node.plane.request("POST", path, modeldeployment(node))
+    assert status == 201, got
+
+    def md() -> dict[str, Any]:
+        return dict((node.plane.get(f"{path}/m") or {}).get("status") or {})
+
+    def serving(role: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in pods(node, namespace, f"{contract.LABEL_MODELDEPLOYMENT}=m")
+            if p["metadata"]["labels"].get(contract.LABEL_ROLE) == role
+            and ready(p)
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    t0 = time.monotonic()
+    try:
+        wait_until(
+            lambda: len(serving("worker")) == 1 and serving("gateway"), 300, "a worker and the gateway"
+        )
+        svc = node.plane.get(f"/api/v1/namespaces/{namespace}/services/m-gateway")
+        assert isinstance(svc, dict), svc
+        # The gateway's ClusterIP, from the host: kube-proxy's rules carry it to the gateway pod, and the
+        # gateway reaches its worker by the worker's DNS name.
+        client = httpclient.InferenceServerClient(f"{svc['spec']['clusterIP']}:80", network_timeout=30)
+        wait_until(lambda: client.is_model_ready("early-exit"), 180, "the model ready behind the ClusterIP")
+        node.timings["modeldeployment: created to ready behind its ClusterIP"] = time.monotonic() - t0
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\nstatus: {md()}\n{describe(node, namespace)}") from err
+
+    rng = np.random.default_rng(0)
+
+    def infer() -> None:
+        x = rng.standard_normal((1, DEMO_WIDTH)).astype(np.float32)
+        n = np.array([[int(rng.integers(1, 20))]], dtype=np.int64)
+        inputs = [
+            httpclient.InferInput("x", [1, DEMO_WIDTH], "FP32"),
+            httpclient.InferInput("n", [1, 1], "INT64"),
+        ]
+        inputs[0].set_data_from_numpy(x)
+        inputs[1].set_data_from_numpy(n)
+        result = client.infer("early-exit", inputs)
+        name = result.get_response()["outputs"][0]["name"]
+        np.testing.assert_allclose(result.as_numpy(name), early_exit_reference(x, n), rtol=1e-4, atol=1e-4)
+
+    infer()  # the right answer, computed by the worker's ONNX Runtime from what the client sent
+    assert md().get("replicas") == 1, md()
+
+    # Load: clients in a closed loop, until the operator has read the gateway's counters and scaled.
+    stop = threading.Event()
+    answered, failed = [0], [0]
+
+    url = f"http://{svc['spec']['clusterIP']}/v2/models/early-exit/infer"
+    request = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "datatype": "FP32", "shape": [1, DEMO_WIDTH], "data": [1.0] * DEMO_WIDTH},
+                {"name": "n", "datatype": "INT64", "shape": [1, 1], "data": [3]},
+            ]
+        }
+    ).encode()
+
+    def client_loop() -> None:
+        while not stop.is_set():
+            req = urllib.request.Request(url, data=request, headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    resp.read()
+                answered[0] += 1
+            except OSError:  # a drop, or a gateway rolled out for the new replica set closing connections
+                failed[0] += 1
+                stop.wait(0.5)  # back off: a client that fails at once must not spin
+
+    threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(8)]
+    t1 = time.monotonic()
+    for t in threads:
+        t.start()
+    try:
+        wait_until(
+            lambda: md().get("replicas") == 2 and len(serving("worker")) == 2,
+            420,
+            "a second replica under load",
+        )
+        node.timings["modeldeployment: load to two replicas"] = time.monotonic() - t1
+    except TimeoutError as err:
+        raise AssertionError(
+            f"{err}\nanswered {answered[0]}, failed {failed[0]}\nstatus: {md()}\n{describe(node, namespace)}"
+        ) from err
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    st = md()
+    assert st.get("observedLoadRps", 0) > 2, st  # more than the 2 requests/s it expected
+    assert answered[0] > 0, (answered, failed)
+    # The gateway now lists both workers and still answers right (a new gateway pod, if its config rolled out).
+    wait_until(lambda: client.is_model_ready("early-exit"), 180, "the model ready after scaling")
+    infer()
+    client.close()
 
 
 # --- faults: each recovery timed (node.timings, printed at the end of the session) ---------------------------
@@ -508,7 +804,7 @@ def test_operator_leader_deleted_the_standby_takes_over(node: Node, release: hel
     status, got = node.plane.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{leader}")
     assert status == 200, got
     wait_until(
-        lambda: "Resuming operations" in pod_log(node, NS, standby), 180, "the standby to resume operations"
+        lambda: peering_state(pod_log(node, NS, standby)) == "active", 180, "the standby to resume operations"
     )
     node.timings["recovery: operator leader deleted (standby resumed)"] = time.monotonic() - t0
     # The Deployment's replacement joins as a peer (it may out-rank the survivor: then the survivor pauses).
@@ -520,6 +816,7 @@ def test_operator_leader_deleted_the_standby_takes_over(node: Node, release: hel
 
 
 def test_helm_uninstall_leaves_only_the_crds(node: Node, release: helm.Config) -> None:
+    node.pod_memory = {k: v for k, v in node.pod_memory_mib().items() if k.startswith(f"{NS}/")}
     release.uninstall(RELEASE, timeout=300)
     wait_until(lambda: not pods(node, NS), 180, "every pod of the release to be gone")
     # Every object the chart rendered for this release is gone, cluster-scoped ones included.
@@ -531,10 +828,15 @@ def test_helm_uninstall_leaves_only_the_crds(node: Node, release: helm.Config) -
         assert node.plane.get(
             f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{contract.GROUP}"
         )
-    # What stays on the Node, outside Helm's objects: the agent's inventory annotation and the kubelet's
-    # extended resource (0 allocatable once the plugin is gone) — recorded here, documented in operations.md.
+    # The pre-delete hook removed the agent's inventory annotation from the Node, and its own Job,
+    # ServiceAccount and rights are gone with it. (The kubelet keeps `tessera.io/gpu` in the Node's
+    # capacity, at 0 allocatable, until it drops a plugin it has not heard from: its own state, not ours.)
     got = node.node() or {}
-    node.timings["after uninstall: node annotation kept"] = float(
-        contract.ANN_NODE_GPUS in got["metadata"].get("annotations", {})
-    )
+    assert contract.ANN_NODE_GPUS not in got["metadata"].get("annotations", {}), got["metadata"]
+    for obj in objects(render(chart_values(node), name=RELEASE, namespace=NS), hooks=True):
+        wait_until(
+            lambda o=obj: node.plane.request("GET", api_path(o))[0] == 404,
+            120,
+            f"hook {key(obj)} to be deleted",
+        )
     assert release.list(all_states=True) == []  # the release's history (its Secrets) went too

@@ -22,16 +22,18 @@ def render(
         return chart.render(values, name=name, namespace=namespace, is_install=True)
 
 
-def objects(rendered: dict[str, str]) -> list[dict[str, Any]]:
-    """Every Kubernetes object the templates produced."""
+def objects(rendered: dict[str, str], *, hooks: bool = False) -> list[dict[str, Any]]:
+    """Every Kubernetes object the templates produced that the release holds; with `hooks`, only the Helm
+    hooks instead (made for an install or uninstall step, not kept as the release's objects)."""
     found: list[dict[str, Any]] = []
     for path, text in sorted(rendered.items()):
         if path.endswith("NOTES.txt"):
             continue
         for doc in yaml.safe_load_all(text):
             if doc:
-                doc.setdefault("metadata", {}).setdefault("annotations", {})
-                found.append(doc)
+                annotations = doc.setdefault("metadata", {}).setdefault("annotations", {})
+                if ("helm.sh/hook" in annotations) == hooks:
+                    found.append(doc)
     return found
 
 

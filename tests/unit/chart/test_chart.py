@@ -34,8 +34,9 @@ NON_DEFAULT: dict[str, Any] = {
             "fairnessKnob": 0.5,
             "starvingRank": "cap",
             "admissionThreshold": 1.5,
+            "preemptionGraceSeconds": 60,
         },
-        "extraArgs": ["--preemption-grace-seconds", "60"],
+        "extraArgs": ["--pass-deadline-seconds", "90"],
     },
     "scheduler": {
         "schedulerName": "gpu-share",
@@ -88,7 +89,8 @@ VALUE_SETS = {
 
 @pytest.fixture(scope="module", params=sorted(VALUE_SETS))
 def rendered(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
-    return request.param, objects(render(VALUE_SETS[request.param]))
+    rendered = render(VALUE_SETS[request.param])
+    return request.param, objects(rendered) + objects(rendered, hooks=True)
 
 
 def _crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
@@ -196,6 +198,29 @@ def test_operator_runs_two_peered_replicas() -> None:
     assert find(objs, "ClusterKopfPeering")["metadata"]["name"] == "tessera"
     pod = deploy["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_uninstall_runs_a_hook_that_removes_the_agents_node_annotation() -> None:
+    rendered = render()
+    hooks = objects(rendered, hooks=True)
+    assert {o["kind"] for o in hooks} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
+    for obj in hooks:
+        ann = obj["metadata"]["annotations"]
+        assert ann["helm.sh/hook"] == "pre-delete"
+        assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    # The Job runs last, after its ServiceAccount and rights exist.
+    weight = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in hooks}
+    assert weight["Job"] > max(w for k, w in weight.items() if k != "Job")
+    job = find(hooks, "Job")["spec"]["template"]["spec"]
+    assert job["containers"][0]["command"][:2] == ["tessera-agent", "--forget-nodes"]
+    assert job["securityContext"]["runAsNonRoot"] is True
+    assert find(hooks, "ClusterRole")["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]}
+    ]
+    # The release's own objects do not include it, and without the agent there is nothing to clean.
+    assert all("cleanup" not in o["metadata"]["name"] for o in objects(rendered))
+    assert not objects(render({"agent": {"enabled": False}}), hooks=True)
+    assert not objects(render({"agent": {"cleanupOnUninstall": False}}), hooks=True)
 
 
 def test_scheduler_config_keeps_the_extender_contract() -> None:
@@ -321,8 +346,11 @@ def test_non_default_values_take_effect() -> None:
     )
     assert deploy["metadata"]["labels"]["team"] == "ml-platform"
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"][0]
-    assert "--namespace tessera-system" in args and '"--preemption-grace-seconds" "60"' in args
-    assert "--lease-seconds 300 --fairness-knob 0.5 --starving-rank cap --admission-threshold 1.5" in args
+    assert "--namespace tessera-system" in args and '"--pass-deadline-seconds" "90"' in args
+    assert "--lease-seconds 300 --preemption-grace-seconds 60 --fairness-knob 0.5 --starving-rank cap" in args
+    assert "--admission-threshold 1.5" in args
+    # The gateways of ModelDeployments run the chart's own image.
+    assert "--gateway-image registry.example.com/ml/tessera:0.1.0-rc1" in args
     assert find(objs, "KopfPeering")["metadata"]["namespace"] == NAMESPACE
     config = yaml.safe_load(find(objs, "ConfigMap", "-scheduler-config")["data"]["config.yaml"])
     assert config["extenders"][0]["urlPrefix"] == "http://127.0.0.1:9443/scheduler"
