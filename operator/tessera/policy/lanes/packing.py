@@ -39,6 +39,7 @@ from tessera.policy.lanes.fragmentation import (
     Shape,
     ShapeDistribution,
     ShapeMix,
+    fgd_integer_score,
     score_rows,
 )
 
@@ -226,17 +227,31 @@ class GpuClustering(_RowPicker):
 
 @dataclass
 class Fgd(_PackingPolicy):
-    """FGD (§4.3, Alg. 1): least fragmentation increase against a fixed target workload."""
+    """FGD (§4.3, Alg. 1): least fragmentation increase against a fixed target workload.
+
+    `integer_scores`: compare FGD's artifact's integer node score (`fgd_integer_score`) instead of the exact
+    increase, and on a node take the first GPU of the best integer score. `first_ties`: among the best nodes
+    take the first listed (FGD's artifact patches kube-scheduler's selectHost to the least node name, which is
+    the trace's node order) instead of one at random (upstream selectHost). Give it `typical_workload(...)` for
+    the artifact's target workload.
+    """
 
     workload: ShapeMix
     measure: Measure = field(default_factory=Measure.fgd)
     name: str = "fgd"
+    integer_scores: bool = False
+    first_ties: bool = False
 
     def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
-        scored = score_rows(state, all_rows(state), shape, self.workload, self.measure)
+        quantize = fgd_integer_score if self.integer_scores else None
+        scored = score_rows(state, all_rows(state), shape, self.workload, self.measure, quantize)
         if not len(scored.rows):
             return None
-        i = _argbest(scored.delta, rng)
+        if self.first_ties:
+            best = np.flatnonzero(scored.delta <= scored.delta.min() + EPS)
+            i = int(best[np.argmin(scored.rows[best])])
+        else:
+            i = _argbest(scored.delta, rng)
         return int(scored.rows[i]), scored.gpus_of(i)
 
 
@@ -267,9 +282,10 @@ class Tessera(_PackingPolicy):
 
 
 def make_policy(
-    name: str, workload: ShapeMix, distribution: ShapeDistribution | None = None
+    name: str, workload: ShapeMix | None, distribution: ShapeDistribution | None = None
 ) -> PackingPolicy:
-    """A policy by name; `workload` is FGD's target, `distribution` Tessera's starting point."""
+    """A policy by name; `workload` is FGD's target (needed for fgd), `distribution` Tessera's starting
+    point."""
     if name == "random":
         return RandomFit()
     if name == "first-fit":
@@ -283,6 +299,8 @@ def make_policy(
     if name == "gpu-clustering":
         return GpuClustering()
     if name == "fgd":
+        if workload is None:
+            raise ValueError("fgd needs a target workload")
         return Fgd(workload)
     if name == "tessera":
         return Tessera(distribution or ShapeDistribution())
