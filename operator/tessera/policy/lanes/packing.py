@@ -25,6 +25,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,6 +34,7 @@ import numpy.typing as npt
 
 from tessera.policy.lanes.fragmentation import (
     EPS,
+    F64,
     Measure,
     PackingState,
     RowScores,
@@ -265,16 +267,22 @@ def tessera_order(scored: RowScores) -> npt.NDArray[np.intp]:
 
 @dataclass
 class Tessera(_PackingPolicy):
-    """FGD's rule over the extended measure, with the workload learned online from the pods seen."""
+    """FGD's rule over the extended measure, with the workload learned online from the pods seen.
+
+    `integer_scores`: increases are compared as FGD's integer score (`fgd_integer_score`), so nodes within
+    ~0.04 GPU of the least increase tie and the tie-break (fuller node, then first) decides among them; on
+    Alibaba's trace that leaves 0.13 points less unallocated at 100 % than the exact increase."""
 
     distribution: ShapeDistribution = field(default_factory=ShapeDistribution)
     measure: Measure = field(default_factory=Measure.tessera)
     name: str = "tessera"
+    integer_scores: bool = True
 
     def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
         self.distribution.observe(shape)
         wl = self.distribution.workload(state.models)
-        scored = score_rows(state, all_rows(state), shape, wl, self.measure)
+        quantize = fgd_integer_score if self.integer_scores else None
+        scored = score_rows(state, all_rows(state), shape, wl, self.measure, quantize)
         if not len(scored.rows):
             return None
         i = int(tessera_order(scored)[0])
@@ -309,16 +317,25 @@ def make_policy(
 
 @dataclass(frozen=True)
 class PackingConfig:
-    """How the extender scores plain GPU pods: FGD's rule over `measure`, against the shape distribution
-    learned from the pods it sees (decay per pod, the `max_shapes` heaviest scored), seeded from `prior`."""
+    """How the extender scores plain pods: FGD's rule over `measure`, against the shape distribution
+    learned from the pods it sees (decay per pod, the `max_shapes` heaviest scored), seeded from `prior`;
+    increases compared as FGD's integer score with `integer_scores` (Tessera)."""
 
     measure: Measure = field(default_factory=Measure.tessera)
     decay: float = 0.999
     max_shapes: int = 64
     prior: tuple[tuple[Shape, float], ...] = ()
+    integer_scores: bool = True
 
     def distribution(self) -> ShapeDistribution:
         return ShapeDistribution(decay=self.decay, max_shapes=self.max_shapes, prior=self.prior)
+
+    def quantize(self) -> Callable[[F64], F64] | None:
+        return fgd_integer_score if self.integer_scores else None
+
+    def policy(self) -> Tessera:
+        """The simulator's policy running this configuration."""
+        return Tessera(self.distribution(), self.measure, integer_scores=self.integer_scores)
 
 
 def priorities(scored: RowScores) -> npt.NDArray[np.int64]:

@@ -10,7 +10,9 @@ packing policy, on Alibaba's trace or a synthetic cluster.
     seeds: [0, 1, 2]
     policies: [random, first-fit, best-fit, dot-product, gpu-packing, gpu-clustering, fgd, tessera]
     node_sample: 1               # keep every k-th node (and so 1/k of the pods): a reduced run
-    tessera: {decay: 0.999, max_shapes: 64, prior: none}   # prior: none | trace (the pod list's distribution)
+    tessera: {decay: 0.999, max_shapes: 64, prior: none, scores: integer}
+                                 # prior: none | trace (the pod list's distribution); scores: integer (FGD's
+                                 # integer score, ties to the fuller node) | exact
     fgd: {scores: integer, ties: first, workload: typical, popularity: 0.95}   # FGD as its artifact runs it;
                                  # scores: exact, ties: random, workload: full for FGD's rule as the paper states it
     arrivals: sample             # sample (with replacement, FGD §6.1) | shuffle (the pod list in random order
@@ -32,7 +34,7 @@ import numpy as np
 from pydantic import Field, Strict
 
 from tessera.policy.lanes.fragmentation import Shape, typical_workload, workload_of
-from tessera.policy.lanes.packing import POLICIES, Fgd, PackingConfig, PackingPolicy, Tessera, make_policy
+from tessera.policy.lanes.packing import POLICIES, Fgd, PackingConfig, PackingPolicy, make_policy
 from tessera.progress import Progress
 from tessera.sim.inputs import Bool, Input, Int, PositiveInt, one_of
 from tessera.sim.inputs import validate as validate_input
@@ -83,6 +85,7 @@ class PackingScenario:
     origin: str = ""
     fgd: FgdVariant = field(default_factory=FgdVariant)
     arrivals: str = "sample"
+    tessera_scores: str = "integer"
 
 
 def trace_dir(name: str, source: str) -> Path:
@@ -108,6 +111,7 @@ class TesseraInput(Input):
     decay: Annotated[float, Strict(), Field(gt=0.0, le=1.0)] = 0.999
     max_shapes: PositiveInt = 64
     prior: Literal["none", "trace"] = "none"
+    scores: Literal["integer", "exact"] = "integer"
 
 
 class FgdInput(Input):
@@ -176,6 +180,7 @@ def load(data: dict[str, Any], source: str) -> PackingScenario:
         origin,
         FgdVariant(d.fgd.scores, d.fgd.ties, d.fgd.workload, d.fgd.popularity),
         d.arrivals,
+        d.tessera.scores,
     )
 
 
@@ -269,7 +274,9 @@ def tessera_config(sc: PackingScenario) -> PackingConfig:
     if sc.prior == "trace":
         wl = workload_of(sc.pods, [])
         prior = tuple((s, float(w) * 1000) for s, w in zip(wl.shapes, wl.weight.tolist(), strict=True))
-    return PackingConfig(decay=sc.decay, max_shapes=sc.max_shapes, prior=prior)
+    return PackingConfig(
+        decay=sc.decay, max_shapes=sc.max_shapes, prior=prior, integer_scores=sc.tessera_scores == "integer"
+    )
 
 
 def fgd_policy(sc: PackingScenario, models: list[str]) -> Fgd:
@@ -305,7 +312,7 @@ def run(scenario: PackingScenario, *, progress: bool = False) -> PackingResult:
         for seed, stream in streams.items():
             for p in sc.policies:
                 if p == "tessera":
-                    policy: PackingPolicy = Tessera(cfg.distribution())
+                    policy: PackingPolicy = cfg.policy()
                 elif p == "fgd":
                     policy = fgd_policy(sc, models)
                 else:
@@ -328,7 +335,7 @@ def run(scenario: PackingScenario, *, progress: bool = False) -> PackingResult:
             sim = run_policy(
                 nodes,
                 stream,
-                Tessera(cfg.distribution()),
+                cfg.policy(),
                 seed,
                 step("simulated rule"),
             )
