@@ -107,9 +107,9 @@ def main() -> None:
             at100.append((100 * c.unallocated[99], c.failed[99]))
             failed.append(c.failed[99])
         cells = "".join(
-            f"{np.mean([u for u, _ in v]):>9.2f} / {np.mean([f for _, f in v]):>4.0f}" for v in (at95, at100)
+            f"{np.mean([u for u, _ in v]):>9.3f} / {np.mean([f for _, f in v]):>4.0f}" for v in (at95, at100)
         )
-        per = " / ".join(f"{u:.2f}" for u, _ in at100)
+        per = " / ".join(f"{u:.3f}" for u, _ in at100)
         print(f"{row:<24}{cells}   {per}  ({time.perf_counter() - t0:.0f} s)  {ROWS[row]}", flush=True)
 
 
