@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
 import yaml
 from tessera.sim.packing.deployed import DEFAULT_SCHEDULER, AsDeployed, profile_from_config
 from tessera.sim.packing.experiment import arrivals, run
 from tessera.sim.packing.scenario import fgd_policy, load, tessera_config
+from tessera.sim.packing.through_extender import extender_shapes, nominal_nodes
 
 from tests.requires import missing
 
@@ -45,3 +47,28 @@ def test_deployed_as_the_chart_configures_it_places_pods_as_the_rule() -> None:
         fgd = run(sc.nodes, stream, fgd_policy(sc, models), seed)
         worse.append(shipped.unallocated[-1] / fgd.unallocated[-1])
     assert sum(worse) / len(worse) >= 1.5, worse
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured on the real-scheduler replay's sample (every 48th node: 26 nodes, 132 GPUs; seeds 0-2): "
+    "Tessera as deployed 7.43 / 6.85 % unallocated at 95 / 100 %, FGD 7.18 / 6.70 % (per seed at 100 %: "
+    "4.86 / 8.28 / 7.41 against 6.37 / 7.08 / 6.65); on the full trace Tessera is no worse (results-packing.md)",
+)
+def test_no_worse_than_fgd_on_the_replay_sample() -> None:
+    if not TRACE.is_dir():
+        missing(f"Alibaba's trace is not at {TRACE} (../shared/traces beside the checkout)")
+    data = {"kind": "packing", "trace": "alibaba-gpu-v2023", "seeds": [0, 1, 2], "node_sample": 48}
+    sc = load(data, __file__)
+    nodes = nominal_nodes(sc.nodes)
+    now = profile_from_config(yaml.safe_load(CONFIG.read_text()), "tessera-scheduler")
+    cap = float(sum(n.gpus for n in nodes))
+    ours, theirs = {95: 0.0, 100: 0.0}, {95: 0.0, 100: 0.0}
+    for seed in sc.seeds:
+        stream = arrivals(sc.pods, cap, seed)
+        sim = run(nodes, extender_shapes(stream), AsDeployed(now, now, tessera_config(sc).policy()), seed)
+        fgd = run(nodes, stream, fgd_policy(sc, sorted({n.model for n in nodes})), seed)
+        for p in (95, 100):
+            ours[p] += sim.unallocated[p - 1] / 3
+            theirs[p] += fgd.unallocated[p - 1] / 3
+    assert all(ours[p] <= theirs[p] for p in (95, 100)), (ours, theirs)
