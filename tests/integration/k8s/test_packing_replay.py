@@ -4,19 +4,23 @@ with the agent's GPU annotation, CPU, memory and `tessera.io/gpu` slots) and pod
 until the GPUs asked reach their capacity, every pod with schedulerName tessera-scheduler (CPU-only pods
 routed there too), created one at a time, each bound or found unschedulable before the next.
 
-What this pins: the GPU share left unallocated at 100 % arrived equals the simulator's as-deployed mode
-(tessera.sim.packing.deployed, profiles read from the same configuration) on the same sample and arrivals,
-and is no more than FGD's (as its artifact runs it) there.
+What this pins: the GPU share left unallocated at 95 and 100 % arrived equals the simulator's as-deployed
+mode (tessera.sim.packing.deployed, profiles read from the same configuration) on the same sample and
+arrivals, seed 0 (FGD's figure is printed beside it; on a sample this small it swings by ±1.5 points
+from seed to seed, so the comparison with FGD is made on the full trace by the simulator:
+docs/results-packing.md, and test_packing_deployed_trace.py for this sample).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import pytest
 import yaml
 from tessera.api import contract
+from tessera.policy.lanes.fragmentation import Shape
 from tessera.policy.lanes.packing import PackingConfig
 from tessera.sim.packing.deployed import AsDeployed, profile_from_config
 from tessera.sim.packing.experiment import arrivals, run
@@ -30,7 +34,7 @@ from .conftest import Scheduling
 from .controlplane import ROOT, ControlPlane, wait_until
 
 TRACE = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"
-EVERY, SEED, SLOTS = 48, 0, 10
+EVERY, SLOTS = 48, 10
 
 
 def unschedulable(pod: dict[str, Any]) -> bool:
@@ -45,15 +49,29 @@ def settled(cluster: ControlPlane, namespace: str, name: str) -> dict[str, Any] 
     return pod if pod and (pod["spec"].get("nodeName") or unschedulable(pod)) else None
 
 
+def unallocated_at(stream: list[Shape], bound: dict[int, str], capacity: float, percent: int) -> float:
+    """Percent of GPU capacity unallocated when the pods arrived first ask for `percent` of it."""
+    asked = allocated = 0.0
+    for i, s in enumerate(stream):
+        asked += s.gpu_share
+        allocated += s.gpu_share if i in bound else 0.0
+        if asked >= percent / 100 * capacity - 1e-9:
+            break
+    return 100 * (1 - allocated / capacity)
+
+
+@pytest.mark.parametrize("seed", [0])
 def test_replay_matches_the_as_deployed_simulator(
-    cluster: ControlPlane, scheduling: Scheduling, namespace: str
+    cluster: ControlPlane, scheduling: Scheduling, namespace: str, seed: int
 ) -> None:
     if not TRACE.is_dir():
         missing(f"Alibaba's trace is not at {TRACE}")
-    nodes = nominal_nodes(read_nodes(TRACE / "openb_node_list_gpu_node.csv")[::EVERY])
+    # names per seed: kube-scheduler counts a deleted namespace's pods until they are gone
+    sample = read_nodes(TRACE / "openb_node_list_gpu_node.csv")[::EVERY]
+    nodes = [dataclasses.replace(n, name=f"s{seed}-{n.name}") for n in nominal_nodes(sample)]
     pods = read_pods(TRACE / "openb_pod_list_default.csv")
     capacity = float(sum(n.gpus for n in nodes))
-    stream = arrivals(pods, capacity, SEED)
+    stream = arrivals(pods, capacity, seed)
     created: list[str] = []
     try:
         for n in nodes:
@@ -103,24 +121,25 @@ def test_replay_matches_the_as_deployed_simulator(
             else:
                 cluster.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/p{i}")
         took = time.monotonic() - t0
-        real = 100 * (1 - sum(stream[i].gpu_share for i in bound) / capacity)
+        real = {p: unallocated_at(stream, bound, capacity, p) for p in (95, 100)}
 
         config = yaml.safe_load((ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml").read_text())
         prof = profile_from_config(config, contract.SCHEDULER_NAME)
         # the shapes the extender reads from the pods (GPU memory in MiB of the nominal 1000 MiB GPUs)
         shapes = extender_shapes(stream)
-        sim = run(nodes, shapes, AsDeployed(prof, prof, PackingConfig().policy(), slots_per_gpu=SLOTS), SEED)
-        scenario = PackingScenario("", "replay", nodes, pods, [SEED], ["fgd"])
-        fgd = run(nodes, stream, fgd_policy(scenario, sorted({n.model for n in nodes})), SEED)
-        print(
-            f"\nreplay: {len(nodes)} nodes, {int(capacity)} GPUs, {len(stream)} pods in {took:.0f} s; unallocated at "
-            f"100 %: real scheduler {real:.2f} %, simulator as deployed {100 * sim.unallocated[-1]:.2f} %, "
-            f"FGD {100 * fgd.unallocated[-1]:.2f} %"
-        )
+        sim = run(nodes, shapes, AsDeployed(prof, prof, PackingConfig().policy(), slots_per_gpu=SLOTS), seed)
+        scenario = PackingScenario("", "replay", nodes, pods, [seed], ["fgd"])
+        fgd = run(nodes, stream, fgd_policy(scenario, sorted({n.model for n in nodes})), seed)
         names = [n.name for n in nodes]
         same = sum((bound.get(i) == (names[p[0]] if p else None)) for i, p in enumerate(sim.picks))
-        assert real == pytest.approx(100 * sim.unallocated[-1], abs=0.5), (same, len(stream))
-        assert real <= 100 * fgd.unallocated[-1] + 0.5
+        for p in (95, 100):
+            ours, theirs = 100 * sim.unallocated[p - 1], 100 * fgd.unallocated[p - 1]
+            print(
+                f"\nreplay seed {seed}: {len(nodes)} nodes, {int(capacity)} GPUs, {len(stream)} pods in {took:.0f} s; "
+                f"unallocated at {p} %: real scheduler {real[p]:.2f} %, simulator as deployed {ours:.2f} %, "
+                f"FGD {theirs:.2f} %; {same} of {len(stream)} pods on the simulator's node"
+            )
+            assert real[p] == pytest.approx(ours, abs=0.5), (p, same, len(stream))
     finally:
         for name in created:
             cluster.request("DELETE", f"/api/v1/nodes/{name}")
