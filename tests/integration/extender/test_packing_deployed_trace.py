@@ -51,7 +51,8 @@ def test_deployed_as_the_chart_configures_it_places_pods_as_the_rule() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="measured on the real-scheduler replay's sample (every 48th node: 26 nodes, 132 GPUs; seeds 0-2): "
+    reason="measured on the real-scheduler replay's sample (every 48th node: 26 nodes, 132 GPUs; seeds 0-2), "
+    "a fresh extender per seed: "
     "Tessera as deployed 7.43 / 6.85 % unallocated at 95 / 100 %, FGD 7.18 / 6.70 % (per seed at 100 %: "
     "4.86 / 8.28 / 7.41 against 6.37 / 7.08 / 6.65); on the full trace Tessera is no worse (results-packing.md)",
 )
