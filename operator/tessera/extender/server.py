@@ -276,7 +276,9 @@ class Extender:
         failed: dict[str, str] = {}
         codes: dict[str, int] = {}
         fixed = self._fixed_request(spec)
-        if fixed is not None:
+        if spec is None:
+            ok = self._filter_plain(pod, names, failed, codes)
+        elif fixed is not None:
             ok = self._filter_indexed(pod, spec, fixed, names, failed, codes)
         else:
             ok = self._filter_each(pod, spec, names, failed, codes)
@@ -316,6 +318,26 @@ class Extender:
                 _reject(failed, codes, names[i], (m.NO_FIT, why))
             passed &= fit
         return [names[i] for i in np.flatnonzero(passed).tolist()]
+
+    def _filter_plain(
+        self, pod: JsonObj, names: list[str], failed: dict[str, str], codes: dict[str, int]
+    ) -> list[str]:
+        """A pod asking for no GPU (kube-scheduler sends every pod of the profile when the extender names no
+        managed resources): the nodes with its CPU and memory, GPU nodes or not."""
+        shape = self.shape(pod, None)
+        if shape is None:
+            for name in names:
+                _reject(failed, codes, name, (m.BAD_REQUEST, "pod's CPU or memory request is unreadable"))
+            return []
+        self.view.observe(pod, shape)
+        ok = []
+        for name in names:
+            why = self.view.why_not_node(name, shape)
+            if why is None:
+                ok.append(name)
+            else:
+                _reject(failed, codes, name, (m.NO_FIT, why))
+        return ok
 
     def _filter_each(
         self,
@@ -358,7 +380,7 @@ class Extender:
         )
         rejected = memo[2] if memo is not None and memo_ok else frozenset()
         shape = self.shape(pod, spec) if self.packing is not None else None
-        if shape is not None and shape.gpus:
+        if shape is not None:
             return self._prioritize_packing(pod, names, shape, rejected)
         resolved: dict[int | None, GpuRequest | str] = {}
         out = []
@@ -388,10 +410,18 @@ class Extender:
         if rejected:
             keep &= np.fromiter((n not in rejected for n in names), dtype=bool, count=len(names))
         wl = self.view.distribution.workload(st.models)
-        scored = score_rows(st, rows[keep], shape, wl, self.packing.measure)
+        scored = score_rows(st, rows[keep], shape, wl, self.packing.measure, self.packing.quantize())
         by_row = np.zeros(st.rows + 1, dtype=np.int64)  # the last entry stands for rows -1 (no packing row)
         by_row[scored.rows] = priorities(scored)
-        return [{"Host": n, "Score": p} for n, p in zip(names, by_row[rows].tolist(), strict=True)]
+        out = by_row[rows]
+        if not shape.gpus:
+            # A pod asking for no GPU fragments no GPU on a node without GPUs: those come first.
+            plain = rows < 0
+            if rejected:
+                plain &= np.fromiter((n not in rejected for n in names), dtype=bool, count=len(names))
+            if plain.any():
+                out = np.where(plain, 10, np.minimum(out, 9))
+        return [{"Host": n, "Score": p} for n, p in zip(names, out.tolist(), strict=True)]
 
     def _packing_choice(self, spec: PodRequest, node: str, req: GpuRequest) -> Choice | None:
         """The GPUs FGD's rule takes on `node` (None: not a packing-scored pod, or no fit by its arrays)."""
@@ -405,7 +435,8 @@ class Extender:
         rows = self.view.packing_rows([node])
         if rows[0] < 0:
             return None
-        scored = score_rows(st, rows, shape, self.view.distribution.workload(st.models), self.packing.measure)
+        wl = self.view.distribution.workload(st.models)
+        scored = score_rows(st, rows, shape, wl, self.packing.measure, self.packing.quantize())
         if not len(scored.rows):
             return None
         gpus = self.view.gpu_indices(node, scored.gpus_of(0))
@@ -462,6 +493,9 @@ class Extender:
         if why_not is not None:
             return {"Error": f"cannot bind {ns}/{name} to {node}: {why_not}"}, m.ERROR, m.NODE_MISMATCH
         lock = self._locks.setdefault(node, asyncio.Lock())
+        if pod_spec(pod, self.view.hp_priority_classes) is None:
+            async with lock:
+                return await self._bind_plain(pod, ns, name, uid, node)
         async with lock:
             # The request as the API server holds it (`pod` is the watched or fetched object), parsed here:
             # no cache a filter or prioritize body filled is read, so no such body decides this bind.
@@ -502,6 +536,30 @@ class Extender:
             while len(self._bound) > _BOUND_MEMORY:
                 self._bound.popitem(last=False)
         log.info("bound %s/%s to %s GPUs %s lane %s", ns, name, node, choice.gpu_indices, assignment.lane_id)
+        return {"Error": ""}, m.OK, m.NONE
+
+    async def _bind_plain(
+        self, pod: JsonObj, ns: str, name: str, uid: str, node: str
+    ) -> tuple[JsonObj, str, str]:
+        """Bind a pod that asks for no GPU: its CPU and memory counted on the node, no lane, no assignment."""
+        shape = self.shape(pod, None)
+        if shape is None:
+            why = "pod's CPU or memory request is unreadable"
+            return {"Error": f"cannot bind {ns}/{name} to {node}: {why}"}, m.ERROR, m.BAD_REQUEST
+        why_not = self.view.why_not_node(node, shape)
+        if why_not is not None:
+            return {"Error": f"cannot bind {ns}/{name} to {node}: {why_not}"}, m.LOST_RACE, m.NO_FIT
+        self.view.reserve(uid, node, shape.cpu_milli, shape.memory_mib)
+        try:
+            if self.kube is not None:
+                await self.kube.bind_pod(ns, name, uid, node)
+        except KubeError as err:
+            self.view.unreserve(uid)
+            return {"Error": f"binding {ns}/{name} to {node} failed: {err}"}, m.ERROR, m.API_ERROR
+        self._bound[uid] = node
+        while len(self._bound) > _BOUND_MEMORY:
+            self._bound.popitem(last=False)
+        log.info("bound %s/%s to %s (no GPU)", ns, name, node)
         return {"Error": ""}, m.OK, m.NONE
 
     # -- keeping the view -----------------------------------------------------------------------------

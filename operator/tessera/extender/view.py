@@ -492,6 +492,8 @@ class SchedulerCache:
         name = node["metadata"]["name"]
         self._changed(name)
         self.node_facts[name] = NodeFacts.of(node)
+        # every node's CPU and memory: pods asking for no GPU may go to nodes without GPUs
+        self.allocatable[name] = node_allocatable(node)
         raw = (node["metadata"].get("annotations") or {}).get(contract.ANN_NODE_GPUS)
         if raw is None:
             self._drop_node(name)
@@ -508,7 +510,6 @@ class SchedulerCache:
         if name not in self._prow:  # packing rows in the order nodes appear (the rule's last tie-break)
             self._prow[name] = self.packing.add_row()
             self._pnames = None
-        self.allocatable[name] = node_allocatable(node)
         self.models[name] = next((g.model for g in inventory if g.model), "")
         self._smallest = None
         self.nodes[name] = [GpuState(g.index, g.uuid, g.memory_mib, g.healthy) for g in inventory]
@@ -521,6 +522,7 @@ class SchedulerCache:
         self._drop_node(name)
         self.node_errors.pop(name, None)
         self.node_facts.pop(name, None)
+        self.allocatable.pop(name, None)
 
     def _drop_node(self, name: str) -> None:
         self.nodes.pop(name, None)

@@ -119,3 +119,59 @@ async def test_tight_looking_node_that_fragments_more_loses(served: tuple[Extend
     assert ext.view.holdings["uid-small"].node == "n-idle"
     # CPU and memory of bound pods count on their node
     assert ext.view.node_free("n-idle") == (64000 - 1000, 256 * 1024 - 1024)
+
+
+def cpu_pod(name: str, cpu: str) -> dict[str, Any]:
+    res = {"requests": {"cpu": cpu, "memory": "1Gi"}}
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": {"containers": [{"name": "c", "resources": res}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+async def test_a_cpu_only_pod_is_packed_by_the_rule_too(served: tuple[Extender, str]) -> None:
+    """kube-scheduler sends every pod of the profile (the extender names no managed resources). A 6-CPU pod
+    on gpu-8 (8 CPUs) would leave 2, too few for the half-GPU pods the cluster runs (4 CPUs each): its GPU
+    would strand. gpu-16 keeps 10 CPUs and stays usable, so it gets the top priority; a node without GPUs
+    comes first when it has room; bind counts the CPU and writes no lane."""
+    ext, url = served
+    ext.packing = PackingConfig(prior=((Shape(1, 0.5, 500.0, cpu_milli=4000), 100.0),))
+    ext.view.distribution = ext.packing.distribution()
+    ext.view.apply_node(node("gpu-8", 1, "T4", cpu="8"))
+    ext.view.apply_node(node("gpu-16", 1, "T4", cpu="16"))
+    ext.view.apply_node(
+        {"metadata": {"name": "cpu-4"}, "status": {"allocatable": {"cpu": "4", "memory": "8Gi"}}}
+    )
+    names = ["gpu-8", "gpu-16", "cpu-4"]
+    small = cpu_pod("small", "3")
+    out = await post(url, "filter", {"Pod": small, "NodeNames": names})
+    assert out["NodeNames"] == names
+    scores = {
+        h["Host"]: h["Score"] for h in await post(url, "prioritize", {"Pod": small, "NodeNames": names})
+    }
+    assert scores["cpu-4"] == 10 and max(scores["gpu-8"], scores["gpu-16"]) < 10
+
+    big = cpu_pod("big", "6")
+    ext.view.apply_pod(big)
+    out = await post(url, "filter", {"Pod": big, "NodeNames": names})
+    assert out["NodeNames"] == ["gpu-8", "gpu-16"]
+    assert "4000m CPU free, pod needs 6000m" in out["FailedNodes"]["cpu-4"]
+    scores = {
+        h["Host"]: h["Score"]
+        for h in await post(url, "prioritize", {"Pod": big, "NodeNames": out["NodeNames"]})
+    }
+    assert scores == {"gpu-16": 10, "gpu-8": 0}
+    res = await post(
+        url, "bind", {"PodName": "big", "PodNamespace": "default", "PodUID": "uid-big", "Node": "gpu-16"}
+    )
+    assert res == {"Error": ""}
+    assert "uid-big" not in ext.view.holdings  # no GPU, no lane
+    assert ext.view.node_free("gpu-16") == (16000 - 6000, 256 * 1024 - 1024)
+    # capacity gone: a second bind of a pod that no longer fits is refused with the reason
+    huge = cpu_pod("huge", "12")
+    ext.view.apply_pod(huge)
+    res = await post(
+        url, "bind", {"PodName": "huge", "PodNamespace": "default", "PodUID": "uid-huge", "Node": "gpu-16"}
+    )
+    assert "10000m CPU free, pod needs 12000m" in res["Error"]

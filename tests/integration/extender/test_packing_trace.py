@@ -2,8 +2,9 @@
 with the extender's own filter → prioritize → bind replaying the first seed.
 
 What this pins: on the reduced run, the extender's rule (tessera) leaves no more GPU capacity unallocated than
-FGD at 80, 90, 95 and 100 % arrived (mean of 3 seeds) and fails fewer pods at 100 %; and the extender places
-every pod exactly where the simulated rule does. The full trace (1,213 nodes) is in docs/results-packing.md,
+FGD's rule as the paper states it (exact increase, random ties, the pod list's full distribution) at 80, 90, 95
+and 100 % arrived (mean of 3 seeds) and fails fewer pods at 100 %; and the extender places every pod exactly
+where the simulated rule does. FGD as its artifact runs it: test_fgd_artifact_trace.py. The full trace (1,213 nodes) is in docs/results-packing.md,
 from `tessera simulate operator/tessera/sim/data/packing-default.yaml` (minutes, not a test).
 """
 
@@ -30,6 +31,7 @@ def result():  # type: ignore[no-untyped-def]
         "node_sample": 8,
         "policies": ["first-fit", "fgd", "tessera"],
         "through_extender": True,
+        "fgd": {"scores": "exact", "ties": "random", "workload": "full"},
     }
     if not TRACE.is_dir():
         missing(f"Alibaba's trace is not at {TRACE} (../shared/traces beside the checkout)")

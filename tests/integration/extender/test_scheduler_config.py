@@ -11,7 +11,7 @@ from tessera.api import contract
 CONFIG = Path(__file__).parents[3] / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 
 
-def test_scheduler_config_uses_the_extender_for_tessera_resources() -> None:
+def test_scheduler_config_sends_every_pod_to_the_extender() -> None:
     doc = yaml.safe_load(CONFIG.read_text())
     assert (
         doc["apiVersion"] == "kubescheduler.config.k8s.io/v1" and doc["kind"] == "KubeSchedulerConfiguration"
@@ -21,10 +21,15 @@ def test_scheduler_config_uses_the_extender_for_tessera_resources() -> None:
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
     assert ext["weight"] > 0  # required when prioritizeVerb is set
     assert ext["nodeCacheCapable"] is True
-    managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
-    assert len(managed) == len(ext["managedResources"])  # no duplicates
-    assert managed[contract.RESOURCE_GPU_MEMORY] is True and managed[contract.RESOURCE_GPU_COMPUTE] is True
-    assert all(re.fullmatch(r"[a-z0-9.-]+/[a-z0-9-]+", name) for name in managed)
+    # Every pod of the profile reaches the extender (no managedResources), and kube-scheduler's fit check
+    # ignores the two resources no node advertises.
+    assert "managedResources" not in ext
+    (profile,) = doc["profiles"]
+    (fit,) = [c for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit"]
+    ignored = fit["args"]["ignoredResources"]
+    assert set(ignored) == {contract.RESOURCE_GPU_MEMORY, contract.RESOURCE_GPU_COMPUTE}
+    assert all(re.fullmatch(r"[a-z0-9.-]+/[a-z0-9-]+", name) for name in ignored)
+    assert doc["percentageOfNodesToScore"] == 100
 
 
 def test_extender_command_is_registered() -> None:

@@ -239,11 +239,12 @@ def test_scheduler_config_keeps_the_extender_contract() -> None:
     assert ext["urlPrefix"] == "http://127.0.0.1:8888"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
     assert ext["nodeCacheCapable"] is True and ext["weight"] > 0
-    assert {r["name"]: r["ignoredByScheduler"] for r in ext["managedResources"]} == {
-        "tessera.io/gpu": False,
-        "tessera.io/gpu-memory": True,
-        "tessera.io/gpu-compute": True,
-    }
+    # No managed resources: kube-scheduler sends every pod of the profile (CPU-only ones too) to the
+    # extender; its own fit check ignores the two resources no node advertises.
+    assert "managedResources" not in ext
+    (fit,) = [c for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit"]
+    assert set(fit["args"]["ignoredResources"]) == {"tessera.io/gpu-memory", "tessera.io/gpu-compute"}
+    assert config["percentageOfNodesToScore"] == 100
     pod = find(objs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["containers"]] == ["kube-scheduler", "extender"]
     assert "--config=/etc/tessera-scheduler/config.yaml" in pod["containers"][0]["command"]

@@ -140,8 +140,10 @@ def test_scheduler_config_matches_the_reference_config() -> None:
     (ext,) = config["extenders"]
     # Weight and leader election are deployment choices (values); everything else is the extender contract.
     for key in ("urlPrefix", "filterVerb", "prioritizeVerb", "bindVerb", "nodeCacheCapable", "httpTimeout",
-                "ignorable", "managedResources"):  # fmt: skip
+                "ignorable"):  # fmt: skip
         assert ext[key] == ref[key], key
+    assert ext.get("managedResources") == ref.get("managedResources")
+    assert config["percentageOfNodesToScore"] == reference["percentageOfNodesToScore"]
     assert ext["weight"] > 0
 
 

@@ -20,7 +20,7 @@ simulator call the same `score_rows`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -182,6 +182,34 @@ def workload_of(shapes: Iterable[Shape], models: Sequence[str]) -> ShapeMix:
     for s in shapes:
         counts[s] = counts.get(s, 0.0) + 1.0
     return ShapeMix(list(counts), list(counts.values()), models)
+
+
+def typical_workload(shapes: Iterable[Shape], models: Sequence[str], popularity: float = 0.95) -> ShapeMix:
+    """FGD's target workload as its artifact builds it ("typical pods"): shapes told apart by GPUs, GPU share,
+    CPU and GPU models only (not memory), the most frequent first until they cover `popularity` of the pods,
+    weights renormalised over those kept (ties in frequency keep first-seen order)."""
+    if not 0.0 < popularity <= 1.0:
+        raise PackingInputError(f"popularity must be in (0, 1], got {popularity}")
+    counts: dict[Shape, float] = {}
+    for s in shapes:
+        key = Shape(s.gpus, s.compute, s.gpu_memory_mib, s.gpu_memory_frac, s.cpu_milli, 0.0, s.models)
+        counts[key] = counts.get(key, 0.0) + 1.0
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])  # stable: first seen first among equals
+    total, kept, cum = sum(counts.values()), [], 0.0
+    for s, n in ranked:
+        if cum >= popularity * total - EPS:
+            break
+        kept.append((s, n))
+        cum += n
+    return ShapeMix([s for s, _ in kept], [n for _, n in kept], models)
+
+
+def fgd_integer_score(delta: F64) -> F64:
+    """FGD's score plugin as its artifact computes it, negated so lower is better: ⌊100·σ(−Δ)⌋ with Δ the
+    fragmentation increase in GPUs (σ of the decrease in milli-GPUs / 1000, truncated to kube-scheduler's
+    integer 0..100 node score). Increases within ~0.04 GPU of each other tie."""
+    out: F64 = -np.floor(100.0 / (1.0 + np.exp(np.clip(delta, -50.0, 50.0))))
+    return out
 
 
 class PackingState:
@@ -472,6 +500,7 @@ def score_rows(
     shape: Shape,
     wl: ShapeMix,
     measure: Measure,
+    quantize: Callable[[F64], F64] | None = None,
 ) -> RowScores:
     """FGD's score for placing `shape` on each of `rows` that can host it (the others are left out).
 
@@ -479,6 +508,9 @@ def score_rows(
     least increase is the row's (the first candidate, in column order, on ties). Rows in the same state are
     scored once. A choice changes a few GPUs of a node, so the state after is computed from the state before
     GPU by GPU rather than from scratch: the cost is (rows × GPUs + choices) × shapes.
+
+    `quantize` maps each choice's increase to what is compared instead (lower is better), e.g. FGD's integer
+    score (`fgd_integer_score`); the rows' `delta` is then that value.
     """
     rows = rows[state.feasible(rows, shape)]
     if not len(rows):
@@ -520,6 +552,8 @@ def score_rows(
     else:
         after = u_total * 0
     delta_c = after - before[owner]
+    if quantize is not None:
+        delta_c = quantize(delta_c)
     free_c = np.clip(comp, 0, None).sum(axis=1)[owner] - shape.compute * shape.gpus
     best = _least_per_owner(delta_c, owner)
     rep_gpus = [tuple(int(x) for x in chosen[j]) for j in best.tolist()]

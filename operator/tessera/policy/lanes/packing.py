@@ -25,6 +25,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,12 +34,14 @@ import numpy.typing as npt
 
 from tessera.policy.lanes.fragmentation import (
     EPS,
+    F64,
     Measure,
     PackingState,
     RowScores,
     Shape,
     ShapeDistribution,
     ShapeMix,
+    fgd_integer_score,
     score_rows,
 )
 
@@ -226,17 +229,31 @@ class GpuClustering(_RowPicker):
 
 @dataclass
 class Fgd(_PackingPolicy):
-    """FGD (§4.3, Alg. 1): least fragmentation increase against a fixed target workload."""
+    """FGD (§4.3, Alg. 1): least fragmentation increase against a fixed target workload.
+
+    `integer_scores`: compare FGD's artifact's integer node score (`fgd_integer_score`) instead of the exact
+    increase, and on a node take the first GPU of the best integer score. `first_ties`: among the best nodes
+    take the first listed (FGD's artifact patches kube-scheduler's selectHost to the least node name, which is
+    the trace's node order) instead of one at random (upstream selectHost). Give it `typical_workload(...)` for
+    the artifact's target workload.
+    """
 
     workload: ShapeMix
     measure: Measure = field(default_factory=Measure.fgd)
     name: str = "fgd"
+    integer_scores: bool = False
+    first_ties: bool = False
 
     def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
-        scored = score_rows(state, all_rows(state), shape, self.workload, self.measure)
+        quantize = fgd_integer_score if self.integer_scores else None
+        scored = score_rows(state, all_rows(state), shape, self.workload, self.measure, quantize)
         if not len(scored.rows):
             return None
-        i = _argbest(scored.delta, rng)
+        if self.first_ties:
+            best = np.flatnonzero(scored.delta <= scored.delta.min() + EPS)
+            i = int(best[np.argmin(scored.rows[best])])
+        else:
+            i = _argbest(scored.delta, rng)
         return int(scored.rows[i]), scored.gpus_of(i)
 
 
@@ -250,16 +267,22 @@ def tessera_order(scored: RowScores) -> npt.NDArray[np.intp]:
 
 @dataclass
 class Tessera(_PackingPolicy):
-    """FGD's rule over the extended measure, with the workload learned online from the pods seen."""
+    """FGD's rule over the extended measure, with the workload learned online from the pods seen.
+
+    `integer_scores`: increases are compared as FGD's integer score (`fgd_integer_score`), so nodes within
+    ~0.04 GPU of the least increase tie and the tie-break (fuller node, then first) decides among them; on
+    Alibaba's trace that leaves 0.13 points less unallocated at 100 % than the exact increase."""
 
     distribution: ShapeDistribution = field(default_factory=ShapeDistribution)
     measure: Measure = field(default_factory=Measure.tessera)
     name: str = "tessera"
+    integer_scores: bool = True
 
     def choose(self, state: PackingState, shape: Shape, rng: random.Random) -> Pick | None:
         self.distribution.observe(shape)
         wl = self.distribution.workload(state.models)
-        scored = score_rows(state, all_rows(state), shape, wl, self.measure)
+        quantize = fgd_integer_score if self.integer_scores else None
+        scored = score_rows(state, all_rows(state), shape, wl, self.measure, quantize)
         if not len(scored.rows):
             return None
         i = int(tessera_order(scored)[0])
@@ -267,9 +290,10 @@ class Tessera(_PackingPolicy):
 
 
 def make_policy(
-    name: str, workload: ShapeMix, distribution: ShapeDistribution | None = None
+    name: str, workload: ShapeMix | None, distribution: ShapeDistribution | None = None
 ) -> PackingPolicy:
-    """A policy by name; `workload` is FGD's target, `distribution` Tessera's starting point."""
+    """A policy by name; `workload` is FGD's target (needed for fgd), `distribution` Tessera's starting
+    point."""
     if name == "random":
         return RandomFit()
     if name == "first-fit":
@@ -283,6 +307,8 @@ def make_policy(
     if name == "gpu-clustering":
         return GpuClustering()
     if name == "fgd":
+        if workload is None:
+            raise ValueError("fgd needs a target workload")
         return Fgd(workload)
     if name == "tessera":
         return Tessera(distribution or ShapeDistribution())
@@ -291,16 +317,25 @@ def make_policy(
 
 @dataclass(frozen=True)
 class PackingConfig:
-    """How the extender scores plain GPU pods: FGD's rule over `measure`, against the shape distribution
-    learned from the pods it sees (decay per pod, the `max_shapes` heaviest scored), seeded from `prior`."""
+    """How the extender scores plain pods: FGD's rule over `measure`, against the shape distribution
+    learned from the pods it sees (decay per pod, the `max_shapes` heaviest scored), seeded from `prior`;
+    increases compared as FGD's integer score with `integer_scores` (Tessera)."""
 
     measure: Measure = field(default_factory=Measure.tessera)
     decay: float = 0.999
     max_shapes: int = 64
     prior: tuple[tuple[Shape, float], ...] = ()
+    integer_scores: bool = True
 
     def distribution(self) -> ShapeDistribution:
         return ShapeDistribution(decay=self.decay, max_shapes=self.max_shapes, prior=self.prior)
+
+    def quantize(self) -> Callable[[F64], F64] | None:
+        return fgd_integer_score if self.integer_scores else None
+
+    def policy(self) -> Tessera:
+        """The simulator's policy running this configuration."""
+        return Tessera(self.distribution(), self.measure, integer_scores=self.integer_scores)
 
 
 def priorities(scored: RowScores) -> npt.NDArray[np.int64]:

@@ -37,11 +37,26 @@ def build_state(nodes: Sequence[NodeSpec]) -> PackingState:
     return state
 
 
-def arrivals(pods: Sequence[Shape], capacity: float, seed: int) -> list[Shape]:
-    """Pods drawn uniformly with replacement until the GPUs they ask for reach `capacity`."""
+ARRIVALS = ("sample", "shuffle")
+
+
+def arrivals(pods: Sequence[Shape], capacity: float, seed: int, mode: str = "sample") -> list[Shape]:
+    """Pods until the GPUs they ask for reach `capacity`. `sample`: drawn uniformly with replacement (FGD
+    §6.1 as written). `shuffle`: as FGD's artifact builds its workload (workload tuning): the whole pod list in
+    random order, then pods drawn with replacement, so every listed pod arrives once before any twice."""
+    if mode not in ARRIVALS:
+        raise ValueError(f"arrivals must be one of {', '.join(ARRIVALS)}, got {mode!r}")
     rng = random.Random(seed)
     out: list[Shape] = []
     asked = 0.0
+    if mode == "shuffle":
+        order = list(pods)
+        rng.shuffle(order)
+        for s in order:
+            if asked >= capacity - 1e-9:
+                return out
+            out.append(s)
+            asked += s.gpu_share
     while asked < capacity - 1e-9:
         s = pods[rng.randrange(len(pods))]
         out.append(s)

@@ -10,7 +10,13 @@ packing policy, on Alibaba's trace or a synthetic cluster.
     seeds: [0, 1, 2]
     policies: [random, first-fit, best-fit, dot-product, gpu-packing, gpu-clustering, fgd, tessera]
     node_sample: 1               # keep every k-th node (and so 1/k of the pods): a reduced run
-    tessera: {decay: 0.999, max_shapes: 64, prior: none}   # prior: none | trace (the pod list's distribution)
+    tessera: {decay: 0.999, max_shapes: 64, prior: none, scores: integer}
+                                 # prior: none | trace (the pod list's distribution); scores: integer (FGD's
+                                 # integer score, ties to the fuller node) | exact
+    fgd: {scores: integer, ties: first, workload: typical, popularity: 0.95}   # FGD as its artifact runs it;
+                                 # scores: exact, ties: random, workload: full for FGD's rule as the paper states it
+    arrivals: sample             # sample (with replacement, FGD §6.1) | shuffle (the pod list in random order
+                                 # first, as FGD's artifact tunes its workload)
     through_extender: true       # also replay the first seed through the extender's filter/prioritize/bind
 
 Example: ``tessera/sim/data/packing-default.yaml``.
@@ -27,8 +33,8 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field, Strict
 
-from tessera.policy.lanes.fragmentation import Shape, workload_of
-from tessera.policy.lanes.packing import POLICIES, PackingConfig, Tessera, make_policy
+from tessera.policy.lanes.fragmentation import Shape, typical_workload, workload_of
+from tessera.policy.lanes.packing import POLICIES, Fgd, PackingConfig, PackingPolicy, make_policy
 from tessera.progress import Progress
 from tessera.sim.inputs import Bool, Input, Int, PositiveInt, one_of
 from tessera.sim.inputs import validate as validate_input
@@ -54,6 +60,16 @@ PUBLISHED = {
 
 
 @dataclass(frozen=True)
+class FgdVariant:
+    """How FGD is run: its artifact's integer scores, tie-break and typical-pod cut, or the exact rule."""
+
+    scores: str = "integer"  # integer | exact
+    ties: str = "first"  # first (the artifact's least node name) | random (upstream selectHost)
+    workload: str = "typical"  # typical (the most frequent shapes covering `popularity`) | full
+    popularity: float = 0.95
+
+
+@dataclass(frozen=True)
 class PackingScenario:
     source: str
     name: str
@@ -67,6 +83,9 @@ class PackingScenario:
     through_extender: bool = False
     seed: int = 0  # `--seed` replaces the seeds with this one
     origin: str = ""
+    fgd: FgdVariant = field(default_factory=FgdVariant)
+    arrivals: str = "sample"
+    tessera_scores: str = "integer"
 
 
 def trace_dir(name: str, source: str) -> Path:
@@ -92,6 +111,16 @@ class TesseraInput(Input):
     decay: Annotated[float, Strict(), Field(gt=0.0, le=1.0)] = 0.999
     max_shapes: PositiveInt = 64
     prior: Literal["none", "trace"] = "none"
+    scores: Literal["integer", "exact"] = "integer"
+
+
+class FgdInput(Input):
+    """FGD as its artifact runs it (the defaults) or as the paper states the rule."""
+
+    scores: Literal["integer", "exact"] = "integer"
+    ties: Literal["first", "random"] = "first"
+    workload: Literal["typical", "full"] = "typical"
+    popularity: Annotated[float, Strict(), Field(gt=0.0, le=1.0)] = 0.95
 
 
 class PackingFile(Input):
@@ -110,13 +139,15 @@ class PackingFile(Input):
     node_sample: PositiveInt = 1
     """Keep every n-th node."""
     tessera: TesseraInput = TesseraInput()
+    fgd: FgdInput = FgdInput()
+    arrivals: Literal["sample", "shuffle"] = "sample"
     through_extender: Bool = False
 
 
 def load(data: dict[str, Any], source: str) -> PackingScenario:
     """Validate a ``kind: packing`` scenario; errors name the file and field."""
-    if isinstance(data, dict) and data.get("tessera", 0) is None:
-        data = {k: v for k, v in data.items() if k != "tessera"}  # `tessera:` left empty: the defaults
+    if isinstance(data, dict):  # `tessera:` or `fgd:` left empty: the defaults
+        data = {k: v for k, v in data.items() if not (k in ("tessera", "fgd") and v is None)}
     d = validate_input(PackingFile, data, source)
     if (d.trace is None) == (d.synthetic is None):
         raise ScenarioError(source, "trace", "give exactly one of trace or synthetic")
@@ -147,6 +178,9 @@ def load(data: dict[str, Any], source: str) -> PackingScenario:
         d.through_extender,
         d.seeds[0],
         origin,
+        FgdVariant(d.fgd.scores, d.fgd.ties, d.fgd.workload, d.fgd.popularity),
+        d.arrivals,
+        d.tessera.scores,
     )
 
 
@@ -240,7 +274,20 @@ def tessera_config(sc: PackingScenario) -> PackingConfig:
     if sc.prior == "trace":
         wl = workload_of(sc.pods, [])
         prior = tuple((s, float(w) * 1000) for s, w in zip(wl.shapes, wl.weight.tolist(), strict=True))
-    return PackingConfig(decay=sc.decay, max_shapes=sc.max_shapes, prior=prior)
+    return PackingConfig(
+        decay=sc.decay, max_shapes=sc.max_shapes, prior=prior, integer_scores=sc.tessera_scores == "integer"
+    )
+
+
+def fgd_policy(sc: PackingScenario, models: list[str]) -> Fgd:
+    """FGD with its target workload from the pod list, run as `sc.fgd` says."""
+    v = sc.fgd
+    wl = (
+        typical_workload(sc.pods, models, v.popularity)
+        if v.workload == "typical"
+        else workload_of(sc.pods, models)
+    )
+    return Fgd(wl, integer_scores=v.scores == "integer", first_ties=v.ties == "first")
 
 
 def run(scenario: PackingScenario, *, progress: bool = False) -> PackingResult:
@@ -249,8 +296,7 @@ def run(scenario: PackingScenario, *, progress: bool = False) -> PackingResult:
         sc = PackingScenario(**{**sc.__dict__, "seeds": [sc.seed]})
     capacity = float(sum(n.gpus for n in sc.nodes))
     models = sorted({n.model for n in sc.nodes})
-    target = workload_of(sc.pods, models)  # FGD's target workload: the pod list's distribution
-    streams = {seed: arrivals(sc.pods, capacity, seed) for seed in sc.seeds}
+    streams = {seed: arrivals(sc.pods, capacity, seed, sc.arrivals) for seed in sc.seeds}
     total = sum(len(s) for s in streams.values()) * len(sc.policies)
     if sc.through_extender:
         total += 2 * len(streams[sc.seeds[0]])
@@ -265,7 +311,12 @@ def run(scenario: PackingScenario, *, progress: bool = False) -> PackingResult:
 
         for seed, stream in streams.items():
             for p in sc.policies:
-                policy = Tessera(cfg.distribution()) if p == "tessera" else make_policy(p, target)
+                if p == "tessera":
+                    policy: PackingPolicy = cfg.policy()
+                elif p == "fgd":
+                    policy = fgd_policy(sc, models)
+                else:
+                    policy = make_policy(p, None)
                 curves[p].append(
                     run_policy(
                         sc.nodes,
@@ -284,7 +335,7 @@ def run(scenario: PackingScenario, *, progress: bool = False) -> PackingResult:
             sim = run_policy(
                 nodes,
                 stream,
-                Tessera(cfg.distribution()),
+                cfg.policy(),
                 seed,
                 step("simulated rule"),
             )

@@ -130,7 +130,8 @@ def run(
                 assert shape is not None and ext.view.distribution is not None
                 st = ext.view.packing_state()
                 wl = ext.view.distribution.workload(st.models)
-                scored = score_rows(st, ext.view.packing_rows(names), shape, wl, config.measure)
+                rows = ext.view.packing_rows(names)
+                scored = score_rows(st, rows, shape, wl, config.measure, config.quantize())
                 if not len(scored.rows):
                     picks.append(None)
                 else:
