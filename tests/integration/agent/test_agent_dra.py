@@ -357,6 +357,7 @@ async def test_agent_stopped_mid_prepare_loses_nothing(
     first.driver.servicer.before_cdi_write = hang
     channel, stub = dra_stub(cfg)
     async with channel:
+
         async def prepare() -> dra_v1_pb2.NodePrepareResourcesResponse:
             req = dra_v1_pb2.NodePrepareResourcesRequest(claims=claims(("ml", "c", "uid-c")))
             return await stub.NodePrepareResources(req, timeout=DEADLINE_S)
