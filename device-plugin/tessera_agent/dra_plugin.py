@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -47,9 +48,14 @@ from .proto import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_v1_pb2, plugi
 
 log = logging.getLogger(__name__)
 
+# For tests of an agent killed mid-prepare on a real node: while the file this names exists, every prepare
+# stops after recording its claim as `preparing`.
+HOLD_PREPARE_ENV = "TESSERA_AGENT_HOLD_PREPARE"
+
 DRA_SERVICE = "v1.DRAPlugin"  # k8s.io/kubelet/pkg/apis/dra/v1 DRAPluginService: what the kubelet picks
 PLUGIN_TYPE = "DRAPlugin"  # pluginregistration/v1 constants.go
 RESOURCE_API = "/apis/resource.k8s.io/v1"
+SLICE_RESYNC_S = 10.0  # how often the published slice is compared with the GPUs
 
 
 # --- the API server ----------------------------------------------------------------------------------------
@@ -154,6 +160,9 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         self._lock = asyncio.Lock()  # one checkpoint writer at a time
         # Test hook: awaited after a claim is recorded as preparing, before its CDI spec is written.
         self.before_cdi_write: Callable[[str], Awaitable[None]] | None = None
+        hold = os.environ.get(HOLD_PREPARE_ENV)
+        if hold:
+            self.before_cdi_write = _hold_while_exists(Path(hold))
 
     def _save(self) -> None:
         self.checkpoint.save(self.checkpoint_path)
@@ -276,6 +285,16 @@ class RegistrationServicer(pluginregistration_v1_pb2_grpc.RegistrationServicer):
         return pluginregistration_v1_pb2.RegistrationStatusResponse()
 
 
+def _hold_while_exists(path: Path) -> Callable[[str], Awaitable[None]]:
+    async def hold(uid: str) -> None:
+        if path.exists():
+            log.warning("holding the prepare of claim %s while %s exists (%s)", uid, path, HOLD_PREPARE_ENV)
+        while path.exists():
+            await asyncio.sleep(0.1)
+
+    return hold
+
+
 # --- the ResourceSlice -------------------------------------------------------------------------------------
 class SlicePublisher:
     """Keeps the node's ResourceSlice equal to its GPUs; the pool generation rises with every change."""
@@ -345,7 +364,9 @@ class DraDriver:
             sock.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 sock.unlink()  # a stale socket from a previous run would make bind fail
-        self.cfg.cdi_dir.mkdir(parents=True, exist_ok=True)
+        # CDI mounts, unlike the kubelet's, are not created by the runtime: their sources must exist.
+        for d in (self.cfg.cdi_dir, self.cfg.mps_pipe_dir, self.cfg.mps_root / "shm"):
+            d.mkdir(parents=True, exist_ok=True)
         server = grpc.aio.server()
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{self.cfg.dra_socket}")
@@ -380,7 +401,13 @@ class DraDriver:
         health = asyncio.create_task(self._watch_health(stop))
         try:
             await self._publish_until_done(stop)
-            await stop.wait()
+            # Again now and then: the kubelet deletes a driver's slices when its plugin stays unregistered
+            # (an agent down for a while), and someone may edit or delete the slice.
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), SLICE_RESYNC_S)
+                if not stop.is_set():
+                    await self._publish_until_done(stop)
         finally:
             health.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -88,7 +88,7 @@ def cfg(plugin_dir: Path) -> AgentConfig:
     return AgentConfig(
         node_name=NODE,
         slots_per_gpu=4,
-        mps_root=Path("/run/tessera/mps"),
+        mps_root=plugin_dir / "mps",
         kubelet_plugins_dir=plugin_dir / "plugins",
         kubelet_registry_dir=plugin_dir / "plugins_registry",
         cdi_dir=plugin_dir / "cdi",
@@ -256,10 +256,11 @@ async def test_prepare_writes_the_lane_into_a_cdi_spec_and_unprepare_removes_it(
         }
         mounts = {m["containerPath"]: m["hostPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]}
         assert mounts == {
-            "/mps/pipe": "/run/tessera/mps/pipe",
-            "/dev/shm": "/run/tessera/mps/shm",
+            "/mps/pipe": str(cfg.mps_root / "pipe"),
+            "/dev/shm": str(cfg.mps_root / "shm"),
             "/run/tessera/progress": "/run/tessera/progress",
         }
+        assert all(Path(m).is_dir() for m in list(mounts.values())[:2])  # the runtime would not make them
 
         # The kubelet may ask again (after its own restart): answered from the checkpoint, the API not read.
         reads = api.claim_reads
