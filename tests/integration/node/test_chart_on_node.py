@@ -123,11 +123,17 @@ def test_every_chart_pod_runs_and_the_operators_elect_one_leader(node: Node, rel
     # kopf peering: both replicas keep a record alive with a priority each drew at start; the highest is
     # active and the other pauses.
     leader, standby = wait_until(lambda: operator_roles(node), 120, "both operator replicas in the peering")
-    wait_until(
-        lambda: "Pausing operations" in pod_log(node, NS, standby),
-        120,
-        f"the lower-priority replica {standby} to pause",
-    )
+    try:
+        wait_until(
+            lambda: "Pausing operations" in pod_log(node, NS, standby),
+            120,
+            f"the lower-priority replica {standby} to pause",
+        )
+    except TimeoutError as err:
+        tails = {n: pod_log(node, NS, n)[-2000:] for n in (standby, leader)}
+        raise AssertionError(
+            f"{err}\nstandby's log: {tails[standby]}\nleader's log: {tails[leader]}"
+        ) from err
     assert leader != standby
 
 
