@@ -9,19 +9,11 @@ bash hack/install-test-deps.sh
 # Built once (progress on stderr), then answered from ~/.cache/tessera; the last line is the directory.
 KUBEBUILDER_ASSETS="$(bash hack/k8s-assets.sh | tail -n1)"
 export KUBEBUILDER_ASSETS
-# The node harness's containerd 2.x (CDI, for the DRA node tests), built here so its minutes show up front;
-# the harness asks the same script, answered from the cache.
+# The node harness's containerd 2.x (CDI, for the DRA tests), built here so its minutes show up front; the
+# harness asks the same script, answered from the cache.
 bash hack/containerd-assets.sh >/dev/null
 V=.venv/bin
 $V/ruff check .
 $V/ruff format --check .
 $V/mypy -p tessera -p tessera_agent  # strict; generated protobuf modules excluded in pyproject.toml
-if (($#)); then
-  $V/python -m pytest -q "$@"
-else
-  # The DRA node tests need a containerd with CDI: the node harness's 2.x, in a session of its own (one node
-  # per session; the other node tests keep Debian's 1.6, see tests/integration/node/node.py).
-  $V/python -m pytest -q --ignore-glob='tests/integration/node/test_dra_*'
-  TESSERA_NODE_CONTAINERD=built $V/python -m pytest -q tests/integration/node/test_dra_chart_on_node.py \
-    tests/integration/node/test_dra_on_node.py
-fi
+$V/python -m pytest -q "$@"

@@ -53,12 +53,10 @@ from tests.ports import free_port
 
 IMAGES_SCRIPT = ROOT / "hack" / "images.sh"
 CONTAINERD_SCRIPT = ROOT / "hack" / "containerd-assets.sh"
-# Which containerd the node runs: "debian" (1.6, no CDI) or "built" (2.x from hack/containerd-assets.sh, CDI
-# on). The DRA tests (test_dra_*.py) need "built" and run in a session of their own (hack/test.sh): in whole
-# sessions on 2.4, the operators' leader test failed 3 times in 4 (the standby never logged that it paused),
-# on 1.6 it passes; until that is understood the other tests keep 1.6.
+# Which containerd the node runs: "built" (2.x from hack/containerd-assets.sh, CDI on) or "debian" (1.6, no
+# CDI). The DRA tests need "built".
 CONTAINERD_ENV = "TESSERA_NODE_CONTAINERD"
-DEFAULT_CONTAINERD = "debian"
+DEFAULT_CONTAINERD = "built"
 CNI_BIN = Path("/usr/lib/cni")
 CGROUP_V1 = Path("/sys/fs/cgroup")
 # Controllers the kubelet needs on cgroup v1 (it creates its pod cgroups in each it finds mounted).
