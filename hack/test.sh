@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up what the tests need (.venv, etcd and Prometheus from Debian, the Kubernetes components built from
-# their Go modules), then lint, type-check and run the whole test suite — real control plane included.
+# Set up what the tests need (.venv, etcd and Prometheus from Debian, the Kubernetes components and the
+# node's containerd built from their Go modules), then lint, type-check and run the whole test suite — real control plane included.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,9 @@ bash hack/install-test-deps.sh
 # Built once (progress on stderr), then answered from ~/.cache/tessera; the last line is the directory.
 KUBEBUILDER_ASSETS="$(bash hack/k8s-assets.sh | tail -n1)"
 export KUBEBUILDER_ASSETS
+# The node harness's containerd 2.x (CDI, for the DRA tests), built here so its minutes show up front; the
+# harness asks the same script, answered from the cache.
+bash hack/containerd-assets.sh >/dev/null
 V=.venv/bin
 $V/ruff check .
 $V/ruff format --check .

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from .backend import GpuBackend, usable_memory_mib
 from .config import AgentConfig
 from .coordinator import LaneCoordinator
+from .dra_plugin import DraApi, DraDriver
 from .interference import (
     EventSink,
     InterferenceLoop,
@@ -47,6 +48,7 @@ class NodeAgent:
     # The BE feedback loop's hands on Kubernetes (restarts.py); required when cfg.be_feedback is on.
     restarter: Restarter | None = None
     events: EventSink | None = None
+    dra: DraApi | None = None  # the API server as the DRA driver needs it; required with lanes_api "dra"
     clock: Callable[[], float] = time.time
     lanes: LaneBook | None = field(init=False, default=None)
     loop: InterferenceLoop | None = field(init=False, default=None)
@@ -79,8 +81,14 @@ class NodeAgent:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        plugin = DevicePlugin(self.cfg, self.backend, self.pods, self.metrics, self.lanes)
-        tasks = [asyncio.create_task(plugin.run(stop)), asyncio.create_task(self._sample(stop))]
+        lanes_api: DevicePlugin | DraDriver
+        if self.cfg.lanes_api == "dra":
+            if self.dra is None:
+                raise ValueError("the DRA driver needs the Kubernetes API (claims and ResourceSlices)")
+            lanes_api = DraDriver(self.cfg, self.backend, self.dra)
+        else:
+            lanes_api = DevicePlugin(self.cfg, self.backend, self.pods, self.metrics, self.lanes)
+        tasks = [asyncio.create_task(lanes_api.run(stop)), asyncio.create_task(self._sample(stop))]
         if self.mps is not None:
             tasks.append(asyncio.create_task(self.mps.run(stop)))
         if self.loop is not None:

@@ -22,6 +22,8 @@ class GpuDevice:
     memory_total_bytes: int
     memory_reserved_bytes: int  # held by the driver/ECC, never available to processes (NVML memory_v2)
     healthy: bool = True
+    compute_capability: str = ""  # CUDA's "major.minor"; "" where unknown
+    mig: bool = False  # MIG mode on
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .agent import NodeAgent
     from .backend import GpuBackend
     from .config import AgentSettings
+    from .dra_plugin import DraApi
     from .inventory import NodePatcher
     from .pods import NodePod, PodSource
     from .restarts import KubernetesEventSink, KubernetesPodRestarter
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     _mps_options(p.add_argument_group("MPS"))
     _socket_options(p.add_argument_group("node sockets"))
     _lane_options(p.add_argument_group("HP/BE lanes"))
+    _dra_options(p.add_argument_group("DRA driver (--lanes-api dra)"))
     _demo_options(p.add_argument_group("without a GPU or a cluster"))
     p.add_argument(
         "--forget-nodes",
@@ -153,6 +155,34 @@ def _lane_options(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument("--be-hysteresis", type=int, default=5, help="points a BE share change must exceed")
     g.add_argument("--be-step-interval", type=float, default=30.0, help="seconds between loop steps")
+
+
+def _dra_options(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--lanes-api",
+        choices=("devicePlugin", "dra"),
+        default="devicePlugin",
+        help="how lanes reach pods: the device plugin (with the scheduler extender) or the DRA driver "
+        f"{contract.DRA_DRIVER} (any scheduler; docs/dra.md)",
+    )
+    g.add_argument(
+        "--kubelet-plugins-dir",
+        type=Path,
+        default=Path(contract.KUBELET_PLUGINS_DIR),
+        help="the kubelet's plugins directory (<kubelet root>/plugins): the DRA socket and checkpoint",
+    )
+    g.add_argument(
+        "--kubelet-registry-dir",
+        type=Path,
+        default=Path(contract.KUBELET_PLUGINS_REGISTRY_DIR),
+        help="the kubelet's plugin registration directory (<kubelet root>/plugins_registry)",
+    )
+    g.add_argument(
+        "--cdi-dir",
+        type=Path,
+        default=Path(contract.CDI_DIR),
+        help="where CDI specs are written (containerd's)",
+    )
 
 
 def _demo_options(g: argparse._ArgumentGroup) -> None:
@@ -295,6 +325,7 @@ class _Cluster:
     patcher: NodePatcher | None = None
     restarter: KubernetesPodRestarter | None = None
     events: KubernetesEventSink | None = None
+    dra: DraApi | None = None
 
 
 def _fake_cluster(settings: AgentSettings, fake_pods: list[NodePod]) -> _Cluster:
@@ -322,6 +353,10 @@ def _real_cluster(settings: AgentSettings) -> _Cluster:
     kube = KubernetesPodSource()
     cluster = _Cluster(backend, kube, KubernetesNodePatcher(kube.api))
     cfg = settings.agent
+    if cfg.lanes_api == "dra":
+        from .dra_plugin import KubernetesDraApi
+
+        cluster.dra = KubernetesDraApi(kube.api)
     if cfg.be_feedback:
         from .restarts import KubernetesEventSink, KubernetesPodRestarter
 
@@ -363,6 +398,7 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
         sample_interval_s=settings.sample_interval_s,
         restarter=cluster.restarter,
         events=cluster.events,
+        dra=cluster.dra,
     )
 
 

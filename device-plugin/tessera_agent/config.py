@@ -72,6 +72,13 @@ class AgentConfig(_Settings):
     # margin kept off every GPU's usable memory beyond the driver reserve
     extra_reserve_mib: int = Field(0, ge=0, le=MAX_MIB)
     restart_poll_s: Seconds = 1.0  # how often to look for a kubelet restart (§1.4)
+    # How lanes reach pods: the device plugin (extended resources + the scheduler extender) or DRA (a
+    # ResourceSlice with consumable capacity and the kubelet's DRA plugin API; docs/dra.md).
+    lanes_api: Literal["devicePlugin", "dra"] = "devicePlugin"
+    # The kubelet's plugin directories (under its --root-dir) and the CDI spec directory containerd reads.
+    kubelet_plugins_dir: Path = Path(contract.KUBELET_PLUGINS_DIR)
+    kubelet_registry_dir: Path = Path(contract.KUBELET_PLUGINS_REGISTRY_DIR)
+    cdi_dir: Path = Path(contract.CDI_DIR)
     # HP/BE lanes (lanes.py): class-specific MPS env and per-GPU admission at Allocate; off = every lane
     # gets its assigned share with no client priority, as before.
     hp_be_lanes: bool = False
@@ -102,7 +109,22 @@ class AgentConfig(_Settings):
                 "the BE feedback loop reads HP iteration times from the progress socket", "be_feedback"
             )
         _socket_path(self.plugin_socket, "device_plugin_dir")
+        _socket_path(self.dra_socket, "kubelet_plugins_dir")
+        _socket_path(self.dra_registration_socket, "kubelet_registry_dir")
         return self
+
+    @property
+    def dra_plugin_dir(self) -> Path:
+        """The DRA driver's own directory: its service socket and its checkpoint."""
+        return self.kubelet_plugins_dir / contract.DRA_DRIVER
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.dra_plugin_dir / "dra.sock"
+
+    @property
+    def dra_registration_socket(self) -> Path:
+        return self.kubelet_registry_dir / f"{contract.DRA_DRIVER}-reg.sock"
 
     @property
     def plugin_socket(self) -> Path:
@@ -146,6 +168,12 @@ class AgentSettings(_Settings):
             )
         if self.fake_pods is not None and not self.fake_gpus:
             raise _fail("fake pods need fake GPUs", "fake_pods")
+        if self.agent.lanes_api == "dra" and self.fake_gpus:
+            raise _fail(
+                "DRA lanes read claims from the Kubernetes API; --fake-gpus runs without one "
+                "(use --fake-gpu-backend)",
+                "fake_gpus",
+            )
         if self.fake_gpu_backend and self.fake_gpus:
             raise _fail(
                 "--fake-gpus runs without a Kubernetes API, --fake-gpu-backend with one: choose one",

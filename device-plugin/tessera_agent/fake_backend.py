@@ -30,6 +30,7 @@ class FakeGpuBackend(GpuBackend):
         model: str = "NVIDIA A100-SXM4-40GB",
         memory_mib: int = 40960,
         reserved_mib: int = 512,
+        compute_capability: str = "8.0",
     ) -> FakeGpuBackend:
         return cls(
             [
@@ -39,6 +40,7 @@ class FakeGpuBackend(GpuBackend):
                     model=model,
                     memory_total_bytes=memory_mib * MIB,
                     memory_reserved_bytes=reserved_mib * MIB,
+                    compute_capability=compute_capability,
                 )
                 for i in range(count)
             ]

@@ -67,6 +67,8 @@ class NvmlGpuBackend(GpuBackend):
                     memory_total_bytes=int(mem.total),
                     memory_reserved_bytes=reserved,
                     healthy=uuid not in self._unhealthy,
+                    compute_capability=_compute_capability(handle),
+                    mig=_mig_enabled(handle),
                 )
             )
         return sorted(out, key=lambda g: g.index)
@@ -149,3 +151,21 @@ def _str(value: str | bytes) -> str:
 
 def _bytes(value: int | None) -> int | None:
     return None if value is None else int(value)
+
+
+def _compute_capability(handle: Any) -> str:
+    """`major.minor` as CUDA names it ("8.0" for an A100); "" where NVML cannot tell."""
+    try:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    except pynvml.NVMLError:
+        return ""
+    return f"{major}.{minor}"
+
+
+def _mig_enabled(handle: Any) -> bool:
+    """Whether MIG mode is on now; False on GPUs without MIG (NotSupported)."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError:
+        return False
+    return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)

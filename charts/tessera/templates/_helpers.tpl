@@ -90,3 +90,20 @@ true
 {{- define "tessera.kubeSchedulerTag" -}}
 {{- .Values.scheduler.kubeScheduler.image.tag | default (regexReplaceAll "[-+].*$" .Capabilities.KubeVersion.Version "") -}}
 {{- end -}}
+
+{{/*
+The lanes API in effect: lanes.api, with auto resolved by the cluster (consumable capacity, which DRA lanes
+need, is on by default from Kubernetes 1.36).
+*/}}
+{{- define "tessera.lanesApi" -}}
+{{- $api := .Values.lanes.api -}}
+{{- if eq $api "auto" -}}
+{{- if and (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) (.Capabilities.APIVersions.Has "resource.k8s.io/v1/DeviceClass") -}}
+dra
+{{- else -}}
+devicePlugin
+{{- end -}}
+{{- else -}}
+{{ $api }}
+{{- end -}}
+{{- end }}

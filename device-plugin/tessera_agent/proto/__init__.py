@@ -1,1 +1,2 @@
-"""Kubelet device plugin API v1beta1: the upstream proto and its generated modules (hack/gen-protos)."""
+"""Kubelet gRPC APIs, upstream protos and their generated modules (hack/gen-protos): device plugin v1beta1
+(`api`), DRA plugin v1 (`dra_v1`) and plugin registration v1 (`pluginregistration_v1`)."""

@@ -30,6 +30,15 @@ RESOURCE_GPU_COMPUTE: Final = f"{GROUP}/gpu-compute"  # percent of one GPU's SMs
 # Virtual device slots the agent advertises per physical GPU for tessera.io/gpu.
 DEFAULT_SLOTS_PER_GPU: Final = 10
 
+# Dynamic Resource Allocation (resource.k8s.io/v1): the agent's driver publishes one device per GPU with
+# consumable capacity; a claim's lane is its share of both capacities (docs/dra.md).
+DRA_DRIVER: Final = f"gpu.{GROUP}"
+DRA_DEVICE_CLASS: Final = DRA_DRIVER  # the chart's DeviceClass, selecting the driver's healthy GPUs
+DRA_CAPACITY_MEMORY: Final = "memory"  # bytes of the GPU's usable memory
+DRA_CAPACITY_COMPUTE: Final = "computeShare"  # percent of the GPU's SMs (MPS active thread percentage)
+DRA_CAPACITY_CLIENTS: Final = "clients"  # MPS client slots: each allocation takes one (slotsPerGpu per GPU)
+DRA_CDI_KIND: Final = f"{DRA_DRIVER}/lane"  # CDI vendor/class of the devices NodePrepareResources returns
+
 # Annotations.
 ANN_PLACEMENT: Final = f"{GROUP}/placement"  # operator → extender: node + GPU indices
 ANN_ASSIGNMENT: Final = f"{GROUP}/assignment"  # extender → agent: node, GPU UUIDs, lane, memory, compute
@@ -80,6 +89,11 @@ ENV_REPLICA: Final = "TESSERA_REPLICA"  # a serving worker's replica index
 # Device plugin.
 DEVICE_PLUGIN_DIR: Final = "/var/lib/kubelet/device-plugins/"
 KUBELET_SOCKET: Final = DEVICE_PLUGIN_DIR + "kubelet.sock"
+# The kubelet's DRA side: drivers' sockets under plugins/, registration sockets in plugins_registry/ (both
+# under the kubelet's --root-dir), CDI specs where containerd's cdi_spec_dirs default looks.
+KUBELET_PLUGINS_DIR: Final = "/var/lib/kubelet/plugins"
+KUBELET_PLUGINS_REGISTRY_DIR: Final = "/var/lib/kubelet/plugins_registry"
+CDI_DIR: Final = "/var/run/cdi"
 AGENT_SOCKET_NAME: Final = "tessera-gpu.sock"
 MPS_ROOT: Final = "/run/tessera/mps"
 MPS_CONTAINER_ROOT: Final = "/mps"

@@ -217,11 +217,16 @@ class ControlPlane:
         events = (json.loads(line) for line in lines if line.strip())
         return [e for e in events if e["user"]["username"] == username]
 
-    def spawn(self, name: str, argv: list[str]) -> Process:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         """Start a process of the test cluster (own session, log in the work dir); stopped with the plane."""
         log = self.workdir / f"{name}.log"
         popen = subprocess.Popen(
-            argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir
+            argv,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.workdir,
+            env=env,
         )
         proc = Process(name, popen, log)
         self.processes.append(proc)

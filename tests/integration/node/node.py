@@ -2,7 +2,9 @@
 
 The node is what a kubeadm worker runs, as processes of this test session:
 
-  containerd   its own root, state, socket and runc root under the work dir; CRI on, cgroupfs, overlayfs
+  containerd   its own root, state, socket and runc root under the work dir; CRI on, cgroupfs, overlayfs;
+               Debian's 1.6 or 2.x built from its Go module (hack/containerd-assets.sh), which reads CDI
+               specs from the work dir's cdi/ (DRA drivers hand devices to containers as CDI devices)
   CNI          bridge (+ host-local IPAM) and portmap from Debian's containernetworking-plugins; containerd
                sets up loopback itself
   kube-proxy   iptables mode, leaving the host's conntrack and route_localnet settings alone
@@ -53,6 +55,11 @@ from tests.ports import free_port
 from .dns import DOMAIN, ClusterDns
 
 IMAGES_SCRIPT = ROOT / "hack" / "images.sh"
+CONTAINERD_SCRIPT = ROOT / "hack" / "containerd-assets.sh"
+# Which containerd the node runs: "built" (2.x from hack/containerd-assets.sh, CDI on) or "debian" (1.6, no
+# CDI). The DRA tests need "built".
+CONTAINERD_ENV = "TESSERA_NODE_CONTAINERD"
+DEFAULT_CONTAINERD = "built"
 CNI_BIN = Path("/usr/lib/cni")
 CGROUP_V1 = Path("/sys/fs/cgroup")
 # Controllers the kubelet needs on cgroup v1 (it creates its pod cgroups in each it finds mounted).
@@ -74,15 +81,18 @@ class NoNode(NoBinaries):
     in CI."""
 
 
-def preflight() -> None:
-    """NoNode with the one thing missing, or nothing."""
+def preflight(containerd: str = DEFAULT_CONTAINERD) -> None:
+    """NoNode with the one thing missing, or nothing. Debian's containerd package is needed either way: its
+    `ctr` imports the images and lists tasks (the 1.6 client speaks the 2.x API for these)."""
     if os.geteuid() != 0:
         raise NoNode("the node harness needs root (containerd, the kubelet, iptables, mounts)")
     missing = [c for c in REQUIRED_CONTROLLERS if not (CGROUP_V1 / c / "cgroup.procs").exists()]
     if missing:
         raise NoNode(f"no cgroup v1 hierarchy for {', '.join(missing)} under {CGROUP_V1}")
-    tools = ["containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "iptables-save", "conntrack",
-             "buildah", "mmdebstrap", "gcc", "ip", "mount"]  # fmt: skip
+    tools = ["runc", "ctr", "iptables", "iptables-save", "conntrack", "buildah", "mmdebstrap", "gcc", "ip",
+             "mount"]  # fmt: skip
+    if containerd == "debian":
+        tools += ["containerd", "containerd-shim-runc-v2"]
     absent = [t for t in tools if shutil.which(t) is None]
     absent += [
         str(CNI_BIN / p)
@@ -125,6 +135,16 @@ def build_images(assets: Path) -> dict[str, str]:
     return images
 
 
+def built_containerd() -> Path:
+    """The directory of containerd and its runc shim built from the Go module (built on first use, then from
+    ~/.cache/tessera); the build's progress goes to this process's stderr."""
+    proc = subprocess.run(["bash", str(CONTAINERD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise NoNode(f"hack/containerd-assets.sh failed (exit {proc.returncode}); run it to see why")
+    return Path(lines[-1])
+
+
 def _run(*argv: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=timeout)
 
@@ -155,7 +175,10 @@ class Node:
     # Resident memory of the chart's pods (MiB), taken while they run (test_helm_uninstall_…, before it).
     pod_memory: dict[str, float] = field(default_factory=dict)
     snapshotter: str = "overlayfs"
+    # containerd 2.x built from its module (its directory), else Debian's 1.6 from PATH
+    containerd_dir: Path | None = None
     _argv: dict[str, list[str]] = field(default_factory=dict)
+    _env: dict[str, dict[str, str] | None] = field(default_factory=dict)
     _made_dirs: list[Path] = field(default_factory=list)
     _device_plugins_before: set[str] = field(default_factory=set)
     _restarts: dict[str, int] = field(default_factory=dict)
@@ -169,6 +192,11 @@ class Node:
     @property
     def containerd_socket(self) -> Path:
         return self.workdir / "containerd" / "containerd.sock"
+
+    @property
+    def cdi_dir(self) -> Path:
+        """Where containerd reads CDI specs (with the built containerd; 1.6 reads none)."""
+        return self.workdir / "cdi"
 
     @property
     def kubelet_root(self) -> Path:
@@ -244,10 +272,11 @@ class Node:
             p.name for p in CGROUP_V1.iterdir() if (p / "cgroup.procs").exists() and p.name != "unified"
         )
 
-    def _spawn(self, name: str, argv: list[str]) -> Process:
-        proc = self.plane.spawn(name, argv)
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+        proc = self.plane.spawn(name, argv, env)
         self.processes[name] = proc
         self._argv[name] = argv
+        self._env[name] = env
         return proc
 
     def restart(self, name: str, *, kill: bool = False) -> Process:
@@ -261,14 +290,79 @@ class Node:
         else:
             old.stop()
         self._restarts[name] = self._restarts.get(name, 0) + 1
-        proc = self.plane.spawn(f"{name}-{self._restarts[name]}", self._argv[name])
+        proc = self.plane.spawn(f"{name}-{self._restarts[name]}", self._argv[name], self._env.get(name))
         self.processes[name] = proc
         return proc
 
     def _start_containerd(self) -> None:
         d = self.workdir / "containerd"
-        self.snapshotter = snapshotter = "overlayfs" if _overlay_works(self.workdir) else "native"
-        config = f"""version = 2
+        self.snapshotter = "overlayfs" if _overlay_works(self.workdir) else "native"
+        config = self._containerd_config_v3() if self.containerd_dir else self._containerd_config_v2()
+        (d).mkdir(parents=True, exist_ok=True)
+        (d / "config.toml").write_text(config)
+        self._write_cni_config()
+        if self.containerd_dir is None:
+            proc = self._spawn("containerd", ["containerd", "--config", str(d / "config.toml")])
+        else:
+            self.cdi_dir.mkdir(exist_ok=True)
+            # its own runc shim first on PATH: containerd finds `containerd-shim-runc-v2` there
+            env = {**os.environ, "PATH": f"{self.containerd_dir}:{os.environ.get('PATH', '')}"}
+            argv = [str(self.containerd_dir / "containerd"), "--config", str(d / "config.toml")]
+            proc = self._spawn("containerd", argv, env)
+        wait_until(
+            lambda: self.ctr("version", check=False).returncode == 0, 120, "containerd to answer", proc
+        )
+
+    def _containerd_config_v3(self) -> str:
+        """containerd 2.x: config version 3, whose CRI settings are split into the images and runtime plugins.
+        CDI has no switch in 2.x (always on; 1.7's `enable_cdi` is gone): the spec directories say where."""
+        d = self.workdir / "containerd"
+        images = "plugins.'io.containerd.cri.v1.images'"
+        runtime = "plugins.'io.containerd.cri.v1.runtime'"
+        return f"""version = 3
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.tracing.processor.v1.otlp"]
+
+[grpc]
+  address = "{self.containerd_socket}"
+
+[ttrpc]
+  address = "{d}/containerd.ttrpc.sock"
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{d}/opt"
+
+[{images}]
+  snapshotter = "{self.snapshotter}"
+  [{images}.pinned_images]
+    sandbox = "{self.images["PAUSE_IMAGE"]}"
+
+[{runtime}]
+  cdi_spec_dirs = ["{self.cdi_dir}"]
+  restrict_oom_score_adj = {str(not _has_sys_resource()).lower()}
+  [{runtime}.containerd]
+    default_runtime_name = "runc"
+    [{runtime}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{runtime}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{d}/runc"
+  [{runtime}.cni]
+    bin_dirs = ["{CNI_BIN}"]
+    conf_dir = "{self.workdir / "cni" / "net.d"}"
+    max_conf_num = 1
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"""
+
+    def _containerd_config_v2(self) -> str:
+        """Debian's containerd 1.6: config version 2, CDI off (1.6 has none)."""
+        d = self.workdir / "containerd"
+        snapshotter = self.snapshotter
+        return f"""version = 2
 root = "{d}/root"
 state = "{d}/state"
 plugin_dir = ""
@@ -303,8 +397,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     conf_dir = "{self.workdir / "cni" / "net.d"}"
     max_conf_num = 1
 """
-        (d).mkdir(parents=True, exist_ok=True)
-        (d / "config.toml").write_text(config)
+
+    def _write_cni_config(self) -> None:
         (self.workdir / "cni" / "net.d" / "10-tessera.conflist").write_text(
             json.dumps(
                 {
@@ -329,10 +423,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 },
                 indent=1,
             )
-        )
-        proc = self._spawn("containerd", ["containerd", "--config", str(d / "config.toml")])
-        wait_until(
-            lambda: self.ctr("version", check=False).returncode == 0, 120, "containerd to answer", proc
         )
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -700,17 +790,22 @@ def _pids_with_cmdline(needle: bytes) -> list[int]:
 
 
 @contextlib.contextmanager
-def one_node_cluster() -> Iterator[Node]:
-    """The control plane on the host's address and the node; everything undone on exit."""
-    preflight()
+def one_node_cluster(containerd: str | None = None) -> Iterator[Node]:
+    """The control plane on the host's address and the node; everything undone on exit. `containerd` is
+    "built" or "debian" (default: $TESSERA_NODE_CONTAINERD, else DEFAULT_CONTAINERD)."""
+    which = containerd or os.environ.get(CONTAINERD_ENV) or DEFAULT_CONTAINERD
+    if which not in ("built", "debian"):
+        raise ValueError(f"{CONTAINERD_ENV}={which!r}: expected 'built' or 'debian'")
+    preflight(which)
     address = host_address()
     t0 = time.monotonic()
     with control_plane(bind_address=address, controllers=NODE_CONTROLLERS) as plane:
         control_plane_s = time.monotonic() - t0
         images = build_images(plane.assets)
         images_s = time.monotonic() - t0 - control_plane_s
+        containerd_dir = built_containerd() if which == "built" else None
         workdir = Path(tempfile.mkdtemp(prefix="tessera-node-"))
-        node = Node(plane, workdir, images, address=address)
+        node = Node(plane, workdir, images, address=address, containerd_dir=containerd_dir)
         node.timings["control plane"] = control_plane_s
         node.timings["images built"] = images_s
         try:

@@ -72,6 +72,14 @@ def test_flags_fill_their_fields() -> None:
             ["--fake-gpus", "1", "--fake-gpu-backend", "1"],
             "--fake-gpu-backend (fake_gpu_backend): --fake-gpus runs without a Kubernetes API",
         ),
+        (
+            ["--fake-gpus", "1", "--lanes-api", "dra"],
+            "--fake-gpus (fake_gpus): DRA lanes read claims from the Kubernetes API",
+        ),
+        (
+            ["--kubelet-plugins-dir", "/" + "p" * 100],
+            "--kubelet-plugins-dir (agent.kubelet_plugins_dir): a unix socket path must be at most 107 bytes",
+        ),
         (["--extra-reserve-mib", "-5"], "--extra-reserve-mib (agent.extra_reserve_mib): must be >= 0"),
         (
             ["--coordinator-socket", "/" + "a" * 110],

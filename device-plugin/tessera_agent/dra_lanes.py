@@ -1,0 +1,232 @@
+"""From an allocated ResourceClaim to the lane a container runs in: the CDI spec NodePrepareResources writes.
+
+The kubelet names only the claim (namespace, name, UID); its allocation (which devices of this node's pool,
+what share of each one's capacity) is in the claim's status, read from the API server. Every device the claim
+got from this driver becomes one CDI device `gpu.tessera.io/lane=<claim UID>-<device>`, and each carries the
+env of the whole claim: a container that names only one of the claim's requests still sees all its GPUs in
+CUDA_VISIBLE_DEVICES, and the same env and mounts injected twice are applied once (CDI replaces an env
+variable or a mount at the same container path).
+
+The env is the device-plugin path's (`allocate.container_allocation`): the claim's GPUs, the MPS pipe, the
+active thread percentage (the smallest compute share the claim got, since one process has one percentage),
+the pinned memory limit per GPU, `TESSERA_LANE_ID` (the claim's UID) and the progress endpoint of the pod the
+claim is reserved for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+from pydantic import BaseModel, ConfigDict, Field
+from tessera.api import contract
+
+from .allocate import ENV_NVIDIA_VISIBLE_DEVICES, progress_endpoint
+from .backend import MIB, GpuDevice
+from .config import AgentConfig
+from .dra_slice import device_name
+
+CDI_VERSION = "0.6.0"  # env and mounts need 0.3.0; containerd 2.x reads up to 1.1.0
+
+
+class ClaimError(RuntimeError):
+    """A claim this node cannot prepare; the message goes back to the kubelet (and onto the pod's events)."""
+
+
+class _Loose(BaseModel):
+    # the API server's objects carry far more than the driver reads
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class DeviceResult(_Loose):
+    request: str
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None = Field(None, alias="shareID")
+    consumed_capacity: dict[str, str | int] = Field(default_factory=dict, alias="consumedCapacity")
+
+
+class _DeviceAllocation(_Loose):
+    results: list[DeviceResult] = Field(default_factory=list)
+
+
+class _Allocation(_Loose):
+    devices: _DeviceAllocation = Field(default_factory=_DeviceAllocation)
+
+
+class Consumer(_Loose):
+    resource: str = ""
+    name: str = ""
+    uid: str = ""
+
+
+class _Status(_Loose):
+    allocation: _Allocation | None = None
+    reserved_for: list[Consumer] = Field(default_factory=list, alias="reservedFor")
+
+
+class _Meta(_Loose):
+    name: str
+    namespace: str = "default"
+    uid: str
+
+
+class ResourceClaim(_Loose):
+    metadata: _Meta
+    status: _Status = Field(default_factory=_Status)
+
+
+class LaneDevice(BaseModel):
+    """One device of a claim on this node, and the share of it the claim got."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request: str
+    device: str
+    uuid: str
+    memory_mib: int
+    compute_percent: int
+    share_id: str | None = None
+
+
+def _quantity(value: str | int) -> Decimal:
+    parsed = parse_quantity(value)  # type: ignore[no-untyped-call]  # the client ships no annotations
+    if not isinstance(parsed, Decimal) or not parsed.is_finite() or parsed < 0:
+        raise ClaimError(f"{value!r} is not a usable quantity")
+    return parsed
+
+
+def lane_devices(
+    claim: ResourceClaim, node: str, gpus: list[GpuDevice], usable_mib: dict[str, int]
+) -> list[LaneDevice]:
+    """The claim's devices from this driver in this node's pool, in allocation order; ClaimError when the claim
+    is not allocated or names a device this node does not have."""
+    if claim.status.allocation is None:
+        raise ClaimError(f"claim {claim.metadata.namespace}/{claim.metadata.name} is not allocated")
+    by_name = {device_name(g): g for g in gpus}
+    out = []
+    for r in claim.status.allocation.devices.results:
+        if r.driver != contract.DRA_DRIVER or r.pool != node:
+            continue
+        gpu = by_name.get(r.device)
+        if gpu is None:
+            raise ClaimError(
+                f"claim {claim.metadata.uid} was allocated {r.device!r}, which node {node} does not have"
+            )
+        consumed = r.consumed_capacity
+        memory = consumed.get(contract.DRA_CAPACITY_MEMORY)
+        compute = consumed.get(contract.DRA_CAPACITY_COMPUTE)
+        # No consumed capacity: a whole-device allocation (a scheduler without consumable capacity).
+        mib = usable_mib[gpu.uuid] if memory is None else math.ceil(_quantity(memory) / MIB)
+        pct = 100 if compute is None else int(_quantity(compute).to_integral_value(rounding="ROUND_CEILING"))
+        if not 1 <= pct <= 100 or mib < 1:
+            raise ClaimError(f"claim {claim.metadata.uid}: {r.device} got {mib} MiB and {pct} % compute")
+        out.append(
+            LaneDevice(
+                request=r.request,
+                device=r.device,
+                uuid=gpu.uuid,
+                memory_mib=mib,
+                compute_percent=pct,
+                share_id=r.share_id,
+            )
+        )
+    if not out:
+        raise ClaimError(f"claim {claim.metadata.uid} has no {contract.DRA_DRIVER} device on node {node}")
+    return out
+
+
+def lane_env(claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig) -> dict[str, str]:
+    uuids = list(dict.fromkeys(d.uuid for d in devices))
+    keys = [str(i) for i in range(len(uuids))] if cfg.mem_limit_key == "ordinal" else uuids
+    memory = {u: max(d.memory_mib for d in devices if d.uuid == u) for u in uuids}
+    visible = ",".join(uuids)
+    env = {
+        contract.ENV_CUDA_VISIBLE_DEVICES: visible,
+        ENV_NVIDIA_VISIBLE_DEVICES: visible,
+        contract.ENV_MPS_PIPE_DIRECTORY: f"{cfg.mps_container_root}/pipe",
+        contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE: str(min(d.compute_percent for d in devices)),
+        contract.ENV_MPS_PINNED_DEVICE_MEM_LIMIT: ",".join(
+            f"{k}={memory[u]}M" for k, u in zip(keys, uuids, strict=True)
+        ),
+        contract.ENV_LANE_ID: claim.metadata.uid,
+    }
+    pods = [c for c in claim.status.reserved_for if c.resource == "pods" and c.name]
+    if cfg.progress_socket is not None and len(pods) == 1:
+        socket = f"{cfg.progress_container_dir}/{cfg.progress_socket.name}"
+        env[contract.ENV_PROGRESS_ENDPOINT] = progress_endpoint(
+            socket, claim.metadata.namespace, pods[0].name
+        )
+    return env
+
+
+def lane_mounts(cfg: AgentConfig) -> list[dict[str, Any]]:
+    mounts = [
+        (f"{cfg.mps_container_root}/pipe", cfg.mps_pipe_dir),
+        ("/dev/shm", cfg.mps_root / "shm"),
+    ]
+    if cfg.progress_socket is not None:
+        mounts.append((cfg.progress_container_dir, cfg.progress_socket.parent))
+    return [
+        {"hostPath": str(host), "containerPath": path, "options": ["rbind", "rw", "nosuid", "nodev"]}
+        for path, host in mounts
+    ]
+
+
+def cdi_device_id(claim_uid: str, device: str) -> str:
+    return f"{contract.DRA_CDI_KIND}={claim_uid}-{device}"
+
+
+def cdi_spec(claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig) -> dict[str, Any]:
+    env = [f"{k}={v}" for k, v in lane_env(claim, devices, cfg).items()]
+    mounts = lane_mounts(cfg)
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": contract.DRA_CDI_KIND,
+        "devices": [
+            {"name": f"{claim.metadata.uid}-{d.device}", "containerEdits": {"env": env, "mounts": mounts}}
+            for d in devices
+        ],
+    }
+
+
+def cdi_spec_path(cdi_dir: Path, claim_uid: str) -> Path:
+    # CDI reads every *.json in its directories; one file per claim makes unprepare a single unlink
+    return cdi_dir / f"{contract.DRA_DRIVER}-{claim_uid}.json"
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """`path` holds `data` or what it held before, never a torn file (container runtimes read CDI specs at any
+    time, and an agent killed mid-write must find its checkpoint whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_cdi_spec(cdi_dir: Path, claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig) -> Path:
+    path = cdi_spec_path(cdi_dir, claim.metadata.uid)
+    write_atomically(path, json.dumps(cdi_spec(claim, devices, cfg), indent=1).encode())
+    return path

@@ -1,0 +1,435 @@
+"""The agent as the kubelet's DRA driver `gpu.tessera.io` (kubelet DRA plugin API v1).
+
+  registration  a gRPC `pluginregistration.Registration` server on `<registry dir>/gpu.tessera.io-reg.sock`;
+                the kubelet's plugin watcher finds the socket, calls GetInfo (type DRAPlugin, the driver name,
+                the DRA socket, the services offered: `v1.DRAPlugin`) and reports back in
+                NotifyRegistrationStatus
+  DRA service   `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` on `<plugins dir>/gpu.tessera.io/dra.sock`:
+                NodePrepareResources reads each claim's allocation from the API server, writes a CDI spec with
+                the lane's env and mounts (`dra_lanes`) and answers the CDI device IDs;
+                NodeUnprepareResources removes the spec
+  ResourceSlice the node's GPUs (`dra_slice`), published at start and again on every health change
+
+Prepared claims are checkpointed (`<plugins dir>/gpu.tessera.io/checkpoint.json`, written whole or not at
+all): a claim is recorded as `preparing` before its CDI spec is written and as `prepared`, with the answer,
+after. An agent killed anywhere in between comes back knowing every claim it may have left a spec for: the
+kubelet's retry of the prepare finishes it (same claim UID, same file), an unprepare removes its spec, and a
+prepare of a claim already prepared answers from the checkpoint without asking the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import grpc  # type: ignore[import-untyped]
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tessera.api import contract
+from tessera.kube import KubeClient, KubeError
+
+from .backend import GpuBackend, usable_memory_mib
+from .config import AgentConfig
+from .dra_lanes import (
+    ClaimError,
+    ResourceClaim,
+    cdi_device_id,
+    cdi_spec_path,
+    lane_devices,
+    write_atomically,
+    write_cdi_spec,
+)
+from .dra_slice import resource_slice, slice_name
+from .proto import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# For tests of an agent killed mid-prepare on a real node: while the file this names exists, every prepare
+# stops after recording its claim as `preparing`.
+HOLD_PREPARE_ENV = "TESSERA_AGENT_HOLD_PREPARE"
+
+DRA_SERVICE = "v1.DRAPlugin"  # k8s.io/kubelet/pkg/apis/dra/v1 DRAPluginService: what the kubelet picks
+PLUGIN_TYPE = "DRAPlugin"  # pluginregistration/v1 constants.go
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+SLICE_RESYNC_S = 10.0  # how often the published slice is compared with the GPUs
+
+
+# --- the API server ----------------------------------------------------------------------------------------
+class DraApi(Protocol):
+    """What the driver reads and writes on the API server."""
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    async def node_uid(self, node: str) -> str | None: ...
+
+    async def get_slice(self, name: str) -> dict[str, Any] | None: ...
+
+    async def put_slice(self, body: dict[str, Any], *, create: bool) -> dict[str, Any]: ...
+
+
+class KubernetesDraApi(DraApi):
+    def __init__(self, api: KubeClient) -> None:
+        self._api = api
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self._api.request("GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{name}")
+
+    async def node_uid(self, node: str) -> str | None:
+        try:
+            got = await self._api.request("GET", f"/api/v1/nodes/{node}")
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
+        uid = (got.get("metadata") or {}).get("uid")
+        return str(uid) if uid else None
+
+    async def get_slice(self, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._api.request("GET", f"{RESOURCE_API}/resourceslices/{name}")
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def put_slice(self, body: dict[str, Any], *, create: bool) -> dict[str, Any]:
+        if create:
+            return await self._api.request("POST", f"{RESOURCE_API}/resourceslices", body=body)
+        name = body["metadata"]["name"]
+        return await self._api.request("PUT", f"{RESOURCE_API}/resourceslices/{name}", body=body)
+
+
+# --- the checkpoint ----------------------------------------------------------------------------------------
+class PreparedDevice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    request_names: list[str]
+    pool: str
+    device: str
+    cdi_device_ids: list[str]
+    share_id: str | None = None
+
+
+class PreparedClaim(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str
+    name: str
+    state: Literal["preparing", "prepared"]
+    devices: list[PreparedDevice] = Field(default_factory=list)
+
+
+class Checkpoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = 1
+    claims: dict[str, PreparedClaim] = Field(default_factory=dict)  # by claim UID
+
+    @classmethod
+    def load(cls, path: Path) -> Checkpoint:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return cls()
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as err:
+            # Refusing to start would leave every prepared claim stuck; starting empty loses them. Neither
+            # is right, so keep the file for a person to read and start empty.
+            bad = path.with_suffix(".unreadable")
+            path.replace(bad)
+            log.error("DRA checkpoint %s unreadable (%s); moved to %s, starting empty", path, err, bad)
+            return cls()
+
+    def save(self, path: Path) -> None:
+        write_atomically(path, self.model_dump_json(indent=1).encode())
+
+
+# --- the kubelet's DRA service -----------------------------------------------------------------------------
+class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
+    def __init__(self, cfg: AgentConfig, backend: GpuBackend, api: DraApi) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.api = api
+        self.checkpoint_path = cfg.dra_plugin_dir / "checkpoint.json"
+        self.checkpoint = Checkpoint.load(self.checkpoint_path)
+        self._lock = asyncio.Lock()  # one checkpoint writer at a time
+        # Test hook: awaited after a claim is recorded as preparing, before its CDI spec is written.
+        self.before_cdi_write: Callable[[str], Awaitable[None]] | None = None
+        hold = os.environ.get(HOLD_PREPARE_ENV)
+        if hold:
+            self.before_cdi_write = _hold_while_exists(Path(hold))
+
+    def _save(self) -> None:
+        self.checkpoint.save(self.checkpoint_path)
+
+    async def NodePrepareResources(
+        self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: object
+    ) -> dra_v1_pb2.NodePrepareResourcesResponse:
+        out = dra_v1_pb2.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            try:
+                devices = await self.prepare(claim.namespace, claim.name, claim.uid)
+            except ClaimError as err:
+                log.warning("claim %s/%s (%s) not prepared: %s", claim.namespace, claim.name, claim.uid, err)
+                out.claims[claim.uid].error = str(err)
+                continue
+            except Exception as err:  # an API hiccup: the kubelet retries the prepare
+                log.exception("claim %s/%s (%s) not prepared", claim.namespace, claim.name, claim.uid)
+                out.claims[claim.uid].error = f"{type(err).__name__}: {err}"
+                continue
+            out.claims[claim.uid].devices.extend(
+                dra_v1_pb2.Device(
+                    request_names=d.request_names,
+                    pool_name=d.pool,
+                    device_name=d.device,
+                    cdi_device_ids=d.cdi_device_ids,
+                    **({"share_id": d.share_id} if d.share_id else {}),
+                )
+                for d in devices
+            )
+        return out
+
+    async def NodeUnprepareResources(
+        self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: object
+    ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
+        out = dra_v1_pb2.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            try:
+                await self.unprepare(claim.uid)
+                out.claims[claim.uid].error = ""
+            except OSError as err:
+                log.exception("claim %s/%s (%s) not unprepared", claim.namespace, claim.name, claim.uid)
+                out.claims[claim.uid].error = str(err)
+        return out
+
+    async def prepare(self, namespace: str, name: str, uid: str) -> list[PreparedDevice]:
+        async with self._lock:
+            known = self.checkpoint.claims.get(uid)
+            if known is not None and known.state == "prepared":
+                return known.devices
+            self.checkpoint.claims[uid] = PreparedClaim(namespace=namespace, name=name, state="preparing")
+            self._save()
+        if self.before_cdi_write is not None:
+            await self.before_cdi_write(uid)
+        claim = ResourceClaim.model_validate(await self.api.get_claim(namespace, name))
+        if claim.metadata.uid != uid:
+            raise ClaimError(
+                f"claim {namespace}/{name} has UID {claim.metadata.uid} now, not {uid} (deleted and recreated)"
+            )
+        gpus = self.backend.gpus()
+        usable = {g.uuid: usable_memory_mib(g, self.cfg.extra_reserve_mib) for g in gpus}
+        lanes = lane_devices(claim, self.cfg.node_name, gpus, usable)
+        async with self._lock:
+            write_cdi_spec(self.cfg.cdi_dir, claim, lanes, self.cfg)
+            devices = [
+                PreparedDevice(
+                    request_names=[d.request],
+                    pool=self.cfg.node_name,
+                    device=d.device,
+                    cdi_device_ids=[cdi_device_id(uid, d.device)],
+                    share_id=d.share_id,
+                )
+                for d in lanes
+            ]
+            self.checkpoint.claims[uid] = PreparedClaim(
+                namespace=namespace, name=name, state="prepared", devices=devices
+            )
+            self._save()
+        log.info(
+            "prepared claim %s/%s: %s",
+            namespace,
+            name,
+            ", ".join(f"{d.device} {d.memory_mib} MiB {d.compute_percent}%" for d in lanes),
+        )
+        return devices
+
+    async def unprepare(self, uid: str) -> None:
+        async with self._lock:
+            with contextlib.suppress(FileNotFoundError):
+                cdi_spec_path(self.cfg.cdi_dir, uid).unlink()
+            if self.checkpoint.claims.pop(uid, None) is not None:
+                self._save()
+                log.info("unprepared claim %s", uid)
+
+
+class RegistrationServicer(pluginregistration_v1_pb2_grpc.RegistrationServicer):
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.registered = asyncio.Event()
+        self.last_error = ""
+
+    async def GetInfo(
+        self, request: pluginregistration_v1_pb2.InfoRequest, context: object
+    ) -> pluginregistration_v1_pb2.PluginInfo:
+        return pluginregistration_v1_pb2.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=contract.DRA_DRIVER,
+            endpoint=str(self.cfg.dra_socket),
+            supported_versions=[DRA_SERVICE],
+        )
+
+    async def NotifyRegistrationStatus(
+        self, request: pluginregistration_v1_pb2.RegistrationStatus, context: object
+    ) -> pluginregistration_v1_pb2.RegistrationStatusResponse:
+        if request.plugin_registered:
+            log.info("kubelet registered DRA driver %s", contract.DRA_DRIVER)
+            self.registered.set()
+        else:
+            self.last_error = request.error
+            log.error("kubelet refused DRA driver %s: %s", contract.DRA_DRIVER, request.error)
+        return pluginregistration_v1_pb2.RegistrationStatusResponse()
+
+
+def _hold_while_exists(path: Path) -> Callable[[str], Awaitable[None]]:
+    async def hold(uid: str) -> None:
+        if path.exists():
+            log.warning("holding the prepare of claim %s while %s exists (%s)", uid, path, HOLD_PREPARE_ENV)
+        while path.exists():
+            await asyncio.sleep(0.1)
+
+    return hold
+
+
+# --- the ResourceSlice -------------------------------------------------------------------------------------
+class SlicePublisher:
+    """Keeps the node's ResourceSlice equal to its GPUs; the pool generation rises with every change."""
+
+    def __init__(self, cfg: AgentConfig, backend: GpuBackend, api: DraApi) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.api = api
+        self.health = {g.uuid: g.healthy for g in backend.gpus()}
+
+    async def publish(self) -> dict[str, Any]:
+        name = slice_name(self.cfg.node_name)
+        current = await self.api.get_slice(name)
+        generation = int(((current or {}).get("spec") or {}).get("pool", {}).get("generation", 0))
+        want = resource_slice(
+            self.cfg.node_name,
+            self.backend,
+            slots=self.cfg.slots_per_gpu,
+            generation=generation,
+            extra_reserve_mib=self.cfg.extra_reserve_mib,
+            health=self.health,
+            node_uid=await self.api.node_uid(self.cfg.node_name),
+        )
+        if current is not None and _same_devices(current, want):
+            return current
+        if current is None:
+            published = await self.api.put_slice(want, create=True)
+        else:
+            want["spec"]["pool"]["generation"] = generation + 1
+            want["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            published = await self.api.put_slice(want, create=False)
+        log.info("published ResourceSlice %s (generation %d)", name, want["spec"]["pool"]["generation"])
+        return published
+
+    def set_health(self, uuid: str, healthy: bool) -> bool:
+        """Whether this changed anything (then publish again)."""
+        if uuid not in self.health or self.health[uuid] == healthy:
+            return False
+        self.health[uuid] = healthy
+        return True
+
+
+def _same_devices(current: dict[str, Any], want: dict[str, Any]) -> bool:
+    spec = current.get("spec") or {}
+    return bool(
+        spec.get("devices") == want["spec"]["devices"]
+        and spec.get("nodeName") == want["spec"]["nodeName"]
+        and (current.get("metadata") or {}).get("ownerReferences") == want["metadata"].get("ownerReferences")
+    )
+
+
+# --- running it --------------------------------------------------------------------------------------------
+class DraDriver:
+    """Serve the registration and DRA sockets and keep the slice published until `stop`."""
+
+    def __init__(self, cfg: AgentConfig, backend: GpuBackend, api: DraApi) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.servicer = DraServicer(cfg, backend, api)
+        self.registration = RegistrationServicer(cfg)
+        self.slices = SlicePublisher(cfg, backend, api)
+        self._server: grpc.aio.Server | None = None
+        self._reg_server: grpc.aio.Server | None = None
+
+    async def serve(self) -> None:
+        for sock in (self.cfg.dra_socket, self.cfg.dra_registration_socket):
+            sock.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                sock.unlink()  # a stale socket from a previous run would make bind fail
+        # CDI mounts, unlike the kubelet's, are not created by the runtime: their sources must exist.
+        for d in (self.cfg.cdi_dir, self.cfg.mps_pipe_dir, self.cfg.mps_root / "shm"):
+            d.mkdir(parents=True, exist_ok=True)
+        server = grpc.aio.server()
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+        server.add_insecure_port(f"unix://{self.cfg.dra_socket}")
+        await server.start()
+        # The registration socket is served last: the kubelet calls GetInfo the moment it appears and then
+        # dials the DRA socket, which must already answer.
+        reg = grpc.aio.server()
+        pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
+            self.registration, reg
+        )
+        reg.add_insecure_port(f"unix://{self.cfg.dra_registration_socket}")
+        await reg.start()
+        self._server = server
+        self._reg_server = reg
+        log.info("DRA driver %s serving on %s", contract.DRA_DRIVER, self.cfg.dra_socket)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        # The registration socket goes first, so the kubelet stops sending work before the service ends.
+        for attr, sock in (
+            ("_reg_server", self.cfg.dra_registration_socket),
+            ("_server", self.cfg.dra_socket),
+        ):
+            server = getattr(self, attr, None)
+            if server is not None:
+                await server.stop(grace_s)
+                setattr(self, attr, None)
+            with contextlib.suppress(FileNotFoundError):
+                sock.unlink()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.serve()
+        health = asyncio.create_task(self._watch_health(stop))
+        try:
+            await self._publish_until_done(stop)
+            # Again now and then: the kubelet deletes a driver's slices when its plugin stays unregistered
+            # (an agent down for a while), and someone may edit or delete the slice.
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), SLICE_RESYNC_S)
+                if not stop.is_set():
+                    await self._publish_until_done(stop)
+        finally:
+            health.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await health
+            await self.stop()
+
+    async def _publish_until_done(self, stop: asyncio.Event) -> None:
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                await self.slices.publish()
+                return
+            except Exception as err:  # the API server not there yet, a conflict: try again
+                log.warning("ResourceSlice not published (%s); retrying in %.1fs", err, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _watch_health(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            event = await asyncio.to_thread(self.backend.wait_health_event, 0.2)
+            if event is not None and self.slices.set_health(event.uuid, event.healthy):
+                log.warning("GPU %s is now %s: %s", event.uuid, "healthy" if event.healthy else "unhealthy",
+                            event.reason)  # fmt: skip
+                await self._publish_until_done(stop)

@@ -1,0 +1,356 @@
+"""DRA lanes on the real node (issue 30): the agent as the DRA driver `gpu.tessera.io` beside the real kubelet,
+kube-scheduler and containerd 2.x with CDI, no extender.
+
+The agent runs as a host process (`tessera-agent --lanes-api dra --fake-gpu-backend 1`, one fake A100 of
+40 GiB behind the NVML interface, 40448 MiB usable), registered through the kubelet's plugin directory; pods
+ask for lanes with ResourceClaimTemplates, the default kube-scheduler allocates them from the agent's
+ResourceSlice (consumable capacity), and the kubelet asks the agent to prepare each claim before starting the
+container, which sees the lane through the CDI device the agent wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tessera.api import contract
+from tessera_agent.dra_plugin import HOLD_PREPARE_ENV
+from tessera_agent.dra_slice import device_class
+
+from tests.integration.k8s.controlplane import Process, wait_until
+
+from .node import Node
+
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+DEADLINE_S = 180
+# The chart's agent (test_chart_on_node.py) uses the same fake GPU UUIDs; this one owns only the DRA sockets.
+GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
+
+
+class Agent:
+    """The agent process on the node's host, restartable with the same arguments."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        root = node.kubelet_root
+        self.state = node.workdir / "dra-agent"
+        self.hold = self.state / "hold-prepare"
+        self.argv = [
+            str(Path(sys.executable).parent / "tessera-agent"),
+            f"--node={node.name}",
+            "--lanes-api=dra",
+            "--fake-gpu-backend=1",
+            "--no-mps",
+            "--metrics-port=0",
+            "--sample-interval=5",
+            f"--kubelet-plugins-dir={root / 'plugins'}",
+            f"--kubelet-registry-dir={root / 'plugins_registry'}",
+            f"--cdi-dir={node.cdi_dir}",
+            f"--mps-root={self.state / 'mps'}",
+            f"--device-plugin-dir={self.state / 'device-plugins'}",
+            "-v",
+        ]
+        self.env = {**os.environ, "KUBECONFIG": str(node.plane.kubeconfig), HOLD_PREPARE_ENV: str(self.hold)}
+        self.starts = 0
+        self.proc: Process | None = None
+
+    def start(self) -> None:
+        self.starts += 1
+        self.proc = self.node.plane.spawn(f"dra-agent-{self.starts}", self.argv, self.env)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.popen.pid, signal.SIGKILL)
+        self.proc.popen.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+
+    @property
+    def checkpoint(self) -> dict[str, Any]:
+        path = self.node.kubelet_root / "plugins" / contract.DRA_DRIVER / "checkpoint.json"
+        try:
+            return dict(json.loads(path.read_text())["claims"])
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+
+@pytest.fixture(scope="module")
+def agent(node: Node) -> Iterator[Agent]:
+    if node.containerd_dir is None:
+        pytest.fail("DRA needs CDI: run the node with the built containerd (TESSERA_NODE_CONTAINERD=built)")
+    status, body = node.plane.request("POST", f"{RESOURCE_API}/deviceclasses", device_class())
+    assert status in (201, 409), body
+    a = Agent(node)
+    a.start()
+    try:
+        wait_until(lambda: published_slice(node) is not None, DEADLINE_S, "the agent's ResourceSlice", a.proc)
+        yield a
+    finally:
+        a.stop()
+        node.plane.request("DELETE", f"{RESOURCE_API}/resourceslices/{node.name}-{contract.DRA_DRIVER}")
+        node.plane.request("DELETE", f"{RESOURCE_API}/deviceclasses/{contract.DRA_DEVICE_CLASS}")
+
+
+def published_slice(node: Node) -> dict[str, Any] | None:
+    got = node.plane.get(f"{RESOURCE_API}/resourceslices/{node.name}-{contract.DRA_DRIVER}")
+    return got if isinstance(got, dict) and got.get("spec") else None
+
+
+def lane_template(node: Node, namespace: str, name: str, memory: str, compute: str) -> None:
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": contract.DRA_DEVICE_CLASS,
+                                "capacity": {"requests": {"memory": memory, "computeShare": compute}},
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    status, got = node.plane.request(
+        "POST", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates", body
+    )
+    assert status == 201, got
+
+
+SHOW_LANE = (
+    "import os, sys, time\n"
+    "keys = sorted(k for k in os.environ if k.startswith(('CUDA_', 'NVIDIA_', 'TESSERA_')))\n"
+    "print('\\n'.join(f'{k}={os.environ[k]}' for k in keys))\n"
+    "print('pipe-mounted=' + str(os.path.isdir('/mps/pipe')))\n"
+    "sys.stdout.flush()\n"
+    "time.sleep(float(sys.argv[1]))\n"
+)
+
+
+def lane_pod(node: Node, namespace: str, name: str, template: str, sleep_s: float = 0) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "lane", "resourceClaimTemplateName": template}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": node.images["TESSERA_IMAGE"],
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", SHOW_LANE, str(sleep_s)],
+                    "resources": {"claims": [{"name": "lane"}]},
+                }
+            ],
+        },
+    }
+    status, got = node.plane.request("POST", f"/api/v1/namespaces/{namespace}/pods", body)
+    assert status == 201, got
+
+
+def pod(node: Node, namespace: str, name: str) -> dict[str, Any]:
+    got = node.plane.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    assert isinstance(got, dict), got
+    return got
+
+
+def phase(node: Node, namespace: str, name: str) -> str:
+    return str(pod(node, namespace, name).get("status", {}).get("phase", ""))
+
+
+def pod_claim(node: Node, namespace: str, name: str) -> dict[str, Any] | None:
+    statuses = pod(node, namespace, name).get("status", {}).get("resourceClaimStatuses") or []
+    if not statuses or not statuses[0].get("resourceClaimName"):
+        return None
+    got = node.plane.get(
+        f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{statuses[0]['resourceClaimName']}"
+    )
+    return got if isinstance(got, dict) and got.get("metadata") else None
+
+
+def lane_env(node: Node, namespace: str, name: str) -> dict[str, str]:
+    status, text = node.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log")
+    assert status == 200, text
+    return dict(line.split("=", 1) for line in str(text).splitlines() if "=" in line)
+
+
+def logged(node: Node, namespace: str, name: str) -> bool:
+    status, text = node.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log")
+    return status == 200 and "pipe-mounted=" in str(text)
+
+
+def describe(node: Node, namespace: str) -> str:
+    events = node.plane.get(f"/api/v1/namespaces/{namespace}/events")
+    items = events.get("items", []) if isinstance(events, dict) else []
+    return "\n".join(f"{e['involvedObject']['name']}: {e['reason']}: {e.get('message', '')}" for e in items)
+
+
+def cdi_specs(node: Node, *uids: str) -> list[str]:
+    """The CDI spec files on the node (of these claims only, when given)."""
+    names = sorted(p.name for p in node.cdi_dir.glob("*.json"))
+    return [n for n in names if not uids or any(u in n for u in uids)]
+
+
+def claims_of(agent: Agent, namespace: str) -> list[str]:
+    """UIDs of the claims of `namespace` in the agent's checkpoint."""
+    return [uid for uid, c in agent.checkpoint.items() if c["namespace"] == namespace]
+
+
+def test_slice_publishes_the_gpu_with_consumable_capacity(node: Node, agent: Agent) -> None:
+    s = published_slice(node)
+    assert s is not None
+    (dev,) = s["spec"]["devices"]
+    assert dev["allowMultipleAllocations"] is True
+    assert dev["attributes"]["uuid"] == {"string": GPU0}
+    assert dev["capacity"]["memory"]["value"] == "40448Mi"
+    assert dev["capacity"]["computeShare"]["requestPolicy"]["validRange"]["step"] == "1"
+
+
+def test_a_claim_of_30_percent_and_10gi_runs_with_that_lanes_env(
+    node: Node, namespace: str, agent: Agent
+) -> None:
+    lane_template(node, namespace, "lane-30", "10Gi", "30")
+    lane_pod(node, namespace, "one", "lane-30", sleep_s=3600)
+    try:
+        wait_until(
+            lambda: phase(node, namespace, "one") == "Running" and logged(node, namespace, "one"),
+            DEADLINE_S,
+            "the lane pod to run",
+        )
+    except TimeoutError:
+        raise AssertionError(describe(node, namespace)) from None
+    # The claim lives as long as the pod: the resource claim controller deletes it once the pod is done.
+    claim = pod_claim(node, namespace, "one")
+    assert claim is not None
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"], result["device"]) == (contract.DRA_DRIVER, node.name, "gpu-0")
+    assert result["consumedCapacity"] == {"memory": "10Gi", "computeShare": "30", "clients": "1"}
+    env = lane_env(node, namespace, "one")
+    assert env["CUDA_VISIBLE_DEVICES"] == GPU0
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/pipe"
+    uid = claim["metadata"]["uid"]
+    assert env["TESSERA_LANE_ID"] == uid
+    assert env["pipe-mounted"] == "True"
+    assert agent.checkpoint[uid]["state"] == "prepared" and cdi_specs(node, uid)
+
+    status, got = node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/one")
+    assert status == 200, got
+    wait_until(
+        lambda: uid not in agent.checkpoint and not cdi_specs(node, uid), DEADLINE_S, "the claim unprepared"
+    )
+    wait_until(lambda: pod_claim_gone(node, namespace, claim), DEADLINE_S, "the claim deleted with its pod")
+
+
+def pod_claim_gone(node: Node, namespace: str, claim: dict[str, Any]) -> bool:
+    status, _ = node.plane.request(
+        "GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{claim['metadata']['name']}"
+    )
+    return status == 404
+
+
+def test_three_lanes_share_the_gpu_a_fourth_waits_and_runs_once_one_ends(
+    node: Node, namespace: str, agent: Agent
+) -> None:
+    lane_template(node, namespace, "lane-30", "10Gi", "30")
+    for name in ("a", "b", "c"):
+        lane_pod(node, namespace, name, "lane-30", sleep_s=3600)
+    try:
+        wait_until(
+            lambda: all(phase(node, namespace, n) == "Running" and logged(node, namespace, n) for n in "abc"),
+            DEADLINE_S,
+            "three lane pods running at once",
+        )
+    except TimeoutError:
+        raise AssertionError(describe(node, namespace)) from None
+    claims = [pod_claim(node, namespace, n) for n in "abc"]
+    results = [c["status"]["allocation"]["devices"]["results"][0] for c in claims if c]
+    assert [r["device"] for r in results] == ["gpu-0"] * 3
+    assert len({r["shareID"] for r in results}) == 3  # three shares of one device
+    uids = [c["metadata"]["uid"] for c in claims if c]
+    assert sorted(claims_of(agent, namespace)) == sorted(uids) and len(cdi_specs(node, *uids)) == 3
+
+    lane_pod(node, namespace, "d", "lane-30", sleep_s=0)
+
+    def unschedulable() -> str | None:
+        conds = {c["type"]: c for c in pod(node, namespace, "d").get("status", {}).get("conditions", [])}
+        cond = conds.get("PodScheduled")
+        if cond and cond["status"] == "False" and cond.get("reason") == "Unschedulable":
+            return str(cond.get("message", ""))
+        return None
+
+    message = wait_until(unschedulable, DEADLINE_S, "the fourth pod to be found unschedulable")
+    assert "cannot allocate all claims" in message, message
+    assert phase(node, namespace, "d") == "Pending"
+
+    # One pod ends: its claim goes with it (unprepared on the node, deallocated), and the fourth fits.
+    status, got = node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/a")
+    assert status == 200, got
+    wait_until(lambda: phase(node, namespace, "d") == "Succeeded", DEADLINE_S, "the fourth pod to run")
+    assert lane_env(node, namespace, "d")["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+
+    for name in ("b", "c", "d"):
+        node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+    wait_until(
+        lambda: not claims_of(agent, namespace) and not cdi_specs(node, *uids),
+        DEADLINE_S,
+        "every claim unprepared",
+    )
+
+    def claims_gone() -> bool:
+        got = node.plane.get(f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims")
+        return isinstance(got, dict) and not got.get("items")
+
+    wait_until(claims_gone, DEADLINE_S, "the pods' claims deleted")
+
+
+def test_agent_killed_mid_prepare_loses_nothing(node: Node, namespace: str, agent: Agent) -> None:
+    lane_template(node, namespace, "lane-20", "4Gi", "20")
+    agent.hold.parent.mkdir(parents=True, exist_ok=True)
+    agent.hold.write_text("")
+    try:
+        lane_pod(node, namespace, "held", "lane-20", sleep_s=3600)
+        wait_until(
+            lambda: any(c["state"] == "preparing" for c in agent.checkpoint.values()),
+            DEADLINE_S,
+            "the agent to start preparing the claim",
+            agent.proc,
+        )
+        t0 = time.monotonic()
+        agent.kill()
+    finally:
+        agent.hold.unlink(missing_ok=True)
+    (uid,) = claims_of(agent, namespace)
+    agent.start()
+    wait_until(
+        lambda: phase(node, namespace, "held") == "Running" and logged(node, namespace, "held"),
+        DEADLINE_S,
+        "the held pod to run",
+    )
+    node.timings["recovery: DRA agent killed mid-prepare (pod ran)"] = time.monotonic() - t0
+    env = lane_env(node, namespace, "held")
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20" and env["TESSERA_LANE_ID"] == uid
+    assert agent.checkpoint[uid]["state"] == "prepared"
+    node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/held")
+    wait_until(
+        lambda: uid not in agent.checkpoint and not cdi_specs(node, uid), DEADLINE_S, "the claim unprepared"
+    )

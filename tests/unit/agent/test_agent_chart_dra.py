@@ -1,0 +1,83 @@
+"""The chart's lanes.api: the device plugin by default (no DeviceClass, no DRA grants); dra, the agent's DRA
+driver flags and host paths, the DeviceClass the agent's code describes, and the grants the driver uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tessera_agent import cli as agent_cli
+from tessera_agent.dra_slice import device_class
+
+from tests.unit.chart.chart_render import find, objects, render
+
+DRA = {"lanes": {"api": "dra"}, "agent": {"kubeletRootDir": "/var/lib/k", "cdiDir": "/etc/cdi"}}
+
+
+def _agent(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = find(objs, "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    return spec
+
+
+def _rules(objs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    role = find(objs, "ClusterRole", "-agent")
+    return {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
+DRA_GRANTS = {
+    ("", "nodes", "get"),
+    ("resource.k8s.io", "resourceclaims", "get"),
+    ("resource.k8s.io", "resourceslices", "get"),
+    ("resource.k8s.io", "resourceslices", "create"),
+    ("resource.k8s.io", "resourceslices", "update"),
+}
+
+
+@pytest.mark.parametrize("values", [None, {"lanes": {"api": "auto"}}])
+def test_device_plugin_by_default_and_where_auto_finds_no_dra(values: dict[str, Any] | None) -> None:
+    # `helm template` knows no cluster: auto falls back to the device plugin
+    objs = objects(render(values))
+    args = agent_cli.build_parser().parse_args(_agent(objs)["containers"][0]["args"])
+    assert args.lanes_api == "devicePlugin"
+    assert not [o for o in objs if o["kind"] == "DeviceClass"]
+    assert not DRA_GRANTS & _rules(objs)
+
+
+def test_dra_runs_the_driver_with_the_kubelets_paths_and_its_device_class() -> None:
+    objs = objects(render(DRA))
+    pod = _agent(objs)
+    args = agent_cli.build_parser().parse_args(pod["containers"][0]["args"])
+    assert args.lanes_api == "dra"
+    assert (str(args.kubelet_plugins_dir), str(args.kubelet_registry_dir), str(args.cdi_dir)) == (
+        "/var/lib/k/plugins",
+        "/var/lib/k/plugins_registry",
+        "/etc/cdi",
+    )
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    hosts = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    for name, path in [
+        ("kubelet-plugins", "/var/lib/k/plugins"),
+        ("kubelet-plugins-registry", "/var/lib/k/plugins_registry"),
+        ("cdi", "/etc/cdi"),
+    ]:
+        assert mounts[name] == hosts[name] == path  # same path inside and out
+    assert "device-plugins" not in mounts
+    dc = find(objs, "DeviceClass")
+    want = device_class()
+    assert (dc["apiVersion"], dc["metadata"]["name"], dc["spec"]) == (
+        want["apiVersion"],
+        want["metadata"]["name"],
+        want["spec"],
+    )
+    assert _rules(objs) >= DRA_GRANTS
+
+
+def test_an_unknown_lanes_api_is_refused() -> None:
+    with pytest.raises(Exception, match="lanes"):
+        render({"lanes": {"api": "extender"}})
