@@ -568,10 +568,14 @@ def test_a_modeldeployment_serves_tritonclient_through_its_service_and_scales_wi
         # The gateway's ClusterIP, from the host: kube-proxy's rules carry it to the gateway pod, and the
         # gateway reaches its worker by the worker's DNS name.
         client = httpclient.InferenceServerClient(f"{svc['spec']['clusterIP']}:80", network_timeout=30)
-        wait_until(lambda: client.is_model_ready("early-exit"), 180, "the model ready behind the ClusterIP")
+        wait_until(lambda: client.is_model_ready("early-exit"), 300, "the model ready behind the ClusterIP")
         node.timings["modeldeployment: created to ready behind its ClusterIP"] = time.monotonic() - t0
     except TimeoutError as err:
-        raise AssertionError(f"{err}\nstatus: {md()}\n{describe(node, namespace)}") from err
+        logs = {
+            p["metadata"]["name"]: pod_log(node, namespace, p["metadata"]["name"])[-2000:]
+            for p in pods(node, namespace, f"{contract.LABEL_MODELDEPLOYMENT}=m")
+        }
+        raise AssertionError(f"{err}\nstatus: {md()}\n{describe(node, namespace)}\nlogs: {logs}") from err
 
     rng = np.random.default_rng(0)
 
