@@ -110,7 +110,8 @@ async def test_an_invalid_trialgroup_reports_each_generation_and_is_ready_once_f
             lambda: status_of(api, TGS, "tg").get("observedGeneration") == 3 and status_of(api, TGS, "tg")
         )
         assert "maxPackPerGPU" in cond(st, "Ready")["message"]
-        assert len(events(api, "InvalidSpec")) == 2
+        # Events are posted in the background, so the status may land first.
+        await wait_for(lambda: len(events(api, "InvalidSpec")) == 2, what="a second InvalidSpec event")
 
         await change_spec(
             api,

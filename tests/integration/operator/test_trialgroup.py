@@ -111,7 +111,10 @@ async def test_packed_and_multi_gpu_trials_then_replan_when_trials_finish(
         assert trials["a"]["result"] == 0.42 and all(trials[n]["result"] == 0.9 for n in ("b", "c", "d"))
         assert "scale-up: 1" in st["lastReallocation"]["rule"]
         await wait_for(lambda: old_a not in pods(api), what="old pod of a deleted")
-        assert len(events(api, "TrialCompleted")) == 3 and events(api, "Planned")
+        # Events are posted in the background, after the status.
+        await wait_for(
+            lambda: len(events(api, "TrialCompleted")) == 3 and events(api, "Planned"), what="the events"
+        )
 
 
 async def test_invalid_trialgroup_gets_condition_event_and_no_pods(api: kmock.KubernetesEmulator) -> None:
