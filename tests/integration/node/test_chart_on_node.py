@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import helm_python as helm
@@ -800,17 +801,82 @@ def test_agent_pod_deleted_is_recreated_and_registers_again(node: Node, release:
     node.timings["recovery: agent pod deleted (new one registered)"] = time.monotonic() - t0
 
 
-def test_operator_leader_deleted_the_standby_takes_over(node: Node, release: helm.Config) -> None:
+def steady_app(node: Node) -> dict[str, Any]:
+    """An App with one 1-GPU job that runs until it is stopped: alone, it keeps its GPU lease after lease."""
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_APP,
+        "metadata": {"name": "steady"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": node.images["TESSERA_IMAGE"],
+                            "imagePullPolicy": "Never",
+                            "command": ["python", "-c", "import signal; signal.pause()"],
+                        }
+                    ],
+                }
+            },
+            "jobs": [{"name": "j", "iterTotal": 100000, "iterTimeSerialSeconds": 1.0, "maxGPUs": 1}],
+        },
+    }
+
+
+def stamp(value: str) -> float:
+    return datetime.fromisoformat(value).timestamp()
+
+
+def test_operator_leader_deleted_the_standby_takes_over_without_duplicate_pods(
+    node: Node, release: helm.Config, namespace: str
+) -> None:
     roles = operator_roles(node)
     assert roles is not None, "two operator replicas with distinct peering priorities"
     leader, standby = roles
+    path = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/{contract.PLURAL_APP}"
+    status, got = node.plane.request("POST", path, steady_app(node))
+    assert status == 201, got
+    selector = f"{contract.LABEL_APP}=steady"
+    (before,) = wait_until(
+        lambda: [p for p in pods(node, namespace, selector) if ready(p)] or None, 240, "the App's pod running"
+    )
+    seen: dict[str, str] = {}  # uid -> name of every pod of the App seen from here on
+
+    def live_pods() -> list[dict[str, Any]]:
+        got = pods(node, namespace, selector)
+        seen.update({p["metadata"]["uid"]: p["metadata"]["name"] for p in got})
+        live = [p for p in got if not p["metadata"].get("deletionTimestamp")]
+        assert len(live) <= 1, f"two live pods for one 1-GPU job: {[p['metadata']['name'] for p in live]}"
+        return live
+
     t0 = time.monotonic()
     status, got = node.plane.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{leader}")
     assert status == 200, got
-    wait_until(
-        lambda: peering_state(pod_log(node, NS, standby)) == "active", 180, "the standby to resume operations"
-    )
+
+    def resumed() -> bool:
+        live_pods()
+        return peering_state(pod_log(node, NS, standby)) == "active"
+
+    wait_until(resumed, 180, "the standby to resume operations")
     node.timings["recovery: operator leader deleted (standby resumed)"] = time.monotonic() - t0
+    resumed_at = time.time()
+
+    def renewed_by_new_leader() -> bool:
+        """A lease granted after the standby resumed: the new leader has run a round on the App."""
+        live_pods()
+        leases = ((node.plane.get(f"{path}/steady") or {}).get("status") or {}).get("leases") or []
+        return any(stamp(le["expiresAt"]) >= resumed_at + LEASE_S - 1 for le in leases)
+
+    wait_until(renewed_by_new_leader, 3 * LEASE_S + 120, "a lease renewed by the new leader")
+    node.timings["recovery: operator leader deleted (a round of the new leader)"] = time.monotonic() - t0
+    # Alone on the node, the App keeps its GPU: its pod is the one from before the takeover, and at no
+    # point did a second pod of its job exist.
+    (after,) = wait_until(lambda: [p for p in live_pods() if ready(p)] or None, 120, "the App's pod running")
+    assert after["metadata"]["uid"] == before["metadata"]["uid"], (before["metadata"]["name"], seen)
+    assert set(seen) == {before["metadata"]["uid"]}, seen
     # The Deployment's replacement joins as a peer (it may out-rank the survivor: then the survivor pauses).
     wait_until(
         lambda: len(ops := component_pods(node, "operator")) == 2 and all(ready(p) for p in ops),
