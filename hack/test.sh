@@ -16,4 +16,5 @@ V=.venv/bin
 $V/ruff check .
 $V/ruff format --check .
 $V/mypy -p tessera -p tessera_agent  # strict; generated protobuf modules excluded in pyproject.toml
-$V/python -m pytest -q "$@"
+# The slowest tests are listed at the end, to see where the suite's time goes.
+$V/python -m pytest -q --durations=30 "$@"
