@@ -92,6 +92,8 @@ class Arbiter:
         self.reclaim_grace: dict[tuple[str, str], int] = {}  # their pods' grace: the lending queue's
         # GPUs each queue holds in TrialGroup pools and serving replicas (set by the Controller).
         self.outside: Callable[[], dict[str, float]] = dict
+        # GPUs each queue's TrialGroups and ModelDeployments wait for within its share (set by the Controller).
+        self.outside_waiting: Callable[[], dict[str, float]] = dict
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -272,7 +274,12 @@ class Arbiter:
         if not self.queues.active:
             return self.themis
         return QueuedPolicy(
-            self.themis, self.queues.nodes(), self.queues.rules(), name="themis", outside=self.outside()
+            self.themis,
+            self.queues.nodes(),
+            self.queues.rules(),
+            name="themis",
+            outside=self.outside(),
+            outside_waiting=self.outside_waiting(),
         )
 
     def queued_state(self, rec: AppRecord, now: float, known: set[str] | None = None) -> AppState:
@@ -287,7 +294,8 @@ class Arbiter:
         """GPUs a team queue took back at once (`immediate`): out of the App's leases (its pods go with
         the preemption grace), with an event on the App that lost them and on the Queue that gained."""
         queue_of = {s.app_id: s.queue for s in states}
-        gainers = sorted({queue_of[g.app_id] for g in decision.grants})
+        # Queues whose Apps won GPUs, or whose TrialGroups and ModelDeployments wait for some.
+        gainers = sorted({queue_of[g.app_id] for g in decision.grants} | set(self.outside_waiting()))
         self.revoked = set()
         for app_id, gpus in decision.revoke.items():
             rec = by_id[app_id]

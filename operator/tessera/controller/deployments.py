@@ -72,6 +72,8 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         # Under team queues: GPUs a deployment of a namespace may add (its queue's share less what the
         # queue holds); None without queues. Set by the Controller.
         self.queue_room: Callable[[str, int], float | None] = lambda namespace, want: None
+        # Called when what a deployment waits for within its queue's share changes (the arbiter re-divides).
+        self.waiting_changed: Callable[[], None] = lambda: None
         config = ctx.config
         self._applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._wanted: dict[tuple[str, str], int] = {}  # replicas the last pass decided on
@@ -158,11 +160,14 @@ class ModelDeployments(KindReconciler[ServingRecord]):
     def _scale(self, rec: ServingRecord, cluster: Cluster, decision: ScaleDecision) -> None:
         """Replicas to the decided count: the first ones keep their GPUs, the last go on scale-down, new
         ones take free GPUs; an event when the count moved (saying why fewer were placed)."""
-        before = len(rec.gpus)
+        before, waited = len(rec.gpus), rec.waiting_gpus
+        rec.waiting_gpus = 0
         if decision.replicas < before:
             rec.gpus = rec.gpus[: decision.replicas]
         elif decision.replicas > before:
             self._place_replicas(rec, cluster, decision.replicas)
+        if rec.waiting_gpus != waited:
+            self.waiting_changed()
         if len(rec.gpus) == before:
             return
         short = (
@@ -196,6 +201,10 @@ class ModelDeployments(KindReconciler[ServingRecord]):
                 break
             rec.gpus.append(by_node[nodes[0]][:per])
             by_node[nodes[0]] = by_node[nodes[0]][per:]
+        if room is not None and not models:
+            # Replicas within the queue's share that found no free GPU: other queues owe them. (With
+            # gpuTypes, GPUs given back might be of another model and would sit idle: not counted.)
+            rec.waiting_gpus = (replicas - len(rec.gpus)) * per
 
     async def _apply_gateway(
         self, rec: ServingRecord, owner: Owner, body: dict[str, Any], patch: kopf.Patch

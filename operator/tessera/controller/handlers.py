@@ -105,8 +105,10 @@ class Controller:
         self.arbiter.reserved = self.reserved_by_others
         self.arbiter.queues = self.queues
         self.arbiter.outside = self.queue_outside
+        self.arbiter.outside_waiting = self.queue_outside_waiting
         self.trialgroups.queue_room = self.queue_room
         self.deployments.queue_room = self.queue_room
+        self.trialgroups.waiting_changed = self.deployments.waiting_changed = self.redivide
 
     def app_gpus(self) -> set[str]:
         """GPUs that App leases hold (TrialGroup pools and serving are drawn from the rest)."""
@@ -142,6 +144,30 @@ class Controller:
                 q = self.queues.queue_of(srv.namespace)
                 out[q] = out.get(q, 0.0) + len(srv.held())
         return out
+
+    def queue_outside_waiting(self) -> dict[str, float]:
+        """GPUs each team queue's TrialGroups and ModelDeployments wait for within the queue's share: work
+        waiting, which the division counts and reclaims for as it does for its Apps."""
+        out: dict[str, float] = {}
+        waiting = [
+            (r.namespace, r.waiting_gpus)
+            for r in (self.trialgroups.records.values() if self.trialgroups is not None else ())
+            if not r.done and not r.pool
+        ]
+        waiting += [
+            (r.namespace, r.waiting_gpus)
+            for r in (self.deployments.records.values() if self.deployments is not None else ())
+        ]
+        for namespace, n in waiting:
+            if n > 0:
+                q = self.queues.queue_of(namespace)
+                out[q] = out.get(q, 0.0) + n
+        return out
+
+    def redivide(self) -> None:
+        """What other objects wait for changed: the next round divides (and reclaims) with it."""
+        if self.arbiter is not None and self.queues.active:
+            self.arbiter.dirty = True
 
     def queue_room(self, namespace: str, want: int) -> float | None:
         """GPUs an object of `namespace` wanting `want` may take now: its queue's entitlement in a division

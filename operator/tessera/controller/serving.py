@@ -273,6 +273,8 @@ class ServingRecord:
     spec: ModelDeploymentSpec
     body: Mapping[str, Any]
     gpus: list[list[str]] = field(default_factory=list)  # per replica: its GPUs
+    # GPUs of replicas the queue's share has room for but that no free GPU could take (see TrialGroupRecord).
+    waiting_gpus: int = 0
 
     @property
     def key(self) -> tuple[str, str]:

@@ -91,6 +91,9 @@ class TrialGroupRecord:
     placement: TrialGroupPlacement | None = None
     last_rule: str | None = None
     last_time: str | None = None  # when the last plan was made (status.lastReallocation.time)
+    # GPUs the group waits for that its queue's share has room for but that others hold: work waiting in
+    # its queue, which the arbiter counts (and reclaims for) like an App's unmet demand.
+    waiting_gpus: int = 0
 
     @property
     def key(self) -> tuple[str, str]:

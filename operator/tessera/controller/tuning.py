@@ -54,6 +54,8 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         # Under team queues: GPUs a TrialGroup of a namespace may take (its queue's share less what the
         # queue holds); None without queues. Set by the Controller.
         self.queue_room: Callable[[str, int], float | None] = lambda namespace, want: None
+        # Called when what a group waits for within its queue's share changes (the arbiter re-divides).
+        self.waiting_changed: Callable[[], None] = lambda: None
 
     def reserved(self) -> set[str]:
         return {g for r in self.records.values() if not r.done for g in r.pool}
@@ -131,17 +133,23 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         self._metrics(rec)
 
     async def _acquire(self, rec: TrialGroupRecord, cluster: Cluster, patch: kopf.Patch) -> bool:
+        waited = rec.waiting_gpus
         free = self.free_gpus(cluster)
         n = pool_size_wanted(rec.spec, len(free))
         room = self.queue_room(rec.namespace, n)
         if room is not None and rec.spec.gpus is None:
             n = min(n, int(room + 1e-9))  # Fluid packs the trials into the queue's share
+        rec.waiting_gpus = 0
         if room is not None and n > room + 1e-9:
             msg = f"waiting for room in its queue: {n} GPUs wanted, {room:g} within the queue's share"
         elif n < 1 or len(free) < n:
             msg = f"waiting for {max(n, 1)} free GPUs ({len(free)} free)"
+            if room is not None and n >= 1:  # within its queue's share: other queues owe it these GPUs
+                rec.waiting_gpus = n
         else:
             msg = ""
+        if rec.waiting_gpus != waited:
+            self.waiting_changed()
         if msg:
             conds = (rec.body.get("status") or {}).get("conditions") or []
             if not any(c.get("reason") == "WaitingForGPUs" for c in conds):

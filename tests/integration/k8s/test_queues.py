@@ -7,6 +7,7 @@ kube-scheduler through the extender."""
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,7 +17,7 @@ from tessera.api import contract
 from .conftest import Credentials, ManualClock, Nodes, Scheduling, wait_for
 from .controlplane import ControlPlane
 from .test_app import app_body, app_path, app_pods, app_status, job
-from .workloads import bound, call, events, kubelet, operator, release
+from .workloads import bound, call, events, kubelet, operator, pods_with, release
 
 QUEUES = f"/apis/{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_QUEUE}"
 
@@ -193,3 +194,64 @@ async def test_immediate_reclaim_and_deleting_a_queue(
         await wait_for(lambda: ctl.queues.queue_of(t["a"]) == "default", 60, "A's namespace in default")
         clock.advance(1001)
         await wait_for(lambda: gpus(cluster, t["a"], "burst") == 4, 90, "A on all four GPUs under default")
+
+
+async def test_a_trialgroup_waiting_within_its_queues_share_gets_the_guarantee_back(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    # A TrialGroup is work waiting as much as an App is: team B's pool of 2 comes out of the free GPU and
+    # one taken back from A (immediate), and the trials' pods are bound on the pool by the real scheduler.
+    clock = ManualClock()
+    nodes.add(f"{namespace}-n1", gpus=4)
+    spec_a = {
+        "guaranteedGPUs": 2,
+        "maxGPUs": 3,
+        "reclaim": {"mode": "immediate", "checkpointGraceSeconds": 3},
+    }
+    trials = [
+        {"name": n, "budgetIterations": 10**6, "iterTimeSeconds": 1.0, "config": {}} for n in ("x", "y")
+    ]
+    tg = {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_TRIALGROUP,
+        "metadata": {"name": "sweep"},
+        "spec": {
+            "template": {"spec": {"containers": [{"name": "trial", "image": "trainer:1"}]}},
+            "trials": trials,
+            "gpus": 2,
+        },
+    }
+    async with (
+        teams(cluster, namespace, a=spec_a, b={"guaranteedGPUs": 2}) as t,
+        kubelet(cluster, t["a"]),
+        kubelet(cluster, t["b"]),
+        operator(cluster, chart_rbac["operator"], t["a"], lease_s=1000.0, clock=clock) as ctl,
+    ):
+        await seen(ctl, t, "a", "b")
+        await call(
+            cluster, "POST", app_path(t["a"]), app_body("burst", [job(f"j{i}", 1, 10**8) for i in range(4)])
+        )
+        await wait_for(lambda: gpus(cluster, t["a"], "burst") == 3, 90, "A at its maximum")
+        tgs = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{t['b']}/{contract.PLURAL_TRIALGROUP}"
+        await call(cluster, "POST", tgs, tg)
+        await wait_for(
+            lambda: (
+                (p := pods_with(cluster, t["b"], contract.LABEL_TRIALGROUP, "sweep"))
+                and len(p) == 2
+                and bound(p)
+            ),
+            120,
+            "both trials' pods bound on the pool",
+        )
+        await wait_for(lambda: gpus(cluster, t["a"], "burst") == 2, 60, "A down to its guarantee")
+        pool = json.loads(
+            (cluster.get(f"{tgs}/sweep") or {})["metadata"]["annotations"][contract.ANN_GPU_POOL]
+        )
+        leases = app_status(cluster, t["a"], "burst").get("leases") or []
+        held = {f"{le['node']}/{i}" for le in leases for i in le["gpuIndices"]}
+        assert len(pool) == 2 and not held & set(pool), (pool, held)
+        await wait_for(lambda: events(cluster, t["a"], "Reclaimed"), 60, "the event on A's App")

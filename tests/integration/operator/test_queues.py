@@ -220,3 +220,88 @@ async def test_serving_replicas_stay_within_the_queues_share(api: kmock.Kubernet
 
 def events_any(k: kmock.KubernetesEmulator, reason: str) -> list[dict[str, Any]]:
     return [dict(o) for _, o in list(k.objects.items()) if dict(o).get("reason") == reason]
+
+
+async def _trialgroup_waits_for_its_guarantee(
+    api: kmock.KubernetesEmulator, mode: str, clock: ManualClock, ctl: Any
+) -> None:
+    """team-a's App borrows all four GPUs; then team-b (guaranteed 2) asks for a TrialGroup with a pool of
+    2. Returns once the TrialGroup says it waits."""
+    await label_namespaces(ctl, "team-a", "team-b")
+    await create_app(api, "a", "team-a", 4)
+    await wait_for(lambda: gpus(api, "team-a", "a") == 4, what="A borrows B's idle guarantee")
+    tg = tg_body("sweep", [trial("t0", 10**6), trial("t1", 10**6)], gpus=2)
+    tg["metadata"]["namespace"] = "team-b"
+    await api.post(f"/apis/{TGS.replace('/trialgroups', '')}/namespaces/team-b/trialgroups", json=tg)
+    await wait_for(lambda: events_any(api, "WaitingForGPUs"), what="the TrialGroup waiting for GPUs")
+
+
+def pool_of(k: kmock.KubernetesEmulator, namespace: str, name: str) -> list[str]:
+    ann = (dict(k.objects[TGS, namespace, name])["metadata"].get("annotations") or {}).get(
+        contract.ANN_GPU_POOL
+    )
+    return list(json.loads(ann)) if ann else []
+
+
+async def test_a_waiting_trialgroup_gets_its_queues_guarantee_back_at_once(
+    api: kmock.KubernetesEmulator,
+) -> None:
+    # A TrialGroup is waiting work as much as an App: its queue's guarantee comes back for it.
+    clock = ManualClock()
+    await _reclaim(api, "immediate", clock)
+    async with running_operator(api, lease_s=1000.0, clock=clock, queues=True) as ctl:
+        await _trialgroup_waits_for_its_guarantee(api, "immediate", clock, ctl)
+        await wait_for(
+            lambda: len(pool_of(api, "team-b", "sweep")) == 2, what="the pool, before A's lease ends"
+        )
+        assert gpus(api, "team-a", "a") == 2
+        msg = (await wait_for(lambda: events(api, "Reclaimed", "App"), what="the event on A"))[0]["message"]
+        assert "team-b" in msg and "below its guarantee" in msg
+        # The pool and A's leases never share a GPU.
+        leases = (dict(api.objects[APPS, "team-a", "a"]).get("status") or {}).get("leases") or []
+        held = {f"{le['node']}/{i}" for le in leases for i in le["gpuIndices"]}
+        assert not held & set(pool_of(api, "team-b", "sweep")), (held, pool_of(api, "team-b", "sweep"))
+
+
+async def test_a_waiting_trialgroup_gets_its_queues_guarantee_back_at_lease_end(
+    api: kmock.KubernetesEmulator,
+) -> None:
+    clock = ManualClock()
+    await _reclaim(api, "atLeaseEnd", clock)
+    async with running_operator(api, lease_s=1000.0, clock=clock, queues=True) as ctl:
+        await _trialgroup_waits_for_its_guarantee(api, "atLeaseEnd", clock, ctl)
+        assert gpus(api, "team-a", "a") == 4 and not pool_of(api, "team-b", "sweep")  # the lease still runs
+        clock.advance(1001)
+        await wait_for(lambda: gpus(api, "team-a", "a") == 2, what="A down to its guarantee at lease end")
+        await wait_for(lambda: len(pool_of(api, "team-b", "sweep")) == 2, what="the TrialGroup's pool")
+        # The GPUs A gave up stay for the TrialGroup: later rounds do not hand them back to A.
+        clock.advance(1001)
+        await wait_for(
+            lambda: ctl.arbiter is not None and ctl.arbiter.rounds >= 3 and not ctl.arbiter.dirty,
+            what="a round",
+        )
+        assert gpus(api, "team-a", "a") == 2
+
+
+async def test_serving_replicas_waiting_within_the_share_get_the_guarantee_back(
+    api: kmock.KubernetesEmulator,
+) -> None:
+    # 300 rps wants two 1-GPU replicas; team-a's App holds all 4 GPUs, 2 of them borrowed from team-b.
+    clock = ManualClock()
+    await _reclaim(api, "immediate", clock)
+    md = md_body("m", 300)
+    md["metadata"]["namespace"] = "team-b"
+    async with running_operator(api, lease_s=1000.0, clock=clock, queues=True) as ctl:
+        await label_namespaces(ctl, "team-a", "team-b")
+        await create_app(api, "a", "team-a", 4)
+        await wait_for(lambda: gpus(api, "team-a", "a") == 4, what="A borrows B's idle guarantee")
+        await api.post(
+            f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/team-b/modeldeployments", json=md
+        )
+        await wait_for(
+            lambda: (
+                len(pods_of(api, **{contract.LABEL_MODELDEPLOYMENT: "m", contract.LABEL_ROLE: "worker"})) == 2
+            ),
+            what="both replicas placed on GPUs taken back from A",
+        )
+        assert gpus(api, "team-a", "a") == 2

@@ -133,3 +133,29 @@ def test_gpus_a_queue_holds_outside_the_policy_count_against_its_share() -> None
     free = CLUSTER.gpu_ids[3:]
     d = QueuedPolicy(Themis(), qs, outside={"a": 3}).allocate(0.0, apps, CLUSTER, free, random.Random(0))
     assert granted(d) == {"a1": 1, "b1": 4}
+
+
+def test_gpus_a_queues_other_objects_wait_for_are_reclaimed_and_kept_for_them() -> None:
+    # B (g 4) borrows all 8 GPUs; A (g 4) has no App, only a TrialGroup waiting for 3 GPUs. Under
+    # `immediate`, 3 of B's GPUs are taken back, and neither B (hungry for 8) nor anyone else gets them.
+    qs = [QueueNode("a", guaranteed=4), QueueNode("b", guaranteed=4)]
+    rules = {"b": ReclaimRule(mode="immediate")}
+    b1 = app("b1", "b", 8, held=tuple(CLUSTER.gpu_ids))
+    policy = QueuedPolicy(Themis(), qs, rules, outside_waiting={"a": 3})
+    assert policy.reclaim_due([("b", 8, 8)], 0)  # a round at once
+    d = policy.allocate(100.0, [b1], CLUSTER, [], random.Random(0))
+    check_decision(d, [b1], [])
+    assert len(d.revoke["b1"]) == 3 and d.grants == []
+
+
+def test_free_gpus_a_queues_other_objects_wait_for_are_not_lent() -> None:
+    # 8 free GPUs at lease end; A's TrialGroup waits for 2 within A's guarantee: B's hungry App gets 6,
+    # not 8, and A's own App gets none of the 2 (they wait for the TrialGroup).
+    qs = [QueueNode("a", guaranteed=2), QueueNode("b", guaranteed=6)]
+    apps = [app("a1", "a", 8), app("b1", "b", 8)]
+    policy = QueuedPolicy(Themis(), qs, outside_waiting={"a": 2})
+    d = policy.allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
+    assert granted(d) == {"b1": 6}
+    # Without the waiting TrialGroup the same round lends every GPU.
+    d = QueuedPolicy(Themis(), qs).allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
+    assert sum(granted(d).values()) == 8

@@ -43,6 +43,7 @@ class QueuedPolicy:
         rules: Mapping[str, ReclaimRule] | None = None,
         name: str | None = None,
         outside: Mapping[str, float] | None = None,
+        outside_waiting: Mapping[str, float] | None = None,
     ) -> None:
         self.inner = inner
         self.queues = with_default(queues)
@@ -50,6 +51,10 @@ class QueuedPolicy:
         # GPUs each queue's other objects hold, which this policy does not move (TrialGroup pools, serving
         # replicas): they count towards the queue's demand and holding, so its apps get only the rest.
         self.outside = dict(outside or {})
+        # GPUs those objects wait for within their queue's share: demand like an app's, reclaimed for like
+        # an app's, and kept free for them (the queue's apps do not take them; other queues do not borrow
+        # them) until the objects take them.
+        self.outside_waiting = {q: float(int(n)) for q, n in (outside_waiting or {}).items() if n >= 1}
         self.name: str = name or str(getattr(inner, "name", "queued"))
         # The simulator runs rounds with no GPU free only for a policy that may take GPUs back.
         self.preempts = any(r.mode == "immediate" for r in self.rules.values())
@@ -67,6 +72,8 @@ class QueuedPolicy:
         eps = 1e-9
         held = {q: float(int(n)) for q, n in self.outside.items()}
         demand = dict(held)
+        for q, n in self.outside_waiting.items():
+            demand[q] = demand.get(q, 0.0) + n
         for name, has, wants in apps:
             q = self.queue_of_name(name)
             held[q] = held.get(q, 0.0) + has
@@ -102,7 +109,8 @@ class QueuedPolicy:
         for a in apps:
             members[self.queue_of(a)].append(a)
         extra = {q: int(self.outside.get(q, 0.0)) for q in members}
-        demand = {q: float(sum(a.demand_max for a in m) + extra[q]) for q, m in members.items()}
+        waits = {q: int(self.outside_waiting.get(q, 0.0)) for q in members}
+        demand = {q: float(sum(a.demand_max for a in m) + extra[q] + waits[q]) for q, m in members.items()}
         held = {q: sum(len(a.held) for a in m) + extra[q] for q, m in members.items()}
         share = entitled(len(cluster), self.queues, demand)
         revoke = self._reclaim(now, apps, members, share, held, demand, len(free))
@@ -116,19 +124,22 @@ class QueuedPolicy:
                     a2 if x.app_id == a.app_id else x for x in members[self.queue_of(a)]
                 ]
                 held[self.queue_of(a)] -= len(lost)
+        # The part of each queue's share its other objects wait for stays free for them.
+        keep = {q: max(0, min(waits[q], int(share[q]) - held[q])) for q in members}
         # First pass: each queue's share; second: GPUs a queue's policy left unused go to queues with
-        # unmet demand below their maximum (work-conserving).
+        # unmet demand below their maximum (work-conserving), all but those kept.
         order = sorted(members, key=lambda q: (held[q] - share[q], q))
         for q in order:
-            want = int(share[q]) - held[q]
+            want = int(share[q]) - held[q] - keep[q]
             if want > 0 and members[q]:
                 avail = self._run(now, q, members[q], want, cluster, avail, rng, decision, held)
         cap = {n.name: n.max for n in self.queues}
         for q in order:
             room = min(cap[q] - held[q], sum(a.unmet for a in members[q]) - _granted(decision, members[q]))
-            if avail and room >= 1 and members[q]:
+            spare = len(avail) - sum(keep.values())
+            if spare >= 1 and room >= 1 and members[q]:
                 avail = self._run(
-                    now, q, members[q], int(min(room, len(avail))), cluster, avail, rng, decision, held
+                    now, q, members[q], int(min(room, spare)), cluster, avail, rng, decision, held
                 )
         decision.record = {"queues": {q: {"share": share[q], "held": held[q]} for q in members}}
         return decision
