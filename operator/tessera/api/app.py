@@ -171,13 +171,6 @@ class Lease(WireModel):
     )
 
 
-class BidEntry(WireModel):
-    """One row of a valuation table: ρ the App expects if granted `gpus` more GPUs (§1.6)."""
-
-    gpus: int = Field(ge=0)
-    rho: float = Field(ge=0)
-
-
 class AppStatus(WireModel):
     """What the operator reports for an App (§5.2, §5.4)."""
 
@@ -195,8 +188,6 @@ class AppStatus(WireModel):
     tuning_phase: int = Field(default=0, ge=0)
     jobs: list[JobStatus] = Field(default_factory=list)
     leases: list[Lease] = Field(default_factory=list)
-    bid_table: list[BidEntry] = Field(default_factory=list, description="The last bid submitted.")
-    last_round_time: Timestamp | None = None
     conditions: list[Condition] = Field(
         default_factory=list,
         description=(
