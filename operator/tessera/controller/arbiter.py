@@ -32,6 +32,7 @@ from tessera.controller.readiness import app_conditions, missing_pods
 from tessera.controller.status_writes import Written, status_due, written
 from tessera.controller.sync import RecentCreates
 from tessera.controller.view import healthy_gpus
+from tessera.policy.queues.reclaim import Holding, Reclaim
 from tessera.policy.queues.training import QueuedPolicy
 from tessera.policy.themis import Themis, ThemisConfig
 from tessera.policy.themis.bids import make_bid
@@ -94,6 +95,10 @@ class Arbiter:
         self.outside: Callable[[], dict[str, float]] = dict
         # GPUs each queue's TrialGroups and ModelDeployments wait for within its share (set by the Controller).
         self.outside_waiting: Callable[[], dict[str, float]] = dict
+        # The same objects' holdings one by one, and what the last round asked each of them to give back
+        # (by owner id "Kind/namespace/name"; the owner acts on it and takes it out).
+        self.outside_holdings: Callable[[], list[Holding]] = list
+        self.outside_reclaims: dict[str, Reclaim] = {}
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -166,8 +171,10 @@ class Arbiter:
         free = self._free_gpus(cluster, active)
         report.free = len(free)
         gained: set[tuple[str, str]] = set()  # Apps granted GPUs in this round
-        # With team queues a round may take GPUs back (immediate reclaim) though none is free.
-        if active and (free or self.queues.active):
+        self.outside_reclaims = {}
+        # With team queues a round may take GPUs back (immediate reclaim, or from TrialGroups and
+        # ModelDeployments for other queues' waiting objects) though none is free and no App runs.
+        if (active and free) or self.queues.active:
             gained = self._auction(now, cluster, active, free, before, report)
             changed |= gained | self.revoked
         self._export(now, cluster)
@@ -249,6 +256,7 @@ class Arbiter:
         self.queue_share = {
             q: float(v["share"]) for q, v in decision.record.get("queues", {}).items() if isinstance(v, dict)
         }
+        self.outside_reclaims = {r.owner: r for r in decision.record.get("outside_reclaims", [])}
         for grant in decision.grants:
             rec = by_id[grant.app_id]
             leases = rec.grant(grant.gpus, grant.expiry, grant.source, cluster)
@@ -280,6 +288,7 @@ class Arbiter:
             name="themis",
             outside=self.outside(),
             outside_waiting=self.outside_waiting(),
+            outside_holdings=self.outside_holdings(),
         )
 
     def queued_state(self, rec: AppRecord, now: float, known: set[str] | None = None) -> AppState:

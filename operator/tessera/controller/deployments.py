@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,7 @@ from tessera.controller.pools import (
     pool_gateway_url,
     replan_reason,
 )
+from tessera.controller.queues import owner_id
 from tessera.controller.readiness import deployment_readiness
 from tessera.controller.reconciler import KindReconciler
 from tessera.controller.serving import (
@@ -56,6 +58,7 @@ from tessera.controller.serving import (
 from tessera.controller.serving_stats import StatsReader
 from tessera.controller.sync import SyncResult
 from tessera.controller.view import PodInfo
+from tessera.policy.queues.reclaim import Reclaim
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,10 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         self.queue_room: Callable[[str, int], float | None] = lambda namespace, want: None
         # Called when what a deployment waits for within its queue's share changes (the arbiter re-divides).
         self.waiting_changed: Callable[[], None] = lambda: None
+        # What the arbiter's last round asks a deployment to give back to another queue (by owner id),
+        # and the Controller's hook once it has (set by the Controller).
+        self.reclaim_request: Callable[[str], Reclaim | None] = lambda owner: None
+        self.gave_back: Callable[[str, Reclaim, int], None] = lambda owner, request, gpus: None
         config = ctx.config
         self._applied: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._wanted: dict[tuple[str, str], int] = {}  # replicas the last pass decided on
@@ -153,6 +160,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
                 self.stats.forget(key)
                 self._stats_cond.pop(key, None)
             rec = self.records[key] = fresh
+            rec.since = self.config.clock()  # recovered replicas' minimum runtime counts from now
         else:
             rec.spec, rec.body = fresh.spec, body
         return rec
@@ -160,6 +168,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
     def _scale(self, rec: ServingRecord, cluster: Cluster, decision: ScaleDecision) -> None:
         """Replicas to the decided count: the first ones keep their GPUs, the last go on scale-down, new
         ones take free GPUs; an event when the count moved (saying why fewer were placed)."""
+        self._give_back(rec)
         before, waited = len(rec.gpus), rec.waiting_gpus
         rec.waiting_gpus = 0
         if decision.replicas < before:
@@ -177,6 +186,20 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             + (f" of {', '.join(rec.spec.placement.gpu_types)})" if rec.spec.placement.gpu_types else ")")
         )
         self._event(rec, "Normal", "Scaled", f"{before} → {len(rec.gpus)} replicas: {decision.reason}{short}")
+
+    def _give_back(self, rec: ServingRecord) -> None:
+        """Replicas whose GPUs another queue is owed go, the last placed first. Replicas hold no lease and
+        no state to checkpoint: either reclaim mode takes them at the deployment's next pass."""
+        request = self.reclaim_request(owner_id(self.kind, rec.namespace, rec.name))
+        if request is None or not rec.gpus:
+            return
+        per = rec.spec.gpus_per_replica
+        n = min(len(rec.gpus), math.ceil(request.gpus / per - 1e-9))
+        rec.gpus, given = rec.gpus[: len(rec.gpus) - n], rec.gpus[len(rec.gpus) - n :]
+        gpus = [g for r in given for g in r]
+        msg = f"{n} replica(s) ({', '.join(gpus)}) given back to queue {request.for_queue}: {request.reason}"
+        self._event(rec, "Warning", "Reclaimed", msg)
+        self.gave_back(owner_id(self.kind, rec.namespace, rec.name), request, len(gpus))
 
     def _place_replicas(self, rec: ServingRecord, cluster: Cluster, replicas: int) -> None:
         """New replicas on healthy GPUs nobody holds (of placement.gpuTypes if given), all of a replica's
@@ -201,6 +224,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
                 break
             rec.gpus.append(by_node[nodes[0]][:per])
             by_node[nodes[0]] = by_node[nodes[0]][per:]
+            rec.since = self.config.clock()
         if room is not None and not models:
             # Replicas within the queue's share that found no free GPU: other queues owe them. (With
             # gpuTypes, GPUs given back might be of another model and would sit idle: not counted.)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -36,12 +37,13 @@ from tessera.controller.essence import LeanDiffBaseStorage
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
-from tessera.controller.queues import QueueBook
+from tessera.controller.queues import QueueBook, owner_id
 from tessera.controller.reconciler import KindReconciler
 from tessera.controller.tuning import TrialGroups
 from tessera.controller.usage import UsageMetrics
 from tessera.controller.view import ClusterView, healthy_gpus
 from tessera.metrics import ComponentMetrics
+from tessera.policy.queues.reclaim import Holding, Reclaim
 from tessera.policy.queues.training import entitled, with_default
 from tessera.policy.themis import admit
 
@@ -106,6 +108,9 @@ class Controller:
         self.arbiter.queues = self.queues
         self.arbiter.outside = self.queue_outside
         self.arbiter.outside_waiting = self.queue_outside_waiting
+        self.arbiter.outside_holdings = self.queue_outside_holdings
+        self.trialgroups.reclaim_request = self.deployments.reclaim_request = self.reclaim_request
+        self.trialgroups.gave_back = self.deployments.gave_back = self.gave_back
         self.trialgroups.queue_room = self.queue_room
         self.deployments.queue_room = self.queue_room
         self.trialgroups.waiting_changed = self.deployments.waiting_changed = self.redivide
@@ -164,6 +169,44 @@ class Controller:
                 out[q] = out.get(q, 0.0) + n
         return out
 
+    def queue_outside_holdings(self) -> list[Holding]:
+        """Each TrialGroup pool and each ModelDeployment's replicas as a holding of its queue, which
+        reclaim may take from (owner id "Kind/namespace/name"; since: when it last took GPUs)."""
+        out: list[Holding] = []
+        for rec in self.trialgroups.records.values() if self.trialgroups is not None else ():
+            if not rec.done and rec.pool:
+                owner = owner_id(contract.KIND_TRIALGROUP, rec.namespace, rec.name)
+                q = self.queues.queue_of(rec.namespace)
+                out.append(Holding(q, owner, float(len(rec.pool)), rec.since, math.inf))
+        for srv in self.deployments.records.values() if self.deployments is not None else ():
+            if not srv.spec.placement.pool and srv.held():
+                owner = owner_id(contract.KIND_MODELDEPLOYMENT, srv.namespace, srv.name)
+                q = self.queues.queue_of(srv.namespace)
+                out.append(Holding(q, owner, float(len(srv.held())), srv.since, math.inf))
+        return out
+
+    def reclaim_request(self, owner: str) -> Reclaim | None:
+        """What the last round asked this TrialGroup or ModelDeployment to give back (None: nothing)."""
+        return None if self.arbiter is None else self.arbiter.outside_reclaims.get(owner)
+
+    def gave_back(self, owner: str, request: Reclaim, gpus: int) -> None:
+        """An object gave GPUs back: the request is done, the Queue that gains hears of it, and the next
+        round hands the GPUs on."""
+        if self.arbiter is None:
+            return
+        self.arbiter.outside_reclaims.pop(owner, None)
+        uid = self.queues.uids.get(request.for_queue)
+        if uid:
+            body = {
+                "apiVersion": contract.API_VERSION,
+                "kind": contract.KIND_QUEUE,
+                "metadata": {"name": request.for_queue, "namespace": "", "uid": uid},
+            }
+            self.post_event(
+                body, "Normal", "Reclaimed", f"{gpus} GPU(s) of {owner} reclaimed: {request.reason}"
+            )
+        self.arbiter.dirty = True
+
     def redivide(self) -> None:
         """What other objects wait for changed: the next round divides (and reclaims) with it."""
         if self.arbiter is not None and self.queues.active:
@@ -171,11 +214,15 @@ class Controller:
 
     def queue_room(self, namespace: str, want: int) -> float | None:
         """GPUs an object of `namespace` wanting `want` may take now: its queue's entitlement in a division
-        counting every queue's Apps, pools and replicas, less what the queue holds. None: no queues."""
+        counting every queue's Apps, pools, replicas and what other objects wait for (the asking object's
+        own wait is cleared before it asks: `want` stands for it), less what the queue holds. None: no
+        queues."""
         if not self.queues.active or self.arbiter is None:
             return None
         outside = self.queue_outside()
         demand, held = dict(outside), dict(outside)
+        for q, n in self.queue_outside_waiting().items():
+            demand[q] = demand.get(q, 0.0) + n
         for rec in self.arbiter.records.values():
             if not rec.done:
                 q = self.queues.queue_of(rec.namespace)
@@ -510,6 +557,10 @@ def _kind_handlers(
         rec = reconciler()
         if rec is not None and not body.metadata.get("deletionTimestamp"):
             await rec.reconcile(dict(body), patch)
+        # Under team queues what these objects hold and wait for takes part in the division, so their
+        # timers drive the arbiter's rounds too (with no App, nothing else would).
+        if ctl.arbiter is not None and ctl.queues.active:
+            await ctl.arbiter.maybe_run()
 
     @kopf.on.delete(G, V, plural, id=f"{prefix}_delete", registry=registry)
     async def delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:

@@ -147,3 +147,8 @@ class QueueBook:
         }
         for g in _GAUGES:
             metrics.gauge(f"tessera_queue_{g}").labels(queue=name).set(values[g])
+
+
+def owner_id(kind: str, namespace: str, name: str) -> str:
+    """How a TrialGroup or ModelDeployment is named as a holder in a queue's reclaim plan."""
+    return f"{kind}/{namespace}/{name}"

@@ -275,6 +275,7 @@ class ServingRecord:
     gpus: list[list[str]] = field(default_factory=list)  # per replica: its GPUs
     # GPUs of replicas the queue's share has room for but that no free GPU could take (see TrialGroupRecord).
     waiting_gpus: int = 0
+    since: float = 0.0  # when replicas were last placed (a queue's minimum runtime counts from here)
 
     @property
     def key(self) -> tuple[str, str]:

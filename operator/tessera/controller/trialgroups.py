@@ -94,6 +94,7 @@ class TrialGroupRecord:
     # GPUs the group waits for that its queue's share has room for but that others hold: work waiting in
     # its queue, which the arbiter counts (and reclaims for) like an App's unmet demand.
     waiting_gpus: int = 0
+    since: float = 0.0  # when the pool was taken (a queue's minimum runtime counts from here)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -8,7 +8,9 @@ pool changed), make the pods match the plan (gang per trial), then write status 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +23,7 @@ from tessera.controller.conditions import Readiness, condition
 from tessera.controller.context import Context
 from tessera.controller.kube import PODS
 from tessera.controller.pods import PodPlan
+from tessera.controller.queues import owner_id
 from tessera.controller.readiness import trialgroup_readiness
 from tessera.controller.reconciler import KindReconciler
 from tessera.controller.trialgroups import (
@@ -33,6 +36,7 @@ from tessera.controller.trialgroups import (
     recover_placement,
 )
 from tessera.controller.view import healthy_gpus
+from tessera.policy.queues.reclaim import Reclaim
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,10 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         self.queue_room: Callable[[str, int], float | None] = lambda namespace, want: None
         # Called when what a group waits for within its queue's share changes (the arbiter re-divides).
         self.waiting_changed: Callable[[], None] = lambda: None
+        # What the arbiter's last round asks a group to give back to another queue (by owner id), and
+        # the Controller's hook once it has (set by the Controller).
+        self.reclaim_request: Callable[[str], Reclaim | None] = lambda owner: None
+        self.gave_back: Callable[[str, Reclaim, int], None] = lambda owner, request, gpus: None
 
     def reserved(self) -> set[str]:
         return {g for r in self.records.values() if not r.done for g in r.pool}
@@ -83,6 +91,7 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         replan = False
         if rec is None or rec.uid != fresh.uid:
             rec = self.records[key] = fresh
+            rec.since = self.config.clock()  # a recovered pool's minimum runtime counts from now
         elif rec.spec != fresh.spec:
             fresh.pool, fresh.placement = rec.pool, rec.placement
             for name, st in rec.trials.items():
@@ -110,6 +119,14 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
             reason = "TrialCompleted" if phase == "Completed" else "TrialStopped"
             self._event(rec, "Normal", reason, f"trial {trial}: {phase.lower()}; re-planning")
             replan = True
+        grace = None
+        request = self.reclaim_request(owner_id(self.kind, rec.namespace, rec.name)) if rec.pool else None
+        # A pool holds no lease: under `atLeaseEnd` it gives GPUs back at the group's next re-plan (a trial
+        # ended), under `immediate` at once, its trials' pods stopped with the lending queue's grace.
+        if request is not None and (request.mode == "immediate" or replan):
+            self._give_back(rec, request, patch)
+            grace = math.ceil(request.grace_s) if request.mode == "immediate" else None
+            replan = True
         if (replan or rec.placement is None) and not rec.done and rec.pool:
             try:
                 placement = rec.plan(cluster)
@@ -124,7 +141,7 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
             queued = f"; queued: {', '.join(placement.queued)}" if placement.queued else ""
             self._event(rec, "Normal", "Planned", f"Fluid {rec.last_rule}: widths {widths}{queued}")
             rec.last_time = _stamp()
-        await self._sync(rec)
+        await self._sync(rec, grace)
         status = rec.status(rec.last_time or _stamp())
         status["conditions"] = [condition("Valid", True, "Planned", "Fluid plans this group")]
         old = {k: v for k, v in (body.get("status") or {}).items() if k != "conditions"}
@@ -133,13 +150,12 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         self._metrics(rec)
 
     async def _acquire(self, rec: TrialGroupRecord, cluster: Cluster, patch: kopf.Patch) -> bool:
-        waited = rec.waiting_gpus
+        waited, rec.waiting_gpus = rec.waiting_gpus, 0
         free = self.free_gpus(cluster)
         n = pool_size_wanted(rec.spec, len(free))
         room = self.queue_room(rec.namespace, n)
         if room is not None and rec.spec.gpus is None:
             n = min(n, int(room + 1e-9))  # Fluid packs the trials into the queue's share
-        rec.waiting_gpus = 0
         if room is not None and n > room + 1e-9:
             msg = f"waiting for room in its queue: {n} GPUs wanted, {room:g} within the queue's share"
         elif n < 1 or len(free) < n:
@@ -157,12 +173,24 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
                 patch.status["conditions"] = [condition("GPUsAvailable", False, "WaitingForGPUs", msg)]
                 self._event(rec, "Normal", "WaitingForGPUs", msg)
             return False
-        rec.pool = choose_pool(cluster, free, n)
+        rec.pool, rec.since = choose_pool(cluster, free, n), self.config.clock()
         patch.metadata.setdefault("annotations", {})[contract.ANN_GPU_POOL] = pool_annotation(rec.pool)
         self._event(rec, "Normal", "PoolAcquired", f"{n} GPUs: {', '.join(rec.pool)}")
         return True
 
-    async def _sync(self, rec: TrialGroupRecord) -> None:
+    def _give_back(self, rec: TrialGroupRecord, request: Reclaim, patch: kopf.Patch) -> None:
+        """The last GPUs of the pool go back to the queue owed them; Fluid re-plans on the rest (with
+        none left, the group waits for a pool again)."""
+        n = min(len(rec.pool), math.ceil(request.gpus - 1e-9))
+        given, rec.pool = rec.pool[len(rec.pool) - n :], rec.pool[: len(rec.pool) - n]
+        if not rec.pool:
+            rec.placement = None
+        patch.metadata.setdefault("annotations", {})[contract.ANN_GPU_POOL] = pool_annotation(rec.pool)
+        msg = f"{n} GPU(s) of the pool ({', '.join(given)}) given back to queue {request.for_queue}: {request.reason}"
+        self._event(rec, "Warning", "Reclaimed", msg)
+        self.gave_back(owner_id(self.kind, rec.namespace, rec.name), request, n)
+
+    async def _sync(self, rec: TrialGroupRecord, grace: int | None = None) -> None:
         ended = {name for name, st in rec.trials.items() if st.phase in ENDED}
         completed = {name for name, st in rec.trials.items() if st.phase == "Completed"}
         # Exited pods of ended trials stay (logs, results), and so do a Completed trial's pods that still
@@ -178,7 +206,10 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         def gang(p: PodPlan) -> str:
             return p.labels[contract.LABEL_TRIAL]
 
-        result = await self.ctx.sync_pods(
+        sync = self.ctx.sync_pods
+        if grace is not None and grace != sync.grace_seconds:
+            sync = dataclasses.replace(sync, grace_seconds=grace)
+        result = await sync(
             self.owner(rec),
             rec.pod_plans(),
             existing,

@@ -255,3 +255,86 @@ async def test_a_trialgroup_waiting_within_its_queues_share_gets_the_guarantee_b
         held = {f"{le['node']}/{i}" for le in leases for i in le["gpuIndices"]}
         assert len(pool) == 2 and not held & set(pool), (pool, held)
         await wait_for(lambda: events(cluster, t["a"], "Reclaimed"), 60, "the event on A's App")
+
+
+async def test_a_trialgroup_pool_above_its_queues_share_gives_gpus_back(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    # Team A's TrialGroup borrows B's idle guarantee for its pool; B's App gets it back at once
+    # (`immediate`): the pool shrinks, Fluid re-plans the trials on what is left, the pods on the given-back
+    # GPUs go with A's checkpoint grace, and B's pods are bound there by the real scheduler.
+    clock = ManualClock()
+    # Lanes: the trials re-planned on the pool that is left pack two to a GPU.
+    nodes.add(f"{namespace}-n1", gpus=4, slots_per_gpu=contract.DEFAULT_SLOTS_PER_GPU)
+    spec_a = {"guaranteedGPUs": 2, "reclaim": {"mode": "immediate", "checkpointGraceSeconds": 3}}
+    trials = [
+        {"name": f"t{i}", "budgetIterations": 10**6, "iterTimeSeconds": 1.0, "config": {}} for i in range(4)
+    ]
+    tg = {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_TRIALGROUP,
+        "metadata": {"name": "sweep"},
+        "spec": {
+            "template": {"spec": {"containers": [{"name": "trial", "image": "trainer:1"}]}},
+            "trials": trials,
+        },
+    }
+    async with (
+        teams(cluster, namespace, a=spec_a, b={"guaranteedGPUs": 2}) as t,
+        kubelet(cluster, t["a"]) as kl,
+        kubelet(cluster, t["b"]),
+        operator(cluster, chart_rbac["operator"], t["a"], lease_s=1000.0, clock=clock) as ctl,
+    ):
+        await seen(ctl, t, "a", "b")
+        tgs = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{t['a']}/{contract.PLURAL_TRIALGROUP}"
+
+        def pool() -> list[str]:
+            ann = ((cluster.get(f"{tgs}/sweep") or {}).get("metadata") or {}).get("annotations") or {}
+            return list(json.loads(ann.get(contract.ANN_GPU_POOL) or "[]"))
+
+        await call(cluster, "POST", tgs, tg)
+        await wait_for(
+            lambda: (
+                len(pool()) == 4
+                and (p := pods_with(cluster, t["a"], contract.LABEL_TRIALGROUP, "sweep"))
+                and len(p) == 4
+                and bound(p)
+            ),
+            120,
+            "the pool of 4 and its trials' pods bound",
+        )
+        await call(
+            cluster, "POST", app_path(t["b"]), app_body("steady", [job("j0", 1, 10**8), job("j1", 1, 10**8)])
+        )
+        try:
+            await wait_for(
+                lambda: (p := app_pods(cluster, t["b"], "steady")) and len(p) == 2 and bound(p),
+                120,
+                "B's pods bound on GPUs the pool gave back",
+            )
+        except AssertionError as err:
+            b_pods = [
+                (p["metadata"]["name"], p["spec"].get("nodeName"))
+                for p in app_pods(cluster, t["b"], "steady")
+            ]
+            a_pods = [
+                (
+                    p["metadata"]["name"],
+                    p["metadata"].get("annotations", {}).get(contract.ANN_PLACEMENT),
+                    p["metadata"].get("deletionTimestamp"),
+                )
+                for p in pods_with(cluster, t["a"], contract.LABEL_TRIALGROUP, "sweep")
+            ]
+            got = [(e["reason"], e["message"]) for e in events(cluster, t["a"], "Reclaimed")]
+            raise AssertionError(
+                f"{err}\npool {pool()}\nB {app_status(cluster, t['b'], 'steady')}\nB pods {b_pods}\n"
+                f"A pods {a_pods}\nA deleted {kl.grace}\nA events {got}\nreclaims {ctl.arbiter and ctl.arbiter.outside_reclaims}"
+            ) from err
+        assert len(pool()) == 2, pool()
+        assert kl.grace and set(kl.grace.values()) == {3}, kl.grace  # A's checkpoint grace
+        got = await wait_for(lambda: events(cluster, t["a"], "Reclaimed"), 60, "the event on the TrialGroup")
+        assert "given back to queue" in got[0]["message"]

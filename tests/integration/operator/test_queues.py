@@ -305,3 +305,105 @@ async def test_serving_replicas_waiting_within_the_share_get_the_guarantee_back(
             what="both replicas placed on GPUs taken back from A",
         )
         assert gpus(api, "team-a", "a") == 2
+
+
+async def _borrowing_trialgroup(api: kmock.KubernetesEmulator, ctl: Any) -> None:
+    """team-a's TrialGroup of four trials takes all four GPUs (team-b's guarantee idle); then team-b's
+    App asks for its guarantee of 2."""
+    await label_namespaces(ctl, "team-a", "team-b")
+    tg = tg_body("sweep", [trial(f"t{i}", 10**6) for i in range(4)])
+    tg["metadata"]["namespace"] = "team-a"
+    await api.post(f"/apis/{TGS.replace('/trialgroups', '')}/namespaces/team-a/trialgroups", json=tg)
+    await wait_for(lambda: len(pool_of(api, "team-a", "sweep")) == 4, what="the pool borrowing B's guarantee")
+    await api.post(f"/apis/{APPS.replace('/apps', '')}/namespaces/team-b/apps", json=app("b", "team-b", 2))
+
+
+async def test_a_trialgroup_pool_above_its_queues_share_gives_gpus_back_at_once(
+    api: kmock.KubernetesEmulator,
+) -> None:
+    clock = ManualClock()
+    await _reclaim(api, "immediate", clock)
+    async with running_operator(api, lease_s=1000.0, clock=clock, queues=True) as ctl:
+        await _borrowing_trialgroup(api, ctl)
+        await wait_for(lambda: gpus(api, "team-b", "b") == 2, what="B's guarantee back from the pool")
+        # The group's annotation is written when its pass ends, which may be after B's round.
+        await wait_for(lambda: len(pool_of(api, "team-a", "sweep")) == 2, what="the pool down to 2")
+        msg = events(api, "Reclaimed", "TrialGroup")[0]["message"]
+        assert "given back to queue team-b" in msg and "below its guarantee" in msg
+        await wait_for(lambda: events(api, "Reclaimed", "Queue"), what="the event on the Queue that gained")
+        # Fluid re-planned the four trials on the two GPUs left.
+        await wait_for(
+            lambda: (
+                {
+                    json.loads(p["metadata"]["annotations"][contract.ANN_PLACEMENT])["gpuIndices"][0]
+                    for p in pods_of(api, **{contract.LABEL_TRIALGROUP: "sweep"}).values()
+                }
+                <= {int(g.rsplit("/", 1)[1]) for g in pool_of(api, "team-a", "sweep")}
+            ),
+            what="the trials' pods on the pool that is left",
+        )
+
+
+async def test_a_trialgroup_pool_above_its_queues_share_gives_gpus_back_at_its_next_replan(
+    api: kmock.KubernetesEmulator,
+) -> None:
+    clock = ManualClock()
+    await _reclaim(api, "atLeaseEnd", clock)
+    async with running_operator(api, lease_s=1000.0, clock=clock, queues=True) as ctl:
+        await _borrowing_trialgroup(api, ctl)
+        await wait_for(
+            lambda: (dict(api.objects[APPS, "team-b", "b"]).get("status") or {}).get("phase"),
+            what="B admitted",
+        )
+        assert ctl.arbiter is not None
+        await wait_for(
+            lambda: (
+                ctl.arbiter is not None
+                and any(o.startswith("TrialGroup/") for o in ctl.arbiter.outside_reclaims)
+            ),
+            what="the round asking the pool for GPUs",
+        )
+        assert (
+            len(pool_of(api, "team-a", "sweep")) == 4 and gpus(api, "team-b", "b") == 0
+        )  # no trial ended yet
+        # A trial ends: the group re-plans, and gives the GPUs back then.
+        (pod, *_) = [
+            p
+            for p in pods_of(api, **{contract.LABEL_TRIALGROUP: "sweep"}).values()
+            if p["metadata"]["labels"][contract.LABEL_TRIAL] == "t0"
+        ]
+        await api.patch(
+            f"/api/v1/namespaces/team-a/pods/{pod['metadata']['name']}",
+            json={"status": {"phase": "Succeeded"}},
+        )
+        await wait_for(lambda: gpus(api, "team-b", "b") == 2, what="B's guarantee back at the re-plan")
+        await wait_for(lambda: len(pool_of(api, "team-a", "sweep")) == 2, what="the pool down to 2")
+
+
+async def test_serving_replicas_above_their_queues_share_are_given_back(
+    api: kmock.KubernetesEmulator,
+) -> None:
+    # 300 rps wants two 1-GPU replicas; team-a is guaranteed 1, so its second replica borrows. team-b
+    # (guaranteed 3) then asks for 3 GPUs: 2 are free, the borrowed replica is given back for the third.
+    add_node(api, "n1", 4)
+    setup_queues(api, **{"team-a": {"guaranteedGPUs": 1}, "team-b": {"guaranteedGPUs": 3}})
+    md = md_body("m", 300)
+    md["metadata"]["namespace"] = "team-a"
+    workers = {contract.LABEL_MODELDEPLOYMENT: "m", contract.LABEL_ROLE: "worker"}
+    async with running_operator(api, lease_s=1000.0, clock=ManualClock(), queues=True) as ctl:
+        await label_namespaces(ctl, "team-a", "team-b")
+        await api.post(
+            f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/team-a/modeldeployments", json=md
+        )
+        await wait_for(lambda: len(pods_of(api, **workers)) == 2, what="two replicas, one borrowed")
+        await api.post(
+            f"/apis/{APPS.replace('/apps', '')}/namespaces/team-b/apps", json=app("b", "team-b", 3)
+        )
+        await wait_for(lambda: gpus(api, "team-b", "b") == 3, what="B's guarantee, one GPU from a replica")
+        await wait_for(lambda: len(pods_of(api, **workers)) == 1, what="the borrowed replica's pod deleted")
+        msg = (await wait_for(lambda: events(api, "Reclaimed", "ModelDeployment"), what="the event"))[0][
+            "message"
+        ]
+        assert "1 replica(s)" in msg and "team-b" in msg
+        # The deployment still wants two replicas, but does not take the GPU back.
+        assert ctl.deployments is not None and len(ctl.deployments.records["team-a", "m"].gpus) == 1

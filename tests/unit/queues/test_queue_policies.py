@@ -10,6 +10,7 @@ from tessera.cluster import NETWORK_INTENSIVE, Cluster
 from tessera.policy.queues import QueueNode, ReclaimRule
 from tessera.policy.queues.kai import kai_style
 from tessera.policy.queues.kueue import KueueStyle
+from tessera.policy.queues.reclaim import Holding
 from tessera.policy.queues.training import QueuedPolicy
 from tessera.policy.themis import Themis
 from tessera.policy.training import AppState, RoundDecision, check_decision
@@ -159,3 +160,25 @@ def test_free_gpus_a_queues_other_objects_wait_for_are_not_lent() -> None:
     # Without the waiting TrialGroup the same round lends every GPU.
     d = QueuedPolicy(Themis(), qs).allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
     assert sum(granted(d).values()) == 8
+
+
+def test_a_pool_held_outside_the_policy_is_asked_to_give_back_what_another_queue_is_owed() -> None:
+    # A (g 2) holds all 8 GPUs in a TrialGroup pool; B (g 6) has an App wanting 6. The pool is asked for
+    # 6 (either mode: its owner acts on it), but only once it has run A's minimum runtime.
+    qs = [QueueNode("a", guaranteed=2), QueueNode("b", guaranteed=6)]
+    pool = Holding("a", "TrialGroup/ns/sweep", 8.0, since=0.0, lease_end=math.inf)
+    for mode in ("atLeaseEnd", "immediate"):
+        rules = {"a": ReclaimRule(mode=mode, min_runtime_s=100.0, grace_s=7.0)}  # type: ignore[arg-type]
+        policy = QueuedPolicy(Themis(), qs, rules, outside={"a": 8}, outside_holdings=[pool])
+        early = policy.allocate(50.0, [app("b1", "b", 6)], CLUSTER, [], random.Random(0))
+        assert early.record["outside_reclaims"] == []
+        d = policy.allocate(150.0, [app("b1", "b", 6)], CLUSTER, [], random.Random(0))
+        (r,) = d.record["outside_reclaims"]
+        assert (r.owner, r.for_queue, r.gpus, r.mode, r.grace_s) == (
+            "TrialGroup/ns/sweep",
+            "b",
+            6.0,
+            mode,
+            7.0,
+        )
+        assert d.revoke == {} and d.grants == []  # nothing free yet: the owner gives the GPUs back

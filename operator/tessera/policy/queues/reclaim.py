@@ -51,6 +51,7 @@ class Reclaim:
     at: float
     mode: ReclaimMode
     reason: str
+    grace_s: float = 0.0  # the lending queue's checkpoint grace (what an `immediate` reclaim waits)
 
 
 def plan_reclaim(
@@ -108,7 +109,7 @@ def plan_reclaim(
                 f"queue {claimant} is below its guarantee of {node[claimant].guaranteed:g} GPUs with work "
                 f"waiting; {h.queue} holds {held[h.queue]:g}, above its share"
             )
-            out.append(Reclaim(h.owner, h.queue, claimant, take, at, rule.mode, reason))
+            out.append(Reclaim(h.owner, h.queue, claimant, take, at, rule.mode, reason, rule.grace_s))
             lendable[h.queue] -= take
             need[claimant] -= take
     return out

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from tessera.cluster import Cluster
 from tessera.policy.queues.division import QueueNode, divide, own_share, quantize
-from tessera.policy.queues.reclaim import Holding, ReclaimRule, plan_reclaim
+from tessera.policy.queues.reclaim import Holding, Reclaim, ReclaimRule, plan_reclaim
 from tessera.policy.training import AppState, Grant, RoundDecision, TrainingPolicy
 
 DEFAULT_QUEUE = "default"
@@ -44,6 +44,7 @@ class QueuedPolicy:
         name: str | None = None,
         outside: Mapping[str, float] | None = None,
         outside_waiting: Mapping[str, float] | None = None,
+        outside_holdings: Sequence[Holding] = (),
     ) -> None:
         self.inner = inner
         self.queues = with_default(queues)
@@ -55,6 +56,11 @@ class QueuedPolicy:
         # an app's, and kept free for them (the queue's apps do not take them; other queues do not borrow
         # them) until the objects take them.
         self.outside_waiting = {q: float(int(n)) for q, n in (outside_waiting or {}).items() if n >= 1}
+        # The same GPUs object by object (owner ids that are not apps'), when their owners can give GPUs
+        # back (the operator's TrialGroups and ModelDeployments): reclaim may then take from them, and
+        # what it takes is listed in `decision.record["outside_reclaims"]` for the owners to act on.
+        # Without them, what a queue holds outside is never taken.
+        self.outside_holdings = list(outside_holdings)
         self.name: str = name or str(getattr(inner, "name", "queued"))
         # The simulator runs rounds with no GPU free only for a policy that may take GPUs back.
         self.preempts = any(r.mode == "immediate" for r in self.rules.values())
@@ -113,7 +119,7 @@ class QueuedPolicy:
         demand = {q: float(sum(a.demand_max for a in m) + extra[q] + waits[q]) for q, m in members.items()}
         held = {q: sum(len(a.held) for a in m) + extra[q] for q, m in members.items()}
         share = entitled(len(cluster), self.queues, demand)
-        revoke = self._reclaim(now, apps, members, share, held, demand, len(free))
+        revoke, outside_reclaims = self._reclaim(now, apps, members, share, held, demand, len(free))
         avail = [*free, *(g for gpus in revoke.values() for g in gpus)]
         decision = RoundDecision(revoke=revoke)
         for a in apps:  # the inner policy sees each app without what it just lost
@@ -141,7 +147,10 @@ class QueuedPolicy:
                 avail = self._run(
                     now, q, members[q], int(min(room, spare)), cluster, avail, rng, decision, held
                 )
-        decision.record = {"queues": {q: {"share": share[q], "held": held[q]} for q in members}}
+        decision.record = {
+            "queues": {q: {"share": share[q], "held": held[q]} for q in members},
+            "outside_reclaims": outside_reclaims,
+        }
         return decision
 
     def _run(
@@ -189,29 +198,40 @@ class QueuedPolicy:
         held: Mapping[str, int],
         demand: Mapping[str, float],
         n_free: int,
-    ) -> dict[str, tuple[str, ...]]:
+    ) -> tuple[dict[str, tuple[str, ...]], list[Reclaim]]:
         """GPUs taken now from apps of queues lending under `immediate` (lease-end reclaim needs no action
-        here: a lease that ends frees its GPUs and the next division hands them to the queue owed them)."""
-        if not self.preempts:
-            return {}
+        here: a lease that ends frees its GPUs and the next division hands them to the queue owed them),
+        and what other objects' owners are to give back (either mode: they act on it themselves)."""
+        if not self.preempts and not self.outside_holdings:
+            return {}, []
         holdings = [
             Holding(self.queue_of(a), a.app_id, float(len(a.held)), a.since, math.inf) for a in apps if a.held
         ]
-        # What other objects hold counts for their queue but is never taken here (held "since forever").
         holdings += [
-            Holding(q, f"outside/{q}", float(n), math.inf, math.inf) for q, n in self.outside.items() if n > 0
+            dataclasses.replace(h, queue=self.queue_of_name(h.queue))
+            for h in self.outside_holdings
+            if h.gpus > 0
+        ]
+        # What other objects hold without owners listed counts for their queue but is never taken (held
+        # "since forever").
+        listed = {self.queue_of_name(h.queue) for h in self.outside_holdings}
+        holdings += [
+            Holding(q, f"outside/{q}", float(n), math.inf, math.inf)
+            for q, n in self.outside.items()
+            if n > 0 and q not in listed
         ]
         waiting = {q: max(0.0, demand[q] - held[q]) for q in members}
         plan = plan_reclaim(now, self.queues, self.rules, share, holdings, waiting, float(n_free))
         by_id = {a.app_id: a for a in apps}
+        outside_ids = {h.owner for h in self.outside_holdings}
         out: dict[str, list[str]] = {}
         for r in plan:
-            if r.mode != "immediate":
+            if r.owner not in by_id or r.mode != "immediate":
                 continue
             a = by_id[r.owner]
             left = [g for g in sorted(a.held) if g not in out.get(r.owner, [])]
             out.setdefault(r.owner, []).extend(left[-math.ceil(r.gpus - 1e-9) :])
-        return {k: tuple(v) for k, v in out.items() if v}
+        return {k: tuple(v) for k, v in out.items() if v}, [r for r in plan if r.owner in outside_ids]
 
 
 def _grants_of(decision: RoundDecision, app_id: str) -> frozenset[str]:
