@@ -119,7 +119,9 @@ async def peers() -> AsyncIterator[list[Peer]]:
         await p.close()
 
 
-async def report(peers: list[Peer], fake: FakeProc, cfg: AgentConfig, uid: str, name: str) -> dict[str, object]:
+async def report(
+    peers: list[Peer], fake: FakeProc, cfg: AgentConfig, uid: str, name: str
+) -> dict[str, object]:
     peer = await Peer.start(fake, uid)
     peers.append(peer)
     endpoint = progress_endpoint(str(cfg.progress_socket), "ml", name)
@@ -139,7 +141,9 @@ async def test_a_pod_with_a_prepared_claim_reports_progress(
 
     # a pod on the node with no claim prepared for it holds no lane: still refused
     reply = await report(peers, fake, agent.cfg, STRANGER, "stranger")
-    assert not reply["ok"] and "(403)" in str(reply["error"]) and "holds no Tessera lane" in str(reply["error"])
+    assert (
+        not reply["ok"] and "(403)" in str(reply["error"]) and "holds no Tessera lane" in str(reply["error"])
+    )
     assert STRANGER not in source.annotations
 
 
@@ -151,7 +155,9 @@ async def test_a_second_pod_sharing_a_prepared_claim_is_found_in_its_reservation
     fake = FakeProc(plugin_dir / "proc")
     agent.api.claims[("ml", "shared")] = reserved_claim("shared", "claim-2", [("train", TRAIN)])
     await agent.prepare("shared", "claim-2")
-    agent.api.claims[("ml", "shared")] = reserved_claim("shared", "claim-2", [("train", TRAIN), ("mate", MATE)])
+    agent.api.claims[("ml", "shared")] = reserved_claim(
+        "shared", "claim-2", [("train", TRAIN), ("mate", MATE)]
+    )
 
     reply = await report(peers, fake, agent.cfg, MATE, "mate")
     assert reply["ok"], reply
