@@ -184,7 +184,7 @@ class _Gang:
             self.owner,
             self.workload_class,
             self.socket_group,
-            dra=bool(self.dra),
+            dra=self.dra is not None,
         )
         if self.dra is not None:
             uuids = self.dra.uuids(plan.node, plan.gpu_indices)
