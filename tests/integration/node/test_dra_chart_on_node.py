@@ -224,6 +224,7 @@ def test_dra_app_job_runs_on_its_leased_gpus_and_reports_progress(
         uuids = gpu_uuids(node)
         lane = lane_line(log)
         devices = allocated_devices(node, namespace, pod)
+        selected = selected_uuids(node, namespace, pod)  # the template goes with the pod, once done
         (marks / f"{pod['metadata']['name']}.release").touch()
         wait_until(lambda: app().get("phase") == "Succeeded", 300, "the App to succeed")
         node.timings["dra: App created to Succeeded"] = time.monotonic() - t0
@@ -232,7 +233,7 @@ def test_dra_app_job_runs_on_its_leased_gpus_and_reports_progress(
     chosen = placed(pod)
     assert sorted(chosen) == list(range(FAKE_GPUS))
     assert [sorted(int(i) for i in lease["gpuIndices"]) for lease in leases] == [sorted(chosen)], leases
-    assert selected_uuids(node, namespace, pod) == [uuids[i] for i in chosen]
+    assert selected == [uuids[i] for i in chosen]
     assert devices == [f"gpu-{i}" for i in chosen]  # kube-scheduler took exactly what was selected
     assert lane[contract.ENV_CUDA_VISIBLE_DEVICES] == ",".join(uuids[i] for i in chosen), lane
     assert lane[contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == "100"
@@ -327,6 +328,7 @@ def test_dra_trialgroup_packs_three_trials_on_the_planned_gpu(
                 p,
                 lane_line(pod_log(node, namespace, p["metadata"]["name"])),
                 allocated_devices(node, namespace, p),
+                selected_uuids(node, namespace, p),
             )
             for p in trial_pods
         }
@@ -340,15 +342,15 @@ def test_dra_trialgroup_packs_three_trials_on_the_planned_gpu(
     usable = int(
         published_slice(node)["spec"]["devices"][index]["capacity"]["memory"]["value"].removesuffix("Mi")
     )  # type: ignore[index]
-    for name, (pod, lane, devices) in seen.items():
+    for name, (pod, lane, devices, selected) in seen.items():
         assert placed(pod) == [index], name
-        assert selected_uuids(node, namespace, pod) == [uuids[index]]
+        assert selected == [uuids[index]]
         assert devices == [f"gpu-{index}"]
         assert lane[contract.ENV_CUDA_VISIBLE_DEVICES] == uuids[index], lane
         assert lane[contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == "33", lane
         assert lane[contract.ENV_MPS_PINNED_DEVICE_MEM_LIMIT] == f"0={usable // 3}M", lane
         assert lane["TESSERA_TRIAL"] == name
-    assert len({lane[contract.ENV_LANE_ID] for _, lane, _ in seen.values()}) == 3
+    assert len({lane[contract.ENV_LANE_ID] for _, lane, _, _ in seen.values()}) == 3
     st = tg()
     assert {t["name"]: t["phase"] for t in st["trials"]} == dict.fromkeys("abc", "Completed"), st
 
