@@ -1,7 +1,7 @@
 """Packing through DRA (docs/dra.md, "Packing"; issue 30): FGD's experiment on Alibaba's trace with every pod a
 claim that names no device, placed by the default kube-scheduler and DRA's structured allocator (the first
-device of the slice that fits), beside FGD (its artifact's scoring) and Tessera's rule (what the extender,
-and the operator's pinned claims in DRA mode, place by), at 95 and 100 % arrived.
+device of the slice that fits), beside FGD (its artifact's scoring) and Tessera's rule (what the extender
+places by), at 95 and 100 % arrived.
 
 Run: .venv/bin/python tests/bench/bench_packing_dra.py [--seeds 0,1,2] [--node-sample 1]
        [--arrivals sample|shuffle] [--rows dra-default,dra-most-allocated,fgd,tessera]
@@ -31,7 +31,7 @@ ROWS = {
     "first device that fits",
     "dra-most-allocated": "DRA, kube-scheduler with NodeResourcesFit MostAllocated, every node scored",
     "fgd": "FGD (its artifact's scoring) placing every pod",
-    "tessera": "Tessera's rule placing every pod (the extender; the operator's pinned claims in DRA mode)",
+    "tessera": "Tessera's rule placing every pod (the extender, lanes.api devicePlugin)",
 }
 
 
