@@ -29,7 +29,7 @@ from .mps import MpsManager
 from .peers import PeerResolver
 from .plugin import DevicePlugin
 from .pods import PodSource
-from .progress import ProgressServer
+from .progress import ClaimHolders, LaneHolders, ProgressServer
 from .telemetry import LaneTelemetry
 
 log = logging.getLogger(__name__)
@@ -82,10 +82,12 @@ class NodeAgent:
 
     async def run(self, stop: asyncio.Event) -> None:
         lanes_api: DevicePlugin | DraDriver
+        holders = LaneHolders()
         if self.cfg.lanes_api == "dra":
             if self.dra is None:
                 raise ValueError("the DRA driver needs the Kubernetes API (claims and ResourceSlices)")
             lanes_api = DraDriver(self.cfg, self.backend, self.dra)
+            holders = ClaimHolders(self.cfg.node_name, lanes_api.servicer.holds_lane)
         else:
             lanes_api = DevicePlugin(self.cfg, self.backend, self.pods, self.metrics, self.lanes)
         tasks = [asyncio.create_task(lanes_api.run(stop)), asyncio.create_task(self._sample(stop))]
@@ -104,6 +106,7 @@ class NodeAgent:
                 socket_group=self.cfg.socket_group,
                 clock=self.clock,
                 on_report=self._progress_latency.on_report if self._progress_latency else None,
+                holders=holders,
             )
             if self.cfg.progress_socket is not None
             else None

@@ -121,6 +121,9 @@ class PreparedClaim(BaseModel):
     name: str
     state: Literal["preparing", "prepared"]
     devices: list[PreparedDevice] = Field(default_factory=list)
+    # UIDs of the pods the claim was reserved for (status.reservedFor), as last read: the pods that hold its
+    # lane, which the progress endpoint lets report (they carry no tessera.io/assignment).
+    pod_uids: list[str] = Field(default_factory=list)
 
 
 class Checkpoint(BaseModel):
@@ -237,7 +240,11 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
                 for d in lanes
             ]
             self.checkpoint.claims[uid] = PreparedClaim(
-                namespace=namespace, name=name, state="prepared", devices=devices
+                namespace=namespace,
+                name=name,
+                state="prepared",
+                devices=devices,
+                pod_uids=reserved_pod_uids(claim),
             )
             self._save()
         log.info(
@@ -248,6 +255,37 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         )
         return devices
 
+    async def holds_lane(self, namespace: str, pod_uid: str) -> bool:
+        """Whether a claim prepared on this node is reserved for the pod `pod_uid` of `namespace`.
+
+        The kubelet prepares a claim once, for the first of its pods; a pod that shares it later is only in
+        the claim's status.reservedFor, so claims of the pod's namespace that do not name it are read again
+        (a claim is namespaced: no other namespace's claim can be the pod's)."""
+        prepared = {
+            uid: c
+            for uid, c in self.checkpoint.claims.items()
+            if c.state == "prepared" and c.namespace == namespace
+        }
+        if any(pod_uid in c.pod_uids for c in prepared.values()):
+            return True
+        for uid, known in prepared.items():
+            try:
+                claim = ResourceClaim.model_validate(await self.api.get_claim(namespace, known.name))
+            except Exception as err:  # gone, or the API server away: this claim vouches for no one now
+                log.info("claim %s/%s not re-read for its pods: %s", namespace, known.name, err)
+                continue
+            if claim.metadata.uid != uid:
+                continue  # deleted and recreated under the same name: not the claim prepared here
+            pods = reserved_pod_uids(claim)
+            async with self._lock:
+                current = self.checkpoint.claims.get(uid)
+                if current is not None and current.state == "prepared" and current.pod_uids != pods:
+                    current.pod_uids = pods
+                    self._save()
+            if pod_uid in pods:
+                return True
+        return False
+
     async def unprepare(self, uid: str) -> None:
         async with self._lock:
             with contextlib.suppress(FileNotFoundError):
@@ -255,6 +293,10 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
             if self.checkpoint.claims.pop(uid, None) is not None:
                 self._save()
                 log.info("unprepared claim %s", uid)
+
+
+def reserved_pod_uids(claim: ResourceClaim) -> list[str]:
+    return [c.uid for c in claim.status.reserved_for if c.resource == "pods" and c.uid]
 
 
 class RegistrationServicer(pluginregistration_v1_pb2_grpc.RegistrationServicer):

@@ -50,7 +50,7 @@ def device(
         "name": device_name(gpu),
         "allowMultipleAllocations": True,
         "attributes": {
-            "uuid": {"string": gpu.uuid},
+            contract.DRA_ATTRIBUTE_UUID: {"string": gpu.uuid},
             "index": {"int": gpu.index},
             "model": {"string": gpu.model},
             "computeCapability": {"string": gpu.compute_capability},

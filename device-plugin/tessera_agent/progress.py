@@ -14,8 +14,9 @@ HTTP on a unix socket mounted into pods it allocates (or on a TCP port), and All
 
 Who may write: the socket is mode 0660, group `socket_group` (the group workload pods are given), and each
 request's peer process must run in the pod the path names (`tessera_agent.peers`: SO_PEERCRED pid → pod UID
-in its cgroup path), a pod that holds a Tessera lane on this node. A TCP port offers no peer credentials and
-is only for tests.
+in its cgroup path), a pod that holds a Tessera lane on this node: with the device plugin, one the extender
+assigned a lane (`tessera.io/assignment`); with DRA, one a `gpu.tessera.io` claim prepared on this node is
+reserved for (`LaneHolders`). A TCP port offers no peer credentials and is only for tests.
 
 The annotation value is JSON {"iterations": n, "total": m | null, "loss": x (only when reported), "ts": t};
 `ts` is the client's clock when given, else the agent's receipt time.
@@ -28,7 +29,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -45,6 +46,33 @@ log = logging.getLogger(__name__)
 ROUTE = "/v1/namespaces/{namespace}/pods/{name}/progress"
 MAX_BODY_BYTES = 4096  # a report is four numbers; anything larger is not one
 MAX_COUNT = 2**53  # iterations and totals beyond this lose precision in JSON readers (the operator's too)
+
+
+class LaneHolders:
+    """Which pods hold a lane on this node. This one: the pods the extender assigned one, by their
+    `tessera.io/assignment` (the device-plugin path); the DRA driver answers from its prepared claims."""
+
+    async def refusal(self, pod: NodePod) -> str | None:
+        """Why `pod` holds no lane here, or None when it holds one."""
+        if pod.assignment is not None:
+            return None
+        return f"pod {pod.key} holds no Tessera lane ({contract.ANN_ASSIGNMENT})"
+
+
+class ClaimHolders(LaneHolders):
+    """DRA: pods a claim prepared on this node is reserved for; `holds(namespace, pod UID)` decides."""
+
+    def __init__(self, node: str, holds: Callable[[str, str], Awaitable[bool]]) -> None:
+        self.node = node
+        self.holds = holds
+
+    async def refusal(self, pod: NodePod) -> str | None:
+        if await self.holds(pod.namespace, pod.uid):
+            return None
+        return (
+            f"pod {pod.key} holds no Tessera lane (no {contract.DRA_DRIVER} claim prepared on node "
+            f"{self.node} is reserved for it)"
+        )
 
 
 class ProgressReportError(ValueError):
@@ -138,6 +166,7 @@ class ProgressServer:
         socket_group: int | None = None,
         shutdown_timeout_s: float = 2.0,
         on_report: Callable[[NodePod, int, float], None] | None = None,
+        holders: LaneHolders | None = None,
     ) -> None:
         if (socket_path is None) == (port is None):
             raise ValueError("serve progress on exactly one of a unix socket or a TCP port")
@@ -153,6 +182,7 @@ class ProgressServer:
         self.refusals = 0
         # (pod, iterations, receipt time) of each accepted report: the HP lane's iteration times
         self.on_report = on_report
+        self.holders = holders if holders is not None else LaneHolders()
         self._clock = clock
         self._runner: web.AppRunner | None = None
 
@@ -217,8 +247,9 @@ class ProgressServer:
             )
         if pod is None:
             return _reply(404, error=f"pod {ns}/{name} is not on node {self.node}")
-        if pod.assignment is None:
-            return _reply(403, error=f"pod {ns}/{name} holds no Tessera lane ({contract.ANN_ASSIGNMENT})")
+        refusal = await self.holders.refusal(pod)
+        if refusal is not None:
+            return _reply(403, error=refusal)
         value = report.to_annotation()
         await self.pods.annotate(pod, {contract.ANN_PROGRESS: value})
         log.debug("pod %s progress %s", pod.key, value)

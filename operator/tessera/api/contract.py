@@ -37,6 +37,7 @@ DRA_DEVICE_CLASS: Final = DRA_DRIVER  # the chart's DeviceClass, selecting the d
 DRA_CAPACITY_MEMORY: Final = "memory"  # bytes of the GPU's usable memory
 DRA_CAPACITY_COMPUTE: Final = "computeShare"  # percent of the GPU's SMs (MPS active thread percentage)
 DRA_CAPACITY_CLIENTS: Final = "clients"  # MPS client slots: each allocation takes one (slotsPerGpu per GPU)
+DRA_ATTRIBUTE_UUID: Final = "uuid"  # device attribute: the GPU's UUID (the operator's claims select by it)
 DRA_CDI_KIND: Final = f"{DRA_DRIVER}/lane"  # CDI vendor/class of the devices NodePrepareResources returns
 
 # Annotations.

@@ -81,6 +81,14 @@ def _endpoint_options(group: argparse._ArgumentGroup) -> None:
         help="group id of the node agent's sockets, added to supplementalGroups of every pod created (0: none)",
     )
     group.add_argument(
+        "--lanes-api",
+        choices=("devicePlugin", "dra"),
+        default="devicePlugin",
+        help="how worker pods get their lanes: extended resources placed by the scheduler extender "
+        "(devicePlugin, default) or ResourceClaimTemplates selecting the GPUs the policies chose (dra; the "
+        "node agent must run the DRA driver, docs/dra.md)",
+    )
+    group.add_argument(
         "--gateway-image",
         default="tessera:latest",
         help="image of the serving gateway pods a ModelDeployment gets (the chart passes its own image)",
@@ -112,6 +120,7 @@ FLAGS: Final = {
     "priority": "--priority",
     "peering_lifetime_s": "--peering-lifetime-seconds",
     "socket_group": "--socket-group",
+    "lanes_api": "--lanes-api",
     "pass_deadline_s": "--pass-deadline-seconds",
     "gateway_image": "--gateway-image",
 }

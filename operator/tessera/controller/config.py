@@ -44,6 +44,9 @@ class OperatorConfig(BaseModel):
     # Group owning the node agent's sockets (chart: agent.sockets.groupId): every pod the operator creates
     # gets it in supplementalGroups so its non-root processes can report progress and join lanes. 0: none.
     socket_group: int = Field(default=0, ge=0, le=2**31 - 1)
+    # How the pods it creates get their lanes (docs/dra.md): extended resources placed by the scheduler
+    # extender, or (dra) ResourceClaimTemplates whose requests select the GPUs the policies chose.
+    lanes_api: Literal["devicePlugin", "dra"] = "devicePlugin"
     # App status writes (controller/status_writes.py): ρ alone re-writes status only when it moved by more
     # than this fraction of the value last written, or when the last write is older than the staleness
     # (None = one lease period). Leases, phase, GPUs, jobs and conditions are written whenever they change.

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.controller.config import OperatorConfig
+from tessera.controller.dra import DraLanes
 from tessera.controller.kube import KubeApi
 from tessera.controller.pods import Owner
 from tessera.controller.sync import PodSync
@@ -32,6 +33,7 @@ class Context:
 
     @property
     def sync_pods(self) -> PodSync:
-        """Make an object's pods match its plan (`PodSync`), with the operator's preemption grace and
-        the node agent's socket group."""
-        return PodSync(self.api, self.config.preemption_grace_s, self.config.socket_group)
+        """Make an object's pods match its plan (`PodSync`), with the operator's preemption grace, the
+        node agent's socket group and, with `--lanes-api dra`, a claim template per pod."""
+        dra = DraLanes(self.view) if self.config.lanes_api == "dra" else None
+        return PodSync(self.api, self.config.preemption_grace_s, self.config.socket_group, dra)

@@ -1,9 +1,13 @@
 """Worker pod manifests from a workload's PodTemplateSpec.
 
-Every pod the operator writes: schedulerName tessera-scheduler (the extender honours the placement),
-`tessera.io/placement` (node + GPU indices decided by an auction or a plan), `tessera.io/workload`, the
-managed-by/owner labels, TESSERA_* env, `tessera.io/gpu` (+ memory/compute for a lane) and an owner
-reference so Kubernetes' garbage collector removes it with its owner.
+Every pod the operator writes: `tessera.io/placement` (node + GPU indices decided by an auction or a plan),
+`tessera.io/workload`, the managed-by/owner labels, TESSERA_* env and an owner reference so Kubernetes'
+garbage collector removes it with its owner. Its lane, by the lanes API in use:
+  devicePlugin  schedulerName tessera-scheduler (the extender honours the placement) and `tessera.io/gpu`
+                (+ memory/compute for a lane) on the first container
+  dra           the claim of a ResourceClaimTemplate named as the pod, whose requests select the placed GPUs
+                (`dra.py`), and a node affinity to the placed node; any DRA scheduler (the template's
+                schedulerName, else the default one)
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import kopf
 
 from tessera.api import contract
 from tessera.api.placement import PlacementAnnotation
+from tessera.controller.dra import attach_claim
 from tessera.controller.view import group_by_node
 
 JsonObj = dict[str, Any]
@@ -117,11 +122,18 @@ def _env_list(existing: Sequence[Mapping[str, Any]], extra: Mapping[str, str]) -
 
 
 def build_pod(
-    template: Mapping[str, Any], plan: PodPlan, owner: Owner, workload_class: str, socket_group: int = 0
+    template: Mapping[str, Any],
+    plan: PodPlan,
+    owner: Owner,
+    workload_class: str,
+    socket_group: int = 0,
+    *,
+    dra: bool = False,
 ) -> JsonObj:
     """The Pod manifest for `plan`, from a PodTemplateSpec (dict as in the custom resource). With a
     `socket_group` the pod's processes get that supplemental group: the node agent's progress and lane
-    sockets are mode 0660 in it."""
+    sockets are mode 0660 in it. `dra`: its lane is the claim of the ResourceClaimTemplate named as the pod
+    (`dra.claim_template`), not extended resources for the extender."""
     tmpl = copy.deepcopy(dict(template))
     meta: JsonObj = dict(tmpl.get("metadata") or {})
     spec: JsonObj = dict(tmpl.get("spec") or {})
@@ -145,7 +157,7 @@ def build_pod(
     for i, c in enumerate(spec.get("containers") or []):
         c = dict(c)
         c["env"] = _env_list(c.get("env") or [], plan.env)
-        if i == 0:  # the GPU belongs to the main container; sidecars get none
+        if i == 0 and not dra:  # the GPU belongs to the main container; sidecars get none
             res = dict(c.get("resources") or {})
             res["limits"] = {**(res.get("limits") or {}), **limits}
             res["requests"] = {**(res.get("requests") or {}), **limits}
@@ -158,7 +170,10 @@ def build_pod(
         if socket_group not in groups:
             security["supplementalGroups"] = [*groups, socket_group]
         spec["securityContext"] = security
-    spec["schedulerName"] = contract.SCHEDULER_NAME
+    if dra:
+        attach_claim(spec, plan.name, plan.node)
+    else:
+        spec["schedulerName"] = contract.SCHEDULER_NAME
     spec.setdefault("restartPolicy", "Never")
     return {
         "apiVersion": "v1",

@@ -6,7 +6,8 @@ annotations) and their status subresource, lists and watches CRDs (resource disc
 and patches its peering object; with a namespace list rather than --all-namespaces it also lists and
 watches namespaces to learn which of them exist. The controller's own client (`kube.KubeApi`) creates and
 deletes pods, creates, patches and deletes the gateway's Deployment, Services and ConfigMap, patches App
-and Queue status after arbiter rounds and creates events. Neither ever GETs a single object.
+and Queue status after arbiter rounds and creates events. Neither ever GETs a single object. With
+`--lanes-api dra` it also creates and deletes the ResourceClaimTemplate of each worker pod (`dra.py`).
 
 Watching every namespace, all of it is one ClusterRole. Watching only the release namespace, what lives
 in a namespace is a Role there, and only the cluster-scoped part (nodes, CRDs, namespaces) stays a
@@ -47,6 +48,10 @@ NAMESPACED_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(("apps",), ("deployments",), ("create", "patch", "delete")),
     PolicyRule(("",), ("events",), ("create",)),
 )
+# DRA mode: each worker pod's ResourceClaimTemplate, created before the pod and deleted with it.
+DRA_RULES: tuple[PolicyRule, ...] = (
+    PolicyRule(("resource.k8s.io",), ("resourceclaimtemplates",), ("create", "delete")),
+)
 NAMESPACES = PolicyRule(("",), ("namespaces",), ("list", "watch"))
 # Cluster-scoped resources, read whichever namespaces it serves: nodes, CRDs, team Queues (status written
 # each round) and Namespaces (their tessera.io/queue label; kopf also checks the namespaces it serves).
@@ -69,10 +74,11 @@ class OperatorRbac:
     namespaced: tuple[PolicyRule, ...]
 
 
-def operator_rbac(clusterwide: bool) -> OperatorRbac:
+def operator_rbac(clusterwide: bool, lanes_api: str = "devicePlugin") -> OperatorRbac:
+    namespaced = (*NAMESPACED_RULES, *(DRA_RULES if lanes_api == "dra" else ()))
     if clusterwide:
-        return OperatorRbac((*NAMESPACED_RULES, *CLUSTER_RULES, CLUSTER_PEERING), ())
-    return OperatorRbac(CLUSTER_RULES, (*NAMESPACED_RULES, NAMESPACE_PEERING))
+        return OperatorRbac((*namespaced, *CLUSTER_RULES, CLUSTER_PEERING), ())
+    return OperatorRbac(CLUSTER_RULES, (*namespaced, NAMESPACE_PEERING))
 
 
 # The default install (--all-namespaces): one ClusterRole.

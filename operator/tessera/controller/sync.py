@@ -6,6 +6,10 @@ fails, the pods of that gang created in this pass are deleted again and the fail
 Deletes, and the creates of each gang, go out together with at most `concurrency` requests in flight.
 A `RecentCreates` shared by a controller's passes counts pods it has just asked for as present until its
 pod watch shows them, so two passes close together do not send the same create twice.
+
+In DRA mode (`dra`) each pod comes with its ResourceClaimTemplate (`dra.py`), created just before the pod
+and deleted just before it: a pass cut short in between leaves a pod that the next pass deletes (or a template
+it re-creates, 409), never a template with no pod to delete it.
 """
 
 from __future__ import annotations
@@ -17,8 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.controller.concurrency import gather_limited
+from tessera.controller.dra import (
+    RESOURCE_CLAIM_TEMPLATES,
+    DraLanes,
+    LanesError,
+    claim_requests,
+    claim_template,
+)
 from tessera.controller.kube import PODS, KubeApi, KubeError
-from tessera.controller.pods import Owner, PodPlan, build_pod
+from tessera.controller.pods import JsonObj, Owner, PodPlan, build_pod
 from tessera.controller.view import PodInfo
 
 log = logging.getLogger(__name__)
@@ -79,11 +90,13 @@ class SyncResult:
 @dataclass(frozen=True, slots=True)
 class PodSync:
     """Makes an object's pods match its plan, with the operator's preemption grace (`grace_seconds` to
-    checkpoint after SIGTERM) and the node agent's socket group for every pod it creates."""
+    checkpoint after SIGTERM) and the node agent's socket group for every pod it creates; with `dra`, each
+    pod's lane is a ResourceClaimTemplate selecting its planned GPUs."""
 
     api: KubeApi
     grace_seconds: int
     socket_group: int = 0
+    dra: DraLanes | None = None
 
     async def __call__(
         self,
@@ -103,10 +116,7 @@ class PodSync:
         doomed = [
             p.name for p in sorted(existing, key=lambda p: p.name) if p.name not in wanted and not p.deleting
         ]
-        deletes = await gather_limited(
-            (self.api.delete(PODS, owner.namespace, n, grace_seconds=self.grace_seconds) for n in doomed),
-            concurrency,
-        )
+        deletes = await gather_limited((self._delete(owner.namespace, n) for n in doomed), concurrency)
         for name, res in zip(doomed, deletes, strict=True):
             if isinstance(res, BaseException):
                 raise res
@@ -117,14 +127,21 @@ class PodSync:
         gangs: dict[str, list[PodPlan]] = {}
         for plan in plans:
             gangs.setdefault(gang_of(plan), []).append(plan)
-        gang = _Gang(self.api, owner, template_of, workload_class, self.socket_group, concurrency, recent)
+        gang = _Gang(
+            self.api, owner, template_of, workload_class, self.socket_group, concurrency, recent, self.dra
+        )
         for name, members in gangs.items():
             missing = [m for m in members if m.name not in have]
             try:
                 out.created.extend(await gang.create(name, missing))
-            except KubeError as err:
+            except (KubeError, LanesError) as err:
                 out.failed_gangs[name] = str(err)
         return out
+
+    async def _delete(self, namespace: str, name: str) -> None:
+        if self.dra is not None:
+            await self.api.delete(RESOURCE_CLAIM_TEMPLATES, namespace, name)
+        await self.api.delete(PODS, namespace, name, grace_seconds=self.grace_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,23 +155,14 @@ class _Gang:
     socket_group: int
     concurrency: int
     recent: RecentCreates | None
+    dra: DraLanes | None = None
 
     async def create(self, gang: str, missing: Sequence[PodPlan]) -> list[str]:
         """The names created; on a refused create, the ones made are deleted again and the error raised."""
         ns = self.owner.namespace
         if self.recent is not None:  # before the first await, so a concurrent pass sees them
             self.recent.add(ns, [m.name for m in missing])
-        creates = await gather_limited(
-            (
-                self.api.create(
-                    PODS,
-                    ns,
-                    build_pod(self.template_of(m), m, self.owner, self.workload_class, self.socket_group),
-                )
-                for m in missing
-            ),
-            self.concurrency,
-        )
+        creates = await gather_limited((self._create(m) for m in missing), self.concurrency)
         made = [m.name for m, res in zip(missing, creates, strict=True) if not isinstance(res, BaseException)]
         errors = [res for res in creates if isinstance(res, BaseException)]
         if self.recent is not None:
@@ -162,13 +170,30 @@ class _Gang:
         if not errors:
             return made
         err = errors[0]
-        if not isinstance(err, KubeError):
+        if not isinstance(err, KubeError | LanesError):
             raise err
         log.warning("gang %s of %s/%s failed: %s", gang, ns, self.owner.name, err)
-        await self._undo(gang, made)
+        await self._undo(gang, made, [m.name for m in missing])
         raise err
 
-    async def _undo(self, gang: str, made: list[str]) -> None:
+    async def _create(self, plan: PodPlan) -> JsonObj:
+        ns = self.owner.namespace
+        pod = build_pod(
+            self.template_of(plan),
+            plan,
+            self.owner,
+            self.workload_class,
+            self.socket_group,
+            dra=self.dra is not None,
+        )
+        if self.dra is not None:
+            uuids = self.dra.uuids(plan.node, plan.gpu_indices)
+            requests = claim_requests(uuids, plan.memory_mib, plan.compute_percent)
+            template = claim_template(plan.name, ns, pod["metadata"], requests)
+            await self.api.create(RESOURCE_CLAIM_TEMPLATES, ns, template)
+        return await self.api.create(PODS, ns, pod)
+
+    async def _undo(self, gang: str, made: list[str], tried: list[str]) -> None:
         ns = self.owner.namespace
         if self.recent is not None:
             self.recent.discard(ns, made)
@@ -178,3 +203,12 @@ class _Gang:
         for name, res in zip(made, undone, strict=True):
             if isinstance(res, BaseException):
                 log.warning("pod %s/%s of failed gang %s not removed: %s", ns, name, gang, res)
+        if self.dra is None:
+            return
+        # every pod tried may have got its template before its own create failed
+        gone = await gather_limited(
+            (self.api.delete(RESOURCE_CLAIM_TEMPLATES, ns, name) for name in tried), self.concurrency
+        )
+        for name, res in zip(tried, gone, strict=True):
+            if isinstance(res, BaseException):
+                log.warning("claim template %s/%s of failed gang %s not removed: %s", ns, name, gang, res)

@@ -9,6 +9,7 @@ request used, so a missing permission and a needless one both show up here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -53,7 +54,7 @@ from .conftest import (
     running_operator,
     wait_for,
 )
-from .controlplane import ControlPlane, wait_until
+from .controlplane import ControlPlane, Process, wait_until
 from .test_scheduling import fractional_pod
 
 Call = tuple[str, str, str]  # (API group, resource[/subresource], verb): what an RBAC rule grants
@@ -300,11 +301,14 @@ def pods_labelled(cluster: ControlPlane, namespace: str, label: str, value: str)
     return [p for p in (body or {}).get("items", []) if not p["metadata"].get("deletionTimestamp")]
 
 
-async def exercise_operator(cluster: ControlPlane, ctl: Any, namespace: str) -> None:
+async def exercise_operator(
+    cluster: ControlPlane, ctl: Any, namespace: str, *, replace_workers: bool = False
+) -> None:
     """Every code path of the operator that talks to the API: an App's pods, leases and status, a
     TrialGroup's pool and trial pods, a ModelDeployment's workers and gateway (created, then patched
     when its spec changes), events, the cleanup of all three on delete, and a team Queue serving the
-    namespace (Queues and Namespaces watched, the Queue's status written)."""
+    namespace (Queues and Namespaces watched, the Queue's status written). `replace_workers`: a new lane
+    size also replaces the ModelDeployment's workers (pods deleted by a pod sync, not by a cleanup)."""
     queue = f"rbac-{secrets.token_hex(3)}"
     queues = f"/apis/{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_QUEUE}"
     body = {
@@ -323,7 +327,7 @@ async def exercise_operator(cluster: ControlPlane, ctl: Any, namespace: str) -> 
     )
     assert status == 200, out
     try:
-        await _exercise(cluster, namespace)
+        await _exercise(cluster, namespace, replace_workers)
         await wait_for(
             lambda: (
                 ((cluster.get(f"{queues}/{queue}") or {}).get("status") or {}).get("namespaces")
@@ -336,7 +340,29 @@ async def exercise_operator(cluster: ControlPlane, ctl: Any, namespace: str) -> 
         cluster.request("DELETE", f"{queues}/{queue}")
 
 
-async def _exercise(cluster: ControlPlane, namespace: str) -> None:
+def md_workers(cluster: ControlPlane, namespace: str) -> set[str]:
+    return {
+        p["metadata"]["name"]
+        for p in pods_labelled(cluster, namespace, contract.LABEL_MODELDEPLOYMENT, "md")
+        if p["metadata"]["labels"].get(contract.LABEL_ROLE) == "worker"
+    }
+
+
+async def _replace_workers(cluster: ControlPlane, namespace: str) -> None:
+    old = await wait_for(lambda: md_workers(cluster, namespace), 120, "the ModelDeployment's workers")
+    status, out = cluster.request(
+        "PATCH",
+        cr_path(namespace, contract.PLURAL_MODELDEPLOYMENT, "md"),
+        {"spec": {"gpu": {"lane": {"memoryMiB": 2048}}}},
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, out
+    await wait_for(
+        lambda: (now := md_workers(cluster, namespace)) and not now & old, 120, "workers of the new lane size"
+    )
+
+
+async def _exercise(cluster: ControlPlane, namespace: str, replace_workers: bool = False) -> None:
     for plural, body in (
         (contract.PLURAL_APP, app("a")),
         (contract.PLURAL_TRIALGROUP, trialgroup("tg")),
@@ -372,6 +398,8 @@ async def _exercise(cluster: ControlPlane, namespace: str) -> None:
         return float(json.loads(data.get("gateway.json", "{}")).get("models", [{}])[0].get("slo_s", 0))
 
     await wait_for(lambda: slo_s() == 0.12, 120, "the gateway config to follow the new SLO")
+    if replace_workers:
+        await _replace_workers(cluster, namespace)
     for plural, name in (
         (contract.PLURAL_APP, "a"),
         (contract.PLURAL_TRIALGROUP, "tg"),
@@ -709,3 +737,217 @@ async def test_be_feedback_restarts_and_events_use_exactly_their_grants(
     added = grants(objs, creds.service_account) - grants(chart_objects(), default_agent_sa())
     assert added, "agent.lanes.feedback grants the agent nothing more than the defaults"
     assert_exact(used, added, "the node agent's BE feedback loop")
+
+
+# --- DRA mode (lanes.api: dra) ----------------------------------------------------------------------------
+
+# A release of its own, so the default release's roles, which the tests above check, stay as they are.
+DRA_RELEASE = "tessera-dra"
+DRA_VALUES = {"lanes": {"api": "dra"}}
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+
+
+@pytest.fixture(scope="module")
+def dra_rbac(crds: ControlPlane) -> tuple[list[dict[str, Any]], dict[str, Credentials]]:
+    """The chart's RBAC rendered with lanes.api dra (release `tessera-dra`); its objects, and the agent's and
+    the operator's credentials."""
+    crds.kubectl("create", "namespace", RELEASE_NS, check=False)
+    objs = objects(render(DRA_VALUES, name=DRA_RELEASE, namespace=RELEASE_NS))
+    docs = [o for o in objs if o["kind"] in RBAC_KINDS]
+    crds.kubectl("apply", "-f", "-", stdin="\n---\n".join(yaml.safe_dump(d) for d in docs))
+    out = {}
+    for d in docs:
+        component = d["metadata"]["labels"]["app.kubernetes.io/component"]
+        if d["kind"] == "ServiceAccount" and component in ("agent", "operator"):
+            token = request_token(crds, RELEASE_NS, d["metadata"]["name"])
+            path = crds.write_kubeconfig(crds.workdir / f"{component}-dra.kubeconfig", token=token)
+            out[component] = Credentials(d["metadata"]["name"], token, path)
+    return objs, out
+
+
+@contextlib.contextmanager
+def default_scheduler(cluster: ControlPlane) -> Iterator[Process]:
+    """kube-scheduler with its default profile (DRA's allocator included), as cluster-admin: it allocates the
+    claims of pods that name no scheduler, as in any cluster."""
+    sched = cluster.spawn(
+        f"kube-scheduler-default-{secrets.token_hex(3)}",
+        [str(cluster.assets / "kube-scheduler"), f"--kubeconfig={cluster.kubeconfig}", "--leader-elect=false",
+         "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2"],
+    )  # fmt: skip
+    try:
+        wait_until(
+            lambda: "Starting Kubernetes Scheduler" in sched.log.read_text(), 60, "kube-scheduler", sched
+        )
+        yield sched
+    finally:
+        sched.stop()
+
+
+def lane_claim_pod(name: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
+            "tolerations": [{"operator": "Exists"}],
+            "resourceClaims": [{"name": "lane", "resourceClaimTemplateName": "lane"}],
+            "containers": [{"name": "main", "image": "trainer:1", "resources": {"claims": [{"name": "lane"}]}}],
+        },
+    }  # fmt: skip
+
+
+async def test_node_agent_as_dra_driver_uses_exactly_its_dra_grants(
+    crds: ControlPlane,
+    dra_rbac: tuple[list[dict[str, Any]], dict[str, Credentials]],
+    nodes: Nodes,
+    namespace: str,
+    sock_dir: Path,
+) -> None:
+    """The DRA driver's whole Kubernetes path as the agent's ServiceAccount of a lanes.api dra release: publish
+    the node's inventory and its ResourceSlice (owned by the Node), publish again on a health change, prepare
+    a claim that the real kube-scheduler allocated from that slice (the test plays the kubelet), and write the
+    progress of the pod the claim is reserved for. Exactly the chart's DRA grants, no more."""
+    from tessera_agent.dra_plugin import KubernetesDraApi
+    from tessera_agent.dra_slice import device_class
+    from tessera_agent.proto import dra_v1_pb2, dra_v1_pb2_grpc
+
+    cluster = crds
+    objs, creds = dra_rbac
+    node = nodes.add(f"dra-{secrets.token_hex(3)}", gpus=1)
+    backend = FakeGpuBackend([GpuDevice(0, f"GPU-{node}-0", "A100", 40960 * MIB, 512 * MIB)])
+    proc = FakeProc(sock_dir / "proc")
+    cfg = AgentConfig(
+        node_name=node,
+        lanes_api="dra",
+        slots_per_gpu=4,
+        mps_root=sock_dir / "mps",
+        kubelet_plugins_dir=sock_dir / "plugins",
+        kubelet_registry_dir=sock_dir / "reg",
+        cdi_dir=sock_dir / "cdi",
+        device_plugin_dir=sock_dir / "dp",
+        progress_socket=sock_dir / "p.sock",
+        proc_root=proc.root,
+    )
+    api = agent_api(creds["agent"])
+    agent = NodeAgent(
+        cfg,
+        backend,
+        KubernetesPodSource(api),
+        KubernetesNodePatcher(api),
+        AgentMetrics(),
+        sample_interval_s=0.5,
+        dra=KubernetesDraApi(api),
+    )
+    slice_path = f"{RESOURCE_API}/resourceslices/{node}-{contract.DRA_DRIVER}"
+    status, body = cluster.request("POST", f"{RESOURCE_API}/deviceclasses", device_class())
+    assert status in (201, 409), body
+    lane = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "lane"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": contract.DRA_DEVICE_CLASS,
+            "capacity": {"requests": {"memory": "4Gi", "computeShare": "25"}}}}]}}},
+    }  # fmt: skip
+    status, body = cluster.request(
+        "POST", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates", lane
+    )
+    assert status == 201, body
+    audit = Audit(cluster, sa_user(creds["agent"].service_account))
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await wait_for(lambda: cluster.get(slice_path), 90, "the agent's ResourceSlice")
+        await wait_for(lambda: node_gpus(cluster, node), 90, "the agent's inventory on its Node")
+        backend.inject_fault(f"GPU-{node}-0")  # a new pool generation: the slice is updated
+        await wait_for(
+            lambda: (cluster.get(slice_path) or {}).get("spec", {}).get("pool", {}).get("generation") == 1,
+            90,
+            "the slice's next generation",
+        )
+        backend.recover(f"GPU-{node}-0")
+        await wait_for(
+            lambda: (cluster.get(slice_path) or {}).get("spec", {}).get("pool", {}).get("generation") == 2,
+            90,
+            "the GPU healthy again in the slice",
+        )
+        with default_scheduler(cluster):
+            status, body = cluster.request(
+                "POST", f"/api/v1/namespaces/{namespace}/pods", lane_claim_pod("train", node)
+            )
+            assert status == 201, body
+
+            def bound() -> Any:
+                pod = cluster.get(f"/api/v1/namespaces/{namespace}/pods/train")
+                return pod if pod and pod["spec"].get("nodeName") else None
+
+            pod = await wait_for(bound, 90, "the pod bound with its claim allocated")
+        (claim_status,) = pod["status"]["resourceClaimStatuses"]
+        claim = cluster.get(
+            f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{claim_status['resourceClaimName']}"
+        )
+        async with grpc.aio.insecure_channel(f"unix://{cfg.dra_socket}") as channel:
+            resp = await dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(claims=[dra_v1_pb2.Claim(
+                    namespace=namespace, name=claim["metadata"]["name"], uid=claim["metadata"]["uid"])]),
+                timeout=60,
+            )  # fmt: skip
+        assert not resp.claims[claim["metadata"]["uid"]].error, resp
+        # The workload reports progress: no tessera.io/assignment, the claim prepared here vouches for it.
+        proc.place(os.getpid(), pod["metadata"]["uid"])
+        endpoint = progress_endpoint(str(cfg.progress_socket), namespace, "train")
+        await asyncio.to_thread(report_progress, 5, 10, endpoint=endpoint)
+        pod = cluster.get(f"/api/v1/namespaces/{namespace}/pods/train")
+        assert json.loads(pod["metadata"]["annotations"][contract.ANN_PROGRESS])["iterations"] == 5
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await api.close()
+        cluster.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/train?gracePeriodSeconds=0")
+        cluster.request("DELETE", slice_path)
+        cluster.request("DELETE", f"{RESOURCE_API}/deviceclasses/{contract.DRA_DEVICE_CLASS}")
+
+    events = audit.events()
+    assert forbidden(events) == []
+    used = {call_of(e) for e in events}
+    assert_exact(used, grants(objs, creds["agent"].service_account), "the node agent as DRA driver")
+
+
+async def test_operator_in_dra_mode_uses_exactly_its_dra_grants(
+    crds: ControlPlane,
+    dra_rbac: tuple[list[dict[str, Any]], dict[str, Credentials]],
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    """The operator with --lanes-api dra under the ClusterRole of a lanes.api dra release: the default
+    install's calls, plus a ResourceClaimTemplate created before each worker pod (accepted by the real API
+    server's validation: CEL selectors, capacity requests) and deleted with it when a new lane size replaces
+    a ModelDeployment's workers."""
+    cluster = crds
+    objs, creds = dra_rbac
+    peering = f"rbac-{secrets.token_hex(3)}"
+    status, out = cluster.request(
+        "POST",
+        "/apis/kopf.dev/v1/clusterkopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}},
+    )
+    assert status == 201, out
+    nodes.add(f"opdra-{secrets.token_hex(3)}", gpus=4)
+    templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+    audit = Audit(cluster, sa_user(creds["operator"].service_account))
+    try:
+        async with running_operator(
+            cluster, creds["operator"], standalone=False, peering_name=peering, priority=1, lanes_api="dra"
+        ) as ctl:
+            await exercise_operator(cluster, ctl, namespace, replace_workers=True)
+    finally:
+        cluster.request("DELETE", f"/apis/kopf.dev/v1/clusterkopfpeerings/{peering}")
+
+    # the templates left were owned like their pods: the garbage collector removed them with their owners
+    await wait_for(lambda: not (cluster.get(templates) or {}).get("items"), 120, "the templates collected")
+    events = audit.events()
+    assert forbidden(events) == []
+    used = {call_of(e) for e in events}
+    assert_exact(used, grants(objs, creds["operator"].service_account), "the operator in DRA mode")

@@ -1,10 +1,18 @@
 """The chart with `lanes.api: auto` on the real node (Kubernetes 1.37, so DRA): the agent's DaemonSet runs the
-DRA driver under its own ServiceAccount (the chart's grants), the chart's DeviceClass selects its GPU, and a
-pod's claim is allocated by the default kube-scheduler and prepared by the agent pod (issue 30)."""
+DRA driver under its own ServiceAccount (the chart's grants), the chart's DeviceClass selects its GPUs, and a
+pod's claim is allocated by the default kube-scheduler and prepared by the agent pod (issue 30).
+
+Then the operator in DRA mode (the chart passes it `--lanes-api dra`): an App, a TrialGroup and a
+ModelDeployment run end to end with no extender, each pod's ResourceClaimTemplate selecting the GPUs the
+policy chose, and every container sees exactly those GPUs and that lane in the env of the agent's CDI device.
+The node has two fake GPUs, so a choice can differ from what kube-scheduler's allocator would take unasked
+(the first device that fits)."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +24,7 @@ from tests.integration.k8s.controlplane import wait_until
 from tests.unit.chart.chart_render import CHART
 
 from .node import Node
-from .test_chart_on_node import chart_values, describe, pods, ready
+from .test_chart_on_node import chart_values, describe, modeldeployment, pod_log, pods, ready
 from .test_dra_on_node import (
     DEADLINE_S,
     GPU0,
@@ -33,6 +41,7 @@ from .test_dra_on_node import (
 
 NS = "tessera-dra"
 RELEASE = "tessera-dra"
+FAKE_GPUS = 2
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +51,7 @@ def dra_release(node: Node) -> Iterator[helm.Config]:
     values: dict[str, Any] = chart_values(node)
     values["lanes"] = {"api": "auto"}
     values["agent"].update(
-        {"fakeGpus": 1, "kubeletRootDir": str(node.kubelet_root), "cdiDir": str(node.cdi_dir)}
+        {"fakeGpus": FAKE_GPUS, "kubeletRootDir": str(node.kubelet_root), "cdiDir": str(node.cdi_dir)}
     )
     t0 = time.monotonic()
     with helm.Config(kubeconfig_path=str(node.plane.kubeconfig), namespace=NS) as cfg:
@@ -93,3 +102,334 @@ def test_auto_on_137_runs_the_dra_driver_and_a_claim_gets_its_lane(
     assert cdi_specs(node, uid)
     node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/p")
     wait_until(lambda: not cdi_specs(node, uid), DEADLINE_S, "the agent pod to unprepare the claim")
+
+
+# --- the operator's pods in DRA mode ---------------------------------------------------------------------------
+
+
+def gpu_uuids(node: Node) -> dict[int, str]:
+    """The node's GPUs by index, as the agent published them (the operator's view reads the same)."""
+    raw = ((node.node() or {}).get("metadata", {}).get("annotations") or {}).get(contract.ANN_NODE_GPUS, "[]")
+    return {int(g["index"]): str(g["uuid"]) for g in json.loads(raw)}
+
+
+def placed(pod: dict[str, Any]) -> list[int]:
+    where = json.loads(pod["metadata"]["annotations"][contract.ANN_PLACEMENT])
+    return [int(i) for i in where["gpuIndices"]]
+
+
+def allocated_devices(node: Node, namespace: str, pod: dict[str, Any]) -> list[str]:
+    """The devices kube-scheduler allocated to the pod's claim (read while the pod runs: the claim goes
+    with it), in request order."""
+    claim = pod_claim(node, namespace, pod["metadata"]["name"])
+    assert claim is not None and claim["status"].get("allocation"), claim
+    return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+
+
+def selected_uuids(node: Node, namespace: str, pod: dict[str, Any]) -> list[str]:
+    """The UUIDs the pod's ResourceClaimTemplate (the operator's) selects, in request order."""
+    got = node.plane.get(
+        f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates/{pod['metadata']['name']}"
+    )
+    assert isinstance(got, dict), got
+    exprs = [
+        r["exactly"]["selectors"][0]["cel"]["expression"] for r in got["spec"]["spec"]["devices"]["requests"]
+    ]
+    return [e.rsplit("==", 1)[1].strip().strip('"') for e in exprs]
+
+
+def lane_line(log: str) -> dict[str, str]:
+    line = next((x for x in log.splitlines() if x.startswith("LANE ")), None)
+    assert line is not None, log
+    return dict(json.loads(line[5:]))
+
+
+def operator_pods(node: Node, namespace: str, label: str, value: str) -> list[dict[str, Any]]:
+    return [
+        p for p in pods(node, namespace, f"{label}={value}") if not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def cr_path(namespace: str, plural: str) -> str:
+    return f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{namespace}/{plural}"
+
+
+JOB = """
+import json, os, socket, sys, time
+from pathlib import Path
+from tessera import sdk
+total, release = int(sys.argv[1]), Path("/marks") / (socket.gethostname() + ".release")
+env = {k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "TESSERA_"))}
+print("LANE " + json.dumps(env), flush=True)
+for i in range(1, total):  # one short of the total: the job ends by exiting 0, not by a report
+    time.sleep(0.5)
+    print("progress", i, sdk.report_progress(i, total), flush=True)
+deadline = time.monotonic() + 240  # held until the test has read the claim, which goes with the pod
+while not release.exists() and time.monotonic() < deadline:
+    time.sleep(0.2)
+print("DONE", flush=True)
+"""
+
+
+def test_dra_app_job_runs_on_its_leased_gpus_and_reports_progress(
+    node: Node, namespace: str, dra_release: helm.Config
+) -> None:
+    """Themis leases both GPUs to the job; its one pod's claim selects them (two requests, by UUID), and the
+    container sees both, in the lease's order; the job's progress reports pass the agent's DRA check."""
+    marks = node.host_dir / f"marks-{namespace}"
+    marks.mkdir(mode=0o777)
+    marks.chmod(0o777)
+    iters = 6
+    body = {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_APP,
+        "metadata": {"name": "train"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": node.images["TESSERA_IMAGE"],
+                            "imagePullPolicy": "Never",
+                            "command": ["python", "-c", JOB, str(iters)],
+                            "volumeMounts": [{"name": "marks", "mountPath": "/marks"}],
+                        }
+                    ],
+                    "volumes": [{"name": "marks", "hostPath": {"path": str(marks), "type": "Directory"}}],
+                }
+            },
+            "jobs": [{"name": "j", "iterTotal": iters, "iterTimeSerialSeconds": 0.5, "maxGPUs": FAKE_GPUS}],
+        },
+    }
+    path = cr_path(namespace, contract.PLURAL_APP)
+    status, got = node.plane.request("POST", path, body)
+    assert status == 201, got
+
+    def app() -> dict[str, Any]:
+        return dict((node.plane.get(f"{path}/train") or {}).get("status") or {})
+
+    def reported() -> tuple[dict[str, Any], str] | None:
+        for pod in operator_pods(node, namespace, contract.LABEL_APP, "train"):
+            log = pod_log(node, namespace, pod["metadata"]["name"])
+            if f"progress {iters - 1} " in log:
+                return pod, log
+        return None
+
+    t0 = time.monotonic()
+    try:
+        pod, log = wait_until(reported, 300, "the job's pod to report its progress")
+        leases = app().get("leases") or []
+        uuids = gpu_uuids(node)
+        lane = lane_line(log)
+        devices = allocated_devices(node, namespace, pod)
+        selected = selected_uuids(node, namespace, pod)  # the template goes with the pod, once done
+        (marks / f"{pod['metadata']['name']}.release").touch()
+        wait_until(lambda: app().get("phase") == "Succeeded", 300, "the App to succeed")
+        node.timings["dra: App created to Succeeded"] = time.monotonic() - t0
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\nApp status: {app()}\n{describe(node, namespace)}") from err
+    chosen = placed(pod)
+    assert sorted(chosen) == list(range(FAKE_GPUS))
+    assert [sorted(int(i) for i in lease["gpuIndices"]) for lease in leases] == [sorted(chosen)], leases
+    assert selected == [uuids[i] for i in chosen]
+    assert devices == [f"gpu-{i}" for i in chosen]  # kube-scheduler took exactly what was selected
+    assert lane[contract.ENV_CUDA_VISIBLE_DEVICES] == ",".join(uuids[i] for i in chosen), lane
+    assert lane[contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == "100"
+    assert lane[contract.ENV_RANK] == "0" and lane[contract.ENV_WORLD_SIZE] == "1"
+    assert pod["spec"]["nodeName"] == node.name
+    assert pod["spec"]["schedulerName"] == "default-scheduler"  # no extender in the way
+    # the progress went through the socket, past the agent's check of the pod's prepared claim
+    got = node.plane.get(f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}")
+    if isinstance(got, dict):
+        assert json.loads(got["metadata"]["annotations"][contract.ANN_PROGRESS])["iterations"] == iters - 1
+
+
+TRIAL = """
+import json, os, sys, time
+from pathlib import Path
+from tessera import sdk
+name, total = os.environ["TESSERA_TRIAL"], int(sys.argv[1])
+print("LANE " + json.dumps({k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "TESSERA_"))}), flush=True)
+barrier = Path("/barrier")  # all three trials run at once: each marks itself and waits for the others
+(barrier / name).touch()
+deadline = time.monotonic() + 240
+while len(list(barrier.glob("[abc]"))) < 3:
+    if time.monotonic() > deadline:
+        sys.exit("the other trials never started")
+    time.sleep(0.2)
+for i in range(1, total + 1):
+    time.sleep(0.5)
+    sdk.report_progress(i, total, loss=1.0 / i)
+while not (barrier / "release").exists() and time.monotonic() < deadline:
+    time.sleep(0.2)  # held until the test has read the claims
+print("DONE", flush=True)
+"""
+
+
+def test_dra_trialgroup_packs_three_trials_on_the_planned_gpu(
+    node: Node, namespace: str, dra_release: helm.Config
+) -> None:
+    """Fluid packs three trials on the group's one GPU: three claims of a third each, all selecting that GPU,
+    running at once with their lanes; the trials' progress reaches the operator through the agent."""
+    barrier = node.host_dir / f"barrier-{namespace}"
+    barrier.mkdir(mode=0o777)
+    barrier.chmod(0o777)
+    budget = 4
+    body = {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_TRIALGROUP,
+        "metadata": {"name": "tg"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "trial",
+                            "image": node.images["TESSERA_IMAGE"],
+                            "imagePullPolicy": "Never",
+                            "command": ["python", "-c", TRIAL, str(budget)],
+                            "volumeMounts": [{"name": "barrier", "mountPath": "/barrier"}],
+                        }
+                    ],
+                    "volumes": [{"name": "barrier", "hostPath": {"path": str(barrier), "type": "Directory"}}],
+                }
+            },
+            "gpus": 1,
+            "fluid": {"maxPackPerGPU": 3},
+            "trials": [
+                {"name": n, "budgetIterations": budget, "iterTimeSeconds": 0.5, "config": {}} for n in "abc"
+            ],
+        },
+    }
+    path = cr_path(namespace, contract.PLURAL_TRIALGROUP)
+    status, got = node.plane.request("POST", path, body)
+    assert status == 201, got
+
+    def tg() -> dict[str, Any]:
+        return dict((node.plane.get(f"{path}/tg") or {}).get("status") or {})
+
+    def all_reported() -> list[dict[str, Any]] | None:
+        got = operator_pods(node, namespace, contract.LABEL_TRIALGROUP, "tg")
+        running = [p for p in got if p["status"].get("phase") == "Running"]
+        return running if len(running) == 3 and tg().get("trialsDone") == 3 else None
+
+    t0 = time.monotonic()
+    try:
+        trial_pods = wait_until(all_reported, 300, "three trials running together and done reporting")
+        uuids = gpu_uuids(node)
+        pool = json.loads(
+            (node.plane.get(f"{path}/tg") or {})["metadata"]["annotations"][contract.ANN_GPU_POOL]
+        )
+        seen = {
+            p["metadata"]["labels"][contract.LABEL_TRIAL]: (
+                p,
+                lane_line(pod_log(node, namespace, p["metadata"]["name"])),
+                allocated_devices(node, namespace, p),
+                selected_uuids(node, namespace, p),
+            )
+            for p in trial_pods
+        }
+        (barrier / "release").touch()
+        wait_until(lambda: tg().get("phase") == "Succeeded", 300, "the TrialGroup to succeed")
+        node.timings["dra: TrialGroup created to Succeeded"] = time.monotonic() - t0
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\nstatus: {tg()}\n{describe(node, namespace)}") from err
+    (gpu,) = pool
+    index = int(gpu.rsplit("/", 1)[1])
+    usable = int(
+        published_slice(node)["spec"]["devices"][index]["capacity"]["memory"]["value"].removesuffix("Mi")
+    )  # type: ignore[index]
+    for name, (pod, lane, devices, selected) in seen.items():
+        assert placed(pod) == [index], name
+        assert selected == [uuids[index]]
+        assert devices == [f"gpu-{index}"]
+        assert lane[contract.ENV_CUDA_VISIBLE_DEVICES] == uuids[index], lane
+        assert lane[contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == "33", lane
+        assert lane[contract.ENV_MPS_PINNED_DEVICE_MEM_LIMIT] == f"0={usable // 3}M", lane
+        assert lane["TESSERA_TRIAL"] == name
+    assert len({lane[contract.ENV_LANE_ID] for _, lane, _, _ in seen.values()}) == 3
+    st = tg()
+    assert {t["name"]: t["phase"] for t in st["trials"]} == dict.fromkeys("abc", "Completed"), st
+
+
+WORKER = (
+    "env | grep -E '^(CUDA_|TESSERA_)' | sort | sed 's/^/LANE_ENV /'; "
+    "tessera worker --write-demo-model /tmp/model.onnx && "
+    'exec tessera worker --model /tmp/model.onnx --name "$TESSERA_MODEL" --host 0.0.0.0 --port 9001'
+)
+
+
+def test_dra_modeldeployment_spreads_its_replicas_as_placed_and_serves(
+    node: Node, namespace: str, dra_release: helm.Config
+) -> None:
+    """Two replicas of half a GPU each: the operator places one per GPU, where kube-scheduler's allocator,
+    unasked, would put both on gpu-0 (the first device they fit). Each worker runs on the GPU of its
+    replica group, and the model answers behind the gateway's ClusterIP."""
+    md = modeldeployment(node)
+    md["spec"]["traffic"]["expectedRps"] = 8  # 5 requests/s per replica (see test_chart_on_node): two
+    md["spec"]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", WORKER]
+    path = cr_path(namespace, contract.PLURAL_MODELDEPLOYMENT)
+    status, got = node.plane.request("POST", path, md)
+    assert status == 201, got
+
+    def st() -> dict[str, Any]:
+        return dict((node.plane.get(f"{path}/m") or {}).get("status") or {})
+
+    def serving(role: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in operator_pods(node, namespace, contract.LABEL_MODELDEPLOYMENT, "m")
+            if p["metadata"]["labels"].get(contract.LABEL_ROLE) == role and ready(p)
+        ]
+
+    def model_ready() -> bool:
+        svc = node.plane.get(f"/api/v1/namespaces/{namespace}/services/m-gateway")
+        if not isinstance(svc, dict):
+            return False
+        url = f"http://{svc['spec']['clusterIP']}/v2/models/early-exit/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def two_workers() -> list[dict[str, Any]] | None:
+        got = serving("worker")
+        return got if len(got) == 2 and serving("gateway") else None
+
+    t0 = time.monotonic()
+    try:
+        workers = wait_until(two_workers, 300, "two workers and the gateway ready")
+        wait_until(model_ready, 300, "the model ready behind the gateway's ClusterIP")
+        node.timings["dra: ModelDeployment created to ready behind its ClusterIP"] = time.monotonic() - t0
+        groups = st().get("groups") or []
+        uuids = gpu_uuids(node)
+        seen = [
+            (
+                w,
+                allocated_devices(node, namespace, w),
+                lane_env_lines(pod_log(node, namespace, w["metadata"]["name"])),
+            )
+            for w in workers
+        ]
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\nstatus: {st()}\n{describe(node, namespace)}") from err
+    indices = sorted(placed(w)[0] for w, _, _ in seen)
+    assert indices == [0, 1], indices  # one replica per GPU: the operator's placement, not first fit
+    assert sorted(groups) == [f"{node.name}/{i}" for i in indices], groups
+    for worker, devices, lane in seen:
+        (index,) = placed(worker)
+        assert selected_uuids(node, namespace, worker) == [uuids[index]]
+        assert devices == [f"gpu-{index}"]
+        assert lane[contract.ENV_CUDA_VISIBLE_DEVICES] == uuids[index], lane
+        assert lane[contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == "50", lane
+        assert lane[contract.ENV_MPS_PINNED_DEVICE_MEM_LIMIT] == "0=4096M", lane
+
+
+def lane_env_lines(log: str) -> dict[str, str]:
+    return dict(
+        line[len("LANE_ENV ") :].split("=", 1) for line in log.splitlines() if line.startswith("LANE_ENV ")
+    )

@@ -157,10 +157,13 @@ def _triples(rules: list[dict[str, list[str]]]) -> set[tuple[str, str, str]]:
     }
 
 
+@pytest.mark.parametrize("lanes_api", ["devicePlugin", "dra"])
 @pytest.mark.parametrize("all_namespaces", [True, False])
-def test_operator_roles_equal_the_rules_the_operator_needs(all_namespaces: bool) -> None:
-    objs = objects(render({"operator": {"allNamespaces": all_namespaces}}))
-    want = operator_rbac(clusterwide=all_namespaces)
+def test_operator_roles_equal_the_rules_the_operator_needs(all_namespaces: bool, lanes_api: str) -> None:
+    objs = objects(render({"operator": {"allNamespaces": all_namespaces}, "lanes": {"api": lanes_api}}))
+    want = operator_rbac(clusterwide=all_namespaces, lanes_api=lanes_api)
+    argv = _operator_argv(_containers(objs)["tessera-operator/operator"])
+    assert _parse(cli.build_parser(), argv).lanes_api == lanes_api
     assert _triples(find(objs, "ClusterRole", "-operator")["rules"]) == _triples(
         [r.to_k8s() for r in want.cluster]
     )
