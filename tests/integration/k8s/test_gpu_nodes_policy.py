@@ -8,24 +8,15 @@ scheduler) as they were created.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-import yaml
 from tessera.api import contract
 
-from .conftest import RELEASE_NS, chart_objects
-from .controlplane import ControlPlane, wait_until
+from .conftest import GPU_NODES_POLICY_KINDS, RELEASE_NS
+from .controlplane import ControlPlane
 
-POLICY_KINDS = {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
 LABEL = {contract.LABEL_GPU_NODES_NAMESPACE: "true"}
 TOLERATION = contract.gpu_node_toleration()
-
-
-def policy_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    objs = chart_objects({"gpuNodes": {"reserve": True, **(values or {})}})
-    return [o for o in objs if o["kind"] in POLICY_KINDS]
 
 
 def new_namespace(cluster: ControlPlane, labels: dict[str, str] | None = None) -> str:
@@ -53,44 +44,18 @@ def create(cluster: ControlPlane, namespace: str, body: dict[str, Any], *, dry_r
     return out
 
 
-def routed(p: dict[str, Any]) -> bool:
-    spec = p["spec"]
-    return bool(
-        spec["schedulerName"] == contract.SCHEDULER_NAME and TOLERATION in spec.get("tolerations", [])
-    )
-
-
-@pytest.fixture(scope="module")
-def routing(cluster: ControlPlane) -> Iterator[list[dict[str, Any]]]:
-    """The chart's policy and binding applied; waits until the API server enforces them (it loads policies
-    through an informer, so the first pods after the apply may pass unchanged)."""
-    objs = policy_objects()
-    assert {o["kind"] for o in objs} == POLICY_KINDS
-    manifest = "\n---\n".join(yaml.safe_dump(o) for o in objs)
-    applied = cluster.kubectl("apply", "-f", "-", stdin=manifest, check=False)
-    assert applied.returncode == 0, applied.stderr
-    probe = new_namespace(cluster, LABEL)
-    try:
-        wait_until(
-            lambda: routed(create(cluster, probe, pod("probe"), dry_run=True)),
-            120,
-            "the MutatingAdmissionPolicy to take effect",
-        )
-        yield objs
-    finally:
-        cluster.request("DELETE", f"/api/v1/namespaces/{probe}")
-        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", stdin=manifest)
-
-
-def test_the_policy_api_is_served_by_default(cluster: ControlPlane, routing: list[dict[str, Any]]) -> None:
+def test_the_policy_api_is_served_by_default(
+    cluster: ControlPlane, gpu_nodes_policy: list[dict[str, Any]]
+) -> None:
     # GA in Kubernetes 1.36 (KEP-3962): served by this API server with no feature gate or --runtime-config.
-    assert {o["apiVersion"] for o in routing} == {"admissionregistration.k8s.io/v1"}
+    assert {o["kind"] for o in gpu_nodes_policy} == GPU_NODES_POLICY_KINDS
+    assert {o["apiVersion"] for o in gpu_nodes_policy} == {"admissionregistration.k8s.io/v1"}
     served = {r["name"] for r in cluster.get("/apis/admissionregistration.k8s.io/v1")["resources"]}
     assert {"mutatingadmissionpolicies", "mutatingadmissionpolicybindings"} <= served
 
 
 def test_pods_of_a_labelled_namespace_go_to_tessera_scheduler_with_the_toleration(
-    cluster: ControlPlane, routing: list[dict[str, Any]]
+    cluster: ControlPlane, gpu_nodes_policy: list[dict[str, Any]]
 ) -> None:
     ns = new_namespace(cluster, LABEL)
     try:
@@ -113,7 +78,9 @@ def test_pods_of_a_labelled_namespace_go_to_tessera_scheduler_with_the_toleratio
         cluster.request("DELETE", f"/api/v1/namespaces/{ns}")
 
 
-def test_pods_elsewhere_are_left_as_created(cluster: ControlPlane, routing: list[dict[str, Any]]) -> None:
+def test_pods_elsewhere_are_left_as_created(
+    cluster: ControlPlane, gpu_nodes_policy: list[dict[str, Any]]
+) -> None:
     ns = new_namespace(cluster)
     try:
         plain = create(cluster, ns, pod("cpu-only"))
