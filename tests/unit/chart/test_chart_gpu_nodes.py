@@ -91,3 +91,11 @@ def test_admission_policy_off_keeps_the_taint_without_routing() -> None:
 def test_reserve_without_the_agent_is_refused() -> None:
     with pytest.raises(helm.HelmRenderError, match=r"gpuNodes\.reserve: the agents taint the GPU nodes"):
         render({"gpuNodes": {"reserve": True}, "agent": {"enabled": False}})
+
+
+def test_notes_say_how_to_route_a_namespace() -> None:
+    notes = render(RESERVE)["tessera/templates/NOTES.txt"]
+    assert f"kubectl label namespace <namespace> {contract.LABEL_GPU_NODES_NAMESPACE}=true" in notes
+    manual = render({"gpuNodes": {"reserve": True, "admissionPolicy": False}})["tessera/templates/NOTES.txt"]
+    assert "spec.schedulerName: tessera-scheduler and the toleration" in manual
+    assert "GPU nodes are reserved" not in render(None)["tessera/templates/NOTES.txt"]
