@@ -1,5 +1,6 @@
-"""Runs the node agent's parts together until stopped: device plugin, MPS daemon, inventory, telemetry,
-and (opt-in) the lane coordinator, the progress endpoint, HP/BE lanes and the BE feedback loop."""
+"""Runs the node agent's parts together until stopped: device plugin, MPS daemon, inventory, telemetry, the
+GPU-node taint (set or cleared once at start), and (opt-in) the lane coordinator, the progress endpoint,
+HP/BE lanes and the BE feedback loop."""
 
 from __future__ import annotations
 
@@ -143,7 +144,10 @@ class NodeAgent:
             if self.patcher is not None
             else None
         )
+        reserved = self.patcher is None  # the taint is set or cleared once, retried each round until it lands
         while not stop.is_set():
+            if not reserved and self.patcher is not None:
+                reserved = await self._reserve(self.patcher)
             try:
                 if inventory is not None:
                     await inventory.publish_if_changed()
@@ -158,6 +162,15 @@ class NodeAgent:
                 log.exception("sampling round failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.sample_interval_s)
+
+    async def _reserve(self, patcher: NodePatcher) -> bool:
+        """Set or clear this Node's GPU-node taint as configured; False when the API call failed."""
+        try:
+            await patcher.reserve(self.cfg.node_name, self.cfg.reserve_node)
+        except Exception:  # an API hiccup must not stop the agent; the next round retries
+            log.exception("setting the GPU-node taint failed")
+            return False
+        return True
 
     async def _feedback(self, stop: asyncio.Event, loop: InterferenceLoop) -> None:
         """Step the BE feedback loop every `be_step_interval_s` until stopped."""

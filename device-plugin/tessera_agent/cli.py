@@ -47,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--forget-nodes",
         action="store_true",
-        help=f"remove the {contract.ANN_NODE_GPUS} annotation from every Node and exit (the chart runs this "
-        "before `helm uninstall` removes the agents)",
+        help=f"remove the {contract.ANN_NODE_GPUS} annotation and the {contract.TAINT_GPU_NODE_KEY} taint from "
+        "every Node and exit (the chart runs this before `helm uninstall` removes the agents)",
     )
     logs.add_arguments(p)
     p.add_argument(
@@ -65,6 +65,13 @@ def _node_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--slots-per-gpu", type=int, default=contract.DEFAULT_SLOTS_PER_GPU)
     g.add_argument(
         "--extra-reserve-mib", type=int, default=0, help="memory kept off each GPU beyond the driver's"
+    )
+    g.add_argument(
+        "--reserve-node",
+        action="store_true",
+        help=f"taint this Node {contract.TAINT_GPU_NODE_KEY}={contract.TAINT_GPU_NODE_VALUE}:"
+        f"{contract.TAINT_GPU_NODE_EFFECT} so that only pods tolerating it (those tessera-scheduler places) "
+        "land here; without it the agent removes that taint",
     )
     g.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port (0 = off)")
     g.add_argument("--sample-interval", type=float, default=10.0, help="seconds between telemetry samples")
@@ -302,7 +309,13 @@ async def _forget_nodes() -> int:
         changed = await forget_nodes(api)
     finally:
         await api.close()
-    log.info("removed %s from %d node(s): %s", contract.ANN_NODE_GPUS, len(changed), ", ".join(changed))
+    log.info(
+        "removed %s and the %s taint from %d node(s): %s",
+        contract.ANN_NODE_GPUS,
+        contract.TAINT_GPU_NODE_KEY,
+        len(changed),
+        ", ".join(changed),
+    )
     return 0
 
 

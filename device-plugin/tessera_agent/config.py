@@ -79,6 +79,9 @@ class AgentConfig(_Settings):
     kubelet_plugins_dir: Path = Path(contract.KUBELET_PLUGINS_DIR)
     kubelet_registry_dir: Path = Path(contract.KUBELET_PLUGINS_REGISTRY_DIR)
     cdi_dir: Path = Path(contract.CDI_DIR)
+    # Keep this GPU node for tessera-scheduler's pods (reserve.py): taint the Node when on, remove the taint
+    # when off (chart value gpuNodes.reserve).
+    reserve_node: bool = False
     # HP/BE lanes (lanes.py): class-specific MPS env and per-GPU admission at Allocate; off = every lane
     # gets its assigned share with no client priority, as before.
     hp_be_lanes: bool = False
@@ -171,6 +174,12 @@ class AgentSettings(_Settings):
         if self.agent.lanes_api == "dra" and self.fake_gpus:
             raise _fail(
                 "DRA lanes read claims from the Kubernetes API; --fake-gpus runs without one "
+                "(use --fake-gpu-backend)",
+                "fake_gpus",
+            )
+        if self.agent.reserve_node and self.fake_gpus:
+            raise _fail(
+                "--reserve-node taints the Node through the Kubernetes API; --fake-gpus runs without one "
                 "(use --fake-gpu-backend)",
                 "fake_gpus",
             )

@@ -15,6 +15,7 @@ from tessera.api.gpu_inventory import GpuInfo, dump_node_gpus
 from tessera.kube import KubeClient, default_config
 
 from .backend import GpuBackend, usable_memory_mib
+from .reserve import has_reserve_taint, set_reserved
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,14 @@ def gpu_inventory(backend: GpuBackend, *, extra_reserve_mib: int = 0) -> list[di
     return [g.model_dump(by_alias=True) for g in node_gpus(backend, extra_reserve_mib=extra_reserve_mib)]
 
 
-class NodePatcher(Protocol):
+class NodeAnnotator(Protocol):
     async def annotate(self, node: str, annotations: dict[str, str]) -> None: ...
+
+
+class NodePatcher(NodeAnnotator, Protocol):
+    async def reserve(self, node: str, reserved: bool) -> bool:
+        """Set (reserved) or remove the GPU-node taint; True when the Node changed."""
+        ...
 
 
 class KubernetesNodePatcher(NodePatcher):
@@ -55,18 +62,25 @@ class KubernetesNodePatcher(NodePatcher):
     async def annotate(self, node: str, annotations: dict[str, str]) -> None:
         await self._api.patch_node_annotations(node, annotations)
 
+    async def reserve(self, node: str, reserved: bool) -> bool:
+        return await set_reserved(self._api, node, reserved)
+
 
 async def forget_nodes(api: KubeClient) -> list[str]:
-    """Remove the inventory annotation from every Node that has one (the chart's pre-delete hook: an
-    uninstalled Tessera leaves no annotation behind); the names of the Nodes changed."""
+    """Remove the inventory annotation and the GPU-node taint from every Node that has either (the chart's
+    pre-delete hook: an uninstalled Tessera leaves neither behind); the names of the Nodes changed."""
     nodes = (await api.list_nodes()).get("items") or []
     changed = []
     for node in nodes:
         meta = node.get("metadata") or {}
-        if contract.ANN_NODE_GPUS in (meta.get("annotations") or {}):
+        name = str(meta["name"])
+        annotated = contract.ANN_NODE_GPUS in (meta.get("annotations") or {})
+        if annotated:
             # A merge patch's null removes the key.
-            await api.patch_node_annotations(meta["name"], {contract.ANN_NODE_GPUS: None})
-            changed.append(str(meta["name"]))
+            await api.patch_node_annotations(name, {contract.ANN_NODE_GPUS: None})
+        tainted = has_reserve_taint(node) and await set_reserved(api, name, False)
+        if annotated or tainted:
+            changed.append(name)
     return changed
 
 
@@ -74,7 +88,7 @@ class InventoryPublisher:
     """Writes the annotation when it differs from what was last written (health flips, GPUs appear)."""
 
     def __init__(
-        self, node: str, backend: GpuBackend, patcher: NodePatcher, *, extra_reserve_mib: int = 0
+        self, node: str, backend: GpuBackend, patcher: NodeAnnotator, *, extra_reserve_mib: int = 0
     ) -> None:
         self.node = node
         self.backend = backend

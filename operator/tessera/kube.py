@@ -299,6 +299,19 @@ class KubeClient:
     async def list_nodes(self) -> JsonObj:
         return await self.request("GET", NODES.path(None))
 
+    async def get_node(self, name: str) -> JsonObj:
+        return await self.request("GET", NODES.path(None, name))
+
+    async def patch_node_taints(
+        self, name: str, taints: list[JsonObj], *, resource_version: str | None = None
+    ) -> JsonObj:
+        """Set the Node's taints to `taints` (the list is atomic: a patch replaces it whole). With
+        `resource_version`, only if the Node is still at it (else KubeError with status 409)."""
+        body: JsonObj = {"spec": {"taints": taints or None}}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return await self.request("PATCH", NODES.path(None, name), body=body, content_type=MERGE_PATCH)
+
     async def list_pods(self, *, field_selector: str | None = None) -> JsonObj:
         query = {"fieldSelector": field_selector} if field_selector else None
         return await self.request("GET", PODS.path(None), query=query)

@@ -80,9 +80,21 @@ true
 {{- if eq (toString .Values.image.tag) "latest" -}}
 {{- fail "image.tag: 'latest' is not allowed; pin a version (empty means the chart's appVersion)" -}}
 {{- end -}}
+{{- if and .Values.gpuNodes.reserve (not .Values.agent.enabled) -}}
+{{- fail "gpuNodes.reserve: the agents taint the GPU nodes, and agent.enabled is false; enable the agent or leave reserve off" -}}
+{{- end -}}
+{{- if and .Values.gpuNodes.reserve .Values.gpuNodes.admissionPolicy (semverCompare "<1.36.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "gpuNodes.admissionPolicy: the MutatingAdmissionPolicy that routes namespaces' pods needs Kubernetes 1.36+ (admissionregistration.k8s.io/v1), this cluster runs %s; set gpuNodes.admissionPolicy=false and route the pods yourself (docs/operations.md, \"Reserving GPU nodes\")" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
 {{- if eq (toString .Values.scheduler.kubeScheduler.image.tag) "latest" -}}
 {{- fail "scheduler.kubeScheduler.image.tag: 'latest' is not allowed; leave it empty for the cluster's version, or pin one, e.g. v1.37.2" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The toleration of the taint agents put on reserved GPU nodes (contract.gpu_node_toleration), as a flow
+mapping for one list item. */}}
+{{- define "tessera.gpuNodeToleration" -}}
+{key: tessera.io/gpu-node, operator: Equal, value: reserved, effect: NoSchedule}
 {{- end -}}
 
 {{/* kube-scheduler's image tag: the value, else the cluster's version without a vendor suffix

@@ -67,6 +67,14 @@ WORKLOAD_TRIAL: Final = "trial"
 WORKLOAD_SERVING: Final = "serving"
 
 SCHEDULER_NAME: Final = "tessera-scheduler"
+# GPU nodes kept for tessera-scheduler (chart value gpuNodes.reserve): the agent taints its Node with this,
+# and every pod tessera-scheduler should place carries the matching toleration (the operator's pods, and
+# pods of the namespaces the chart's MutatingAdmissionPolicy routes).
+TAINT_GPU_NODE_KEY: Final = f"{GROUP}/gpu-node"
+TAINT_GPU_NODE_VALUE: Final = "reserved"
+TAINT_GPU_NODE_EFFECT: Final = "NoSchedule"
+# The chart routes pods of namespaces labelled `<this>: "true"` to tessera-scheduler (its default selector).
+LABEL_GPU_NODES_NAMESPACE: Final = f"{GROUP}/gpu-nodes"
 FINALIZER: Final = f"{GROUP}/cleanup"
 
 # Env injected into containers.
@@ -119,3 +127,13 @@ ENV_HP_BUSY_FILE: Final = "TESSERA_HP_BUSY_FILE"
 # Serving gateway (Open Inference Protocol v2 over HTTP): request headers the gateway reads.
 HEADER_APP: Final = "x-tessera-app"  # application tag of a request (Orloj's per-application histograms)
 HEADER_DEADLINE_MS: Final = "x-tessera-deadline-ms"  # optional per-request latency budget, milliseconds
+
+
+def gpu_node_toleration() -> dict[str, str]:
+    """The toleration of the GPU-node taint (a fresh dict: callers put it into manifests)."""
+    return {
+        "key": TAINT_GPU_NODE_KEY,
+        "operator": "Equal",
+        "value": TAINT_GPU_NODE_VALUE,
+        "effect": TAINT_GPU_NODE_EFFECT,
+    }

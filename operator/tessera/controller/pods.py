@@ -1,8 +1,9 @@
 """Worker pod manifests from a workload's PodTemplateSpec.
 
 Every pod the operator writes: `tessera.io/placement` (node + GPU indices decided by an auction or a plan),
-`tessera.io/workload`, the managed-by/owner labels, TESSERA_* env and an owner reference so Kubernetes'
-garbage collector removes it with its owner. Its lane, by the lanes API in use:
+`tessera.io/workload`, the managed-by/owner labels, TESSERA_* env, the toleration of the GPU-node taint (chart
+value gpuNodes.reserve) and an owner reference so Kubernetes' garbage collector removes it with its owner.
+Its lane, by the lanes API in use:
   devicePlugin  schedulerName tessera-scheduler (the extender honours the placement) and `tessera.io/gpu`
                 (+ memory/compute for a lane) on the first container
   dra           the claim of a ResourceClaimTemplate named as the pod, whose requests select the placed GPUs
@@ -174,6 +175,10 @@ def build_pod(
         attach_claim(spec, plan.name, plan.node)
     else:
         spec["schedulerName"] = contract.SCHEDULER_NAME
+    # GPU nodes may be kept for tessera-scheduler's pods (chart value gpuNodes.reserve); tolerating a taint
+    # that is absent changes nothing, so the operator's pods always carry the toleration (with DRA lanes too:
+    # their node affinity pins them to the placed node, which may be reserved).
+    spec["tolerations"] = _with_toleration(spec.get("tolerations") or [], contract.gpu_node_toleration())
     spec.setdefault("restartPolicy", "Never")
     return {
         "apiVersion": "v1",
@@ -187,6 +192,12 @@ def build_pod(
         },
         "spec": spec,
     }
+
+
+def _with_toleration(tolerations: Sequence[Mapping[str, Any]], toleration: dict[str, str]) -> list[JsonObj]:
+    """The template's tolerations with `toleration` added unless it is there already."""
+    out = [dict(t) for t in tolerations]
+    return out if toleration in out else [*out, toleration]
 
 
 def template_errors(template: Mapping[str, Any] | None, where: str) -> list[tuple[str, str]]:

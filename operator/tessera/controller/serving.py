@@ -443,6 +443,9 @@ def _deployment_spec(
                     }
                 ],
                 "volumes": [{"name": "config", "configMap": {"name": name}}],
+                # Placed like every pod of the operator's (pods.build_pod), reserved GPU nodes included.
+                "schedulerName": contract.SCHEDULER_NAME,
+                "tolerations": [contract.gpu_node_toleration()],
             },
         },
     }

@@ -1,10 +1,12 @@
 """FGD's experiment on Alibaba's trace, reduced (every 8th node: 152 nodes, 770 GPUs), with every pod placed
 as the chart deploys Tessera (tessera.sim.packing.deployed, profiles read from the shipped configuration).
 
-What this pins: with CPU-only pods routed through tessera-scheduler, the deployed system places every pod
-exactly where Tessera's rule does (so the idealised figures are the deployed ones); as shipped before (CPU-only
-pods spread by default-scheduler, the extender asked only about GPU pods, kube-scheduler's adaptive share of
-nodes) it leaves at least 1.5× FGD's share unallocated (issue #34: 13.4 % against 4.9 % on the full trace).
+What this pins: with the chart's gpuNodes.reserve (GPU nodes tainted, the trace's namespace labelled so that
+its CPU-only pods are routed through tessera-scheduler; read from the chart rendered by the real Helm
+engine), the deployed system places every pod exactly where Tessera's rule does (so the idealised figures are
+the deployed ones); as shipped before (CPU-only pods spread by default-scheduler, the extender asked only
+about GPU pods, kube-scheduler's adaptive share of nodes) it leaves at least 1.5× FGD's share unallocated
+(issue #34: 13.4 % against 4.9 % on the full trace).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tessera.sim.packing.deployed import DEFAULT_SCHEDULER, AsDeployed, profile_from_config
+from tessera.api import contract
+from tessera.sim.packing.deployed import DEFAULT_SCHEDULER, AsDeployed, from_chart, profile_from_config
 from tessera.sim.packing.experiment import arrivals, run
 from tessera.sim.packing.scenario import fgd_policy, load, tessera_config
 from tessera.sim.packing.through_extender import extender_shapes, nominal_nodes
 
 from tests.requires import missing
+from tests.unit.chart.chart_render import objects, render
 
 from .test_packing_trace import TRACE
 
@@ -31,6 +35,9 @@ def test_deployed_as_the_chart_configures_it_places_pods_as_the_rule() -> None:
         missing(f"Alibaba's trace is not at {TRACE} (../shared/traces beside the checkout)")
     data = {"kind": "packing", "trace": "alibaba-gpu-v2023", "seeds": [0, 1, 2], "node_sample": 8}
     sc = load(data, __file__)
+    labels = {contract.LABEL_GPU_NODES_NAMESPACE: "true"}
+    reserve = from_chart(objects(render({"gpuNodes": {"reserve": True}})), "ml", labels)
+    assert reserve.routed and reserve.gpu_nodes_reserved
     now = profile_from_config(yaml.safe_load(CONFIG.read_text()), "tessera-scheduler")
     before = dataclasses.replace(now, percentage=0, extender_all_pods=False)
     cap = float(sum(n.gpus for n in sc.nodes))
@@ -39,7 +46,7 @@ def test_deployed_as_the_chart_configures_it_places_pods_as_the_rule() -> None:
     for seed in sc.seeds:
         stream = arrivals(sc.pods, cap, seed)
         ideal = run(sc.nodes, stream, tessera_config(sc).policy(), seed)
-        routed = run(sc.nodes, stream, AsDeployed(now, now, tessera_config(sc).policy()), seed)
+        routed = run(sc.nodes, stream, reserve.policy(tessera_config(sc).policy()), seed)
         assert routed.picks == ideal.picks
         shipped = run(
             sc.nodes, stream, AsDeployed(before, DEFAULT_SCHEDULER, tessera_config(sc).policy()), seed

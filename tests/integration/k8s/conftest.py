@@ -176,6 +176,53 @@ def set_pod_phase(cluster: ControlPlane, namespace: str, name: str, phase: str) 
     assert status == 200, json.dumps(body)[:500]
 
 
+# --- GPU nodes reserved (chart value gpuNodes.reserve) -------------------------------------------------------
+
+GPU_NODES_POLICY_KINDS = {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
+
+
+def gpu_nodes_policy_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The chart's MutatingAdmissionPolicy and binding for gpuNodes.reserve (real Helm engine)."""
+    objs = chart_objects({"gpuNodes": {"reserve": True, **(values or {})}})
+    return [o for o in objs if o["kind"] in GPU_NODES_POLICY_KINDS]
+
+
+def routed_to_tessera(pod: dict[str, Any]) -> bool:
+    spec = pod["spec"]
+    toleration = contract.gpu_node_toleration()
+    return bool(
+        spec["schedulerName"] == contract.SCHEDULER_NAME and toleration in spec.get("tolerations", [])
+    )
+
+
+@pytest.fixture(scope="module")
+def gpu_nodes_policy(cluster: ControlPlane) -> Iterator[list[dict[str, Any]]]:
+    """The chart's namespace routing applied as rendered; ready once the API server enforces it (policies
+    load through an informer, so the first pods after the apply may pass unchanged); removed afterwards."""
+    objs = gpu_nodes_policy_objects()
+    manifest = "\n---\n".join(yaml.safe_dump(o) for o in objs)
+    applied = cluster.kubectl("apply", "-f", "-", stdin=manifest, check=False)
+    assert applied.returncode == 0, applied.stderr
+    probe = f"probe-{secrets.token_hex(4)}"
+    labels = {contract.LABEL_GPU_NODES_NAMESPACE: "true"}
+    status, body = cluster.request(
+        "POST", "/api/v1/namespaces", {"metadata": {"name": probe, "labels": labels}}
+    )
+    assert status == 201, body
+    pod = {"metadata": {"name": "probe"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+
+    def enforced() -> bool:
+        status, out = cluster.request("POST", f"/api/v1/namespaces/{probe}/pods?dryRun=All", pod)
+        return status == 201 and routed_to_tessera(out)
+
+    try:
+        wait_until(enforced, 120, "the chart's MutatingAdmissionPolicy to take effect")
+        yield objs
+    finally:
+        cluster.request("DELETE", f"/api/v1/namespaces/{probe}")
+        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", stdin=manifest)
+
+
 # --- Tessera's components under the chart's own ServiceAccounts -------------------------------------------
 
 RELEASE_NS = "tessera-system"

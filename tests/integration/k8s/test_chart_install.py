@@ -23,16 +23,25 @@ from tests.unit.chart.chart_render import CHART, chart_crds, objects, render
 
 from .controlplane import K8S_VERSION, ControlPlane, wait_until
 
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ClusterKopfPeering",
+    "DeviceClass",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+}
 
 
 def api_path(obj: dict[str, Any]) -> str:
-    """The object's URL; every kind the chart renders has the plural `<kind lowercased>s`."""
+    """The object's URL; every kind the chart renders has the plural `<kind lowercased>s` (`-ies` for `-y`)."""
     group_version = obj["apiVersion"]
     base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
     meta = obj["metadata"]
     scope = "" if obj["kind"] in CLUSTER_SCOPED else f"/namespaces/{meta['namespace']}"
-    return f"{base}{scope}/{obj['kind'].lower()}s/{meta['name']}"
+    kind = obj["kind"].lower()
+    plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
+    return f"{base}{scope}/{plural}/{meta['name']}"
 
 
 def key(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -135,6 +144,8 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, release_namespace: str
             "serviceMonitor": {"enabled": True},
             # No kubelet here runs the uninstall hook's Job (tests/integration/node runs it).
             "agent": {"cleanupOnUninstall": False},
+            # Installs the namespace routing (the cluster's own version passes the chart's 1.36+ check).
+            "gpuNodes": {"reserve": True},
         }
         upgraded = cfg.upgrade(CHART, release, values, timeout=300)
         assert (upgraded["status"], upgraded["revision"]) == ("deployed", 2)
@@ -150,6 +161,7 @@ def test_install_upgrade_uninstall(cluster: ControlPlane, release_namespace: str
         )
         assert ("Role", ns, f"{release}-tessera-operator") in held
         assert ("KopfPeering", ns, "tessera") in held
+        assert {k[0] for k in held} >= {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
         gone = {key(o): o for o in first}.keys() - {key(o) for o in second}
         assert gone == {("ClusterKopfPeering", "", "tessera")}
         for k in gone:

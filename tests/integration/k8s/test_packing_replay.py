@@ -1,40 +1,45 @@
 """FGD's experiment, scaled down, through the real kube-scheduler (the shipped KubeSchedulerConfiguration)
-and the real extender over HTTP: a sample of Alibaba's nodes (every 48th: 26 nodes, 128 GPUs, as Node objects
-with the agent's GPU annotation, CPU, memory and `tessera.io/gpu` slots) and pods drawn from the pod list
-until the GPUs asked reach their capacity, every pod with schedulerName tessera-scheduler (CPU-only pods
-routed there too), created one at a time, each bound or found unschedulable before the next.
+and the real extender over HTTP, deployed as with the chart's gpuNodes.reserve: a sample of Alibaba's nodes
+(every 48th: 26 nodes, 132 GPUs, as Node objects with the agent's GPU annotation, CPU, memory,
+`tessera.io/gpu` slots and the taint the agent puts on a reserved node), and pods drawn from the pod list
+until the GPUs asked reach their capacity, created one at a time in a namespace labelled for routing and
+naming no scheduler: the chart's MutatingAdmissionPolicy (rendered by the real Helm engine, enforced by the
+real API server) sends each, CPU-only pods included, to tessera-scheduler with the toleration; each is bound
+or found unschedulable before the next.
 
 What this pins: the GPU share left unallocated at 95 and 100 % arrived equals the simulator's as-deployed
-mode (tessera.sim.packing.deployed, profiles read from the same configuration) on the same sample and
-arrivals, for seeds 0-2 (FGD's figure is printed beside it; on a sample this small it swings by ±1.5 points
-from seed to seed, so the comparison with FGD is made on the full trace by the simulator:
-docs/results-packing.md, and test_packing_deployed_trace.py for this sample).
+mode (tessera.sim.packing.deployed, reading the same rendered chart) on the same sample and arrivals, for
+seeds 0-2 (FGD's figure is printed beside it; on a sample this small it swings by ±1.5 points from seed to
+seed, so the comparison with FGD is made on the full trace by the simulator: docs/results-packing.md, and
+test_packing_deployed_trace.py for this sample).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import urllib.request
 from typing import Any
 
 import pytest
-import yaml
 from tessera.api import contract
 from tessera.policy.lanes.fragmentation import Shape
 from tessera.policy.lanes.packing import PackingConfig
-from tessera.sim.packing.deployed import AsDeployed, profile_from_config
+from tessera.sim.packing.deployed import from_chart
 from tessera.sim.packing.experiment import arrivals, run
 from tessera.sim.packing.scenario import PackingScenario, fgd_policy
 from tessera.sim.packing.through_extender import extender_shapes, node_object, nominal_nodes, pod_object
 from tessera.sim.packing.trace import read_nodes, read_pods
+from tessera_agent.reserve import reserve_taint
 
 from tests.requires import missing
 
-from .conftest import Scheduling
+from .conftest import Scheduling, chart_objects, routed_to_tessera
 from .controlplane import ROOT, ControlPlane, wait_until
 
 TRACE = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"
 EVERY, SLOTS = 48, 10
+LABELS = {contract.LABEL_GPU_NODES_NAMESPACE: "true"}
 # One extender serves the module, and the shape distribution it learns from the pods it sees carries over
 # from one seed's replay to the next: so does the simulated rule's.
 RULE = PackingConfig().policy()
@@ -52,6 +57,12 @@ def settled(cluster: ControlPlane, namespace: str, name: str) -> dict[str, Any] 
     return pod if pod and (pod["spec"].get("nodeName") or unschedulable(pod)) else None
 
 
+def metrics_text(scheduling: Scheduling) -> str:
+    """The extender's /metrics: a series per GPU of every node in its view."""
+    with urllib.request.urlopen(scheduling.metrics_url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
 def unallocated_at(stream: list[Shape], bound: dict[int, str], capacity: float, percent: int) -> float:
     """Percent of GPU capacity unallocated when the pods arrived first ask for `percent` of it."""
     asked = allocated = 0.0
@@ -65,10 +76,22 @@ def unallocated_at(stream: list[Shape], bound: dict[int, str], capacity: float, 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_replay_matches_the_as_deployed_simulator(
-    cluster: ControlPlane, scheduling: Scheduling, namespace: str, seed: int
+    cluster: ControlPlane,
+    scheduling: Scheduling,
+    gpu_nodes_policy: list[dict[str, Any]],
+    namespace: str,
+    seed: int,
 ) -> None:
     if not TRACE.is_dir():
         missing(f"Alibaba's trace is not at {TRACE}")
+    # The namespace labelled as docs/operations.md tells an admin to (gpuNodes.reserve).
+    status, out = cluster.request(
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}",
+        {"metadata": {"labels": LABELS}},
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, out
     # names per seed: kube-scheduler counts a deleted namespace's pods until they are gone
     sample = read_nodes(TRACE / "openb_node_list_gpu_node.csv")[::EVERY]
     nodes = [dataclasses.replace(n, name=f"s{seed}-{n.name}") for n in nominal_nodes(sample)]
@@ -96,13 +119,19 @@ def test_replay_matches_the_as_deployed_simulator(
                 content_type="application/merge-patch+json",
             )
             assert status == 200, out
+            # The node lifecycle controller's not-ready taint goes (no kubelet here); the agent's stays.
             cluster.request(
                 "PATCH",
                 f"/api/v1/nodes/{n.name}",
-                {"spec": {"taints": None}},
+                {"spec": {"taints": [reserve_taint()]}},
                 content_type="application/merge-patch+json",
             )
-        time.sleep(2)  # the extender's watch has the nodes
+        wait_until(
+            lambda: all(f'node="{name}"' in metrics_text(scheduling) for name in created),
+            60,
+            "the extender's view to hold every replay node",
+            scheduling.extender,
+        )
         bound: dict[int, str] = {}
         t0 = time.monotonic()
         for i, s in enumerate(stream):
@@ -110,9 +139,10 @@ def test_replay_matches_the_as_deployed_simulator(
             for key in ("uid", "resourceVersion"):
                 del pod["metadata"][key]
             pod["metadata"]["namespace"] = namespace
-            del pod["status"]
+            del pod["status"], pod["spec"]["schedulerName"]  # the chart's policy routes it
             status, out = cluster.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
             assert status == 201, out
+            assert routed_to_tessera(out), out["spec"]
             got = wait_until(
                 lambda name=f"p{i}": settled(cluster, namespace, name),
                 30,
@@ -126,11 +156,13 @@ def test_replay_matches_the_as_deployed_simulator(
         took = time.monotonic() - t0
         real = {p: unallocated_at(stream, bound, capacity, p) for p in (95, 100)}
 
-        config = yaml.safe_load((ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml").read_text())
-        prof = profile_from_config(config, contract.SCHEDULER_NAME)
+        # What the chart with gpuNodes.reserve configures for this namespace's pods. Its KubeSchedulerConfiguration
+        # equals the one kube-scheduler runs here in all that packing reads (test_chart_args.py keeps them so).
+        deployed = from_chart(chart_objects({"gpuNodes": {"reserve": True}}), namespace, LABELS)
+        assert deployed.routed and deployed.gpu_nodes_reserved
         # the shapes the extender reads from the pods (GPU memory in MiB of the nominal 1000 MiB GPUs)
         shapes = extender_shapes(stream)
-        sim = run(nodes, shapes, AsDeployed(prof, prof, RULE, slots_per_gpu=SLOTS), seed)
+        sim = run(nodes, shapes, deployed.policy(RULE, slots_per_gpu=SLOTS), seed)
         scenario = PackingScenario("", "replay", nodes, pods, [seed], ["fgd"])
         fgd = run(nodes, stream, fgd_policy(scenario, sorted({n.model for n in nodes})), seed)
         names = [n.name for n in nodes]

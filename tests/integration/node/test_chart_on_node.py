@@ -2,6 +2,11 @@
 uses it: every pod started by the kubelet, the node's GPU capacity published by the kubelet from the agent's
 device plugin, and an App whose job runs in the Tessera image and reports progress through the agent's socket.
 
+It is installed with gpuNodes.reserve: the agent taints its node, and the tests' namespaces are labelled for
+the chart's MutatingAdmissionPolicy, so their plain pods (and every pod the operator makes) reach the node
+through tessera-scheduler with the toleration; the chart's operator and scheduler get the toleration from
+their values, as docs/operations.md tells an admin whose only nodes are GPU nodes.
+
 The agent runs its fake GPU backend (`agent.fakeGpus`, behind the NVML interface); everything else is what a
 cluster with GPUs runs. Its hostPath directories are the node's own (under the harness's work dir), so
 nothing is written to the host's /run or /var/lib/kubelet.
@@ -69,10 +74,16 @@ def chart_values(node: Node) -> dict[str, Any]:
                 "leaseSeconds": LEASE_S,
                 "preemptionGraceSeconds": CHECKPOINT_GRACE_S,
                 "fairnessKnob": 0,
-            }
+            },
+            "tolerations": [contract.gpu_node_toleration()],
         },
         # registry.k8s.io/kube-scheduler:<the cluster's version>, built by hack/images.sh from the same binary.
-        "scheduler": {"kubeScheduler": {"image": {"pullPolicy": "Never"}}},
+        "scheduler": {
+            "kubeScheduler": {"image": {"pullPolicy": "Never"}},
+            "tolerations": [contract.gpu_node_toleration()],
+        },
+        # The one node is a GPU node, kept for tessera-scheduler's pods.
+        "gpuNodes": {"reserve": True},
         "agent": {
             "fakeGpus": FAKE_GPUS,
             "slotsPerGpu": SLOTS_PER_GPU,
@@ -101,6 +112,17 @@ def describe(node: Node, namespace: str) -> str:
                 )
                 lines.append(f"  {cs['name']} before its last restart: {log}")
     return "\n".join(lines)
+
+
+@pytest.fixture
+def namespace(namespace: str, node: Node) -> str:
+    """The conftest's fresh namespace, labelled so that the chart routes its pods to tessera-scheduler."""
+    labels = {"metadata": {"labels": {contract.LABEL_GPU_NODES_NAMESPACE: "true"}}}
+    status, got = node.plane.request(
+        "PATCH", f"/api/v1/namespaces/{namespace}", labels, content_type="application/merge-patch+json"
+    )
+    assert status == 200, got
+    return namespace
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +206,57 @@ def test_the_kubelet_publishes_gpu_capacity_from_the_device_plugin(node: Node, r
     # The kubelet's registration socket and the plugin's are where the kubelet (not a test) put and found them.
     assert (node.device_plugin_dir / "kubelet.sock").exists()
     assert (node.device_plugin_dir / contract.AGENT_SOCKET_NAME).exists()
+
+
+def reserve_taints(node: Node) -> list[dict[str, Any]]:
+    taints = ((node.node() or {}).get("spec") or {}).get("taints") or []
+    return [t for t in taints if t.get("key") == contract.TAINT_GPU_NODE_KEY]
+
+
+def test_the_agent_reserves_its_node_and_only_routed_pods_land_there(
+    node: Node, release: helm.Config, namespace: str
+) -> None:
+    want = {
+        "key": contract.TAINT_GPU_NODE_KEY,
+        "value": contract.TAINT_GPU_NODE_VALUE,
+        "effect": contract.TAINT_GPU_NODE_EFFECT,
+    }
+    assert wait_until(lambda: reserve_taints(node), 120, "the agent's taint on its node") == [want]
+    # A labelled namespace's plain pod: routed by the chart's policy, placed through the extender, running.
+    sleeper(node, namespace)
+    (pod,) = pods(node, namespace)
+    assert pod["spec"]["schedulerName"] == contract.SCHEDULER_NAME
+    assert contract.gpu_node_toleration() in pod["spec"]["tolerations"]
+    # Elsewhere a pod is default-scheduler's and stays off the reserved node.
+    other = f"plain-{pod['metadata']['uid'][:8]}"
+    status, got = node.plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": other}})
+    assert status == 201, got
+    try:
+        wait_until(
+            lambda: (
+                node.plane.request("GET", f"/api/v1/namespaces/{other}/serviceaccounts/default")[0] == 200
+            ),
+            60,
+            f"the default ServiceAccount of {other}",
+        )
+        sleeper(node, other, wait=False)
+
+        def refused() -> str:
+            conditions = (node.plane.get(f"/api/v1/namespaces/{other}/pods/sleeper") or {}).get("status", {})
+            return next(
+                (
+                    c.get("message", "")
+                    for c in conditions.get("conditions") or []
+                    if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                ),
+                "",
+            )
+
+        # The node's one taint is the agent's (kube-scheduler's message names no key).
+        assert ((node.node() or {}).get("spec") or {}).get("taints") == [want]
+        assert "untolerated taint" in wait_until(refused, 120, "default-scheduler to refuse the pod")
+    finally:
+        node.plane.request("DELETE", f"/api/v1/namespaces/{other}")
 
 
 TRAIN = """
@@ -686,7 +759,7 @@ def gpu_allocatable(node: Node) -> str:
     )
 
 
-def sleeper(node: Node, namespace: str) -> None:
+def sleeper(node: Node, namespace: str, *, wait: bool = True) -> None:
     status, got = node.plane.request(
         "POST",
         f"/api/v1/namespaces/{namespace}/pods",
@@ -707,9 +780,12 @@ def sleeper(node: Node, namespace: str) -> None:
         },
     )
     assert status == 201, got
-    wait_until(
-        lambda: any(ready(p) for p in pods(node, namespace)), 120, "the sleeper pod to be Running and Ready"
-    )
+    if wait:
+        wait_until(
+            lambda: any(ready(p) for p in pods(node, namespace)),
+            120,
+            "the sleeper pod to be Running and Ready",
+        )
 
 
 def test_kubelet_killed_and_restarted_keeps_pods_and_the_plugin_re_registers(
@@ -903,6 +979,7 @@ def test_helm_uninstall_leaves_only_the_crds(node: Node, release: helm.Config) -
     # capacity, at 0 allocatable, until it drops a plugin it has not heard from: its own state, not ours.)
     got = node.node() or {}
     assert contract.ANN_NODE_GPUS not in got["metadata"].get("annotations", {}), got["metadata"]
+    assert reserve_taints(node) == [], got["spec"]  # and the taint gpuNodes.reserve had the agent set
     for obj in objects(render(chart_values(node), name=RELEASE, namespace=NS), hooks=True):
         wait_until(
             lambda o=obj: node.plane.request("GET", api_path(o))[0] == 404,

@@ -30,8 +30,8 @@ def _rules(objs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     }
 
 
+# The driver reads its Node too (for the slice's owner), with the nodes get every agent has (its taint).
 DRA_GRANTS = {
-    ("", "nodes", "get"),
     ("resource.k8s.io", "resourceclaims", "get"),
     ("resource.k8s.io", "resourceslices", "get"),
     ("resource.k8s.io", "resourceslices", "create"),

@@ -51,11 +51,13 @@ def test_flags_fill_their_fields() -> None:
         "60",
         "--shutdown-timeout",
         "3",
+        "--reserve-node",
     ]
     argv += ["--hp-priority-class", "a", "--hp-priority-class", "b", "--lane-policy", "SRTF"]
     s = cli.settings_from(cli.build_parser().parse_args(argv))
     assert not s.mps and not s.agent.peer_check and s.agent.be_min_interval_s == 60
     assert s.shutdown_timeout_s == 3 and s.agent.hp_priority_classes == ("a", "b") and s.lane_policy == "SRTF"
+    assert s.agent.reserve_node
 
 
 @pytest.mark.parametrize(
@@ -75,6 +77,10 @@ def test_flags_fill_their_fields() -> None:
         (
             ["--fake-gpus", "1", "--lanes-api", "dra"],
             "--fake-gpus (fake_gpus): DRA lanes read claims from the Kubernetes API",
+        ),
+        (
+            ["--fake-gpus", "1", "--reserve-node"],
+            "--fake-gpus (fake_gpus): --reserve-node taints the Node through the Kubernetes API",
         ),
         (
             ["--kubelet-plugins-dir", "/" + "p" * 100],

@@ -11,6 +11,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from tessera.api import contract
 
 from tests.unit.api.apiserver import cel_errors, openapi_errors
 
@@ -18,6 +19,7 @@ from .chart_render import CHART, NAMESPACE, ROOT, chart_crds, find, objects, ren
 
 # A recent Kubernetes that kubernetes-validate ships schemas for, and the oldest the chart supports.
 KUBE_VERSIONS = ("1.37.0", "1.35.0")  # the tested version and the chart's floor
+MAP_GA = "1.36.0"  # MutatingAdmissionPolicy in admissionregistration.k8s.io/v1 (gpuNodes.reserve)
 
 NON_DEFAULT: dict[str, Any] = {
     "image": {"repository": "registry.example.com/ml/tessera", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
@@ -79,6 +81,10 @@ VALUE_SETS = {
             {"name": "team-b", "spec": {"parent": "research", "guaranteedGPUs": 8}},
         ]
     },
+    # GPU nodes reserved, namespaces routed by a label of the admin's.
+    "gpu-nodes": {
+        "gpuNodes": {"reserve": True, "namespaceLabel": {"key": "example.com/team", "value": "ml"}}
+    },
     "agent-only": {
         "operator": {"enabled": False},
         "scheduler": {"enabled": False},
@@ -91,6 +97,10 @@ VALUE_SETS = {
 def rendered(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
     rendered = render(VALUE_SETS[request.param])
     return request.param, objects(rendered) + objects(rendered, hooks=True)
+
+
+def _older(version: str, than: str) -> bool:
+    return tuple(map(int, version.split("."))) < tuple(map(int, than.split(".")))
 
 
 def _crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
@@ -137,6 +147,8 @@ def test_every_rendered_object_validates(
             jsonschema.validate(obj, crd_schemas[key])
         elif obj["kind"] == "ServiceMonitor":
             _check_service_monitor(obj, objs)
+        elif obj["kind"].startswith("MutatingAdmissionPolicy") and _older(kube_version, MAP_GA):
+            continue  # admissionregistration.k8s.io/v1 from 1.36: the chart refuses to render it for older
         else:
             kubernetes_validate.validate(obj, kube_version, strict=True)
 
@@ -200,7 +212,7 @@ def test_operator_runs_two_peered_replicas() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
 
 
-def test_uninstall_runs_a_hook_that_removes_the_agents_node_annotation() -> None:
+def test_uninstall_runs_a_hook_that_removes_the_agents_node_annotation_and_taint() -> None:
     rendered = render()
     hooks = objects(rendered, hooks=True)
     assert {o["kind"] for o in hooks} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
@@ -215,8 +227,10 @@ def test_uninstall_runs_a_hook_that_removes_the_agents_node_annotation() -> None
     assert job["containers"][0]["command"][:2] == ["tessera-agent", "--forget-nodes"]
     assert job["securityContext"]["runAsNonRoot"] is True
     assert find(hooks, "ClusterRole")["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]}
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}
     ]
+    # It runs where every node may be a reserved GPU node (gpuNodes.reserve).
+    assert contract.gpu_node_toleration() in job["tolerations"]
     # The release's own objects do not include it, and without the agent there is nothing to clean.
     assert all("cleanup" not in o["metadata"]["name"] for o in objects(rendered))
     assert not objects(render({"agent": {"enabled": False}}), hooks=True)
@@ -255,7 +269,7 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
     pod = find(objs, "DaemonSet", "-agent")["spec"]["template"]["spec"]
     assert pod["hostPID"] is True
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert {t["key"] for t in pod["tolerations"]} == {"nvidia.com/gpu", contract.TAINT_GPU_NODE_KEY}
     (container,) = pod["containers"]
     assert (
         container["securityContext"]["privileged"] is True and container["securityContext"]["runAsUser"] == 0
@@ -308,7 +322,13 @@ def test_rbac_is_least_privilege() -> None:
     assert {"system:kube-scheduler", "system:volume-scheduler"} <= bound
     agent = _rules(objs, "ClusterRole", "-agent")
     # Allocate marks the pod it serves (tessera.io/allocated) and progress lands on the pod: pods patch.
-    assert agent == {("", "nodes", "patch"), ("", "pods", "list"), ("", "pods", "patch")}
+    # Its node is read and patched: the inventory annotation, and the GPU-node taint set or removed.
+    assert agent == {
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "pods", "list"),
+        ("", "pods", "patch"),
+    }
     operator = _rules(objs, "ClusterRole", "-operator")
     assert ("", "pods", "create") in operator and ("", "pods", "delete") in operator
     assert ("tessera.io", "apps/status", "patch") in operator
@@ -393,6 +413,10 @@ def test_service_monitors_need_the_crd_unless_told_otherwise() -> None:
         ({"operator": {"themis": {"fairnessKnob": 1.5}}}, "at '/operator/themis/fairnessKnob': maximum"),
         ({"operator": {"themis": {"starvingRank": "fifo"}}}, "at '/operator/themis/starvingRank'"),
         ({"operator": {"themis": {"leaseSeconds": 0}}}, "at '/operator/themis/leaseSeconds'"),
+        ({"gpuNodes": {"reserve": "yes"}}, "at '/gpuNodes/reserve': got string, want boolean"),
+        # An empty value would be a label no namespace is meant to carry by accident.
+        ({"gpuNodes": {"namespaceLabel": {"value": ""}}}, "at '/gpuNodes/namespaceLabel/value'"),
+        ({"gpuNodes": {"namespaceLabel": {"key": "a b"}}}, "at '/gpuNodes/namespaceLabel/key'"),
     ],
 )
 def test_schema_rejects_bad_values_with_the_offending_key(values: dict[str, Any], message: str) -> None:

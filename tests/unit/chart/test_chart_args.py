@@ -96,6 +96,9 @@ def test_every_container_command_line_parses_with_the_real_parser(values: str) -
             assert str(args.mps_root) in mounts and str(args.device_plugin_dir) in mounts
             if args.progress_socket is not None:
                 assert str(args.progress_socket.parent) in mounts
+            assert args.reserve_node == bool(
+                ((VALUE_SETS[values] or {}).get("gpuNodes") or {}).get("reserve")
+            )
         elif c["name"] == "kube-scheduler":
             continue
         else:
@@ -105,6 +108,7 @@ def test_every_container_command_line_parses_with_the_real_parser(values: str) -
         "default": {"operator", "extender", "agent"},
         "non-default": {"operator", "extender", "agent"},
         "queues": {"operator", "extender", "agent"},
+        "gpu-nodes": {"operator", "extender", "agent"},
         "agent-only": {"agent"},
     }[values]
     assert seen == expected

@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import yaml
+from tessera.api import contract
 from tessera.policy.lanes.fragmentation import Shape
 from tessera.policy.lanes.packing import PackingConfig
 from tessera.sim.packing.deployed import (
     DEFAULT_SCHEDULER,
     AsDeployed,
+    from_chart,
     nodes_to_find,
     plugin_scores,
     profile_from_config,
+    selects,
 )
 from test_fragmentation import state_of
+
+from tests.unit.chart.chart_render import NAMESPACE, objects, render
 
 CONFIG = Path(__file__).resolve().parents[3] / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 
@@ -73,3 +79,65 @@ def test_the_search_resumes_where_it_stopped() -> None:
     rows = [policy.choose(st, Shape(0, 0.0, cpu_milli=100), random.Random(k)) for k in range(3)]
     got = [r[0] for r in rows if r is not None]
     assert got[0] < 144 <= got[1] < 288 and not 132 <= got[2] < 288, got
+
+
+# --- routing read from the rendered chart (gpuNodes.reserve) ------------------------------------------------
+
+LABELLED = {contract.LABEL_GPU_NODES_NAMESPACE: "true"}
+
+
+def chart(values: dict[str, Any] | None, namespace: str = "ml", labels: dict[str, str] = LABELLED) -> Any:
+    return from_chart(objects(render(values)), namespace, labels)
+
+
+def test_chart_defaults_leave_cpu_only_pods_to_default_scheduler() -> None:
+    got = chart(None)
+    assert got.gpu_profile.scheduler == "tessera-scheduler" and got.gpu_profile.extender_all_pods
+    assert got.cpu_profile == DEFAULT_SCHEDULER and not got.gpu_nodes_reserved and not got.routed
+
+
+def test_reserve_routes_the_labelled_namespace_through_tessera_scheduler() -> None:
+    reserve = {"gpuNodes": {"reserve": True}}
+    got = chart(reserve)
+    assert got.routed and got.gpu_nodes_reserved and got.cpu_profile == got.gpu_profile
+    # Not labelled, the release's own namespace, or routing left to the admin: tainted, not routed.
+    for deployment in (
+        chart(reserve, labels={}),
+        chart(reserve, namespace=NAMESPACE),
+        chart({"gpuNodes": {"reserve": True, "admissionPolicy": False}}),
+    ):
+        assert deployment.gpu_nodes_reserved and deployment.cpu_profile == DEFAULT_SCHEDULER
+    # The chart's scheduler name is the one the policy writes.
+    renamed = chart({**reserve, "scheduler": {"schedulerName": "gpu-share"}})
+    assert renamed.routed and renamed.cpu_profile.scheduler == "gpu-share"
+
+
+def test_label_selectors_as_the_api_server_applies_them() -> None:
+    labels = {"team": "ml"}
+    assert selects({"matchLabels": {"team": "ml"}}, "a", labels)
+    assert not selects({"matchLabels": {"team": "ops"}}, "a", labels)
+    name_not_in = {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}
+    assert selects({"matchExpressions": [name_not_in]}, "a", labels)
+    assert not selects({"matchExpressions": [name_not_in]}, "kube-system", labels)
+    assert selects(
+        {"matchExpressions": [{"key": "team", "operator": "In", "values": ["ml", "x"]}]}, "a", labels
+    )
+    assert selects({"matchExpressions": [{"key": "team", "operator": "Exists"}]}, "a", labels)
+    assert not selects({"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]}, "a", labels)
+    with pytest.raises(ValueError, match="'Gt' is not one of"):
+        selects({"matchExpressions": [{"key": "team", "operator": "Gt"}]}, "a", labels)
+
+
+def test_reserved_gpu_nodes_take_no_pod_of_default_scheduler() -> None:
+    # Node 0 has a GPU and is emptier (LeastAllocated prefers it); node 1 has none.
+    st = state_of(([1.0], 8000, 64000), ([], 2000, 64000))
+    prof = profile_from_config(yaml.safe_load(CONFIG.read_text()), "tessera-scheduler")
+    pod = Shape(0, 0.0, cpu_milli=1000)
+    open_nodes = AsDeployed(prof, DEFAULT_SCHEDULER, PackingConfig().policy())
+    reserved = AsDeployed(prof, DEFAULT_SCHEDULER, PackingConfig().policy(), gpu_nodes_reserved=True)
+    assert open_nodes.choose(st, pod, random.Random(0)) == (0, ())
+    assert reserved.choose(st, pod, random.Random(0)) == (1, ())
+    # No node without GPUs has room: the pod is unschedulable rather than on a reserved node.
+    assert reserved.choose(st, Shape(0, 0.0, cpu_milli=4000), random.Random(0)) is None
+    # GPU pods go through tessera-scheduler with the toleration: reserved nodes take them.
+    assert reserved.choose(st, Shape.share(1, 500, cpu_milli=1000), random.Random(0)) is not None

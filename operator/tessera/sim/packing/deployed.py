@@ -18,18 +18,26 @@ What is replayed of kube-scheduler (pkg/scheduler/schedule_one.go, framework/plu
   tolerations, no owners for default spread constraints), so they do not change the choice.
 - selectHost: a node of the highest total, at random among equals (upstream's reservoir sampling).
 A node picked that is not the extender's first choice still gets the GPUs the rule chose on it (bind).
+
+How CPU-only pods are routed is read from the rendered chart too (`from_chart`): with `gpuNodes.reserve` the
+agents taint their GPU nodes (the DaemonSet's `--reserve-node`), and the chart's MutatingAdmissionPolicy
+sends the pods of the namespaces its binding selects to tessera-scheduler with the toleration; pods left to
+default-scheduler then fit only nodes without GPUs (TaintToleration's filter). Without it, default-scheduler
+places CPU-only pods over every node. The trace's pods are taken to live in one namespace whose labels the
+caller gives (an ML team's namespace the admin labelled as documented, or not).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from tessera.api.safe_load import load_yaml_documents
 from tessera.policy.lanes.fragmentation import PackingState, Shape, fgd_integer_score, score_rows
 from tessera.policy.lanes.packing import Pick, Tessera, all_rows, priorities
 
@@ -139,13 +147,16 @@ def plugin_scores(
 @dataclass
 class AsDeployed:
     """A PackingPolicy that places each pod as kube-scheduler would, as the chart configures it: GPU pods by
-    `gpu_profile` (with the extender), CPU-only pods by `cpu_profile`, or first-fit with `cpu_first_fit`."""
+    `gpu_profile` (with the extender), CPU-only pods by `cpu_profile`, or first-fit with `cpu_first_fit`.
+    With `gpu_nodes_reserved`, pods of any other profile than `gpu_profile` (they carry no toleration) fit
+    only nodes without GPUs."""
 
     gpu_profile: Profile
     cpu_profile: Profile
     rule: Tessera = field(default_factory=Tessera)
     slots_per_gpu: int = 10
     cpu_first_fit: bool = False
+    gpu_nodes_reserved: bool = False
     name: str = "as-deployed"
     _start: dict[str, int] = field(default_factory=dict)
     _slots: npt.NDArray[np.float64] | None = None
@@ -158,10 +169,12 @@ class AsDeployed:
         kube_ok = (state.cpu[rows] >= shape.cpu_milli - 1e-9) & (state.mem[rows] >= shape.memory_mib - 1e-9)
         if shape.gpus:
             kube_ok &= self._slots >= shape.gpus
+        prof = self.gpu_profile if shape.gpus else self.cpu_profile
+        if self.gpu_nodes_reserved and prof.scheduler != self.gpu_profile.scheduler:
+            kube_ok &= state.gpus[rows] == 0  # the GPU nodes' taint, which this pod does not tolerate
         if not shape.gpus and self.cpu_first_fit:
             ok = np.flatnonzero(kube_ok)
             return (int(ok[0]), ()) if len(ok) else None
-        prof = self.gpu_profile if shape.gpus else self.cpu_profile
         cand = self._search(rows, kube_ok, prof)
         extender = prof.extender_weight > 0 and (shape.gpus > 0 or prof.extender_all_pods)
         if extender:
@@ -198,3 +211,88 @@ class AsDeployed:
     def placed(self, state: PackingState, pick: Pick, shape: Shape) -> None:
         if shape.gpus and self._slots is not None:
             self._slots[pick[0]] -= shape.gpus
+
+
+@dataclass(frozen=True)
+class ChartDeployment:
+    """What a rendered chart configures for packing: tessera-scheduler's profile, the profile CPU-only pods of
+    the trace's namespace go through, and whether GPU nodes are kept for tessera-scheduler's pods."""
+
+    gpu_profile: Profile
+    cpu_profile: Profile
+    gpu_nodes_reserved: bool
+
+    @property
+    def routed(self) -> bool:
+        """CPU-only pods go through tessera-scheduler."""
+        return self.cpu_profile.scheduler == self.gpu_profile.scheduler
+
+    def policy(self, rule: Tessera, *, slots_per_gpu: int = 10) -> AsDeployed:
+        return AsDeployed(
+            self.gpu_profile,
+            self.cpu_profile,
+            rule,
+            slots_per_gpu=slots_per_gpu,
+            gpu_nodes_reserved=self.gpu_nodes_reserved,
+        )
+
+
+def from_chart(
+    objects: Sequence[Mapping[str, Any]], namespace: str, namespace_labels: Mapping[str, str]
+) -> ChartDeployment:
+    """The deployment the chart's rendered `objects` configure for pods of `namespace` (with those labels)."""
+    config = _scheduler_config(objects)
+    scheduler = str(config["profiles"][0]["schedulerName"])
+    tessera = profile_from_config(config, scheduler)
+    reserved = any(
+        "--reserve-node" in (c.get("args") or [])
+        for o in objects
+        if o["kind"] == "DaemonSet"
+        for c in o["spec"]["template"]["spec"]["containers"]
+    )
+    routed = any(
+        o["kind"] == "MutatingAdmissionPolicyBinding"
+        and _policy_sets_scheduler(objects, o["spec"]["policyName"], scheduler)
+        and selects(o["spec"]["matchResources"].get("namespaceSelector") or {}, namespace, namespace_labels)
+        for o in objects
+    )
+    return ChartDeployment(tessera, tessera if routed else DEFAULT_SCHEDULER, reserved)
+
+
+def _scheduler_config(objects: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    for o in objects:
+        text = (o.get("data") or {}).get("config.yaml", "") if o["kind"] == "ConfigMap" else ""
+        if "KubeSchedulerConfiguration" in text:
+            (config,) = load_yaml_documents(text, f"ConfigMap {o['metadata']['name']}")
+            return dict(config)
+    raise ValueError("the rendered chart holds no KubeSchedulerConfiguration (scheduler.enabled false?)")
+
+
+def _policy_sets_scheduler(objects: Sequence[Mapping[str, Any]], name: str, scheduler: str) -> bool:
+    """The MutatingAdmissionPolicy `name` writes `scheduler` as the pod's schedulerName."""
+    for o in objects:
+        if o["kind"] == "MutatingAdmissionPolicy" and o["metadata"]["name"] == name:
+            patches = [m.get("jsonPatch", {}).get("expression", "") for m in o["spec"].get("mutations") or []]
+            return any('"/spec/schedulerName"' in p and f'value: "{scheduler}"' in p for p in patches)
+    return False
+
+
+def selects(selector: Mapping[str, Any], namespace: str, labels: Mapping[str, str]) -> bool:
+    """A namespace label selector (matchLabels, matchExpressions) applied to a namespace, whose labels include
+    kubernetes.io/metadata.name as the API server sets it."""
+    have = {**labels, "kubernetes.io/metadata.name": namespace}
+    if any(have.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {
+            "In": key in have and have[key] in values,
+            "NotIn": key not in have or have[key] not in values,
+            "Exists": key in have,
+            "DoesNotExist": key not in have,
+        }.get(op)
+        if ok is None:
+            raise ValueError(f"label selector operator {op!r} is not one of In, NotIn, Exists, DoesNotExist")
+        if not ok:
+            return False
+    return True
