@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -294,8 +294,12 @@ def _claim_indices(registry: kopf.OperatorRegistry) -> None:
 
 def _claim_index(
     claim_of: Callable[[Mapping[str, Any]], Claim],
-) -> Callable[..., dict[tuple[str, str], Claim]]:
-    def index(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[tuple[str, str], Claim]:
+) -> Callable[..., Awaitable[dict[tuple[str, str], Claim]]]:
+    # async: kopf runs a plain `def` handler in a worker thread, a thread hand-off on every watch event of
+    # every App (each of a round's status writes comes back as one).
+    async def index(
+        body: kopf.Body, namespace: str | None, name: str, **_: Any
+    ) -> dict[tuple[str, str], Claim]:
         return {(namespace or "", name): claim_of(body)}
 
     return index
