@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tessera.api import contract
 from tessera.cluster import Cluster
@@ -357,8 +358,13 @@ class Arbiter:
         keys = sorted(self.records)
         await self._each(self.sync(self.records[k]) for k in keys)
         for batch in ([k for k in keys if k not in gained], [k for k in keys if k in gained]):
+            # Decided before any is sent: only the statuses due go out (a few hundred of N), not N tasks
+            # queueing for the API slots to find most of them unchanged.
+            due = [
+                (k, self.due_status(self.records[k], now, force=k in changed, heartbeat=False)) for k in batch
+            ]
             await self._each(
-                self.write_status(self.records[k], now, force=k in changed, heartbeat=False) for k in batch
+                self._patch_status(self.records[k], status, now) for k, status in due if status is not None
             )
 
     def _estimate(self, rec: AppRecord, now: float, cluster: Cluster) -> None:
@@ -458,6 +464,14 @@ class Arbiter:
     ) -> None:
         """Patch the App's status when `status_due` says so, or always with `force` (leases changed).
         Without `heartbeat` a status due only to age is left to `refresh_stale`."""
+        status = self.due_status(rec, now, force=force, heartbeat=heartbeat)
+        if status is not None:
+            await self._patch_status(rec, status, now)
+
+    def due_status(
+        self, rec: AppRecord, now: float, *, force: bool = False, heartbeat: bool = True
+    ) -> dict[str, Any] | None:
+        """The App's status (wire form) if it is to be written now (see `write_status`), else None."""
         status = rec.status(now).to_wire()
         # Every App the arbiter holds is admitted; Ready says whether its leases' pods are there.
         pods = self.view.pods_with(contract.LABEL_APP, rec.name, rec.namespace)
@@ -465,14 +479,15 @@ class Arbiter:
         last = self._written.get(rec.key)
         status.update(app_conditions(rec, missing, last.fields.get("conditions") if last else None))
         due = status_due(
-            self._written.get(rec.key),
+            last,
             status,
             now,
             rho_tolerance=self.config.status_rho_tolerance,
             max_staleness_s=self.config.status_staleness if heartbeat else math.inf,
         )
-        if not (force or due):
-            return
+        return status if force or due else None
+
+    async def _patch_status(self, rec: AppRecord, status: dict[str, Any], now: float) -> None:
         try:
             await self.api.patch(APPS, rec.namespace, rec.name, {"status": status}, sub="status")
             self.status_writes += 1
