@@ -16,14 +16,14 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.api import contract
 from tessera.cluster import Cluster
 from tessera.controller.apps import AppRecord, template_of
-from tessera.controller.concurrency import gather_limited
+from tessera.controller.concurrency import drain_limited
 from tessera.controller.context import Context
 from tessera.controller.kube import Kind, KubeError
 from tessera.controller.liveness import PassClock
@@ -358,14 +358,18 @@ class Arbiter:
         keys = sorted(self.records)
         await self._each(self.sync(self.records[k]) for k in keys)
         for batch in ([k for k in keys if k not in gained], [k for k in keys if k in gained]):
-            # Decided before any is sent: only the statuses due go out (a few hundred of N), not N tasks
-            # queueing for the API slots to find most of them unchanged.
-            due = [
-                (k, self.due_status(self.records[k], now, force=k in changed, heartbeat=False)) for k in batch
-            ]
-            await self._each(
-                self._patch_status(self.records[k], status, now) for k, status in due if status is not None
-            )
+            await self._each(self._due_writes(batch, now, changed))
+
+    def _due_writes(
+        self, keys: list[tuple[str, str]], now: float, changed: set[tuple[str, str]]
+    ) -> Iterator[Awaitable[None]]:
+        """The status patches of these Apps that are due (a few hundred of N in a round), each worked out
+        when an API slot is free for it, so the rest cost no request and no task."""
+        for k in keys:
+            rec = self.records[k]
+            status = self.due_status(rec, now, force=k in changed, heartbeat=False)
+            if status is not None:
+                yield self._patch_status(rec, status, now)
 
     def _estimate(self, rec: AppRecord, now: float, cluster: Cluster) -> None:
         """ρ = T_sh / T_id from the bid's empty row (what `Themis.current_rho` evaluates, §2.3 Eq. 1):
@@ -393,7 +397,7 @@ class Arbiter:
     # --- writing ----------------------------------------------------------------------------------
 
     async def _each(self, calls: Iterable[Awaitable[None]]) -> None:
-        for res in await gather_limited(calls, self.config.api_concurrency):
+        for res in await drain_limited(calls, self.config.api_concurrency):
             if isinstance(res, BaseException):
                 raise res
 

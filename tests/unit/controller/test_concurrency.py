@@ -11,7 +11,7 @@ import pytest
 from tessera.api import contract
 from tessera.controller.apps import AppRecord, record_from_body
 from tessera.controller.arbiter import Arbiter, RoundReport
-from tessera.controller.concurrency import gather_limited
+from tessera.controller.concurrency import drain_limited, gather_limited
 from tessera.controller.config import OperatorConfig
 from tessera.controller.context import Context
 from tessera.controller.kube import KubeApi
@@ -169,3 +169,34 @@ def test_a_round_writes_the_changed_statuses_together_and_queues_no_unchanged_on
     assert len(api.patched) == 12  # every App's first status
     assert api.peak == 4  # sent together, at most api_concurrency at once
     assert queued == [12, 0, 0]  # the second round: 12 pod syncs with nothing to do, no status write queued
+
+
+def test_drain_limited_reads_the_calls_as_workers_free_up() -> None:
+    """At most `limit` in flight, every result (or error) returned, and the calls read lazily: the next
+    one is made only when a worker is free (a round works out each status while others are in flight)."""
+    made = done = peak = 0
+
+    async def call(i: int) -> int:
+        nonlocal done, peak
+        peak = max(peak, made - done)
+        try:
+            await asyncio.sleep(0.001)
+        finally:
+            done += 1
+        if i == 3:
+            raise RuntimeError("boom")
+        return i
+
+    def calls() -> Any:
+        nonlocal made
+        for i in range(10):
+            assert made - done < 3  # a worker asks for the next call only once it is free
+            made += 1
+            yield call(i)
+
+    out = asyncio.run(drain_limited(calls(), 3))
+    assert peak == 3
+    assert sorted(r for r in out if isinstance(r, int)) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    assert [str(r) for r in out if isinstance(r, RuntimeError)] == ["boom"]
+    with pytest.raises(ValueError, match=">= 1"):
+        asyncio.run(drain_limited([], 0))
