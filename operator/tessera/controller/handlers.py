@@ -32,7 +32,7 @@ from tessera.controller.conditions import (
 from tessera.controller.config import OperatorConfig
 from tessera.controller.context import Context
 from tessera.controller.deployments import ModelDeployments
-from tessera.controller.essence import LeanDiffBaseStorage
+from tessera.controller.essence import LeanDiffBaseStorage, LeanProgressStorage
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
@@ -265,6 +265,7 @@ def _operator_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None
         # The same annotation and essence as kopf's default, built without deep-copying status (each
         # of a round's status writes comes back as a watch event).
         settings.persistence.diffbase_storage = LeanDiffBaseStorage()
+        settings.persistence.progress_storage = LeanProgressStorage()  # and clears progress without copying
         settings.watching.server_timeout = 60
         # A deletion that finds a tick mid-pass re-checks this often (kopf's 60 s held finalizers a minute).
         settings.background.cancellation_polling = config.deletion_recheck_s
