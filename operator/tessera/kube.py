@@ -26,8 +26,10 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client
 from kubernetes_asyncio.config import ConfigException, incluster_config, kube_config
+from yarl import URL
 
 from tessera.api.safe_load import InputError, load_yaml_file
 
@@ -37,6 +39,7 @@ MERGE_PATCH = "application/merge-patch+json"
 # watches run until the server or the caller ends them.
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=300)
 WATCH_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_read=None)
+READ_BUFSIZE = 2**21  # kubernetes_asyncio's: one watch event line may carry a large object
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +156,7 @@ async def api_client(config: KubeConfig) -> client.ApiClient:
         # exited at start with "No usable temporary directory found" on the first real node).
         try:
             incluster_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            return client.ApiClient(cfg)
+            return _env_read_once(client.ApiClient(cfg))
         except (OSError, ConfigException, ValueError) as err:
             raise KubeError(f"cannot load Kubernetes credentials: {err}") from err
     with tempfile.TemporaryDirectory(prefix="tessera-kube-") as tmp:  # mode 0700, removed on exit
@@ -174,6 +177,28 @@ async def api_client(config: KubeConfig) -> client.ApiClient:
         finally:
             # the loader remembers its temp files (to reuse them, and delete them at exit): forget them now
             kube_config._cleanup_temp_files()
+    return _env_read_once(api)
+
+
+def _env_read_once(api: client.ApiClient) -> client.ApiClient:
+    """The client's session with the proxy environment read now, once, instead of on every request.
+
+    kubernetes_asyncio's session trusts the environment, and aiohttp then looks up the proxy variables
+    and ~/.netrc in a worker thread on every request: two thread hand-offs per call, a tenth of the
+    operator's CPU in a 1000-App round. A proxy the environment names for the API server is kept (passed
+    with each request, as the official client passes a configured one); netrc is dropped, since every
+    request already carries its credentials (aiohttp refuses netrc auth next to an Authorization header)."""
+    rest = api.rest_client
+    if not rest.proxy and api.configuration.host:
+        with contextlib.suppress(LookupError):  # no proxy for this server in the environment
+            proxy, auth = get_env_proxy_for_url(URL(api.configuration.host))
+            rest.proxy = str(proxy)
+            if auth is not None:
+                rest.proxy_headers = {"Proxy-Authorization": auth.encode()}
+    old = rest.pool_manager
+    connector = old.connector
+    old.detach()  # the connector (pool, TLS context) moves to the new session, which owns it
+    rest.pool_manager = aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE)
     return api
 
 

@@ -186,6 +186,14 @@ class FreePool:
             max(self._rack_free.values(), default=0),
         )
 
+    def outlook(self, anchor: Anchor, maxima: tuple[int, int, int] | None = None) -> tuple[int, ...]:
+        """Everything `predict` reads of the pool for this anchor (besides its size and GPU count): equal
+        outlooks give equal predictions for every d, so callers may remember them by it."""
+        if anchor.count == 0:
+            return (self.size, *(maxima if maxima is not None else self.max_free()))
+        lvl, _ = self._finest(anchor)
+        return (self.size, lvl, *(self._enclosing_free(anchor, level) for level in range(lvl, 4)))
+
     def predict(self, anchor: Anchor, d: int, maxima: tuple[int, int, int] | None = None) -> Locality | None:
         """Locality of anchor ∪ d more GPUs if they were taken now; None if fewer than d are free."""
         if d > self.size:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from tessera.api import contract
 from tessera.api.app import AppSpec, AppStatus, JobSpec, JobStatus, Lease
+from tessera.api.base import wire_name
 from tessera.api.resources import ManifestError, parse_app
 from tessera.cluster import Cluster, Sensitivity
 from tessera.controller.estimator import JobWork, estimator_for
@@ -348,7 +349,7 @@ def record_from_body(body: Mapping[str, Any], now: float) -> AppRecord:
         body=body,
         start=start,
         accounted_until=now,
-        active_gpu_seconds=float(status.get("activeGpuSeconds") or 0.0),
+        active_gpu_seconds=float(status.get(wire_name("active_gpu_seconds")) or 0.0),
     )
     for js in status.get("jobs") or []:
         job = next((j for j in app.spec.jobs if j.name == js.get("name")), None)

@@ -16,13 +16,14 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from tessera.api import contract
 from tessera.cluster import Cluster
 from tessera.controller.apps import AppRecord, template_of
-from tessera.controller.concurrency import gather_limited
+from tessera.controller.concurrency import drain_limited
 from tessera.controller.context import Context
 from tessera.controller.kube import Kind, KubeError
 from tessera.controller.liveness import PassClock
@@ -374,9 +375,18 @@ class Arbiter:
         keys = sorted(self.records)
         await self._each(self.sync(self.records[k]) for k in keys)
         for batch in ([k for k in keys if k not in gained], [k for k in keys if k in gained]):
-            await self._each(
-                self.write_status(self.records[k], now, force=k in changed, heartbeat=False) for k in batch
-            )
+            await self._each(self._due_writes(batch, now, changed))
+
+    def _due_writes(
+        self, keys: list[tuple[str, str]], now: float, changed: set[tuple[str, str]]
+    ) -> Iterator[Awaitable[None]]:
+        """The status patches of these Apps that are due (a few hundred of N in a round), each worked out
+        when an API slot is free for it, so the rest cost no request and no task."""
+        for k in keys:
+            rec = self.records[k]
+            status = self.due_status(rec, now, force=k in changed, heartbeat=False)
+            if status is not None:
+                yield self._patch_status(rec, status, now)
 
     def _estimate(self, rec: AppRecord, now: float, cluster: Cluster) -> None:
         """ρ = T_sh / T_id from the bid's empty row (what `Themis.current_rho` evaluates, §2.3 Eq. 1):
@@ -404,7 +414,7 @@ class Arbiter:
     # --- writing ----------------------------------------------------------------------------------
 
     async def _each(self, calls: Iterable[Awaitable[None]]) -> None:
-        for res in await gather_limited(calls, self.config.api_concurrency):
+        for res in await drain_limited(calls, self.config.api_concurrency):
             if isinstance(res, BaseException):
                 raise res
 
@@ -475,6 +485,14 @@ class Arbiter:
     ) -> None:
         """Patch the App's status when `status_due` says so, or always with `force` (leases changed).
         Without `heartbeat` a status due only to age is left to `refresh_stale`."""
+        status = self.due_status(rec, now, force=force, heartbeat=heartbeat)
+        if status is not None:
+            await self._patch_status(rec, status, now)
+
+    def due_status(
+        self, rec: AppRecord, now: float, *, force: bool = False, heartbeat: bool = True
+    ) -> dict[str, Any] | None:
+        """The App's status (wire form) if it is to be written now (see `write_status`), else None."""
         status = rec.status(now).to_wire()
         # Every App the arbiter holds is admitted; Ready says whether its leases' pods are there.
         pods = self.view.pods_with(contract.LABEL_APP, rec.name, rec.namespace)
@@ -482,14 +500,15 @@ class Arbiter:
         last = self._written.get(rec.key)
         status.update(app_conditions(rec, missing, last.fields.get("conditions") if last else None))
         due = status_due(
-            self._written.get(rec.key),
+            last,
             status,
             now,
             rho_tolerance=self.config.status_rho_tolerance,
             max_staleness_s=self.config.status_staleness if heartbeat else math.inf,
         )
-        if not (force or due):
-            return
+        return status if force or due else None
+
+    async def _patch_status(self, rec: AppRecord, status: dict[str, Any], now: float) -> None:
         try:
             await self.api.patch(APPS, rec.namespace, rec.name, {"status": status}, sub="status")
             self.status_writes += 1

@@ -6,10 +6,17 @@ whole body first and drops the rest afterwards, so each of the operator's own st
 whose leases changed in a round: hundreds at once) comes back as a deep copy of that App's status and
 managedFields. `LeanDiffBaseStorage` hands kopf's builder only the parts the essence keeps; the essence,
 the annotation it is stored in and every comparison stay kopf's own.
+
+kopf then clears handler progress from both essences (the one stored and the one just built) with its
+progress storage, which takes a deep copy of the essence for each of its two stores: four copies of each
+App's spec per watch event. `LeanProgressStorage` hands them an essence whose copy copies only what they
+change (the top level, metadata, status) and shares the rest with the essence it came from, which kopf
+discards.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -46,3 +53,24 @@ class LeanDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         extra = list(extra_fields or ())
         lean = kopf.Body(essence_source(dict(body), extra))  # type: ignore[arg-type]
         return super().build(body=lean, extra_fields=extra)
+
+
+class _SharedSpec(dict[str, Any]):
+    """An essence whose deep copy is new down to what kopf's progress storages edit in place (the top
+    level, `metadata`, `status`), sharing everything else (the spec) with this one."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _SharedSpec:
+        out = _SharedSpec(self)
+        if isinstance(out.get("metadata"), dict):
+            out["metadata"] = dict(out["metadata"])  # annotations are replaced there, never edited
+        if "status" in out:
+            out["status"] = copy.deepcopy(out["status"], memo)
+        return out
+
+
+class LeanProgressStorage(kopf.SmartProgressStorage):
+    """kopf's default progress storage (annotations, and status for objects from older kopf), whose
+    `clear` copies an essence's spec none of the four times kopf's own copies it per watch event."""
+
+    def clear(self, *, essence: kopf.BodyEssence) -> kopf.BodyEssence:
+        return super().clear(essence=_SharedSpec(essence))  # type: ignore[arg-type]

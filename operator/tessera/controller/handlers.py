@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -33,7 +33,7 @@ from tessera.controller.conditions import (
 from tessera.controller.config import OperatorConfig
 from tessera.controller.context import Context
 from tessera.controller.deployments import ModelDeployments
-from tessera.controller.essence import LeanDiffBaseStorage
+from tessera.controller.essence import LeanDiffBaseStorage, LeanProgressStorage
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
@@ -338,6 +338,7 @@ def _operator_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None
         # The same annotation and essence as kopf's default, built without deep-copying status (each
         # of a round's status writes comes back as a watch event).
         settings.persistence.diffbase_storage = LeanDiffBaseStorage()
+        settings.persistence.progress_storage = LeanProgressStorage()  # and clears progress without copying
         settings.watching.server_timeout = 60
         # A deletion that finds a tick mid-pass re-checks this often (kopf's 60 s held finalizers a minute).
         settings.background.cancellation_polling = config.deletion_recheck_s
@@ -367,8 +368,12 @@ def _claim_indices(registry: kopf.OperatorRegistry) -> None:
 
 def _claim_index(
     claim_of: Callable[[Mapping[str, Any]], Claim],
-) -> Callable[..., dict[tuple[str, str], Claim]]:
-    def index(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[tuple[str, str], Claim]:
+) -> Callable[..., Awaitable[dict[tuple[str, str], Claim]]]:
+    # async: kopf runs a plain `def` handler in a worker thread, a thread hand-off on every watch event of
+    # every App (each of a round's status writes comes back as one).
+    async def index(
+        body: kopf.Body, namespace: str | None, name: str, **_: Any
+    ) -> dict[tuple[str, str], Claim]:
         return {(namespace or "", name): claim_of(body)}
 
     return index

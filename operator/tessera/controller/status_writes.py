@@ -13,8 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tessera.api.base import wire_name
+
 # Fields that change every round by construction; they ride along with writes due for other reasons.
-VOLATILE = ("rho", "elapsedSeconds", "activeGpuSeconds")
+# Wire names from the model's own spelling (a hand-written "activeGpuSeconds" never matched the wire's
+# activeGPUSeconds, so every App holding GPUs was re-written by every round).
+VOLATILE = tuple(wire_name(f) for f in ("rho", "elapsed_seconds", "active_gpu_seconds"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import kopf
 import pytest
-from tessera.controller.essence import LeanDiffBaseStorage, essence_source
+from tessera.controller.essence import LeanDiffBaseStorage, LeanProgressStorage, essence_source
 
 
 def app(status: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
@@ -82,3 +82,28 @@ def test_status_and_managed_fields_are_not_copied() -> None:
     src = essence_source(app(STATUS), None)
     assert "status" not in src and set(src["metadata"]) == {"name", "namespace", "labels", "annotations"}
     assert "status" in essence_source(app(STATUS), ["status.phase"])
+
+
+def _with_progress(raw: dict[str, Any]) -> dict[str, Any]:
+    """The body as kopf leaves it mid-handling: progress of a handler in an annotation and (objects
+    handled by older kopf) in status.kopf.progress."""
+    out = copy.deepcopy(raw)
+    out["metadata"]["annotations"]["kopf.zalando.org/app_reconcile"] = '{"started": "2026-01-01T00:00:00"}'
+    out["metadata"]["annotations"]["kopf.zalando.org/touch-dummy"] = "x"
+    out.setdefault("status", {})["kopf"] = {"progress": {"app_reconcile": {"retries": 1}}, "dummy": "y"}
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_progress_is_cleared_as_kopf_clears_it_without_copying_the_spec(case: str) -> None:
+    raw, extra = CASES[case]
+    fields = [*(extra or []), "status"]  # keep status in the essence too, where the progress may be
+    for body in (raw, _with_progress(raw)):
+        essence = kopf.AnnotationsDiffBaseStorage().build(body=kopf.Body(body), extra_fields=fields)
+        before = copy.deepcopy(essence)
+        ours = LeanProgressStorage().clear(essence=essence)
+        theirs = kopf.SmartProgressStorage().clear(essence=essence)
+        assert json.dumps(ours, sort_keys=True) == json.dumps(theirs, sort_keys=True)
+        assert essence == before  # the essence given is left as it was
+        if "spec" in essence:
+            assert ours["spec"] is essence["spec"]  # shared, not copied

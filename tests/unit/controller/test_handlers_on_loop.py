@@ -3,7 +3,8 @@
 kopf runs a plain `def` handler in a worker thread. The pod and node watch handlers were plain functions:
 they mutated the cluster view from threads while an arbiter round or another handler iterated it on the
 loop, and at 1000 Apps against a real API server a pod event failed with "dictionary changed size during
-iteration" (the pod was then missing from the view)."""
+iteration" (the pod was then missing from the view). Indexers too: the App claims index ran in a thread
+for every App watch event, a thread hand-off for each of a round's own status writes."""
 
 from __future__ import annotations
 
@@ -19,10 +20,16 @@ BEFORE_WATCHING = {"login", "configure"}
 
 def test_handlers_touching_shared_state_are_coroutines() -> None:
     registry, _ = make_registry(OperatorConfig())
-    kinds = (registry._activities, registry._watching, registry._spawning, registry._changing)
+    kinds = (
+        registry._activities,
+        registry._indexing,
+        registry._watching,
+        registry._spawning,
+        registry._changing,
+    )
     handlers = [h for kind in kinds for h in kind.get_all_handlers()]
     names = {str(h.id).split(".")[-1].split("/")[0] for h in handlers}
-    assert {"node_event", "pod_event", "app_reconcile", "app_tick"} <= names
+    assert {"node_event", "pod_event", "app_reconcile", "app_tick", "app_claims"} <= names
     threaded = [
         str(h.id)
         for h in handlers

@@ -6,8 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tessera.api.app import AppStatus
+from tessera.controller.apps import record_from_body
 from tessera.controller.config import OperatorConfig
-from tessera.controller.status_writes import rho_moved, status_due, written
+from tessera.controller.status_writes import VOLATILE, rho_moved, status_due, written
+
+from tests.unit.controller.test_leases import body, job
 
 T0 = 1_700_000_000.0
 
@@ -68,3 +72,20 @@ def test_config_defaults_and_validation() -> None:
         OperatorConfig(status_rho_tolerance=-0.1)
     with pytest.raises(ValueError, match="staleness"):
         OperatorConfig(status_max_staleness_s=0.0)
+
+
+def test_the_volatile_fields_are_the_wire_names_of_the_status() -> None:
+    """GPU-seconds grow every round an App holds GPUs: they ride along, never make a write due. The list
+    once spelled activeGpuSeconds while the wire says activeGPUSeconds, and every App holding GPUs was
+    re-written by every round."""
+    wire = AppStatus(rho=1.0).to_wire()
+    assert set(VOLATILE) <= set(wire)
+    before = st(activeGPUSeconds=100.0)
+    assert not due(before, st(activeGPUSeconds=160.0))
+
+
+def test_gpu_seconds_survive_a_restart() -> None:
+    """The record read back from a written status carries the App's GPU-seconds (a restart read the
+    misspelled activeGpuSeconds and started every App's attained service from 0)."""
+    raw = body([job("j", 1)], status=AppStatus(active_gpu_seconds=1234.5).to_wire())
+    assert record_from_body(raw, T0).active_gpu_seconds == 1234.5

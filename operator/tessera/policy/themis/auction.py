@@ -15,7 +15,7 @@ from typing import Literal
 from tessera.cluster import Cluster, Locality
 from tessera.cluster.pool import FreePool
 from tessera.policy.themis.bids import Bid
-from tessera.policy.themis.nsw import Solution, exact_nsw, exact_size, greedy_nsw, objective
+from tessera.policy.themis.nsw import Solution, WarmStart, exact_nsw, exact_size, greedy_nsw, objective
 
 SolverName = Literal["auto", "exact", "greedy"]
 
@@ -36,7 +36,7 @@ def solve_pf(
     offer: Sequence[str],
     solver: SolverName = "auto",
     exact_limit: int = 20_000,
-    start: Mapping[str, Sequence[str]] | None = None,
+    start: Mapping[str, Sequence[str]] | WarmStart | None = None,
 ) -> tuple[Solution, str]:
     """One NSW solve. `start` (greedy only) warm-starts from a partial allocation outside `offer`."""
     use_exact = solver == "exact" or (
@@ -65,6 +65,7 @@ def run_auction(
     payment: dict[str, float] = {}
     without: dict[str, Solution] = {}
     logs_pf = {b.app_id: b.log_rho(len(pf[b.app_id]), _loc(b, cluster, pf[b.app_id])) for b in bids}
+    warm = WarmStart(pf)  # shared by the warm starts below
     for b in bids:
         others = [o for o in bids if o.app_id != b.app_id]
         if not others:
@@ -79,15 +80,18 @@ def run_auction(
         else:
             # Warm start: everyone else keeps their PF bundle and the greedy hands out i's GPUs. For
             # separable concave utilities this is the exact optimum without i (supply only grew).
-            sol, _ = solve_pf(others, cluster, pf[b.app_id], "greedy", start=pf)
-            best_alt = objective(others, cluster, sol)
+            sol, _ = solve_pf(others, cluster, pf[b.app_id], "greedy", start=warm)
             if len(bids) * len(offer) <= 4096:  # small: also solve from scratch, keep the better one
                 cold, _ = solve_pf(others, cluster, offer, "greedy")
-                if objective(others, cluster, cold) < best_alt:
+                if objective(others, cluster, cold) < objective(others, cluster, sol):
                     sol = cold
         without[b.app_id] = sol
+        # A bidder whose bundle is the same without i adds exactly 0 to the sum: only the others that
+        # gained from i's GPUs are evaluated (a warm start changes a few of the N bundles, not all).
         log_c = sum(
-            o.log_rho(len(sol[o.app_id]), _loc(o, cluster, sol[o.app_id])) - logs_pf[o.app_id] for o in others
+            o.log_rho(len(sol[o.app_id]), _loc(o, cluster, sol[o.app_id])) - logs_pf[o.app_id]
+            for o in others
+            if sol[o.app_id] != pf[o.app_id]
         )
         # A heuristic solve can make the "without i" welfare look worse than with i; c is at most 1.
         payment[b.app_id] = min(1.0, math.exp(log_c))

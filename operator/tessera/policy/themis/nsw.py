@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from tessera.cluster import Cluster, Locality
 from tessera.cluster.pool import Anchor, FreePool
@@ -64,15 +65,34 @@ def exact_size(n_bidders: int, n_gpus: int) -> int:
     return int((n_bidders + 1) ** n_gpus)
 
 
+@dataclass(slots=True)
+class WarmStart:
+    """What the warm starts of one auction share (one per bidder, each handing out that bidder's bundle to
+    the others): the start allocation, each bidder's anchor on it, and each bidder's evaluations by what
+    they read of the pool. Most bidders are untouched by any one warm start; without this, each of the N
+    solves rebuilt and re-evaluated all N of them (O(N²) a round). Shared anchors are read-only."""
+
+    alloc: Mapping[str, Sequence[str]]
+    anchors: dict[str, Anchor] = field(default_factory=dict)
+    gains: dict[str, dict[tuple[object, ...], tuple[float, int]]] = field(default_factory=dict)
+
+    def anchor(self, b: Bid, cluster: Cluster) -> Anchor:
+        a = self.anchors.get(b.app_id)
+        if a is None:
+            a = self.anchors[b.app_id] = b.held.copy()
+            a.add(cluster, self.alloc.get(b.app_id, ()))
+        return a
+
+
 def greedy_nsw(
     bids: Sequence[Bid],
     cluster: Cluster,
     pool: FreePool,
-    start: Mapping[str, Sequence[str]] | None = None,
+    start: Mapping[str, Sequence[str]] | WarmStart | None = None,
     polish_limit: int = 8,
 ) -> Solution:
     """Greedy marginal-gain NSW. Takes GPUs out of `pool`; `start` is a warm start (GPUs not in pool)."""
-    greedy = _Greedy(bids, cluster, pool, start)
+    greedy = _Greedy(bids, cluster, pool, start if isinstance(start, WarmStart) else WarmStart(start or {}))
     greedy.seat_entrants()
     greedy.grow()
     alloc = greedy.alloc
@@ -84,25 +104,37 @@ def greedy_nsw(
 class _Greedy:
     """The greedy's state: each bidder's GPUs so far and where they sit (its anchor)."""
 
-    def __init__(
-        self, bids: Sequence[Bid], cluster: Cluster, pool: FreePool, start: Mapping[str, Sequence[str]] | None
-    ) -> None:
-        self.bids, self.cluster, self.pool = bids, cluster, pool
-        self.alloc: Solution = {b.app_id: list((start or {}).get(b.app_id, ())) for b in bids}
-        self.anchors: dict[str, Anchor] = {}
-        for b in bids:
-            a = b.held.copy()
-            a.add(cluster, self.alloc[b.app_id])
-            self.anchors[b.app_id] = a
+    def __init__(self, bids: Sequence[Bid], cluster: Cluster, pool: FreePool, start: WarmStart) -> None:
+        self.bids, self.cluster, self.pool, self.start = bids, cluster, pool, start
+        self.alloc: Solution = {b.app_id: list(start.alloc.get(b.app_id, ())) for b in bids}
+        self._grown: dict[str, Anchor] = {}  # anchors of the bidders given GPUs here (own copies)
         self.maxima = pool.max_free()
 
+    def anchor(self, b: Bid) -> Anchor:
+        """Where the bidder's GPUs sit: the warm start's anchor until this solve gives it GPUs."""
+        own = self._grown.get(b.app_id)
+        return own if own is not None else self.start.anchor(b, self.cluster)
+
     def evaluate(self, b: Bid) -> tuple[float, int]:
-        """The bidder's best gain per GPU in Σ log 1/ρ and the increment d that gets it (0: none helps)."""
+        """The bidder's best gain per GPU in Σ log 1/ρ and the increment d that gets it (0: none helps).
+        Remembered by everything it reads (GPUs held, their locality, what `predict` reads of the pool):
+        the same inputs give the same answer in every solve of the auction."""
         k = len(self.alloc[b.app_id])
-        anchor = self.anchors[b.app_id]
+        anchor = self.anchor(b)
         cur = b.log_rho(k, anchor.locality())
+        top = min(b.cap - k, self.pool.size)
+        if top < 1:
+            return 0.0, 0
+        key = (k, anchor.count, anchor.locality(), *self.pool.outlook(anchor, self.maxima))
+        seen = self.start.gains.setdefault(b.app_id, {})
+        got = seen.get(key)
+        if got is None:
+            got = seen[key] = self._evaluate(b, k, top, anchor, cur)
+        return got
+
+    def _evaluate(self, b: Bid, k: int, top: int, anchor: Anchor, cur: float) -> tuple[float, int]:
         best_g, best_d = 0.0, 0
-        for d in range(1, min(b.cap - k, self.pool.size) + 1):
+        for d in range(1, top + 1):
             loc = self.pool.predict(anchor, d, self.maxima)
             if loc is None:
                 break
@@ -112,9 +144,12 @@ class _Greedy:
         return best_g, best_d
 
     def take(self, b: Bid, d: int, grow_to: int) -> None:
-        got = self.pool.take(self.anchors[b.app_id], d, grow_to=grow_to)
+        anchor = self._grown.get(b.app_id)
+        if anchor is None:
+            anchor = self._grown[b.app_id] = self.anchor(b).copy()
+        got = self.pool.take(anchor, d, grow_to=grow_to)
         self.alloc[b.app_id].extend(got)
-        self.anchors[b.app_id].add(self.cluster, got)
+        anchor.add(self.cluster, got)
 
     def seat_entrants(self) -> None:
         """Entrants (holding nothing, ρ_old = ρ_cap) all win a first GPU before anyone grows, because that
