@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tessera.api import contract
 
 from tests.integration.k8s.controlplane import (
     ROOT,
@@ -531,7 +532,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         if node is None:
             return False
         conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
-        return conditions.get("Ready") == "True" and not node["spec"].get("taints")
+        # The lifecycle controller's not-ready/unreachable taints gone; the agent's GPU-node reservation
+        # (chart value gpuNodes.reserve) is no sign of an unready node.
+        taints = [t for t in node["spec"].get("taints") or [] if t.get("key") != contract.TAINT_GPU_NODE_KEY]
+        return conditions.get("Ready") == "True" and not taints
 
     # --- introspection ----------------------------------------------------------------------------------
     def memory_mib(self) -> dict[str, float]:
