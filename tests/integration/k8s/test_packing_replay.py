@@ -176,5 +176,14 @@ def test_replay_matches_the_as_deployed_simulator(
             )
             assert real[p] == pytest.approx(ours, abs=0.5), (p, same, len(stream))
     finally:
+        # Leave the shared control plane quiet for the tests after this one: the replay's few hundred pods
+        # gone (not left to the namespace's deletion and pod GC, whose events flood every operator's watch
+        # for minutes), then its nodes.
+        cluster.request("DELETE", f"/api/v1/namespaces/{namespace}/pods?gracePeriodSeconds=0")
+        wait_until(
+            lambda: not (cluster.get(f"/api/v1/namespaces/{namespace}/pods") or {}).get("items"),
+            180,
+            "the replay's pods to be gone",
+        )
         for name in created:
             cluster.request("DELETE", f"/api/v1/nodes/{name}")

@@ -106,7 +106,8 @@ async def test_borrow_up_to_max_then_reclaim_at_lease_end(
             120,
             "3 pods of A",
         )
-        assert gpus(cluster, t["a"], "burst") == 3
+        # Statuses are written after the pods; wait for A's.
+        await wait_for(lambda: gpus(cluster, t["a"], "burst") == 3, 60, "A's status")
         st = await wait_for(
             lambda: (s := queue_status(cluster, t["a.queue"])).get("allocatedGPUs") == 3 and s,
             60,
