@@ -410,8 +410,10 @@ async def kmock_server() -> AsyncIterator[kmock.KubernetesEmulator]:
 @contextlib.asynccontextmanager
 async def kmock_operator(k: kmock.KubernetesEmulator, settings: dict[str, Any]) -> AsyncIterator[Controller]:
     """The operator as kmock_env.running_operator starts it, given longer to stop: with 1000 Apps kopf
-    takes more than that fixture's 15 s to wind down its timers against kmock."""
-    config = OperatorConfig(standalone=True, **settings)
+    takes more than that fixture's 15 s to wind down its timers against kmock. kmock serves no Queue kind
+    and cannot list Namespaces: their watches are off, as in that fixture (else kopf's namespace watcher
+    gives up on kmock's errors and stops the operator)."""
+    config = OperatorConfig(standalone=True, **({"queues": False, "watch_namespaces": False} | settings))
     registry, ctl = make_registry(config, kopf.ConnectionInfo(server=str(k.url), insecure=True))
     stop = asyncio.Event()
     task = asyncio.create_task(

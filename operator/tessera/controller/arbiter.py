@@ -11,7 +11,9 @@ timers and handlers, which kopf pauses on a lower-priority peer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import gc
 import logging
 import math
 import random
@@ -151,7 +153,7 @@ class Arbiter:
     async def run_round(self, now: float) -> RoundReport:
         self._held = {}
         try:
-            with self.passes.timing():
+            with self.passes.timing(), cyclic_gc_deferred():
                 return await self._run_round(now)
         finally:
             self._earliest_expiry = None  # the round expired and granted leases
@@ -545,6 +547,23 @@ class Arbiter:
 
     def _post(self, rec: AppRecord, type_: str, reason: str, message: str) -> None:
         self.ctx.event(app_owner(rec), type_, reason, message)
+
+
+@contextlib.contextmanager
+def cyclic_gc_deferred() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a round runs, back as it was once the round is done.
+
+    The operator holds a few hundred thousand long-lived objects (records, the cluster view, kopf's
+    per-object state), and a 1000-App round allocated enough to trigger two or three full collections,
+    each walking all of them: 0.9-1.7 s of a round's 4.8-7.8 s of operator CPU. Reference counting still
+    frees what the round drops; what forms cycles waits for the first automatic collection after it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def app_owner(rec: AppRecord) -> Owner:
