@@ -104,6 +104,13 @@ def describe(node: Node, namespace: str) -> str:
         st = pod.get("status", {})
         states = {c["name"]: c.get("state") for c in st.get("containerStatuses", [])}
         lines.append(f"{pod['metadata']['name']}: {st.get('phase')} {json.dumps(states)[:600]}")
+        unscheduled = [
+            f"{c.get('reason')}: {c.get('message')}"
+            for c in st.get("conditions") or []
+            if c.get("type") == "PodScheduled" and c.get("status") == "False"
+        ]
+        if unscheduled:
+            lines.append(f"  not scheduled: {unscheduled[0][:600]}")
         for cs in st.get("containerStatuses", []):
             if cs.get("restartCount"):
                 query = f"?container={cs['name']}&previous=true&tailLines=5"
@@ -114,15 +121,21 @@ def describe(node: Node, namespace: str) -> str:
     return "\n".join(lines)
 
 
-@pytest.fixture
-def namespace(namespace: str, node: Node) -> str:
-    """The conftest's fresh namespace, labelled so that the chart routes its pods to tessera-scheduler."""
+def route_to_tessera(node: Node, namespace: str) -> str:
+    """Label a namespace so that the chart's admission policy routes its pods to tessera-scheduler, with the
+    toleration of the taint gpuNodes.reserve has the agent put on its node."""
     labels = {"metadata": {"labels": {contract.LABEL_GPU_NODES_NAMESPACE: "true"}}}
     status, got = node.plane.request(
         "PATCH", f"/api/v1/namespaces/{namespace}", labels, content_type="application/merge-patch+json"
     )
     assert status == 200, got
     return namespace
+
+
+@pytest.fixture
+def namespace(namespace: str, node: Node) -> str:
+    """The conftest's fresh namespace, labelled so that the chart routes its pods to tessera-scheduler."""
+    return route_to_tessera(node, namespace)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The chart with `lanes.api: auto` on the real node (Kubernetes 1.37, so DRA): the agent's DaemonSet runs the
 DRA driver under its own ServiceAccount (the chart's grants), the chart's DeviceClass selects its GPUs, and a
-pod's claim is allocated by the default kube-scheduler and prepared by the agent pod (issue 30).
+pod's claim is allocated by kube-scheduler (the chart's tessera-scheduler, to which gpuNodes.reserve routes a
+labelled namespace's pods) and prepared by the agent pod (issue 30).
 
 Then the operator in DRA mode (the chart passes it `--lanes-api dra`): an App, a TrialGroup and a
 ModelDeployment run end to end with no extender, each pod's ResourceClaimTemplate selecting the GPUs the
@@ -24,7 +25,15 @@ from tests.integration.k8s.controlplane import wait_until
 from tests.unit.chart.chart_render import CHART
 
 from .node import Node
-from .test_chart_on_node import chart_values, describe, modeldeployment, pod_log, pods, ready
+from .test_chart_on_node import (
+    chart_values,
+    describe,
+    modeldeployment,
+    pod_log,
+    pods,
+    ready,
+    route_to_tessera,
+)
 from .test_dra_on_node import (
     DEADLINE_S,
     GPU0,
@@ -81,6 +90,9 @@ def test_auto_on_137_runs_the_dra_driver_and_a_claim_gets_its_lane(
     assert status == 200, dc
     # published by the agent pod with the chart's grants
     wait_until(lambda: published_slice(node) is not None, DEADLINE_S, "the agent pod's ResourceSlice")
+    # The chart keeps its GPU node for tessera-scheduler (gpuNodes.reserve, as in every chart test here): a
+    # user's pod with a claim gets there through a labelled namespace, and that scheduler allocates the claim.
+    route_to_tessera(node, namespace)
     lane_template(node, namespace, "lane-30", "10Gi", "30")
     lane_pod(node, namespace, "p", "lane-30", sleep_s=3600)
     try:
