@@ -140,10 +140,22 @@ def allocated_devices(node: Node, namespace: str, pod: dict[str, Any]) -> list[s
 
 def selected_uuids(node: Node, namespace: str, pod: dict[str, Any]) -> list[str]:
     """The UUIDs the pod's ResourceClaimTemplate (the operator's) selects, in request order."""
-    got = node.plane.get(
-        f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates/{pod['metadata']['name']}"
+    path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates/{pod['metadata']['name']}"
+    answers: list[tuple[int, Any]] = []
+
+    def read() -> tuple[int, Any] | None:
+        # A busy API server may answer a GET with a 429 or 5xx: retried; a 404 is an answer.
+        answers.append(node.plane.request("GET", path))
+        return answers[-1] if answers[-1][0] in (200, 404) else None
+
+    try:
+        status, got = wait_until(read, 60, f"a readable {path}")
+    except TimeoutError as err:
+        raise AssertionError(f"{err}: {answers[-3:]}") from err
+    holder = node.plane.get(f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}") or {}
+    assert status == 200, (
+        f"{path}: 404; its pod is deleting since {holder.get('metadata', {}).get('deletionTimestamp')}"
     )
-    assert isinstance(got, dict), got
     exprs = [
         r["exactly"]["selectors"][0]["cel"]["expression"] for r in got["spec"]["spec"]["devices"]["requests"]
     ]
