@@ -12,6 +12,9 @@ takes 10-30 s of CPU; ``tests/bench/bench_symphony_fig7a.py`` measures the full 
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
 import pytest
 from tessera.sim.serving.cluster_sim import per_model_goodput
 from tessera.sim.serving.zoo import symphony_zoo
@@ -22,21 +25,21 @@ PAPER_LOW, PAPER_HIGH = 1.35, 2.02
 def _ratio(
     gpus_per_model: int, shape: float, *, seeds: tuple[int, ...] = (0, 1), measure: float = 5.0
 ) -> float:
+    """Symphony's goodput over eager's; the two searches are independent, so they run side by side in two
+    processes (spawn: no threads of the test process copied mid-lock)."""
     models = symphony_zoo()
-    g = {
-        p: per_model_goodput(
-            p,
-            models,
-            gpus_per_model * len(models),
-            measure=5.0,
-            warmup=1.0,
-            seeds=[0, 1],
-            cv=shape**-0.5,
-            rel_tol=0.02,
-            get_batch="earlyDropForTarget",
-        )
-        for p in ("symphony", "eager")
+    kwargs = {
+        "measure": measure,
+        "warmup": 1.0,
+        "seeds": list(seeds),
+        "cv": shape**-0.5,
+        "rel_tol": 0.02,
+        "get_batch": "earlyDropForTarget",
     }
+    n = gpus_per_model * len(models)
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {p: pool.submit(per_model_goodput, p, models, n, **kwargs) for p in ("symphony", "eager")}
+        g = {p: f.result() for p, f in futures.items()}
     return g["symphony"] / g["eager"]
 
 
@@ -75,7 +78,8 @@ def test_fig7a_one_gpu_per_model_poisson_within_the_papers_band() -> None:
     "not give the ratio per Gamma shape",
 )
 def test_fig7a_two_gpus_per_model_gamma_0_1_within_the_papers_band() -> None:
-    # One seed × 3 s (bursty runs cost more per request): 1.23x at this small sample, deterministic; the
-    # benchmark's 3 seeds × 10 s give 1.04x.
+    # One seed × 3 s (bursty runs cost more per request): 1.11x at this small sample, deterministic (1.23x
+    # with 2 seeds × 5 s, which this test ran until `_ratio` honoured its arguments); the benchmark's
+    # 3 seeds × 10 s give 1.04x.
     r = _ratio(2, 0.1, seeds=(0,), measure=3.0)
     assert PAPER_LOW <= r <= PAPER_HIGH, r
