@@ -62,6 +62,37 @@ def pod_log(node: Node, namespace: str, name: str, container: str = "") -> str:
     return body if status == 200 and isinstance(body, str) else ""
 
 
+def workload_template(
+    node: Node,
+    container: str,
+    command: list[str],
+    *,
+    host_dir: tuple[str, Any] | None = None,
+    socket_group: bool = False,
+) -> dict[str, Any]:
+    """The pod template of a workload run from the project's image: one container running `command`, never
+    restarted; `host_dir` (name, path) is a host directory mounted at /<name>; `socket_group` adds the
+    agent sockets' group, as a user's pod that reports progress needs."""
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": container,
+                "image": node.images["TESSERA_IMAGE"],
+                "imagePullPolicy": "Never",
+                "command": command,
+            }
+        ],
+    }
+    if socket_group:
+        spec["securityContext"] = {"supplementalGroups": [SOCKET_GROUP]}
+    if host_dir is not None:
+        name, path = host_dir
+        spec["containers"][0]["volumeMounts"] = [{"name": name, "mountPath": f"/{name}"}]
+        spec["volumes"] = [{"name": name, "hostPath": {"path": str(path), "type": "Directory"}}]
+    return {"spec": spec}
+
+
 def chart_values(node: Node) -> dict[str, Any]:
     repository, tag = node.images["TESSERA_IMAGE"].rsplit(":", 1)
     host = node.host_dir
@@ -302,20 +333,9 @@ def test_an_app_job_reports_progress_from_its_container_and_completes(
         "kind": contract.KIND_APP,
         "metadata": {"name": "train"},
         "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "securityContext": {"supplementalGroups": [SOCKET_GROUP]},
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": node.images["TESSERA_IMAGE"],
-                            "imagePullPolicy": "Never",
-                            "command": ["python", "-c", TRAIN, str(iters)],
-                        }
-                    ],
-                }
-            },
+            "template": workload_template(
+                node, "train", ["python", "-c", TRAIN, str(iters)], socket_group=True
+            ),
             "jobs": [{"name": "j", "iterTotal": iters, "iterTimeSerialSeconds": 0.5, "maxGPUs": 1}],
         },
     }
@@ -402,22 +422,13 @@ def test_a_trialgroup_runs_three_trials_at_once_on_lanes_of_one_gpu(
         "kind": contract.KIND_TRIALGROUP,
         "metadata": {"name": "tg"},
         "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "securityContext": {"supplementalGroups": [SOCKET_GROUP]},
-                    "containers": [
-                        {
-                            "name": "trial",
-                            "image": node.images["TESSERA_IMAGE"],
-                            "imagePullPolicy": "Never",
-                            "command": ["python", "-c", TRIAL, str(budget)],
-                            "volumeMounts": [{"name": "barrier", "mountPath": "/barrier"}],
-                        }
-                    ],
-                    "volumes": [{"name": "barrier", "hostPath": {"path": str(barrier), "type": "Directory"}}],
-                }
-            },
+            "template": workload_template(
+                node,
+                "trial",
+                ["python", "-c", TRIAL, str(budget)],
+                host_dir=("barrier", barrier),
+                socket_group=True,
+            ),
             "gpus": 1,
             "fluid": {"maxPackPerGPU": 3},
             "trials": [
@@ -494,21 +505,7 @@ def leased_app(node: Node, name: str, max_gpus: int, marks: str) -> dict[str, An
         "kind": contract.KIND_APP,
         "metadata": {"name": name},
         "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": node.images["TESSERA_IMAGE"],
-                            "imagePullPolicy": "Never",
-                            "command": ["python", "-c", LEASED],
-                            "volumeMounts": [{"name": "marks", "mountPath": "/marks"}],
-                        }
-                    ],
-                    "volumes": [{"name": "marks", "hostPath": {"path": marks, "type": "Directory"}}],
-                }
-            },
+            "template": workload_template(node, "train", ["python", "-c", LEASED], host_dir=("marks", marks)),
             "jobs": [{"name": "j", "iterTotal": 100000, "iterTimeSerialSeconds": 1.0, "maxGPUs": max_gpus}],
         },
     }
@@ -897,19 +894,7 @@ def steady_app(node: Node) -> dict[str, Any]:
         "kind": contract.KIND_APP,
         "metadata": {"name": "steady"},
         "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": node.images["TESSERA_IMAGE"],
-                            "imagePullPolicy": "Never",
-                            "command": ["python", "-c", "import signal; signal.pause()"],
-                        }
-                    ],
-                }
-            },
+            "template": workload_template(node, "train", ["python", "-c", "import signal; signal.pause()"]),
             "jobs": [{"name": "j", "iterTotal": 100000, "iterTimeSerialSeconds": 1.0, "maxGPUs": 1}],
         },
     }

@@ -33,6 +33,7 @@ from .test_chart_on_node import (
     pods,
     ready,
     route_to_tessera,
+    workload_template,
 )
 from .test_dra_on_node import (
     DEADLINE_S,
@@ -209,21 +210,9 @@ def test_dra_app_job_runs_on_its_leased_gpus_and_reports_progress(
         "kind": contract.KIND_APP,
         "metadata": {"name": "train"},
         "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": node.images["TESSERA_IMAGE"],
-                            "imagePullPolicy": "Never",
-                            "command": ["python", "-c", JOB, str(iters)],
-                            "volumeMounts": [{"name": "marks", "mountPath": "/marks"}],
-                        }
-                    ],
-                    "volumes": [{"name": "marks", "hostPath": {"path": str(marks), "type": "Directory"}}],
-                }
-            },
+            "template": workload_template(
+                node, "train", ["python", "-c", JOB, str(iters)], host_dir=("marks", marks)
+            ),
             "jobs": [{"name": "j", "iterTotal": iters, "iterTimeSerialSeconds": 0.5, "maxGPUs": FAKE_GPUS}],
         },
     }
@@ -306,21 +295,9 @@ def test_dra_trialgroup_packs_three_trials_on_the_planned_gpu(
         "kind": contract.KIND_TRIALGROUP,
         "metadata": {"name": "tg"},
         "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "trial",
-                            "image": node.images["TESSERA_IMAGE"],
-                            "imagePullPolicy": "Never",
-                            "command": ["python", "-c", TRIAL, str(budget)],
-                            "volumeMounts": [{"name": "barrier", "mountPath": "/barrier"}],
-                        }
-                    ],
-                    "volumes": [{"name": "barrier", "hostPath": {"path": str(barrier), "type": "Directory"}}],
-                }
-            },
+            "template": workload_template(
+                node, "trial", ["python", "-c", TRIAL, str(budget)], host_dir=("barrier", barrier)
+            ),
             "gpus": 1,
             "fluid": {"maxPackPerGPU": 3},
             "trials": [
