@@ -194,9 +194,21 @@ async def test_trials_packed_on_lanes_then_replanned_when_trials_succeed(
             "message"
         ]
         await asyncio.to_thread(set_pod_phase, cluster, namespace, lane_pods["d"], "Succeeded")
-        (new_a,) = await wait_for(
-            lambda: (p := by_trial(cluster, namespace).get("a")) and bound(p) and p, 120, "A's new pod bound"
-        )
+        try:
+            (new_a,) = await wait_for(
+                lambda: (p := by_trial(cluster, namespace).get("a")) and bound(p) and p,
+                120,
+                "A's new pod bound",
+            )
+        except AssertionError as err:
+            # Which refusals kube-scheduler got after D ended, and when: a retry the extender answered
+            # before it saw D end leaves the pod waiting for the next cluster event.
+            tried = [
+                (e.get("lastTimestamp") or e.get("eventTime"), e.get("count"), e.get("message", "")[:200])
+                for e in events(cluster, namespace, "FailedScheduling")
+                if e["involvedObject"]["name"] == new_name
+            ]
+            raise AssertionError(f"{err}\nFailedScheduling of {new_name}: {tried}") from err
         assert assignment_of(new_a)["gpuUUIDs"] == [f"GPU-{node}-{i}" for i in range(3)]
         # A's old pod went with the preemption grace; the finished trials' pods were never deleted.
         await wait_for(lambda: old_a in kl.grace, 60, "A's old pod deleted")

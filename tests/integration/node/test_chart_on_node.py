@@ -620,6 +620,37 @@ def modeldeployment(node: Node) -> dict[str, Any]:
     }
 
 
+def serving_path(node: Node, namespace: str, model: str = "early-exit") -> str:
+    """For a failed wait on a ModelDeployment "m": each hop of the serving path tried from the host, so the
+    failure says which one is broken (the gateway's answer, each worker's, the cluster DNS's for the
+    workers' names, which the gateway resolves on every health check)."""
+    lines = []
+    svc = node.plane.get(f"/api/v1/namespaces/{namespace}/services/m-gateway") or {}
+    gateway_port = next(iter((svc.get("spec") or {}).get("ports") or []), {}).get("targetPort", 8000)
+    for p in pods(node, namespace, f"{contract.LABEL_MODELDEPLOYMENT}=m"):
+        ip = p.get("status", {}).get("podIP")
+        role = p["metadata"]["labels"].get(contract.LABEL_ROLE)
+        port = 9001 if role == "worker" else gateway_port
+        url = f"http://{ip}:{port}/v2/models/{model}/ready"
+        t0 = time.monotonic()
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                answer = str(resp.status)
+        except Exception as err:  # any failure is the diagnosis
+            answer = repr(err)
+        lines.append(
+            f"  {role} {p['metadata']['name']}: GET {url} -> {answer} in {time.monotonic() - t0:.2f}s"
+        )
+        if role == "worker" and node.dns is not None:
+            name = f"{p['spec'].get('hostname')}.{p['spec'].get('subdomain')}.{namespace}.svc.cluster.local"
+            t0 = time.monotonic()
+            found = node.dns.lookup(name)
+            lines.append(f"  cluster DNS {name} -> {found} in {time.monotonic() - t0:.2f}s")
+    if node.dns is not None:
+        lines.append(f"  cluster DNS queries answered so far: {node.dns.queries}")
+    return "serving path from the host:\n" + "\n".join(lines)
+
+
 def test_a_modeldeployment_serves_tritonclient_through_its_service_and_scales_with_load(
     node: Node, release: helm.Config, namespace: str
 ) -> None:
@@ -659,7 +690,9 @@ def test_a_modeldeployment_serves_tritonclient_through_its_service_and_scales_wi
             p["metadata"]["name"]: pod_log(node, namespace, p["metadata"]["name"])[-2000:]
             for p in pods(node, namespace, f"{contract.LABEL_MODELDEPLOYMENT}=m")
         }
-        raise AssertionError(f"{err}\nstatus: {md()}\n{describe(node, namespace)}\nlogs: {logs}") from err
+        raise AssertionError(
+            f"{err}\nstatus: {md()}\n{describe(node, namespace)}\nlogs: {logs}\n{serving_path(node, namespace)}"
+        ) from err
 
     rng = np.random.default_rng(0)
 

@@ -33,6 +33,7 @@ from .test_chart_on_node import (
     pods,
     ready,
     route_to_tessera,
+    serving_path,
     workload_template,
 )
 from .test_dra_on_node import (
@@ -46,6 +47,7 @@ from .test_dra_on_node import (
     logged,
     phase,
     pod_claim,
+    pod_claim_gone,
     published_slice,
 )
 
@@ -115,6 +117,21 @@ def test_auto_on_137_runs_the_dra_driver_and_a_claim_gets_its_lane(
     assert cdi_specs(node, uid)
     node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/p")
     wait_until(lambda: not cdi_specs(node, uid), DEADLINE_S, "the agent pod to unprepare the claim")
+    # The pod went through tessera-scheduler, whose bind wrote its GPU into the pod: the operator counts
+    # GPU 0 as taken until the pod is gone, so the next test (which wants both GPUs) waits for that here.
+    wait_until(
+        lambda: node.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/p")[0] == 404,
+        DEADLINE_S,
+        "the lane pod to be gone",
+    )
+    wait_until(lambda: pod_claim_gone(node, namespace, claim), DEADLINE_S, "the pod's claim to be deleted")
+
+
+def gpus_unclaimed(node: Node) -> bool:
+    """No ResourceClaim holds a device: the operator counts an allocated claim's GPU as taken, so a test
+    that wants both GPUs waits for claims of earlier tests (deleted with their pods or namespaces)."""
+    got = node.plane.get(f"{RESOURCE_API}/resourceclaims") or {}
+    return not [c for c in got.get("items", []) if (c.get("status") or {}).get("allocation")]
 
 
 # --- the operator's pods in DRA mode ---------------------------------------------------------------------------
@@ -201,6 +218,7 @@ def test_dra_app_job_runs_on_its_leased_gpus_and_reports_progress(
 ) -> None:
     """Themis leases both GPUs to the job; its one pod's claim selects them (two requests, by UUID), and the
     container sees both, in the lease's order; the job's progress reports pass the agent's DRA check."""
+    wait_until(lambda: gpus_unclaimed(node), DEADLINE_S, "earlier tests' claims to release the GPUs")
     marks = node.host_dir / f"marks-{namespace}"
     marks.mkdir(mode=0o777)
     marks.chmod(0o777)
@@ -286,6 +304,7 @@ def test_dra_trialgroup_packs_three_trials_on_the_planned_gpu(
 ) -> None:
     """Fluid packs three trials on the group's one GPU: three claims of a third each, all selecting that GPU,
     running at once with their lanes; the trials' progress reaches the operator through the agent."""
+    wait_until(lambda: gpus_unclaimed(node), DEADLINE_S, "earlier tests' claims to release the GPUs")
     barrier = node.host_dir / f"barrier-{namespace}"
     barrier.mkdir(mode=0o777)
     barrier.chmod(0o777)
@@ -369,6 +388,7 @@ def test_dra_modeldeployment_spreads_its_replicas_as_placed_and_serves(
     """Two replicas of half a GPU each: the operator places one per GPU, where kube-scheduler's allocator,
     unasked, would put both on gpu-0 (the first device they fit). Each worker runs on the GPU of its
     replica group, and the model answers behind the gateway's ClusterIP."""
+    wait_until(lambda: gpus_unclaimed(node), DEADLINE_S, "earlier tests' claims to release the GPUs")
     md = modeldeployment(node)
     md["spec"]["traffic"]["expectedRps"] = 8  # 5 requests/s per replica (see test_chart_on_node): two
     md["spec"]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", WORKER]
@@ -417,7 +437,9 @@ def test_dra_modeldeployment_spreads_its_replicas_as_placed_and_serves(
             for w in workers
         ]
     except TimeoutError as err:
-        raise AssertionError(f"{err}\nstatus: {st()}\n{describe(node, namespace)}") from err
+        raise AssertionError(
+            f"{err}\nstatus: {st()}\n{describe(node, namespace)}\n{serving_path(node, namespace)}"
+        ) from err
     indices = sorted(placed(w)[0] for w, _, _ in seen)
     assert indices == [0, 1], indices  # one replica per GPU: the operator's placement, not first fit
     assert sorted(groups) == [f"{node.name}/{i}" for i in indices], groups
