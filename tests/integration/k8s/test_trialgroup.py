@@ -14,6 +14,7 @@ import asyncio
 import json
 import re
 import time
+import traceback
 from typing import Any
 
 from tessera.api import contract
@@ -249,8 +250,12 @@ async def test_deletion_during_a_tick_waits_for_the_tick_not_a_minute(
         entered, gate = asyncio.Event(), asyncio.Event()
         reconcile = tuning.reconcile
 
+        callers: list[str] = []  # who ran the held pass: a failure below says whether it was the timer
+
         async def held(body: dict[str, Any], patch: Any) -> Any:
             if not body["metadata"].get("deletionTimestamp"):
+                if not entered.is_set():
+                    callers.extend(f.name for f in traceback.extract_stack()[-8:-1])
                 entered.set()
                 await gate.wait()
             return await reconcile(body, patch)
@@ -260,7 +265,7 @@ async def test_deletion_during_a_tick_waits_for_the_tick_not_a_minute(
         await call(cluster, "DELETE", path)
         # The deletion handler ran (it forgets the record) while the tick was still held.
         await wait_for(lambda: key not in tuning.records, 60, "the deletion handler")
-        assert not gate.is_set() and cluster.get(path)
+        assert not gate.is_set() and cluster.get(path), f"deleted while the pass held from {callers} ran"
         gate.set()
         released = time.monotonic()
         await wait_for(
