@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import ssl
 import sys
 import tempfile
@@ -38,18 +37,12 @@ sys.path.insert(0, str(ROOT))
 
 from tessera.api import contract  # noqa: E402
 
+from tests.bench.bench_arbiter_realcluster import cpu_seconds  # noqa: E402
 from tests.integration.k8s.conftest import apply_crds  # noqa: E402
 from tests.integration.k8s.controlplane import ADMIN_TOKEN, ControlPlane, control_plane  # noqa: E402
 
 NS = "bench"
 BASELINE = "pod create"
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Client:
