@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
@@ -648,7 +650,47 @@ def serving_path(node: Node, namespace: str, model: str = "early-exit") -> str:
             lines.append(f"  cluster DNS {name} -> {found} in {time.monotonic() - t0:.2f}s")
     if node.dns is not None:
         lines.append(f"  cluster DNS queries answered so far: {node.dns.queries}")
+    lines += service_path(node, namespace, "m-gateway", f"/v2/models/{model}/ready")
     return "serving path from the host:\n" + "\n".join(lines)
+
+
+def service_path(node: Node, namespace: str, service: str, path: str) -> list[str]:
+    """A Service's hop from the host: a GET on a fresh connection to its ClusterIP, its EndpointSlices, the
+    NAT rules and conntrack entries kube-proxy's rules made for that IP, and whether kube-proxy lives."""
+    svc = node.plane.get(f"/api/v1/namespaces/{namespace}/services/{service}") or {}
+    ip = (svc.get("spec") or {}).get("clusterIP")
+    lines = [f"  service {service}: clusterIP {ip}, ports {(svc.get('spec') or {}).get('ports')}"]
+    if not ip:
+        return lines
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(f"http://{ip}{path}", timeout=5) as resp:
+            answer = f"{resp.status} {resp.read()[:200]!r}"
+    except urllib.error.HTTPError as err:
+        answer = f"{err.code} {err.read()[:200]!r}"
+    except Exception as err:  # any failure is the diagnosis
+        answer = repr(err)
+    lines.append(f"  GET http://{ip}{path} on a fresh connection -> {answer} in {time.monotonic() - t0:.2f}s")
+    slices = node.plane.get(
+        f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+        f"?labelSelector=kubernetes.io/service-name={service}"
+    )
+    for es in (slices or {}).get("items", []):
+        eps = [(e.get("addresses"), e.get("conditions")) for e in es.get("endpoints") or []]
+        lines.append(f"  endpointslice {es['metadata']['name']}: {eps} ports {es.get('ports')}")
+    for argv in (["iptables-save", "-t", "nat"], ["conntrack", "-L", "-d", ip]):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired) as err:
+            out = repr(err)
+        hits = [line for line in out.splitlines() if ip in line]
+        chains = {w for line in hits for w in line.split() if w.startswith("KUBE-SVC-")}
+        hits += [line for line in out.splitlines() if any(f"-A {c} " in line for c in chains)]
+        lines += [f"  {argv[0]}: {line}" for line in hits[:20]] or [f"  {argv[0]}: nothing for {ip}"]
+    proxy = node.processes["kube-proxy"]
+    lines.append(f"  kube-proxy exit code {proxy.popen.poll()}; its log's end:")
+    lines += ["    " + line[:300] for line in proxy.tail(15).splitlines()]
+    return lines
 
 
 def test_a_modeldeployment_serves_tritonclient_through_its_service_and_scales_with_load(
@@ -673,6 +715,7 @@ def test_a_modeldeployment_serves_tritonclient_through_its_service_and_scales_wi
             and not p["metadata"].get("deletionTimestamp")
         ]
 
+    answers: list[str] = []  # the last answer through the ClusterIP, for a failure
     t0 = time.monotonic()
     try:
         wait_until(
@@ -683,7 +726,14 @@ def test_a_modeldeployment_serves_tritonclient_through_its_service_and_scales_wi
         # The gateway's ClusterIP, from the host: kube-proxy's rules carry it to the gateway pod, and the
         # gateway reaches its worker by the worker's DNS name.
         client = httpclient.InferenceServerClient(f"{svc['spec']['clusterIP']}:80", network_timeout=30)
-        wait_until(lambda: client.is_model_ready("early-exit"), 300, "the model ready behind the ClusterIP")
+
+        def model_ready() -> bool:
+            # is_model_ready says only False: keep the last answer's status and body for a failure
+            response = client._get("v2/models/early-exit/ready", None, None)
+            answers[:] = [f"{response.status_code} {response.read()[:200]!r}"]
+            return bool(response.status_code == 200)
+
+        wait_until(model_ready, 300, "the model ready behind the ClusterIP")
         node.timings["modeldeployment: created to ready behind its ClusterIP"] = time.monotonic() - t0
     except TimeoutError as err:
         logs = {
@@ -691,7 +741,8 @@ def test_a_modeldeployment_serves_tritonclient_through_its_service_and_scales_wi
             for p in pods(node, namespace, f"{contract.LABEL_MODELDEPLOYMENT}=m")
         }
         raise AssertionError(
-            f"{err}\nstatus: {md()}\n{describe(node, namespace)}\nlogs: {logs}\n{serving_path(node, namespace)}"
+            f"{err}\nlast answer through the ClusterIP: {answers}\nstatus: {md()}\n{describe(node, namespace)}"
+            f"\nlogs: {logs}\n{serving_path(node, namespace)}"
         ) from err
 
     rng = np.random.default_rng(0)
