@@ -72,13 +72,30 @@ def formatter(fmt: str) -> logging.Formatter:
     raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler on `sys.stderr` as it is when a record is written, not when the handler was made: whoever
+    swaps sys.stderr later (pytest's per-test capture, a daemon redirecting it) gets the lines instead of
+    "I/O operation on closed file" from a stream that is gone."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: TextIO) -> None:
+        pass  # always the current sys.stderr
+
+
 def setup(level: str = DEFAULT_LEVEL, fmt: str = DEFAULT_FORMAT, stream: TextIO | None = None) -> None:
     """Route the root logger to one handler on `stream` (default stderr) at `level` in `fmt`.
 
     Replaces the root's handlers, so calling it twice (tests, a command that re-parses) never doubles lines."""
     if level.upper() not in LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler = logging.StreamHandler(stream) if stream is not None else StderrHandler()
     handler.setFormatter(formatter(fmt))
     root = logging.getLogger()
     for old in list(root.handlers):

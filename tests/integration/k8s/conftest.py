@@ -79,6 +79,31 @@ def namespace(cluster: ControlPlane) -> Iterator[str]:
         f"the default ServiceAccount of {name}",
     )
     yield name
+    delete_namespace(cluster, name)
+
+
+TESSERA_PLURALS = (contract.PLURAL_APP, contract.PLURAL_TRIALGROUP, contract.PLURAL_MODELDEPLOYMENT)
+
+
+def delete_namespace(cluster: ControlPlane, name: str) -> None:
+    """Delete a test's namespace without leaving its Tessera objects to the next test's operator.
+
+    The test's operator has stopped, so its finalizers on objects the test did not delete would hold them
+    (and the namespace, Terminating) until another operator came by: the next test's, watching the whole
+    cluster, which then admitted such an App and leased it GPUs of its own test's node before the
+    namespace controller got to delete it (a CI-like run: a TrialGroup's pod never bound). So they are
+    deleted and their finalizers taken off here, as an admin would with no operator running."""
+    for plural in TESSERA_PLURALS:
+        path = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{name}/{plural}"
+        for obj in (cluster.get(path) or {}).get("items") or []:
+            item = f"{path}/{obj['metadata']['name']}"
+            cluster.request("DELETE", item)
+            cluster.request(
+                "PATCH",
+                item,
+                {"metadata": {"finalizers": None}},
+                content_type="application/merge-patch+json",
+            )
     cluster.request("DELETE", f"/api/v1/namespaces/{name}")
 
 
@@ -377,13 +402,20 @@ async def running_operator(
         await asyncio.wait_for(task, timeout=30)
 
 
-async def wait_for(check: Callable[[], Any], timeout: float = 90.0, what: str = "condition") -> Any:
-    """Async poll of `check` until truthy (the deadline bounds failure only; a pass returns at once)."""
+async def wait_for(
+    check: Callable[[], Any],
+    timeout: float = 90.0,
+    what: str = "condition",
+    explain: Callable[[], str] | None = None,
+) -> Any:
+    """Async poll of `check` until truthy (the deadline bounds failure only; a pass returns at once). On a
+    timeout the failure carries `explain()`: what the cluster looked like, for a wait that failed in CI."""
     deadline = time.monotonic() + timeout
     while True:
         result = await asyncio.to_thread(check)
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            detail = f"\n{await asyncio.to_thread(explain)}" if explain is not None else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
         await asyncio.sleep(0.1)

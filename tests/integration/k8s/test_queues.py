@@ -14,10 +14,10 @@ from typing import Any
 
 from tessera.api import contract
 
-from .conftest import Credentials, ManualClock, Nodes, Scheduling, wait_for
+from .conftest import Credentials, ManualClock, Nodes, Scheduling, delete_namespace, wait_for
 from .controlplane import ControlPlane
 from .test_app import app_body, app_path, app_pods, app_status, job
-from .workloads import bound, call, events, kubelet, operator, pods_with, release
+from .workloads import bound, call, events, kubelet, operator, pods_with, release, scheduling_report
 
 QUEUES = f"/apis/{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_QUEUE}"
 
@@ -57,7 +57,7 @@ async def teams(cluster: ControlPlane, first: str, **specs: dict[str, Any]) -> A
         for team in specs:
             cluster.request("DELETE", f"{QUEUES}/{team}-{tag}")
         for ns in made:
-            cluster.request("DELETE", f"/api/v1/namespaces/{ns}")
+            delete_namespace(cluster, ns)
 
 
 def queue_status(cluster: ControlPlane, name: str) -> dict[str, Any]:
@@ -105,6 +105,7 @@ async def test_borrow_up_to_max_then_reclaim_at_lease_end(
             lambda: (p := app_pods(cluster, t["a"], "burst")) and len(p) == 3 and bound(p),
             120,
             "3 pods of A",
+            lambda: scheduling_report(cluster, t["a"], scheduling=scheduling),
         )
         # Statuses are written after the pods; wait for A's.
         await wait_for(lambda: gpus(cluster, t["a"], "burst") == 3, 60, "A's status")
@@ -129,6 +130,7 @@ async def test_borrow_up_to_max_then_reclaim_at_lease_end(
             lambda: (p := app_pods(cluster, t["b"], "steady")) and len(p) == 2 and bound(p),
             120,
             "B's pods bound",
+            lambda: scheduling_report(cluster, t["a"], t["b"], scheduling=scheduling),
         )
         await wait_for(lambda: len(app_pods(cluster, t["a"], "burst")) == 2, 120, "A down to its guarantee")
         await call(cluster, "DELETE", app_path(t["b"], "steady"))
@@ -247,6 +249,7 @@ async def test_a_trialgroup_waiting_within_its_queues_share_gets_the_guarantee_b
             ),
             120,
             "both trials' pods bound on the pool",
+            lambda: scheduling_report(cluster, t["a"], t["b"], scheduling=scheduling),
         )
         await wait_for(lambda: gpus(cluster, t["a"], "burst") == 2, 60, "A down to its guarantee")
         pool = json.loads(
@@ -307,6 +310,7 @@ async def test_a_trialgroup_pool_above_its_queues_share_gives_gpus_back(
             ),
             120,
             "the pool of 4 and its trials' pods bound",
+            lambda: f"pool {pool()}\n" + scheduling_report(cluster, t["a"], t["b"], scheduling=scheduling),
         )
         await call(
             cluster, "POST", app_path(t["b"]), app_body("steady", [job("j0", 1, 10**8), job("j1", 1, 10**8)])
@@ -316,6 +320,7 @@ async def test_a_trialgroup_pool_above_its_queues_share_gives_gpus_back(
                 lambda: (p := app_pods(cluster, t["b"], "steady")) and len(p) == 2 and bound(p),
                 120,
                 "B's pods bound on GPUs the pool gave back",
+                lambda: scheduling_report(cluster, t["a"], t["b"], scheduling=scheduling),
             )
         except AssertionError as err:
             b_pods = [

@@ -31,6 +31,7 @@ from .workloads import (
     operator,
     placement_of,
     pods_with,
+    scheduling_report,
     status_of,
 )
 
@@ -100,6 +101,7 @@ async def test_trials_packed_on_lanes_then_replanned_when_trials_succeed(
             ),
             120,
             "four trial pods bound",
+            lambda: scheduling_report(cluster, namespace, scheduling=scheduling),
         )
         (a,) = got["a"]
         assert placement_of(a) == {"node": node, "gpuIndices": [0, 1]} and a["spec"]["nodeName"] == node
@@ -200,6 +202,7 @@ async def test_trials_packed_on_lanes_then_replanned_when_trials_succeed(
                 lambda: (p := by_trial(cluster, namespace).get("a")) and bound(p) and p,
                 120,
                 "A's new pod bound",
+                lambda: scheduling_report(cluster, namespace, scheduling=scheduling),
             )
         except AssertionError as err:
             # Which refusals kube-scheduler got after D ended, and when: a retry the extender answered

@@ -88,6 +88,42 @@ def events(cluster: ControlPlane, ns: str, reason: str) -> list[dict[str, Any]]:
     return list(got.get("items") or [])
 
 
+def scheduling_report(cluster: ControlPlane, *namespaces: str, scheduling: Any = None) -> str:
+    """For a failed wait on pods being bound: each pod's node, PodScheduled condition and Tessera
+    annotations, the FailedScheduling events with their times and counts, and the end of the extender's
+    and kube-scheduler's logs when `scheduling` (the fixture) is given."""
+    lines = []
+    for ns in namespaces:
+        for p in (cluster.get(f"/api/v1/namespaces/{ns}/pods") or {}).get("items") or []:
+            meta = p["metadata"]
+            cond = next(
+                (c for c in p.get("status", {}).get("conditions") or [] if c.get("type") == "PodScheduled"),
+                {},
+            )
+            ann = {
+                k.removeprefix(f"{contract.GROUP}/"): v[:160]
+                for k, v in (meta.get("annotations") or {}).items()
+                if contract.GROUP in k
+            }
+            lines.append(
+                f"{ns}/{meta['name']}: node {p['spec'].get('nodeName')!r}, phase {p['status'].get('phase')}, "
+                f"deleting {bool(meta.get('deletionTimestamp'))}, PodScheduled {cond.get('status')} "
+                f"{cond.get('reason', '')} {cond.get('message', '')[:300]!r} at {cond.get('lastTransitionTime')}, "
+                f"annotations {ann}"
+            )
+        for e in events(cluster, ns, "FailedScheduling"):
+            lines.append(
+                f"  FailedScheduling {e['involvedObject'].get('name')} x{e.get('count')} "
+                f"{e.get('firstTimestamp') or e.get('eventTime')}..{e.get('lastTimestamp')}: "
+                f"{e.get('message', '')[:300]}"
+            )
+    if scheduling is not None:
+        for proc in (scheduling.extender, scheduling.scheduler):
+            lines.append(f"{proc.name} log's end:")
+            lines += ["  " + line[:300] for line in proc.tail(25).splitlines()]
+    return "\n".join(lines)
+
+
 class Kubelet:
     """The kubelet's part for deleted pods: a pod with a deletionTimestamp has stopped, so it is removed
     (grace 0), as the kubelet does once its containers exit. Records the grace each pod was deleted with."""

@@ -643,6 +643,31 @@ def serving_path(node: Node, namespace: str, model: str = "early-exit") -> str:
         lines.append(
             f"  {role} {p['metadata']['name']}: GET {url} -> {answer} in {time.monotonic() - t0:.2f}s"
         )
+        if role == "gateway":
+            lines.append(f"    its /stats: {_get_text(f'http://{ip}:{gateway_port}/stats')[:400]}")
+            # The worker's name as the gateway resolves it, from inside its pod (its resolv.conf, the DNS
+            # Service's ClusterIP through kube-proxy), timed.
+            lookup = (
+                "import socket,sys,time;t=time.monotonic();"
+                "r=socket.getaddrinfo(sys.argv[1],9001,type=socket.SOCK_STREAM);"
+                "print(sorted({a[4][0] for a in r}),f'{time.monotonic()-t:.2f}s')"
+            )
+            for w in pods(node, namespace, f"{contract.LABEL_MODELDEPLOYMENT}=m"):
+                if w["metadata"]["labels"].get(contract.LABEL_ROLE) != "worker":
+                    continue
+                name = (
+                    f"{w['spec'].get('hostname')}.{w['spec'].get('subdomain')}.{namespace}.svc.cluster.local"
+                )
+                t0 = time.monotonic()
+                try:
+                    got = node.plane.kubectl(
+                        "exec", "-n", namespace, p["metadata"]["name"], "--",
+                        "python3", "-c", lookup, name, check=False,
+                    )  # fmt: skip
+                    out = (got.stdout + got.stderr).strip()[-300:]
+                except subprocess.TimeoutExpired as err:
+                    out = repr(err)
+                lines.append(f"    in the pod, getaddrinfo({name}) -> {out} ({time.monotonic() - t0:.2f}s)")
         if role == "worker" and node.dns is not None:
             name = f"{p['spec'].get('hostname')}.{p['spec'].get('subdomain')}.{namespace}.svc.cluster.local"
             t0 = time.monotonic()
@@ -654,6 +679,16 @@ def serving_path(node: Node, namespace: str, model: str = "early-exit") -> str:
     return "serving path from the host:\n" + "\n".join(lines)
 
 
+def _get_text(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return f"{resp.status} {resp.read().decode(errors='replace')}"
+    except urllib.error.HTTPError as err:
+        return f"{err.code} {err.read().decode(errors='replace')}"
+    except Exception as err:  # any failure is the diagnosis
+        return repr(err)
+
+
 def service_path(node: Node, namespace: str, service: str, path: str) -> list[str]:
     """A Service's hop from the host: a GET on a fresh connection to its ClusterIP, its EndpointSlices, the
     NAT rules and conntrack entries kube-proxy's rules made for that IP, and whether kube-proxy lives."""
@@ -663,13 +698,7 @@ def service_path(node: Node, namespace: str, service: str, path: str) -> list[st
     if not ip:
         return lines
     t0 = time.monotonic()
-    try:
-        with urllib.request.urlopen(f"http://{ip}{path}", timeout=5) as resp:
-            answer = f"{resp.status} {resp.read()[:200]!r}"
-    except urllib.error.HTTPError as err:
-        answer = f"{err.code} {err.read()[:200]!r}"
-    except Exception as err:  # any failure is the diagnosis
-        answer = repr(err)
+    answer = _get_text(f"http://{ip}{path}")[:300]
     lines.append(f"  GET http://{ip}{path} on a fresh connection -> {answer} in {time.monotonic() - t0:.2f}s")
     slices = node.plane.get(
         f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"

@@ -155,3 +155,17 @@ def test_an_extra_that_json_cannot_hold_is_written_as_text() -> None:
     logging.getLogger("t").info("odd", extra={"path": Path("/x"), "ids": frozenset({"a"})})
     record = json.loads(out.getvalue())
     assert record["path"] == "/x" and record["ids"] == "frozenset({'a'})"
+
+
+def test_lines_go_to_stderr_as_it_is_when_written_not_when_set_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stderr of setup time went away (pytest closes each test's capture; a CI-like run printed
+    # "--- Logging error --- I/O operation on closed file" for every operator line of later tests).
+    gone = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", gone)
+    logs.setup("info", "text")
+    gone.close()
+    now = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", now)
+    logging.getLogger("tessera.test").warning("still heard")
+    (line,) = now.getvalue().splitlines()  # the record, and no "--- Logging error ---" report
+    assert line.endswith("still heard"), line
