@@ -110,6 +110,7 @@ class Round:
     setup_throttled: int = 0  # kopf's requests the server throttled (HTTP 429) while the Apps arrived
     throttled: int = 0  # ... and in the round
     lease_apps: int = 0  # Apps whose leases changed (expired or granted): their status must be written
+    renewed_apps: int = 0  # of those, Apps holding the same GPUs for the same jobs after: only expiry moved
     audited: Counter[str] = field(default_factory=Counter)  # the operator's requests the server logged
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds in the round: operator, servers
     idle_cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per second before the round
@@ -198,6 +199,14 @@ def _cpu(servers: dict[str, int]) -> dict[str, float]:
     return {"operator": time.process_time()} | {k: cpu_seconds(pid) for k, pid in servers.items()}
 
 
+def _held(arbiter: Any) -> dict[str, set[tuple[str, str]]]:
+    """Each App's (job, GPU) pairs under lease, by the report's App id (namespace/name)."""
+    return {
+        f"{ns}/{name}": {(lease.job, g) for lease in rec.leases for g in lease.gpus}
+        for (ns, name), rec in arbiter.records.items()
+    }
+
+
 async def measure_round(
     ctl: Controller, clock: ManualClock, row: Round, profile: bool, server: Server | None
 ) -> None:
@@ -232,6 +241,7 @@ async def measure_round(
         )
         hist0 = (samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0)
         cpu0, throttled0 = _cpu(servers), Throttled.count
+        held0 = _held(arbiter)
         try:
             report = await run_round(now)
         finally:
@@ -252,6 +262,12 @@ async def measure_round(
         row.granted = sum(report.granted.values())
         row.expired = sum(report.expired.values())
         row.lease_apps = len(set(report.expired) | set(report.granted))
+        held1 = _held(arbiter)
+        row.renewed_apps = sum(
+            1
+            for k in set(report.expired) | set(report.granted)
+            if held0.get(k) and held0.get(k) == held1.get(k)
+        )
         done.set_result(None)
         return report
 
@@ -510,7 +526,8 @@ def report(rows: list[Round]) -> None:
         print(
             f"{r.backend:>5} {r.n:>5} Apps: expired {r.expired}, granted {r.granted};"
             f" {sum(r.calls.values())} calls ({_calls(r.calls)}); {r.events} events posted;"
-            f" {r.status_writes} statuses written, {r.lease_apps} of them with changed leases;"
+            f" {r.status_writes} statuses written, {r.lease_apps} of them with changed leases"
+            f" ({r.renewed_apps} renewed on the same GPUs: only their expiry moved);"
             f" {r.throttled} requests throttled (429; {r.setup_throttled} while the Apps arrived)"
         )
     print()
