@@ -42,6 +42,7 @@ K8S_VERSION = _REQUIRE.group(1)
 BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 NODE_BINARIES = ("kubelet", "kube-proxy")
 ADMIN_TOKEN = "tessera-test-admin"
+SERVICE_RANGE = "10.0.0.0/24"  # the API server's --service-cluster-ip-range
 # Every request a ServiceAccount makes (the components run as theirs), as the authorizer saw it: verb,
 # resource, namespace, response code. Admin and the control plane's own requests are not recorded.
 AUDIT_POLICY = {
@@ -277,7 +278,7 @@ class ControlPlane:
              # On loopback no pod reaches the API server through the `kubernetes` Service, and since v1.36
              # the endpoint reconciler refuses a loopback address for it.
              *(["--endpoint-reconciler-type=none"] if self.loopback else []),
-             "--service-cluster-ip-range=10.0.0.0/24", f"--cert-dir={certs}",
+             f"--service-cluster-ip-range={SERVICE_RANGE}", f"--cert-dir={certs}",
              f"--token-auth-file={tokens}", f"--client-ca-file={ca_crt}",
              "--authorization-mode=Node,RBAC", "--allow-privileged=true",
              # `kubectl logs` and exec reach a kubelet at its node's InternalIP (its Hostname may not resolve).

@@ -15,15 +15,17 @@ and NXDOMAIN for every other name (nothing outside the cluster is forwarded).
 from __future__ import annotations
 
 import contextlib
+import secrets
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 from tests.integration.k8s.controlplane import ControlPlane
 
 DOMAIN = "cluster.local"
-SERVICE_IP = "10.0.0.10"  # in the control plane's Service range, 10.0.0.0/24
+SERVICE_IP = "10.0.0.10"  # in the control plane's Service range (SERVICE_RANGE, 10.0.0.0/24)
 TYPE_A, CLASS_IN = 1, 1
 NOERROR, NXDOMAIN, FORMERR = 0, 3, 1
 
@@ -55,6 +57,31 @@ def answer(packet: bytes, lookup: Any) -> bytes:
         struct.pack("!HHHIH", 0xC00C, TYPE_A, CLASS_IN, 5, 4) + socket.inet_aton(a) for a in addresses
     )
     return header + packet[12:end] + records
+
+
+def query(name: str, server: tuple[str, int], timeout: float = 5.0) -> str:
+    """One A query for `name` sent to `server` over UDP, as a pod's resolver sends it: the answer's rcode
+    and addresses with the time it took, or why none came (for a failed test's diagnosis)."""
+    ident = secrets.randbits(16)
+    packet = struct.pack("!HHHHHH", ident, 0x0100, 1, 0, 0, 0)
+    packet += b"".join(bytes([len(part)]) + part.encode() for part in name.split(".")) + b"\0"
+    packet += struct.pack("!HH", TYPE_A, CLASS_IN)
+    t0 = time.monotonic()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.sendto(packet, server)
+            reply, _ = sock.recvfrom(4096)
+        except OSError as err:
+            return f"no answer from {server[0]}:{server[1]} ({err!r}) after {time.monotonic() - t0:.2f}s"
+    rcode = struct.unpack("!H", reply[2:4])[0] & 0xF
+    count = struct.unpack("!H", reply[6:8])[0]
+    # This server's answers follow the echoed question, 16 bytes each (a name pointer, type, class, TTL,
+    # length, and the 4-byte address last).
+    addresses = [
+        socket.inet_ntoa(reply[at + 12 : at + 16]) for at in range(len(packet), len(packet) + 16 * count, 16)
+    ]
+    return f"rcode {rcode} {sorted(addresses)} from {server[0]}:{server[1]} in {time.monotonic() - t0:.2f}s"
 
 
 class ClusterDns:

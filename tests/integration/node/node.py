@@ -45,6 +45,7 @@ from tessera.api import contract
 
 from tests.integration.k8s.controlplane import (
     ROOT,
+    SERVICE_RANGE,
     ControlPlane,
     NoBinaries,
     Process,
@@ -247,6 +248,7 @@ class Node:
             if path.exists():
                 self._sysctls[key] = path.read_text().strip()
                 path.write_text(value)
+        self._fence_service_range()
         self._make_cgroup_root()
         self._start_containerd()
         self.timings["containerd"] = time.monotonic() - t0
@@ -258,6 +260,23 @@ class Node:
         self.dns.start()
         self._start_kubelet()
         self.timings["node ready"] = time.monotonic() - t0
+
+    def _fence_service_range(self) -> None:
+        """Refuse on this host any connection to the Service range that kube-proxy's rules did not
+        translate (a ClusterIP it has not programmed yet, or no Service at all), from the host or a pod.
+
+        Such a packet would otherwise leave by the default route, and this machine's upstream gateway
+        accepts every TCP connection and answers HTTP 404: a client that connected to a new Service a
+        moment before kube-proxy's sync kept its kept-alive connection to that gateway, so a CI-like run
+        waited 300 s for the model "ready behind the ClusterIP" while the gateway pod answered 200. In a
+        cluster such traffic goes nowhere; here it is reset at once and the client connects again.
+        Removed with the rest of the node's iptables rules."""
+        chain = "TESSERA-NODE-SERVICES"
+        _run("iptables", "-w", "-N", chain)
+        _run("iptables", "-w", "-A", chain, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")
+        _run("iptables", "-w", "-A", chain, "-j", "REJECT")  # UDP and the rest: ICMP port unreachable
+        for hook in ("OUTPUT", "FORWARD"):  # after kube-proxy's DNAT (nat OUTPUT, PREROUTING)
+            _run("iptables", "-w", "-I", hook, "-d", SERVICE_RANGE, "-j", chain)
 
     def _make_cgroup_root(self) -> None:
         for ctl in self._controllers():

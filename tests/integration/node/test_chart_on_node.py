@@ -35,6 +35,7 @@ from tests.integration.k8s.controlplane import wait_until
 from tests.integration.k8s.test_chart_install import api_path, key
 from tests.unit.chart.chart_render import CHART, objects, render
 
+from .dns import query as dns_query
 from .node import Node
 
 NS = "tessera-system"
@@ -673,8 +674,13 @@ def serving_path(node: Node, namespace: str, model: str = "early-exit") -> str:
             t0 = time.monotonic()
             found = node.dns.lookup(name)
             lines.append(f"  cluster DNS {name} -> {found} in {time.monotonic() - t0:.2f}s")
+            # The server thread's answer (is it keeping up?), and the kube-dns ClusterIP's (kube-proxy's UDP
+            # rules), both from the host.
+            lines.append(f"    queried at the server: {dns_query(name, (node.dns.address, node.dns.port))}")
+            lines.append(f"    queried at its ClusterIP: {dns_query(name, (node.dns.service_ip, 53))}")
     if node.dns is not None:
         lines.append(f"  cluster DNS queries answered so far: {node.dns.queries}")
+    lines.append(f"  threads of the test process: {sorted(t.name for t in threading.enumerate())}")
     lines += service_path(node, namespace, "m-gateway", f"/v2/models/{model}/ready")
     return "serving path from the host:\n" + "\n".join(lines)
 

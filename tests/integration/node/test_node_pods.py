@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
+
+import pytest
 
 from tests.integration.k8s.controlplane import wait_until
 
@@ -56,3 +59,13 @@ def test_plain_pod_runs_to_succeeded(node: Node, namespace: str) -> None:
     status, log = node.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/hello/log")
     assert status == 200, log
     assert "hello from 3.11" in log
+
+
+def test_a_cluster_ip_kube_proxy_has_not_programmed_is_refused_on_the_node(node: Node) -> None:
+    # Untranslated traffic to the Service range must not leave the host: this machine's upstream gateway
+    # accepts any TCP connection and answers HTTP, and a client that got there before kube-proxy's sync kept
+    # its connection to it (the ModelDeployment test's 300 s wait for a model its gateway served).
+    used = {s["spec"].get("clusterIP") for s in (node.plane.get("/api/v1/services") or {}).get("items") or []}
+    free = next(ip for i in range(254, 1, -1) if (ip := f"10.0.0.{i}") not in used)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((free, 80), timeout=30).close()
