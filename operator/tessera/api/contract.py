@@ -49,6 +49,9 @@ ANN_NODE_GPUS: Final = f"{GROUP}/gpus"  # agent → everyone: per-GPU inventory 
 ANN_PROGRESS: Final = f"{GROUP}/progress"  # workload → operator: iterations done (pod annotation)
 ANN_ALLOCATED: Final = f"{GROUP}/allocated"  # agent: device IDs Allocate gave this pod (marks it served)
 ANN_GPU_POOL: Final = f"{GROUP}/gpu-pool"  # operator: GPUs a TrialGroup owns (JSON ["node/index", ...])
+# extender → kube-scheduler: bumped on a pod it refused everywhere once room frees on a node it refused, so
+# the pod is retried (its update requeues it) rather than waiting for the next cluster event
+ANN_RETRY: Final = f"{GROUP}/retry"
 
 # Labels.
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"

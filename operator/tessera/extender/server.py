@@ -104,6 +104,11 @@ class Extender:
         self._bound: OrderedDict[str, str] = OrderedDict()
         self._specs: OrderedDict[str, tuple[bytes, PodRequest | None]] = OrderedDict()
         self._filtered: OrderedDict[str, tuple[int, bytes | None, frozenset[str]]] = OrderedDict()
+        # Pods refused on every node: uid → (namespace, name, the nodes refused). kube-scheduler retries
+        # such a pod on the next cluster event only, and its informers may see an event (a pod ending)
+        # before this view does: a retry answered from the older view left the pod waiting for minutes.
+        self._refused: OrderedDict[str, tuple[str, str, frozenset[str]]] = OrderedDict()
+        self._retries: set[asyncio.Task[None]] = set()
         self._keys: dict[GpuRequest, int] = {}  # request → memo key (keys are never reused)
         self._next_key = 0
         self._last: tuple[GpuRequest, int] | None = None
@@ -285,7 +290,59 @@ class Extender:
         if codes:
             self.metrics.rejected(codes)
         self._remember_filtered(pod, failed)
+        self._note_refusal(pod, ok, failed)
         return _filter_result(args, ok, failed, cache_capable)
+
+    def _note_refusal(self, pod: JsonObj, ok: list[str], failed: dict[str, str]) -> None:
+        """Remember a pod refused on every node it was offered (see `_room_freed`); forget one that fits."""
+        meta = pod["metadata"]
+        uid = meta.get("uid")
+        if not uid:
+            return
+        if ok or not failed:
+            self._refused.pop(uid, None)
+            return
+        self._refused[uid] = (meta.get("namespace") or "default", meta.get("name", ""), frozenset(failed))
+        self._refused.move_to_end(uid)
+        while len(self._refused) > self.SPEC_CACHE:
+            self._refused.popitem(last=False)
+
+    def _pod_event(self, pod: JsonObj, *, gone: bool) -> None:
+        """Apply a watched pod to the view; when that frees what the pod held on a node, retry the pods
+        refused there."""
+        uid = pod["metadata"].get("uid", "")
+        before = self.view.footprint(uid)
+        if gone:
+            self.view.delete_pod(pod)
+        else:
+            self.view.apply_pod(pod)
+        if gone or (pod.get("spec") or {}).get("nodeName"):
+            self._refused.pop(uid, None)  # bound, or gone: nothing to retry
+        if before is not None and self.view.footprint(uid) is None:
+            self._room_freed(before)
+
+    def _room_freed(self, node: str) -> None:
+        """Ask kube-scheduler to retry each pod refused on `node` (once per refusal: a new refusal is
+        remembered again) by bumping its tessera.io/retry annotation, which requeues it."""
+        waiting = [(uid, ns, name) for uid, (ns, name, nodes) in self._refused.items() if node in nodes]
+        for uid, ns, name in waiting:
+            del self._refused[uid]
+            if self.kube is not None:
+                task = asyncio.get_running_loop().create_task(self._retry(ns, name, node))
+                self._retries.add(task)
+                task.add_done_callback(self._retries.discard)
+
+    async def _retry(self, namespace: str, name: str, node: str) -> None:
+        assert self.kube is not None
+        try:
+            await self.kube.patch_pod_annotations(
+                namespace, name, {contract.ANN_RETRY: f"{node} {time.time():.3f}"}
+            )
+        except KubeError as err:
+            if err.status != 404:  # a pod gone meanwhile needs no retry
+                log.warning("could not ask for a retry of %s/%s: %s", namespace, name, err)
+            return
+        log.info("asked kube-scheduler to retry %s/%s: room freed on %s", namespace, name, node)
 
     def _filter_indexed(
         self,
@@ -598,7 +655,14 @@ class Extender:
                     lambda o: self.view.delete_node(o["metadata"]["name"]),
                 )
             ),
-            asyncio.create_task(self._watch("/api/v1/pods", pods, self.view.apply_pod, self.view.delete_pod)),
+            asyncio.create_task(
+                self._watch(
+                    "/api/v1/pods",
+                    pods,
+                    lambda o: self._pod_event(o, gone=False),
+                    lambda o: self._pod_event(o, gone=True),
+                )
+            ),
         ]
         stopping = asyncio.create_task(stop.wait())
         try:

@@ -356,6 +356,14 @@ class SchedulerCache:
         used[1] += mem
         self._changed(node)
 
+    def footprint(self, uid: str) -> str | None:
+        """The node where the pod holds GPUs, CPU or memory in this view, if any."""
+        holding = self.holdings.get(uid)
+        if holding is not None:
+            return holding.node
+        usage = self._usage.get(uid)
+        return usage[0] if usage is not None else None
+
     def unreserve(self, uid: str) -> None:
         old = self._usage.pop(uid, None)
         if old is not None:

@@ -82,3 +82,37 @@ async def test_stop_ends_the_sync_while_its_watches_are_open(env: Env) -> None:
     env.stop.set()
     await asyncio.wait_for(env.sync, 30)  # the deadline bounds a failure only
     await env.settle(lambda: env.api.open_watches("nodes") == 0 and env.api.open_watches("pods") == 0)
+
+
+async def test_a_pod_refused_everywhere_is_retried_once_its_view_frees_room_there(env: Env) -> None:
+    """kube-scheduler retries a pod the extender refused on the next cluster event only, and its informers
+    may see that event (a pod ending) before this view does; the retry answered from the older view then
+    left the pod waiting (a real-cluster TrialGroup test: its pod unbound for 120 s after the last refusal).
+    So once the view frees room on a node the pod was refused on, the extender bumps the pod's
+    tessera.io/retry annotation, an update that makes kube-scheduler retry it."""
+    env.api.put_node(node("gpu-a", gpus=1, memory_mib=16000))
+    await env.settle(lambda: "gpu-a" in env.extender.view.nodes)
+    env.api.put_pod(pod("held", memory=12000, compute=50))
+    await _bound(env, "held", "gpu-a")
+    env.api.put_pod(pod("next", memory=12000, compute=50))
+    await env.settle(lambda: "default/next" in env.extender.view.pods)
+
+    def retried() -> bool:
+        return contract.ANN_RETRY in (env.api.pods["default/next"]["metadata"].get("annotations") or {})
+
+    _, out = await env.post("filter", {"Pod": env.api.pods["default/next"], "NodeNames": ["gpu-a"]})
+    assert out["NodeNames"] == [] and "pod needs 12000" in out["FailedNodes"]["gpu-a"]
+    # Room elsewhere in the view, or nothing freed at all, asks for no retry.
+    env.api.put_pod(pod("other", memory=1000, compute=10))
+    await env.settle(lambda: "default/other" in env.extender.view.pods)
+    env.api.delete_pod("default/other")
+    await env.settle(lambda: "default/other" not in env.extender.view.pods)
+    assert not retried()
+
+    held = env.api.pods["default/held"]
+    held["status"]["phase"] = "Succeeded"
+    env.api.put_pod(held)
+    await env.settle(retried)
+    assert env.api.pods["default/next"]["metadata"]["annotations"][contract.ANN_RETRY].startswith("gpu-a ")
+    _, out = await env.post("filter", {"Pod": env.api.pods["default/next"], "NodeNames": ["gpu-a"]})
+    assert out["NodeNames"] == ["gpu-a"]
