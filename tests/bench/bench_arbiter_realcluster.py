@@ -201,10 +201,7 @@ def _cpu(servers: dict[str, int]) -> dict[str, float]:
 
 def _held(arbiter: Any) -> dict[str, set[tuple[str, str]]]:
     """Each App's (job, GPU) pairs under lease, by the report's App id (namespace/name)."""
-    return {
-        f"{ns}/{name}": {(lease.job, g) for lease in rec.leases for g in lease.gpus}
-        for (ns, name), rec in arbiter.records.items()
-    }
+    return {f"{ns}/{name}": rec.lease_pairs() for (ns, name), rec in arbiter.records.items()}
 
 
 async def measure_round(

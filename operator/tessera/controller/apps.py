@@ -108,6 +108,10 @@ class AppRecord:
     def held(self) -> set[str]:
         return {g for lease in self.leases for g in lease.gpus}
 
+    def lease_pairs(self) -> set[tuple[str, str]]:
+        """(job, GPU) under lease: a grant of exactly these is a renewal."""
+        return {(lease.job, g) for lease in self.leases for g in lease.gpus}
+
     def job_gpus(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for lease in self.leases:

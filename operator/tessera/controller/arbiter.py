@@ -162,9 +162,7 @@ class Arbiter:
     async def _run_round(self, now: float) -> RoundReport:
         t0 = time.perf_counter()
         # (job, GPU) pairs each App held coming in: a grant of exactly those is a renewal, not news.
-        before = {
-            k: {(lease.job, g) for lease in r.leases for g in lease.gpus} for k, r in self.records.items()
-        }
+        before = {k: r.lease_pairs() for k, r in self.records.items()}
         self.dirty = False
         self.last_round = now
         report = RoundReport(now)

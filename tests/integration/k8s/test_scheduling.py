@@ -152,6 +152,19 @@ def test_a_deleted_pod_gives_its_gpu_back_through_the_watch(
     )
     a = assignment_of(waiter)
     assert (a.node, a.gpu_indices, a.memory_mib) == (node, [0], 12288)
+    # The extender asked kube-scheduler to retry the refused waiter once its view freed the GPU (its patch,
+    # under the scheduler's ServiceAccount), rather than leave it to whichever cluster event came next.
+    retry = wait_until(
+        lambda: (
+            ((cluster.get(f"/api/v1/namespaces/{namespace}/pods/waiter") or {}).get("metadata") or {})
+            .get("annotations", {})
+            .get(contract.ANN_RETRY)
+        ),
+        60,
+        "the extender's retry of the waiter",
+        scheduling.extender,
+    )
+    assert retry.startswith(f"{node} "), retry
 
 
 # 200 fractional pods on 20 nodes of 6 GPUs: memory as users write it (the server returns 3000 as `3k`, 4000 as

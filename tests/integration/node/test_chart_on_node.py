@@ -636,11 +636,7 @@ def serving_path(node: Node, namespace: str, model: str = "early-exit") -> str:
         port = 9001 if role == "worker" else gateway_port
         url = f"http://{ip}:{port}/v2/models/{model}/ready"
         t0 = time.monotonic()
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                answer = str(resp.status)
-        except Exception as err:  # any failure is the diagnosis
-            answer = repr(err)
+        answer = _get_text(url)[:200]
         lines.append(
             f"  {role} {p['metadata']['name']}: GET {url} -> {answer} in {time.monotonic() - t0:.2f}s"
         )
