@@ -24,6 +24,7 @@ from .interference import (
     agent_metrics_sink,
 )
 from .inventory import InventoryPublisher, NodePatcher
+from .lane_audit import LaneAudit
 from .lanes import LaneBook
 from .metrics_factory import AgentMetrics
 from .mps import MpsManager
@@ -50,6 +51,7 @@ class NodeAgent:
     restarter: Restarter | None = None
     events: EventSink | None = None
     dra: DraApi | None = None  # the API server as the DRA driver needs it; required with lanes_api "dra"
+    audit: LaneAudit | None = None  # device-plugin mode: containers checked against their pods' lanes
     clock: Callable[[], float] = time.time
     lanes: LaneBook | None = field(init=False, default=None)
     loop: InterferenceLoop | None = field(init=False, default=None)
@@ -94,6 +96,8 @@ class NodeAgent:
         tasks = [asyncio.create_task(lanes_api.run(stop)), asyncio.create_task(self._sample(stop))]
         if self.mps is not None:
             tasks.append(asyncio.create_task(self.mps.run(stop)))
+        if self.audit is not None and self.cfg.lanes_api == "devicePlugin":
+            tasks.append(asyncio.create_task(self.audit.run(stop, self.cfg.lane_audit_interval_s)))
         if self.loop is not None:
             tasks.append(asyncio.create_task(self._feedback(stop, self.loop)))
         if self.coordinator is not None:

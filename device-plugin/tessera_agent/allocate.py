@@ -1,8 +1,13 @@
 """Allocate and GetPreferredAllocation decisions, free of gRPC: pick the pod a request serves, build its env.
 
-The request carries only slot IDs (device plugin API v1beta1), so the pod is found among this node's pods that
-have an assignment and no `tessera.io/allocated` mark, matched by the number of slots its container asks for;
-among several, the one whose assigned GPUs the slots lie on wins, then the oldest.
+The kubelet's requests carry only slot IDs (device plugin API v1beta1), never the pod. The pod is the one pod on
+this node that has an assignment, no `tessera.io/allocated` mark, has not finished and asks for as many slots:
+the extender hands a node one such pod at a time (it binds the next only once this agent has marked the last
+one allocated, docs/extender.md). Where several are waiting all the same (a handoff that timed out, an
+extender that does not hand off), no rule could tell which one the kubelet is admitting (it admits in an order
+of its own, and the slots it asks for were steered by a preference given without knowing the pod either), so
+Allocate refuses with the pods' names rather than guess: a guess that is wrong gives two tenants each other's
+GPU and lane. The kubelet then fails the pod it was admitting, and the next one is unambiguous.
 """
 
 from __future__ import annotations
@@ -40,16 +45,27 @@ class ContainerAllocation:
     mounts: tuple[Mount, ...]
 
 
+def waiting_pods(pods: Sequence[NodePod], node: str, size: int) -> list[NodePod]:
+    """Pods on `node` waiting for Allocate with `size` slots: assigned, not yet served, not finished."""
+    return [
+        p
+        for p in pods
+        if p.assignment is not None
+        and not p.allocated
+        and not p.finished
+        and p.assignment.node == node
+        and size in p.gpu_requests
+    ]
+
+
 def choose_pod(device_ids: Sequence[str], pods: Sequence[NodePod], node: str) -> NodePod:
+    """The pod this Allocate serves: the one waiting pod of that size, else a refusal that says why."""
     n = len(device_ids)
     if n == 0:
         raise AllocateRequestError("Allocate called with no device IDs")
-    gpus = {gpu_of(d) for d in device_ids}
-    candidates = [
-        p
-        for p in pods
-        if p.assignment is not None and not p.allocated and p.assignment.node == node and n in p.gpu_requests
-    ]
+    for d in device_ids:
+        gpu_of(d)  # a malformed ID is refused (ValueError) before any pod is considered
+    candidates = waiting_pods(pods, node, n)
     if not candidates:
         broken = [f"{p.key}: {p.assignment_error}" for p in pods if p.assignment_error and not p.allocated]
         hint = f"; assignments that could not be read: {'; '.join(broken)}" if broken else ""
@@ -57,9 +73,14 @@ def choose_pod(device_ids: Sequence[str], pods: Sequence[NodePod], node: str) ->
             f"no pod on node {node} has a {contract.ANN_ASSIGNMENT} annotation, is not yet allocated and requests "
             f"{n} {contract.RESOURCE_GPU}; was it scheduled by {contract.SCHEDULER_NAME}?{hint}"
         )
-    return min(
-        candidates, key=lambda p: (set(p.assignment.gpu_uuids) != gpus if p.assignment else True, p.created)
-    )
+    if len(candidates) > 1:
+        names = ", ".join(sorted(p.key for p in candidates))
+        raise AllocateRequestError(
+            f"{len(candidates)} pods on node {node} wait for {n} {contract.RESOURCE_GPU} at once ({names}) and "
+            f"the kubelet does not say which one it is admitting; refused rather than risk giving one pod "
+            f"another's GPU and lane (the extender hands a node one pod at a time: was its handoff off or timed out?)"
+        )
+    return candidates[0]
 
 
 def container_allocation(
@@ -116,24 +137,18 @@ def progress_endpoint(socket_in_container: str, namespace: str, name: str) -> st
 def preferred_slots(
     available: Sequence[str], must_include: Sequence[str], size: int, pods: Sequence[NodePod], node: str
 ) -> list[str]:
-    """Slots for a request of `size`: one on each GPU of the oldest pending pod of that size, if any.
+    """Slots for a request of `size`: one on each GPU of the pod waiting for that size, when there is one.
 
     Steering slots onto the assigned GPUs keeps kubelet's per-GPU slot count equal to the lanes on that GPU.
+    With several pods waiting no preference is given (Allocate will refuse; see the module's docstring).
     """
     if size < len(must_include):
         raise AllocateRequestError(
             f"allocation size {size} is smaller than the {len(must_include)} required devices"
         )
     chosen = list(must_include)
-    pending = sorted(
-        (
-            p
-            for p in pods
-            if p.assignment and not p.allocated and p.assignment.node == node and size in p.gpu_requests
-        ),
-        key=lambda p: p.created,
-    )
-    wanted = list(pending[0].assignment.gpu_uuids) if pending and pending[0].assignment else []
+    waiting = waiting_pods(pods, node, size)
+    wanted = list(waiting[0].assignment.gpu_uuids) if len(waiting) == 1 and waiting[0].assignment else []
     have = {gpu_of(d) for d in chosen}
     for uuid in wanted:
         if len(chosen) >= size or uuid in have:

@@ -23,6 +23,7 @@ from tessera.policy.lanes.iteration import POLICIES
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
+    from tessera.kube import KubeClient
 
     from .agent import NodeAgent
     from .backend import GpuBackend
@@ -72,6 +73,27 @@ def _node_options(g: argparse._ArgumentGroup) -> None:
         help=f"taint this Node {contract.TAINT_GPU_NODE_KEY}={contract.TAINT_GPU_NODE_VALUE}:"
         f"{contract.TAINT_GPU_NODE_EFFECT} so that only pods tolerating it (those tessera-scheduler places) "
         "land here; without it the agent removes that taint",
+    )
+    g.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path(contract.POD_RESOURCES_SOCKET),
+        help="the kubelet's PodResources API socket, read by the lane audit (default %(default)s)",
+    )
+    g.add_argument(
+        "--no-lane-audit",
+        action="store_true",
+        help="do not check running containers against their pods' lanes (the kubelet's PodResources API)",
+    )
+    g.add_argument(
+        "--lane-audit-interval", type=float, default=10.0, help="seconds between two lane audits (default 10)"
+    )
+    g.add_argument(
+        "--on-lane-mismatch",
+        choices=("delete", "report"),
+        default="delete",
+        help="what the lane audit does with a pod whose containers hold another pod's lane: delete it (its "
+        "controller recreates it on its own lane) or only report it (events, metric)",
     )
     g.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port (0 = off)")
     g.add_argument("--sample-interval", type=float, default=10.0, help="seconds between telemetry samples")
@@ -215,9 +237,11 @@ def _demo_options(g: argparse._ArgumentGroup) -> None:
 _RENAMED: Final = {
     "node": "agent.node_name",
     "no_peer_check": "agent.peer_check",
+    "no_lane_audit": "agent.lane_audit",
     "hp_priority_class": "agent.hp_priority_classes",
     "be_min_interval": "agent.be_min_interval_s",
     "be_step_interval": "agent.be_step_interval_s",
+    "lane_audit_interval": "agent.lane_audit_interval_s",
     "no_mps": "mps",
     "sample_interval": "sample_interval_s",
     "shutdown_timeout": "shutdown_timeout_s",
@@ -339,6 +363,7 @@ class _Cluster:
     restarter: KubernetesPodRestarter | None = None
     events: KubernetesEventSink | None = None
     dra: DraApi | None = None
+    api: KubeClient | None = None  # the API server, where there is one (the lane audit deletes through it)
 
 
 def _fake_cluster(settings: AgentSettings, fake_pods: list[NodePod]) -> _Cluster:
@@ -370,13 +395,14 @@ def _real_cluster(settings: AgentSettings) -> _Cluster:
         from .dra_plugin import KubernetesDraApi
 
         cluster.dra = KubernetesDraApi(kube.api)
-    if cfg.be_feedback:
-        from .restarts import KubernetesEventSink, KubernetesPodRestarter
+    from .restarts import KubernetesEventSink, KubernetesPodRestarter
 
+    cluster.events = KubernetesEventSink(kube.api, cfg.node_name)  # the lane audit's and the BE loop's
+    cluster.api = kube.api
+    if cfg.be_feedback:
         cluster.restarter = KubernetesPodRestarter(
             kube.api, min_interval_s=cfg.be_min_interval_s, hp_priority_classes=cfg.hp_priority_classes
         )
-        cluster.events = KubernetesEventSink(kube.api, cfg.node_name)
     return cluster
 
 
@@ -400,6 +426,20 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
             cfg.coordinator_socket, policy=settings.lane_policy, peers=peers, socket_group=cfg.socket_group
         )
     mps = MpsManager(cfg.mps_pipe_dir, cfg.mps_log_dir, binary=settings.mps_binary) if settings.mps else None
+    audit = None
+    if cfg.lane_audit and cfg.lanes_api == "devicePlugin" and cluster.api is not None:
+        from .lane_audit import LaneAudit
+        from .pod_resources import KubeletPodResources
+
+        audit = LaneAudit(
+            cfg.node_name,
+            KubeletPodResources(cfg.pod_resources_socket, cfg.resource_name),
+            cluster.pods,
+            cluster.events,
+            cluster.api,
+            metrics,
+            on_mismatch=cfg.on_lane_mismatch,
+        )
     return NodeAgent(
         cfg,
         cluster.backend,
@@ -412,6 +452,7 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
         restarter=cluster.restarter,
         events=cluster.events,
         dra=cluster.dra,
+        audit=audit,
     )
 
 

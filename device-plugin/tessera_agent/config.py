@@ -98,6 +98,12 @@ class AgentConfig(_Settings):
     )  # between two changes on a GPU, two deletions
     be_hysteresis: int = Field(5, ge=0, le=100)  # percentage points a change must exceed
     be_step_interval_s: Seconds = 30.0  # how often the loop looks at the HP p99
+    # The lane audit (lane_audit.py): each container holding our slots checked against its pod's lane through
+    # the kubelet's PodResources API; a pod on another pod's lane is deleted (or only reported).
+    lane_audit: bool = True
+    pod_resources_socket: SocketPath = Path(contract.POD_RESOURCES_SOCKET)
+    lane_audit_interval_s: Seconds = 10.0
+    on_lane_mismatch: Literal["delete", "report"] = "delete"
 
     @model_validator(mode="after")
     def _check(self) -> Self:

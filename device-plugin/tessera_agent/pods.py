@@ -35,6 +35,7 @@ class NodePod:
     assignment: Assignment | None
     allocated: bool = False
     assignment_error: str | None = None
+    allocated_ids: tuple[str, ...] = ()  # the device IDs Allocate served this pod with (tessera.io/allocated)
     workload: str = ""  # tessera.io/workload, "<kind>[:<class>]"
     priority_class: str = ""  # spec.priorityClassName
     checkpoints: bool = False  # tessera.io/checkpoints == "true"
@@ -94,6 +95,7 @@ def pod_info_from_manifest(pod: dict[str, Any]) -> NodePod:
         assignment=assignment,
         allocated=contract.ANN_ALLOCATED in annotations,
         assignment_error=error,
+        allocated_ids=tuple(d for d in str(annotations.get(contract.ANN_ALLOCATED, "")).split(",") if d),
         workload=str(annotations.get(contract.ANN_WORKLOAD, "")),
         priority_class=str((pod.get("spec") or {}).get("priorityClassName") or ""),
         checkpoints=str(annotations.get(contract.ANN_CHECKPOINTS, "")).lower() == "true",
@@ -206,7 +208,10 @@ class StaticPodSource(PodSource):
         return [p for p in self.pods if p.assignment is None or p.assignment.node == node]
 
     async def mark_allocated(self, pod: NodePod, device_ids: list[str]) -> None:
-        self.pods = [replace(p, allocated=True) if p.uid == pod.uid else p for p in self.pods]
+        self.pods = [
+            replace(p, allocated=True, allocated_ids=tuple(device_ids)) if p.uid == pod.uid else p
+            for p in self.pods
+        ]
         await self.annotate(pod, {contract.ANN_ALLOCATED: ",".join(device_ids)})
 
     async def annotate(self, pod: NodePod, annotations: dict[str, str]) -> None:

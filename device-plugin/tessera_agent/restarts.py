@@ -86,7 +86,7 @@ class KubernetesPodRestarter:
 
 
 class KubernetesEventSink:
-    """core/v1 Events on pods, from this node's agent."""
+    """core/v1 Events on pods and on this node, from this node's agent."""
 
     def __init__(self, api: KubeClient, node: str) -> None:
         self._api = api
@@ -94,12 +94,23 @@ class KubernetesEventSink:
 
     async def event(self, pod: str, reason: str, message: str, *, warning: bool = False) -> None:
         namespace, name = pod.split("/", 1)
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace}
+        await self._post(namespace, involved, reason, message, warning)
+
+    async def node_event(self, reason: str, message: str, *, warning: bool = False) -> None:
+        """An event on this Node (in `default`, where the kubelet writes its Node events too)."""
+        involved = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node}
+        await self._post("default", involved, reason, message, warning)
+
+    async def _post(
+        self, namespace: str, involved: dict[str, str], reason: str, message: str, warning: bool
+    ) -> None:
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace},
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": involved,
             "reason": reason,
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",
@@ -112,8 +123,11 @@ class KubernetesEventSink:
         }
         try:
             await self._api.create_event(namespace, body)
-        except KubeError as err:  # an event lost is logged; the loop goes on
-            log.warning("event %s on pod %s not written: %s (%s)", reason, pod, _short(err), message)
+        except KubeError as err:  # an event lost is logged; the caller goes on
+            what = f"{involved['kind'].lower()} {involved.get('namespace', '')}/{involved['name']}".replace(
+                " /", " "
+            )
+            log.warning("event %s on %s not written: %s (%s)", reason, what, _short(err), message)
 
 
 def _short(err: BaseException) -> str:

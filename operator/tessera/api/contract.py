@@ -104,6 +104,7 @@ KUBELET_SOCKET: Final = DEVICE_PLUGIN_DIR + "kubelet.sock"
 # The kubelet's DRA side: drivers' sockets under plugins/, registration sockets in plugins_registry/ (both
 # under the kubelet's --root-dir), CDI specs where containerd's cdi_spec_dirs default looks.
 KUBELET_PLUGINS_DIR: Final = "/var/lib/kubelet/plugins"
+POD_RESOURCES_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's PodResources API
 KUBELET_PLUGINS_REGISTRY_DIR: Final = "/var/lib/kubelet/plugins_registry"
 CDI_DIR: Final = "/var/run/cdi"
 AGENT_SOCKET_NAME: Final = "tessera-gpu.sock"

@@ -309,6 +309,14 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         ("node", "result"),
         frozenset({_AGENT}),
     ),
+    MetricSpec(
+        "tessera_agent_lane_mismatches_total",
+        MetricType.COUNTER,
+        "Pods whose containers the kubelet gave devices that Allocate served for another pod's lane (or for "
+        "none), found by the lane audit against the kubelet's PodResources API, by action (deleted, reported).",
+        ("node", "action"),
+        frozenset({_AGENT}),
+    ),
     # --- extender (kube-scheduler extender API) -------------------------------------------------------------
     MetricSpec(
         "tessera_extender_request_duration_seconds",
@@ -328,9 +336,9 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(
         "tessera_extender_binds_total",
         MetricType.COUNTER,
-        "Bind calls by outcome (ok, lost_race: the GPUs filled up between filter and bind, error) and a "
-        "fixed reason code (none, no_fit, placed_elsewhere, pod_not_found, pod_recreated, node_mismatch, "
-        "api_error).",
+        "Bind calls by outcome (ok, lost_race: the GPUs filled up between filter and bind, or the node was "
+        "still handing a GPU to another pod; error) and a fixed reason code (none, no_fit, placed_elsewhere, "
+        "pod_not_found, pod_recreated, node_mismatch, api_error, handoff_pending).",
         ("outcome", "reason"),
         frozenset({_EXT}),
     ),

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import math
 import signal
 import ssl
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from tessera.api import contract
+from tessera.extender.handoff import Handoffs
 from tessera.extender.metrics import make_metrics_app
 from tessera.extender.server import Extender, make_app
 from tessera.extender.view import DEFAULT_HP_PRIORITY_CLASSES, SchedulerCache
@@ -41,6 +43,7 @@ def register(subparsers: Any) -> None:
     _listen_options(parser)
     _cluster_options(parser)
     _placement_options(parser)
+    _handoff_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -114,6 +117,43 @@ def _placement_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _handoff_options(parser: argparse.ArgumentParser) -> None:
+    """One GPU pod per node between bind and the node agent's Allocate (docs/extender.md, "Handoff")."""
+    parser.add_argument(
+        "--allocate-handoff",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="bind a GPU pod to a node only once no other pod there waits for its Allocate (default on; "
+        "off lets two pods wait at once, and the node agent then refuses the Allocate it cannot attribute)",
+    )
+    parser.add_argument(
+        "--handoff-wait",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="how long a bind waits for its node to be handed on before it is refused and retried later "
+        "(default 3; keep it below the scheduler's extender httpTimeout)",
+    )
+    parser.add_argument(
+        "--handoff-stale",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a pod not allocated this long after its bind stops holding its node (default 60)",
+    )
+
+
+def handoffs(args: argparse.Namespace) -> Handoffs | None:
+    if not getattr(args, "allocate_handoff", True):
+        return None
+    wait, stale = getattr(args, "handoff_wait", 3.0), getattr(args, "handoff_stale", 60.0)
+    if not (math.isfinite(wait) and wait >= 0):
+        raise PlacementError(f"--handoff-wait wants a non-negative number of seconds, got {wait}")
+    if not (math.isfinite(stale) and stale > 0):
+        raise PlacementError(f"--handoff-stale wants a positive number of seconds, got {stale}")
+    return Handoffs(stale_s=stale)
+
+
 def placement_config(args: argparse.Namespace) -> PlacementConfig:
     weights = []
     for item in args.score or []:
@@ -181,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = placement_config(args)
         hp_classes = hp_priority_classes(args)
+        handoff = handoffs(args)
         tls = tls_context(args)
         kube_config = (
             KubeConfig.from_kubeconfig(args.kubeconfig, args.context)
@@ -205,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
                 tls,
                 args.metrics_host,
                 hp_classes,
+                handoff,
+                args.handoff_wait,
             )
         )
     except OSError as err:  # the address is taken or not on this machine
@@ -222,9 +265,17 @@ async def _serve(
     tls: ssl.SSLContext | None = None,
     metrics_host: str = "0.0.0.0",
     hp_classes: tuple[str, ...] = DEFAULT_HP_PRIORITY_CLASSES,
+    handoff: Handoffs | None = None,
+    handoff_wait_s: float = 3.0,
 ) -> None:
     kube = KubeClient(kube_config)
-    extender = Extender(kube, view=SchedulerCache(hp_classes), config=config)
+    extender = Extender(
+        kube,
+        view=SchedulerCache(hp_classes),
+        config=config,
+        handoffs=handoff,
+        handoff_wait_s=handoff_wait_s,
+    )
     # In-flight binds get this long to finish after SIGTERM (kube-scheduler's httpTimeout is a few seconds).
     runner = web.AppRunner(make_app(extender), shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()

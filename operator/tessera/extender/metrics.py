@@ -35,6 +35,7 @@ POD_NOT_FOUND: Final = "pod_not_found"
 POD_RECREATED: Final = "pod_recreated"
 NODE_MISMATCH: Final = "node_mismatch"  # bind: the pod does not select the node (node_selection)
 API_ERROR: Final = "api_error"
+HANDOFF_PENDING: Final = "handoff_pending"  # bind: another pod on the node still waits for its Allocate
 NONE: Final = "none"
 
 # Bind outcomes.

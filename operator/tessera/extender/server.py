@@ -30,6 +30,7 @@ from tessera.api import contract
 from tessera.api.assignment import Assignment
 from tessera.cluster.topology import Locality
 from tessera.extender import metrics as m
+from tessera.extender.handoff import Handoffs
 from tessera.extender.metrics import ExtenderMetrics
 from tessera.extender.node_selection import NodeFacts, why_not_selected
 from tessera.extender.view import (
@@ -83,8 +84,15 @@ class Extender:
         config: PlacementConfig | None = None,
         metrics: ExtenderMetrics | None = None,
         packing: PackingConfig | None = None,
+        handoffs: Handoffs | None = None,
+        handoff_wait_s: float = 3.0,
     ) -> None:
         self.kube = kube
+        # One GPU pod per node between bind and the agent's Allocate (handoff.py); None turns it off.
+        self.handoffs = handoffs
+        if not handoff_wait_s >= 0:
+            raise ValueError(f"the handoff wait must be non-negative, got {handoff_wait_s}")
+        self.handoff_wait_s = handoff_wait_s  # kept below kube-scheduler's httpTimeout for the extender
         self.view = view or SchedulerCache()
         self.config = config or PlacementConfig()
         self.metrics = metrics or ExtenderMetrics()
@@ -318,8 +326,12 @@ class Extender:
             self.view.apply_pod(pod)
         if gone or (pod.get("spec") or {}).get("nodeName"):
             self._refused.pop(uid, None)  # bound, or gone: nothing to retry
-        if before is not None and self.view.footprint(uid) is None:
-            self._room_freed(before)
+        freed = before if before is not None and self.view.footprint(uid) is None else None
+        if self.handoffs is not None:
+            handed = self.handoffs.forget(uid) if gone else self.handoffs.observe(pod)
+            freed = freed or handed  # binds refused while this pod waited there may go now
+        if freed is not None:
+            self._room_freed(freed)
 
     def _room_freed(self, node: str) -> None:
         """Ask kube-scheduler to retry each pod refused on `node` (once per refusal: a new refusal is
@@ -553,45 +565,84 @@ class Extender:
         if pod_spec(pod, self.view.hp_priority_classes) is None:
             async with lock:
                 return await self._bind_plain(pod, ns, name, uid, node)
-        async with lock:
-            # The request as the API server holds it (`pod` is the watched or fetched object), parsed here:
-            # no cache a filter or prioritize body filled is read, so no such body decides this bind.
-            spec = pod_spec(pod, self.view.hp_priority_classes)
-            choice = self._evaluate(pod, node, spec)
-            if not isinstance(choice, Choice):
-                code, why = choice
-                # Capacity gone since filter said yes: another bind won the GPUs; anything else is an error.
-                outcome = m.LOST_RACE if code == m.NO_FIT else m.ERROR
-                return {"Error": f"cannot bind {ns}/{name} to {node}: {why}"}, outcome, code
-            assert spec is not None  # _evaluate refuses a pod without a GPU request
-            req = self._resolve(spec, node, {})
-            assert isinstance(req, GpuRequest)
-            gpus = {g.index: g for g in self.view.nodes[node]}
-            assignment = Assignment(
-                node=node,
-                gpu_uuids=[gpus[i].uuid for i in choice.gpu_indices],
-                gpu_indices=list(choice.gpu_indices),
-                lane_id=self.view.lane_id(node, choice.gpu_indices[0]),
-                memory_mib=req.memory_mib,
-                compute_percent=req.compute_percent,
-            )
-            self.view.hold(uid, Holding(node, choice.gpu_indices, assignment.lane_id, req.as_tenant()))
-            shape = self.shape(pod, spec)
-            if shape is not None:
-                self.view.reserve(uid, node, shape.cpu_milli, shape.memory_mib)
-            try:
-                if self.kube is not None:
-                    await self.kube.patch_pod_annotations(
-                        ns, name, {contract.ANN_ASSIGNMENT: assignment.to_annotation()}
-                    )
-                    await self.kube.bind_pod(ns, name, uid, node)
-            except KubeError as err:
-                self.view.release(uid)
-                self.view.unreserve(uid)
-                return {"Error": f"binding {ns}/{name} to {node} failed: {err}"}, m.ERROR, m.API_ERROR
-            self._bound[uid] = node
-            while len(self._bound) > _BOUND_MEMORY:
-                self._bound.popitem(last=False)
+        if self.handoffs is None:
+            async with lock:
+                return await self._bind_gpu(pod, ns, name, uid, node)
+        # The handoff: wait (a bounded time, within kube-scheduler's httpTimeout) for the node's lock and for
+        # no other pod there to wait for its Allocate; else refuse and ask for a retry once the node is free.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.handoff_wait_s
+        try:
+            await asyncio.wait_for(lock.acquire(), self.handoff_wait_s)
+        except TimeoutError:
+            return self._handoff_refusal(ns, name, uid, node, None)
+        try:
+            blocker = await self.handoffs.wait_clear(node, max(0.0, deadline - loop.time()), exclude=uid)
+            if blocker is not None:
+                return self._handoff_refusal(ns, name, uid, node, blocker.key)
+            result = await self._bind_gpu(pod, ns, name, uid, node)
+            if result[1] == m.OK and self._bound.get(uid) == node:
+                self.handoffs.bound(node, uid, f"{ns}/{name}", self.view.pods.get(f"{ns}/{name}"))
+            return result
+        finally:
+            lock.release()
+
+    def _handoff_refusal(
+        self, ns: str, name: str, uid: str, node: str, blocker: str | None
+    ) -> tuple[JsonObj, str, str]:
+        """A bind refused because `node` is still handing a GPU to another pod; retried once it has."""
+        self._refused[uid] = (ns, name, frozenset({node}))
+        self._refused.move_to_end(uid)
+        who = f"pod {blocker}" if blocker else "another pod"
+        why = (
+            f"cannot bind {ns}/{name} to {node} yet: {who} bound there still waits for the node agent's Allocate "
+            f"(a node is handed one GPU pod at a time, as the kubelet's Allocate does not say which pod it "
+            f"serves); retried when it is served"
+        )
+        return {"Error": why}, m.LOST_RACE, m.HANDOFF_PENDING
+
+    async def _bind_gpu(
+        self, pod: JsonObj, ns: str, name: str, uid: str, node: str
+    ) -> tuple[JsonObj, str, str]:
+        """Bind a GPU pod under its node's lock: choose its GPUs, write the assignment, then bind."""
+        # The request as the API server holds it (`pod` is the watched or fetched object), parsed here:
+        # no cache a filter or prioritize body filled is read, so no such body decides this bind.
+        spec = pod_spec(pod, self.view.hp_priority_classes)
+        choice = self._evaluate(pod, node, spec)
+        if not isinstance(choice, Choice):
+            code, why = choice
+            # Capacity gone since filter said yes: another bind won the GPUs; anything else is an error.
+            outcome = m.LOST_RACE if code == m.NO_FIT else m.ERROR
+            return {"Error": f"cannot bind {ns}/{name} to {node}: {why}"}, outcome, code
+        assert spec is not None  # _evaluate refuses a pod without a GPU request
+        req = self._resolve(spec, node, {})
+        assert isinstance(req, GpuRequest)
+        gpus = {g.index: g for g in self.view.nodes[node]}
+        assignment = Assignment(
+            node=node,
+            gpu_uuids=[gpus[i].uuid for i in choice.gpu_indices],
+            gpu_indices=list(choice.gpu_indices),
+            lane_id=self.view.lane_id(node, choice.gpu_indices[0]),
+            memory_mib=req.memory_mib,
+            compute_percent=req.compute_percent,
+        )
+        self.view.hold(uid, Holding(node, choice.gpu_indices, assignment.lane_id, req.as_tenant()))
+        shape = self.shape(pod, spec)
+        if shape is not None:
+            self.view.reserve(uid, node, shape.cpu_milli, shape.memory_mib)
+        try:
+            if self.kube is not None:
+                await self.kube.patch_pod_annotations(
+                    ns, name, {contract.ANN_ASSIGNMENT: assignment.to_annotation()}
+                )
+                await self.kube.bind_pod(ns, name, uid, node)
+        except KubeError as err:
+            self.view.release(uid)
+            self.view.unreserve(uid)
+            return {"Error": f"binding {ns}/{name} to {node} failed: {err}"}, m.ERROR, m.API_ERROR
+        self._bound[uid] = node
+        while len(self._bound) > _BOUND_MEMORY:
+            self._bound.popitem(last=False)
         log.info("bound %s/%s to %s GPUs %s lane %s", ns, name, node, choice.gpu_indices, assignment.lane_id)
         return {"Error": ""}, m.OK, m.NONE
 
@@ -630,6 +681,8 @@ class Extender:
                 nodes, pods = await self.kube.list_nodes(), await self.kube.list_pods()
                 self.view.replace_nodes(nodes.get("items", []))
                 self.view.replace_pods(pods.get("items", []), mark)
+                if self.handoffs is not None:
+                    self.handoffs.replace(pods.get("items", []))
                 # The synced view lives as long as the process: keep it out of the collector's full passes,
                 # which otherwise stall a filter for tens of ms at 1,000 nodes (bench_extender.py).
                 gc.collect()

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tessera.api import contract
 from tessera.api.gpu_inventory import GpuInfo, dump_node_gpus
+from tessera.extender.handoff import Handoffs
 from tessera.extender.server import Extender, make_app
 from tessera.kube import KubeClient, KubeConfig
 
@@ -83,12 +84,14 @@ class Env:
 
 
 @contextlib.asynccontextmanager
-async def running_env(api: FakeApiServer) -> AsyncIterator[Env]:
+async def running_env(
+    api: FakeApiServer, handoffs: Handoffs | None = None, handoff_wait_s: float = 3.0
+) -> AsyncIterator[Env]:
     """`api` served, the extender's HTTP server, and its list+watch of `api` just started (use settle)."""
     api_server = TestServer(api.app())
     await api_server.start_server()
     kube = KubeClient(KubeConfig(str(api_server.make_url("")).rstrip("/")))
-    extender = Extender(kube)
+    extender = Extender(kube, handoffs=handoffs, handoff_wait_s=handoff_wait_s)
     ext_server = TestServer(make_app(extender))
     await ext_server.start_server()
     stop = asyncio.Event()

@@ -52,12 +52,25 @@ def test_flags_fill_their_fields() -> None:
         "--shutdown-timeout",
         "3",
         "--reserve-node",
+        "--no-lane-audit",
+        "--lane-audit-interval",
+        "2.5",
+        "--on-lane-mismatch",
+        "report",
+        "--pod-resources-socket",
+        "/k/pod-resources/kubelet.sock",
     ]
     argv += ["--hp-priority-class", "a", "--hp-priority-class", "b", "--lane-policy", "SRTF"]
     s = cli.settings_from(cli.build_parser().parse_args(argv))
     assert not s.mps and not s.agent.peer_check and s.agent.be_min_interval_s == 60
     assert s.shutdown_timeout_s == 3 and s.agent.hp_priority_classes == ("a", "b") and s.lane_policy == "SRTF"
     assert s.agent.reserve_node
+    assert (
+        not s.agent.lane_audit
+        and s.agent.lane_audit_interval_s == 2.5
+        and s.agent.on_lane_mismatch == "report"
+    )
+    assert str(s.agent.pod_resources_socket) == "/k/pod-resources/kubelet.sock"
 
 
 @pytest.mark.parametrize(

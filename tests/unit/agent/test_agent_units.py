@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -110,21 +111,30 @@ def pod(name: str, n: int, created: str, gpus: list[str] | None, allocated: bool
     )
 
 
-def test_choose_pod_matches_count_then_gpu_then_age() -> None:
+def test_choose_pod_serves_the_one_waiting_pod_of_that_size_and_never_guesses() -> None:
     pods = [
-        pod("old-on-u1", 1, "2024-01-01T00:00:00Z", [U1]),
-        pod("new-on-u0", 1, "2024-01-02T00:00:00Z", [U0]),
+        pod("on-u1", 1, "2024-01-01T00:00:00Z", [U1]),
         pod("two-gpus", 2, "2023-01-01T00:00:00Z", [U0, U1]),
         pod("done", 1, "2020-01-01T00:00:00Z", [U0], allocated=True),
         pod("no-assignment", 1, "2019-01-01T00:00:00Z", None),
     ]
-    assert choose_pod([f"{U0}::0"], pods, "n").name == "new-on-u0"  # slot lies on its GPU
-    assert choose_pod([f"{U1}::5"], pods, "n").name == "old-on-u1"
+    # one pod waits for one slot: it is the pod, whichever GPU's slot the kubelet picked
+    assert choose_pod([f"{U0}::0"], pods, "n").name == "on-u1"
     assert choose_pod([f"{U0}::1", f"{U1}::1"], pods, "n").name == "two-gpus"
     with pytest.raises(AllocateRequestError, match=re.escape("requests 3 tessera.io/gpu")):
         choose_pod([f"{U0}::1", f"{U0}::2", f"{U0}::3"], pods, "n")
     with pytest.raises(AllocateRequestError, match="no pod on node other"):
         choose_pod([f"{U0}::0"], pods, "other")
+    # two wait for one slot: the slot's GPU does not say which the kubelet admits (the slot was steered by a
+    # preference given without knowing the pod either), so no rule picks one
+    both = [*pods, pod("on-u0", 1, "2024-01-02T00:00:00Z", [U0])]
+    with pytest.raises(
+        AllocateRequestError, match=re.escape("2 pods on node n wait for 1 tessera.io/gpu at once")
+    ):
+        choose_pod([f"{U0}::0"], both, "n")
+    # a pod the kubelet failed (or that finished) waits no more
+    failed = [replace(p, phase="Failed") if p.name == "on-u1" else p for p in both]
+    assert choose_pod([f"{U1}::0"], failed, "n").name == "on-u0"
 
 
 def test_unreadable_assignment_is_named_in_the_error() -> None:

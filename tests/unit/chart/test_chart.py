@@ -277,9 +277,16 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
     host_paths = {v["hostPath"]["path"] for v in pod["volumes"]}
     assert host_paths == {
         "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
         "/run/tessera/mps",
         "/run/tessera/mps/shm",
         "/run/tessera/progress",
+    }
+    (audit_mount,) = [m for m in container["volumeMounts"] if m["name"] == "pod-resources"]
+    assert audit_mount == {
+        "name": "pod-resources",
+        "mountPath": "/var/lib/kubelet/pod-resources",
+        "readOnly": True,
     }
     env = {e["name"] for e in container["env"]}
     assert "NODE_NAME" in env
@@ -288,6 +295,48 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
     )
     assert "-v" not in container["args"]
     assert not [a for a in container["args"] if a.startswith("--fake-gpu-backend") or a == "--no-mps"]
+
+
+def test_lane_audit_and_handoff_values_reach_the_agent_the_extender_and_rbac() -> None:
+    """The lane audit (agent) and the handoff (extender) are on by default; off, each says so in its args, and
+    the audit's pods delete / events create grants go with it (docs/node-agent.md, docs/extender.md)."""
+
+    def args(objs: list[dict], kind: str, suffix: str, container: str) -> list[str]:
+        spec = find(objs, kind, suffix)["spec"]["template"]["spec"]
+        return next(c for c in spec["containers"] if c["name"] == container)["args"]
+
+    def agent_rules(objs: list[dict]) -> set[tuple[str, str]]:
+        role = next(
+            o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-agent")
+        )
+        return {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+
+    on = objects(render())
+    assert {
+        "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+        "--lane-audit-interval=10",
+        "--on-lane-mismatch=delete",
+    } <= set(args(on, "DaemonSet", "-agent", "agent"))
+    assert {"--handoff-wait=3", "--handoff-stale=60"} <= set(args(on, "Deployment", "-scheduler", "extender"))
+    assert {("pods", "delete"), ("events", "create")} <= agent_rules(on)
+    assert ("pods", "get") not in agent_rules(on)  # only the BE feedback loop reads a pod before deleting it
+
+    off = objects(
+        render(
+            {
+                "agent": {"laneAudit": {"enabled": False}},
+                "scheduler": {"extender": {"handoff": {"enabled": False}}},
+            }
+        )
+    )
+    agent_args = args(off, "DaemonSet", "-agent", "agent")
+    assert "--no-lane-audit" in agent_args and not [a for a in agent_args if a.startswith("--pod-resources")]
+    assert "--no-allocate-handoff" in args(off, "Deployment", "-scheduler", "extender")
+    assert not {("pods", "delete"), ("events", "create")} & agent_rules(off)
+    spec = find(off, "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    assert "pod-resources" not in {v["name"] for v in spec["volumes"]}
+    report = objects(render({"agent": {"laneAudit": {"onMismatch": "report"}}}))
+    assert "--on-lane-mismatch=report" in args(report, "DaemonSet", "-agent", "agent")
 
 
 def test_fake_gpus_value_runs_the_fake_backend_without_mps() -> None:
@@ -323,11 +372,14 @@ def test_rbac_is_least_privilege() -> None:
     agent = _rules(objs, "ClusterRole", "-agent")
     # Allocate marks the pod it serves (tessera.io/allocated) and progress lands on the pod: pods patch.
     # Its node is read and patched: the inventory annotation, and the GPU-node taint set or removed.
+    # The lane audit deletes a pod found on another pod's lane and says so in events.
     assert agent == {
         ("", "nodes", "get"),
         ("", "nodes", "patch"),
         ("", "pods", "list"),
         ("", "pods", "patch"),
+        ("", "pods", "delete"),
+        ("", "events", "create"),
     }
     operator = _rules(objs, "ClusterRole", "-operator")
     assert ("", "pods", "create") in operator and ("", "pods", "delete") in operator
