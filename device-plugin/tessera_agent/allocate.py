@@ -1,7 +1,8 @@
 """Allocate and GetPreferredAllocation decisions, free of gRPC: pick the pod a request serves, build its env.
 
 The kubelet's requests carry only slot IDs (device plugin API v1beta1), never the pod. The pod is the one pod on
-this node that has an assignment, no `tessera.io/allocated` mark, has not finished and asks for as many slots:
+this node that has an assignment, no `tessera.io/allocated` mark, has neither finished nor begun to be deleted,
+and asks for as many slots:
 the extender hands a node one such pod at a time (it binds the next only once this agent has marked the last
 one allocated, docs/extender.md). Where several are waiting all the same (a handoff that timed out, an
 extender that does not hand off), no rule could tell which one the kubelet is admitting (it admits in an order
@@ -46,13 +47,15 @@ class ContainerAllocation:
 
 
 def waiting_pods(pods: Sequence[NodePod], node: str, size: int) -> list[NodePod]:
-    """Pods on `node` waiting for Allocate with `size` slots: assigned, not yet served, not finished."""
+    """Pods on `node` waiting for Allocate with `size` slots: assigned, not yet served, not finished and not
+    being deleted (the extender's handoff counts the same pods: `tessera.extender.handoff.waiting_node`)."""
     return [
         p
         for p in pods
         if p.assignment is not None
         and not p.allocated
         and not p.finished
+        and not p.deleting
         and p.assignment.node == node
         and size in p.gpu_requests
     ]

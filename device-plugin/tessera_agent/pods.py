@@ -36,6 +36,7 @@ class NodePod:
     allocated: bool = False
     assignment_error: str | None = None
     allocated_ids: tuple[str, ...] = ()  # the device IDs Allocate served this pod with (tessera.io/allocated)
+    deleting: bool = False  # metadata.deletionTimestamp is set: the kubelet will not admit it any more
     workload: str = ""  # tessera.io/workload, "<kind>[:<class>]"
     priority_class: str = ""  # spec.priorityClassName
     checkpoints: bool = False  # tessera.io/checkpoints == "true"
@@ -96,6 +97,7 @@ def pod_info_from_manifest(pod: dict[str, Any]) -> NodePod:
         allocated=contract.ANN_ALLOCATED in annotations,
         assignment_error=error,
         allocated_ids=tuple(d for d in str(annotations.get(contract.ANN_ALLOCATED, "")).split(",") if d),
+        deleting=bool(meta.get("deletionTimestamp")),
         workload=str(annotations.get(contract.ANN_WORKLOAD, "")),
         priority_class=str((pod.get("spec") or {}).get("priorityClassName") or ""),
         checkpoints=str(annotations.get(contract.ANN_CHECKPOINTS, "")).lower() == "true",

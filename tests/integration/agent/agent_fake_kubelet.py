@@ -1,4 +1,4 @@
-"""A fake kubelet Registration server on a temporary unix socket."""
+"""A fake kubelet: its Registration server on a temporary unix socket, and its PodResources List."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import asyncio
 from pathlib import Path
 
 import grpc
-from tessera_agent.proto import api_pb2, api_pb2_grpc
+from tessera.api import contract
+from tessera_agent.proto import api_pb2, api_pb2_grpc, podresources_v1_pb2, podresources_v1_pb2_grpc
 
 
 class FakeKubelet(api_pb2_grpc.RegistrationServicer):
@@ -50,3 +51,34 @@ class FakeKubelet(api_pb2_grpc.RegistrationServicer):
     def plugin_channel(self) -> grpc.aio.Channel:
         endpoint = self.requests[-1].endpoint
         return grpc.aio.insecure_channel(f"unix://{self.plugin_dir / endpoint}")
+
+
+class FakePodResources(podresources_v1_pb2_grpc.PodResourcesListerServicer):
+    """The kubelet's PodResources List: what it recorded at each admission."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, str], list[str]] = {}  # (namespace, name) → device IDs of tessera.io/gpu
+
+    async def List(self, request: object, context: object) -> podresources_v1_pb2.ListPodResourcesResponse:
+        return podresources_v1_pb2.ListPodResourcesResponse(
+            pod_resources=[
+                podresources_v1_pb2.PodResources(
+                    namespace=ns,
+                    name=name,
+                    containers=[
+                        podresources_v1_pb2.ContainerResources(
+                            name="main",
+                            devices=[
+                                podresources_v1_pb2.ContainerDevices(
+                                    resource_name=contract.RESOURCE_GPU, device_ids=ids
+                                ),
+                                podresources_v1_pb2.ContainerDevices(
+                                    resource_name="example.com/other", device_ids=["x"]
+                                ),
+                            ],
+                        )
+                    ],
+                )
+                for (ns, name), ids in sorted(self.held.items())
+            ]
+        )

@@ -25,42 +25,11 @@ from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.plugin import DevicePlugin
 from tessera_agent.pod_resources import KubeletPodResources
 from tessera_agent.pods import NodePod, StaticPodSource, pod_info_from_manifest
-from tessera_agent.proto import api_pb2, api_pb2_grpc, podresources_v1_pb2, podresources_v1_pb2_grpc
+from tessera_agent.proto import api_pb2, api_pb2_grpc, podresources_v1_pb2_grpc
 
-from .agent_fake_kubelet import FakeKubelet
+from .agent_fake_kubelet import FakeKubelet, FakePodResources
 
 NODE = "node-a"
-
-
-class FakePodResources(podresources_v1_pb2_grpc.PodResourcesListerServicer):
-    """The kubelet's PodResources List: what it recorded at each admission."""
-
-    def __init__(self) -> None:
-        self.held: dict[tuple[str, str], list[str]] = {}  # (namespace, name) → device IDs of tessera.io/gpu
-
-    async def List(self, request: object, context: object) -> podresources_v1_pb2.ListPodResourcesResponse:
-        return podresources_v1_pb2.ListPodResourcesResponse(
-            pod_resources=[
-                podresources_v1_pb2.PodResources(
-                    namespace=ns,
-                    name=name,
-                    containers=[
-                        podresources_v1_pb2.ContainerResources(
-                            name="main",
-                            devices=[
-                                podresources_v1_pb2.ContainerDevices(
-                                    resource_name=contract.RESOURCE_GPU, device_ids=ids
-                                ),
-                                podresources_v1_pb2.ContainerDevices(
-                                    resource_name="example.com/other", device_ids=["x"]
-                                ),
-                            ],
-                        )
-                    ],
-                )
-                for (ns, name), ids in sorted(self.held.items())
-            ]
-        )
 
 
 @dataclass

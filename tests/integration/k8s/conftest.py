@@ -337,17 +337,18 @@ def _scheduler_config(cluster: ControlPlane, extender_url: str, kubeconfig: Path
     return path
 
 
-@pytest.fixture(scope="module")
-def scheduling(cluster: ControlPlane, chart_rbac: dict[str, Credentials]) -> Iterator[Scheduling]:
-    """The extender and tessera-scheduler, both as the chart's `scheduler` ServiceAccount."""
-    creds = chart_rbac["scheduler"]
+@contextlib.contextmanager
+def run_scheduling(
+    cluster: ControlPlane, creds: Credentials, extender_args: tuple[str, ...] = ()
+) -> Iterator[Scheduling]:
+    """`tessera extender` (with `extender_args`) and tessera-scheduler, as the chart's `scheduler` account."""
     port, metrics_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     ext = cluster.spawn(
         f"extender-{port}",
         [str(TESSERA),
          "extender", "--kubeconfig", str(creds.kubeconfig), "--host", "127.0.0.1", "--port", str(port),
-         "--metrics-port", str(metrics_port)],
+         "--metrics-port", str(metrics_port), *extender_args],
     )  # fmt: skip
     sched = cluster.spawn(
         f"kube-scheduler-{port}",
@@ -364,6 +365,17 @@ def scheduling(cluster: ControlPlane, chart_rbac: dict[str, Credentials]) -> Ite
     finally:
         sched.stop()
         ext.stop()
+
+
+@pytest.fixture(scope="module")
+def scheduling(cluster: ControlPlane, chart_rbac: dict[str, Credentials]) -> Iterator[Scheduling]:
+    """The extender and tessera-scheduler, both as the chart's `scheduler` ServiceAccount.
+
+    These nodes have no kubelet: nothing ever calls Allocate, so no bound pod would be marked allocated and
+    hand its node on; the extender runs without the handoff here. The handoff runs on the real node
+    (tests/integration/node) and in test_handoff.py, where the test marks pods as the agent does."""
+    with run_scheduling(cluster, chart_rbac["scheduler"], ("--no-allocate-handoff",)) as started:
+        yield started
 
 
 # --- the operator, in-process, as the chart's `operator` ServiceAccount -----------------------------------

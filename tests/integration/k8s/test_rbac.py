@@ -34,11 +34,14 @@ from tessera_agent.backend import MIB, GpuDevice
 from tessera_agent.config import AgentConfig
 from tessera_agent.fake_backend import FakeGpuBackend
 from tessera_agent.inventory import KubernetesNodePatcher
+from tessera_agent.lane_audit import LaneAudit
 from tessera_agent.metrics_factory import AgentMetrics
+from tessera_agent.pod_resources import KubeletPodResources
 from tessera_agent.pods import KubernetesPodSource
-from tessera_agent.proto import api_pb2, api_pb2_grpc
+from tessera_agent.proto import api_pb2, api_pb2_grpc, podresources_v1_pb2_grpc
+from tessera_agent.restarts import KubernetesEventSink
 
-from tests.integration.agent.agent_fake_kubelet import FakeKubelet
+from tests.integration.agent.agent_fake_kubelet import FakeKubelet, FakePodResources
 from tests.integration.agent.peer_support import FakeProc
 from tests.ports import free_port
 from tests.unit.chart.chart_render import objects, render
@@ -239,6 +242,40 @@ async def test_node_agent_allocates_and_publishes_under_its_service_account(
         await asyncio.to_thread(report_progress, 5, 10, endpoint=endpoint)
         pod = cluster.get(f"/api/v1/namespaces/{namespace}/pods/train")
         assert json.loads(pod["metadata"]["annotations"][contract.ANN_PROGRESS])["iterations"] == 5
+
+        # The lane audit: the kubelet says the container holds a slot Allocate did not serve it with; the
+        # agent says so in events on the pod and the node, and deletes the pod (its UID as precondition).
+        resources = FakePodResources()
+        resources.held[(namespace, "train")] = [f"{uuid}::2"]
+        server = grpc.aio.server()
+        podresources_v1_pb2_grpc.add_PodResourcesListerServicer_to_server(resources, server)
+        server.add_insecure_port(f"unix://{sock_dir / 'pr.sock'}")
+        await server.start()
+        lane_audit = LaneAudit(
+            node,
+            KubeletPodResources(sock_dir / "pr.sock", contract.RESOURCE_GPU),
+            KubernetesPodSource(api),
+            KubernetesEventSink(api, node),
+            api,
+        )
+        try:
+            assert await lane_audit.check() == []  # seen once
+            (mismatch,) = await lane_audit.check()
+        finally:
+            await server.stop(0)
+        assert mismatch.pod.key == f"{namespace}/train"
+        await wait_for(
+            lambda: cluster.get(f"/api/v1/namespaces/{namespace}/pods/train") is None,
+            60,
+            "the pod on the wrong lane to be deleted",
+        )
+        reasons = {
+            (e["involvedObject"]["kind"], e["reason"])
+            for ns in (namespace, "default")
+            for e in cluster.get(f"/api/v1/namespaces/{ns}/events")["items"]
+            if e.get("reportingComponent") == "tessera-agent"
+        }
+        assert {("Pod", "LaneMismatch"), ("Node", "LaneMismatch")} <= reasons
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)

@@ -1,6 +1,6 @@
 """The agent DaemonSet's HP/BE lane settings: off by default with no extra RBAC; on, the arguments the
-agent's own parser reads back, and the BE feedback loop's grants (pods get/delete, events create) only when
-the loop is on."""
+agent's own parser reads back, and the BE feedback loop's grants (pods get/delete, events create) when the
+loop is on (delete and events come with the lane audit too)."""
 
 from __future__ import annotations
 
@@ -45,12 +45,15 @@ def _agent_rules(objs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     }
 
 
-def test_lanes_off_by_default_and_no_delete_grant() -> None:
+def test_lanes_off_by_default_and_no_get_grant() -> None:
+    """With the loop off only the lane audit (on by default) deletes pods: delete and events, never get."""
     objs = objects(render())
     args = _args(objs)
     assert not args.hp_be_lanes and not args.be_feedback
     rules = _agent_rules(objs)
-    assert ("", "pods", "delete") not in rules and ("", "events", "create") not in rules
+    assert ("", "pods", "get") not in rules
+    audit_off = _agent_rules(objects(render({"agent": {"laneAudit": {"enabled": False}}})))
+    assert ("", "pods", "delete") not in audit_off and ("", "events", "create") not in audit_off
 
 
 def test_feedback_on_passes_its_settings_and_grants_delete_and_events() -> None:

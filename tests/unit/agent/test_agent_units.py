@@ -135,6 +135,8 @@ def test_choose_pod_serves_the_one_waiting_pod_of_that_size_and_never_guesses() 
     # a pod the kubelet failed (or that finished) waits no more
     failed = [replace(p, phase="Failed") if p.name == "on-u1" else p for p in both]
     assert choose_pod([f"{U1}::0"], failed, "n").name == "on-u0"
+    deleting = [replace(p, deleting=True) if p.name == "on-u1" else p for p in both]
+    assert choose_pod([f"{U1}::0"], deleting, "n").name == "on-u0"
 
 
 def test_unreadable_assignment_is_named_in_the_error() -> None:
