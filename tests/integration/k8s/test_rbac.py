@@ -264,10 +264,10 @@ async def test_node_agent_allocates_and_publishes_under_its_service_account(
         finally:
             await server.stop(0)
         assert mismatch.pod.key == f"{namespace}/train"
-        await wait_for(
-            lambda: cluster.get(f"/api/v1/namespaces/{namespace}/pods/train") is None,
-            60,
-            "the pod on the wrong lane to be deleted",
+        # deleted: gone, or terminating (no kubelet here confirms the deletion)
+        gone = cluster.get(f"/api/v1/namespaces/{namespace}/pods/train")
+        assert gone is None or gone["metadata"].get("deletionTimestamp"), (
+            "the pod on the wrong lane was not deleted"
         )
         reasons = {
             (e["involvedObject"]["kind"], e["reason"])
