@@ -93,8 +93,46 @@ def check(node: Node, namespace: str, pod: dict[str, Any]) -> str | None:
     return None if got == want else f"{name}: assigned GPU/lane {want}, its container got {got}"
 
 
+def explain(node: Node, namespace: str) -> str:
+    """Where each pod of a round is, and what the extender said last (for a round that did not finish)."""
+    lines = []
+    for pod in _list(node, namespace):
+        st = pod.get("status", {})
+        scheduled = next((c for c in st.get("conditions") or [] if c["type"] == "PodScheduled"), {})
+        ann = pod["metadata"].get("annotations") or {}
+        lines.append(
+            f"{pod['metadata']['name']}: {st.get('phase')} node={pod['spec'].get('nodeName')} "
+            f"allocated={ann.get(contract.ANN_ALLOCATED)} retry={ann.get(contract.ANN_RETRY)} "
+            f"scheduled={scheduled.get('status')} {scheduled.get('reason', '')} {scheduled.get('message', '')[:300]} "
+            f"{st.get('reason', '')} {st.get('message', '')[:300]}"
+        )
+    status, body = node.plane.request("GET", f"/api/v1/namespaces/{namespace}/events")
+    for e in (body.get("items") or [])[-20:] if status == 200 else []:
+        lines.append(f"event {e['involvedObject']['name']}: {e['reason']}: {e['message'][:300]}")
+    status, body = node.plane.request("GET", "/api/v1/namespaces/tessera-system/pods")
+    for pod in body.get("items") or [] if status == 200 else []:
+        if "scheduler" in pod["metadata"]["name"]:
+            path = f"/api/v1/namespaces/tessera-system/pods/{pod['metadata']['name']}/log?container=extender&tailLines=30"
+            _, log = node.plane.request("GET", path)
+            lines.append(f"extender log:\n{log}")
+    return "\n".join(lines)
+
+
 def bind_together(node: Node, namespace: str, count: int, prefix: str, timeout_s: float = 300) -> Round:
-    """Create `count` equal lane pods at once; wait for each to finish; check each one's lane; delete them."""
+    """Create `count` equal lane pods at once; wait for each to finish; check each one's lane; delete them.
+
+    The node must already publish its `tessera.io/gpu` slots: pods created before the kubelet has them are
+    refused by kube-scheduler's own resource fit, and may wait for its periodic retry (5 min)."""
+
+    def slots() -> int:
+        status, body = node.plane.request("GET", f"/api/v1/nodes/{node.name}")
+        return (
+            int((body.get("status") or {}).get("allocatable", {}).get(contract.RESOURCE_GPU, 0))
+            if status == 200
+            else 0
+        )
+
+    wait_until(lambda: slots() >= count, 120, f"the node to publish {count} {contract.RESOURCE_GPU} slots")
     started = time.monotonic()
     for i in range(count):
         status, body = node.plane.request(
@@ -111,7 +149,10 @@ def bind_together(node: Node, namespace: str, count: int, prefix: str, timeout_s
         done = len(got) == count and all(p["status"].get("phase") in FINISHED for p in got)
         return got if done else None
 
-    finished = wait_until(progress, timeout_s, f"{count} pods bound together to finish")
+    try:
+        finished = wait_until(progress, timeout_s, f"{count} pods bound together to finish")
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{explain(node, namespace)}") from err
     done_at = time.monotonic()
     assert bound_at is not None
     result = Round(count, bound_at - started, done_at - started)
