@@ -76,7 +76,9 @@ def validate_file(path: Path) -> list[str]:
     for doc in docs:
         api = foreign(doc)
         if api is not None:
-            lines.append(f"SKIP {path} ({_describe(doc)}): {api} is not Tessera's API; the API server checks it")
+            lines.append(
+                f"SKIP {path} ({_describe(doc)}): {api} is not Tessera's API; the API server checks it"
+            )
             continue
         errors = manifest_errors(doc)
         if not errors:

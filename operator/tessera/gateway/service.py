@@ -208,7 +208,7 @@ class ModelService:
         return model_config(
             cfg.name,
             self.metadata(),
-            max_batch=max(cfg.batch_sizes) if chooses else cfg.max_batch,
+            max_batch=max(cfg.batch_sizes, default=cfg.max_batch) if chooses else cfg.max_batch,
             preferred_batch_sizes=sorted(cfg.batch_sizes) if chooses else (),
             max_queue_delay_s=cfg.timeout.max_queue_delay_s if cfg.policy == "timeout" else 0.0,
             instances=len(self.slots),
