@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up what the tests need (.venv, etcd and Prometheus from Debian, the Kubernetes components and the
-# node's containerd built from their Go modules), then lint, type-check and run the whole test suite — real control plane included.
+# Set up what the tests need (.venv, etcd and Prometheus from Debian, the Kubernetes components, the node's
+# containerd and the admin CLIs — Helm 4 and kubectl — built from their Go modules), then lint, type-check and
+# run the whole test suite — real control plane included.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,10 @@ export KUBEBUILDER_ASSETS
 # The node harness's containerd 2.x (CDI, for the DRA tests), built here so its minutes show up front; the
 # harness asks the same script, answered from the cache.
 bash hack/containerd-assets.sh >/dev/null
+# The Helm 4 CLI and kubectl the chart and examples tests run as an admin types them (after the Kubernetes
+# build, whose compiled client-go and apimachinery packages it reuses from the Go build cache).
+TESSERA_CLI_DIR="$(bash hack/cli-assets.sh | tail -n1)"
+export TESSERA_CLI_DIR
 V=.venv/bin
 $V/ruff check .
 $V/ruff format --check .

@@ -89,7 +89,8 @@ def files(draw: st.DrawFn, sources: list[Path]) -> bytes:
         )
     source = draw(st.sampled_from(sources))
     docs = [d for d in yaml.safe_load_all(source.read_text()) if d is not None]
-    doc = docs[0]
+    # The Tessera object of the file, not the Namespace an example creates beside it.
+    doc = next((d for d in docs if str(d.get("apiVersion", "")).startswith("tessera.io/")), docs[0])
     for _ in range(draw(st.integers(1, 3))):
         paths = _paths(doc)
         doc = _replace(doc, draw(st.sampled_from(paths[1:] or paths)), draw(wild))
@@ -117,7 +118,7 @@ def test_validate_names_the_file_on_every_line() -> None:
         lines = validate_file(path)
         assert lines, "no answer"
         for line in lines:
-            assert line.startswith((f"OK {path}", f"{path}: ")) and "\n" not in line, line
+            assert line.startswith((f"OK {path}", f"SKIP {path}", f"{path}: ")) and "\n" not in line, line
             assert "Traceback" not in line
         ran.append(1)
 

@@ -190,7 +190,11 @@ def test_infer_answers_every_request_with_a_status_and_a_reason(gateway_port: in
 def test_model_paths_answer_with_a_status_and_a_reason(gateway_port: int) -> None:
     ran: list[int] = []
     names = st.just(MODEL) | st.text(min_size=1, max_size=12)
-    tails = st.sampled_from(["", "/ready", "/infer", "/versions/1", "/versions/1/ready", "/versions//infer"])
+    tails = st.sampled_from(
+        ["", "/ready", "/infer", "/versions/1", "/versions/1/ready", "/versions//infer",
+         # Triton's configuration and statistics extensions
+         "/config", "/stats", "/versions/1/config", "/versions/2/stats"]
+    )  # fmt: skip
 
     @FUZZ
     @given(
@@ -209,4 +213,28 @@ def test_model_paths_answer_with_a_status_and_a_reason(gateway_port: int) -> Non
         case()
     assert not errors.messages(), errors.messages()
     print(f"gateway model paths: {len(ran)} generated cases")
+    assert len(ran) >= 200
+
+
+def test_repository_requests_answer_with_a_status_and_a_reason(gateway_port: int) -> None:
+    """Triton's repository extension: the index with any body, load and unload of any name."""
+    ran: list[int] = []
+
+    @FUZZ
+    @given(
+        path=st.sampled_from(
+            ["/v2/repository/index", "/v2/repository/models/{}/load", "/v2/repository/models/{}/unload"]
+        ),
+        name=st.just(MODEL) | st.text(min_size=1, max_size=12),
+        body=st.binary(max_size=32) | st.sampled_from([b'{"ready": true}', b"{}", b"[]", b'{"ready": 1}']),
+    )
+    def case(path: str, name: str, body: bytes) -> None:
+        status, raw = _request(gateway_port, "POST", path.format(quote(name, safe="")), body, {})
+        _check_answer(status, raw)
+        ran.append(1)
+
+    with ErrorLog() as errors:
+        case()
+    assert not errors.messages(), errors.messages()
+    print(f"gateway repository requests: {len(ran)} generated cases")
     assert len(ran) >= 200

@@ -10,6 +10,11 @@ INVALID_ARGUMENT, 404 NOT_FOUND, 413 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504 DE
 INTERNAL), the message is the JSON error's ``error`` and its ``reason`` travels in the trailing metadata
 ``tessera-reason``. The application tag and latency budget come from the same names as the HTTP headers,
 as gRPC metadata.
+
+Triton's extensions (:mod:`tessera.gateway.extensions`) are further methods of the same service —
+``ModelConfig``, ``ModelStatistics``, ``RepositoryIndex`` and, refused, ``RepositoryModelLoad`` /
+``RepositoryModelUnload`` — with the messages of ``oip/triton_extensions.proto``, registered beside the
+protocol's generated handler; their content is the HTTP front's JSON, parsed into the messages.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 import numpy as np
+from google.protobuf import json_format  # type: ignore[import-untyped]
 
 from tessera.api.contract import HEADER_DEADLINE_MS
 from tessera.gateway.batch_wire import CLIENT_MAX_BODY
+from tessera.gateway.extensions import MODEL_CONTROL_REFUSED, REASON_MODEL_CONTROL
 from tessera.gateway.oip import open_inference_grpc_pb2 as pb
 from tessera.gateway.oip import open_inference_grpc_pb2_grpc as pb_grpc
+from tessera.gateway.oip import triton_extensions_pb2 as ext
 from tessera.gateway.protocol import DATATYPES, dumps, loads
 from tessera.gateway.server import SERVER_EXTENSIONS, Gateway, GatewayError
 from tessera.gateway.service import Outcome
@@ -195,6 +203,81 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return to_response(out)
 
 
+class ExtensionServicer:
+    """Triton's extension methods of ``inference.GRPCInferenceService`` (module docstring)."""
+
+    SERVICE = "inference.GRPCInferenceService"
+
+    def __init__(self, inference: InferenceServicer) -> None:
+        self.inference = inference
+        self.gateway = inference.gateway
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        if not request.name:
+            await self.inference._abort(
+                context, GatewayError(400, "ModelConfigRequest needs the model's name").outcome()
+            )
+        svc = await self.inference._service(request.name, request.version, context)
+        return ext.ModelConfigResponse(config=json_format.ParseDict(svc.model_config(), ext.ModelConfig()))
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        try:
+            stats = self.gateway.model_stats(request.name, request.version)
+        except GatewayError as err:
+            await self.inference._abort(context, err.outcome())
+        return json_format.ParseDict({"model_stats": stats}, ext.ModelStatisticsResponse())
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        if request.repository_name:
+            err = GatewayError(
+                404,
+                f"no model repository {request.repository_name!r}: the gateway has one, "
+                "named by an empty repository_name",
+                "not-found",
+            )
+            await self.inference._abort(context, err.outcome())
+        index = self.gateway.repository_index(ready_only=request.ready)
+        return json_format.ParseDict({"models": index}, ext.RepositoryIndexResponse())
+
+    async def RepositoryModelControl(self, request: Any, context: Any) -> Any:
+        await self.inference._abort(
+            context, GatewayError(400, MODEL_CONTROL_REFUSED, REASON_MODEL_CONTROL).outcome()
+        )
+
+    def handler(self) -> Any:
+        """The generic handler serving these methods (the protocol's generated one knows only its own)."""
+
+        def unary(behaviour: Any, request: Any, response: Any) -> Any:
+            return grpc.unary_unary_rpc_method_handler(
+                behaviour,
+                request_deserializer=request.FromString,
+                response_serializer=response.SerializeToString,
+            )
+
+        return grpc.method_handlers_generic_handler(
+            self.SERVICE,
+            {
+                "ModelConfig": unary(self.ModelConfig, ext.ModelConfigRequest, ext.ModelConfigResponse),
+                "ModelStatistics": unary(
+                    self.ModelStatistics, ext.ModelStatisticsRequest, ext.ModelStatisticsResponse
+                ),
+                "RepositoryIndex": unary(
+                    self.RepositoryIndex, ext.RepositoryIndexRequest, ext.RepositoryIndexResponse
+                ),
+                "RepositoryModelLoad": unary(
+                    self.RepositoryModelControl,
+                    ext.RepositoryModelLoadRequest,
+                    ext.RepositoryModelLoadResponse,
+                ),
+                "RepositoryModelUnload": unary(
+                    self.RepositoryModelControl,
+                    ext.RepositoryModelUnloadRequest,
+                    ext.RepositoryModelUnloadResponse,
+                ),
+            },
+        )
+
+
 async def start_grpc(gateway: Gateway, host: str, port: int) -> tuple[Any, int]:
     """Start the gRPC server on ``host:port`` (0: any free port); returns it and the bound port."""
     options = [
@@ -202,7 +285,9 @@ async def start_grpc(gateway: Gateway, host: str, port: int) -> tuple[Any, int]:
         ("grpc.max_send_message_length", CLIENT_MAX_BODY),
     ]
     server = grpc.aio.server(options=options)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(gateway), server)  # type: ignore[no-untyped-call]
+    servicer = InferenceServicer(gateway)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    server.add_generic_rpc_handlers((ExtensionServicer(servicer).handler(),))
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen for gRPC on {host}:{port}")

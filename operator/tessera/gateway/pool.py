@@ -24,6 +24,7 @@ import aiohttp
 
 from tessera.api.contract import HEADER_APP
 from tessera.gateway.config import PoolConfig, PoolGroupConfig
+from tessera.gateway.extensions import InferStats, model_config
 from tessera.gateway.metrics import OUTCOME_DROPPED, OUTCOME_MET, OUTCOME_MISSED, ModelMetrics
 from tessera.gateway.protocol import HEADER_LENGTH, error_json
 from tessera.gateway.service import OUTCOME_REJECTED, Outcome
@@ -151,6 +152,7 @@ class PoolModelService:
         )
         self.busy_seconds = 0.0
         self.closed = False
+        self.infer_stats = InferStats()  # Triton's statistics extension (tessera.gateway.extensions)
 
     async def start(self, health_interval: float) -> None:
         await asyncio.gather(*(self.router.check(g) for g in self.router.candidates(self.cfg.name)))
@@ -165,6 +167,22 @@ class PoolModelService:
     def metadata(self) -> dict[str, Any]:
         return {"name": self.cfg.name, "versions": ["1"], "platform": "tessera-gateway"}
 
+    def model_config(self) -> dict[str, Any]:
+        """The model's configuration in Triton's terms: not batched (AlpaServe serves requests one by
+        one), one instance per group holding it."""
+        return model_config(
+            self.cfg.name,
+            self.metadata(),
+            max_batch=0,
+            instances=len(self.router.candidates(self.cfg.name)),
+            parameters={
+                "tessera.policy": "alpaserve",
+                "tessera.slo_seconds": f"{self.cfg.slo_s:g}",
+                "tessera.namespace": self.cfg.namespace,
+                "tessera.pool": self.router.cfg.name,
+            },
+        )
+
     def stats(self) -> dict[str, Any]:
         cands = self.router.candidates(self.cfg.name)
         return {
@@ -178,10 +196,16 @@ class PoolModelService:
             "groups": dict(self.router.routed.get(self.cfg.name, {})),
         }
 
-    def _done(self, outcome: str, latency: float | None) -> None:
+    def _done(self, outcome: str, latency: float | None, *, rows: int = 1, elapsed: float = 0.0) -> None:
+        """Count an answer: ``latency`` of a 200 (None otherwise), ``elapsed`` since arrival of an error."""
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         if self.metrics is not None:
             self.metrics.finished(outcome, latency)
+        if latency is None:
+            self.infer_stats.failed(elapsed)
+        else:  # no queue at the gateway: the request goes to its group's worker at once
+            self.infer_stats.succeeded(rows, latency, 0.0, 0.0, latency, 0.0)
+            self.infer_stats.executed(rows, 0.0, latency, 0.0)
 
     async def infer(
         self,
@@ -192,6 +216,7 @@ class PoolModelService:
         client_id: str | None = None,
         blob: bytes = b"",
         arrived: float | None = None,
+        rows: int = 1,
     ) -> Outcome:
         loop = asyncio.get_running_loop()
         now = loop.time()
@@ -225,7 +250,7 @@ class PoolModelService:
                 status, hl = resp.status, resp.headers.get(HEADER_LENGTH)
         except (aiohttp.ClientError, TimeoutError) as err:
             g.healthy = False
-            self._done(OUTCOME_DROPPED, None)
+            self._done(OUTCOME_DROPPED, None, elapsed=loop.time() - now)
             return Outcome(503, error_json(f"worker of group {g.id} failed: {err}", REASON_WORKER_FAILED))
         finally:
             g.inflight -= 1
@@ -235,9 +260,10 @@ class PoolModelService:
         if g.inflight == 0:  # the group drained: its true clocks are now, whatever was predicted
             g.clock = (end,) * len(g.clock)
         if status != 200:
-            self._done(OUTCOME_REJECTED if 400 <= status < 500 else OUTCOME_DROPPED, None)
+            outcome = OUTCOME_REJECTED if 400 <= status < 500 else OUTCOME_DROPPED
+            self._done(outcome, None, elapsed=end - now)
             return Outcome(status, data)
         latency = end - now
         met = latency <= slo
-        self._done(OUTCOME_MET if met else OUTCOME_MISSED, latency)
+        self._done(OUTCOME_MET if met else OUTCOME_MISSED, latency, rows=rows)
         return Outcome(200, data, met, int(hl) if hl is not None else None)

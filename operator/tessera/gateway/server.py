@@ -3,7 +3,11 @@
 Endpoints: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}``,
 ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` (each model path also under
 ``/v2/models/{name}/versions/{version}``), ``GET /metrics`` (Prometheus) and ``GET /stats`` (JSON counters
-since start per model, for the operator's goodput and attainment report). Inference takes JSON tensors
+since start per model, for the operator's goodput and attainment report). Triton's model configuration,
+statistics and repository extensions (:mod:`tessera.gateway.extensions`): ``GET
+/v2/models/{name}/config``, ``GET /v2/models/{name}/stats`` (both also under a version),
+``GET /v2/models/stats`` (every model), ``POST /v2/repository/index`` and, refused with a reason,
+``POST /v2/repository/models/{name}/load`` and ``.../unload``. Inference takes JSON tensors
 or the binary tensor data extension (``Inference-Header-Content-Length``). Every error is a JSON object
 ``{"error", "reason"}``, 404/405/413 included. :func:`Gateway.infer` is shared with the gRPC front
 (:mod:`tessera.gateway.grpc_server`), so both give the same answers and errors.
@@ -31,6 +35,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from tessera.api.contract import HEADER_DEADLINE_MS
 from tessera.gateway.batch_wire import CLIENT_MAX_BODY
 from tessera.gateway.config import ConfigError, GatewayConfig
+from tessera.gateway.extensions import (
+    EXTENSIONS,
+    MODEL_CONTROL_REFUSED,
+    REASON_MODEL_CONTROL,
+    repository_index,
+)
 from tessera.gateway.http_errors import json_error
 from tessera.gateway.metrics import ModelMetrics
 from tessera.gateway.protocol import (
@@ -44,7 +54,7 @@ from tessera.gateway.protocol import (
     validate_request,
 )
 from tessera.gateway.service import ModelService, Outcome
-from tessera.gateway.v2_routes import ModelNotFound, V2Server, json_response
+from tessera.gateway.v2_routes import MODEL_BASES, ModelNotFound, V2Server, json_response
 from tessera.metrics import ComponentMetrics
 
 log = logging.getLogger(__name__)
@@ -64,7 +74,7 @@ class GatewayError(Exception):
         return Outcome(self.status, error_json(self.message, self.reason))
 
 
-SERVER_EXTENSIONS = ["binary_tensor_data"]
+SERVER_EXTENSIONS = ["binary_tensor_data", *EXTENSIONS]
 
 
 class Gateway:
@@ -180,6 +190,16 @@ class Gateway:
             )
         return svc
 
+    def model_stats(self, name: str, version: str | None = None) -> list[dict[str, Any]]:
+        """Entries of a statistics answer: the model ``name`` (at ``version``), or every model when
+        ``name`` is empty; a 404 :class:`GatewayError` for a model or version not served."""
+        if not name:
+            return [svc.infer_stats.json(n) for n, svc in sorted(self.services.items())]
+        return [self.service(name, version).infer_stats.json(name)]
+
+    def repository_index(self, *, ready_only: bool = False) -> list[dict[str, str]]:
+        return repository_index(((n, s.ready) for n, s in self.services.items()), ready_only=ready_only)
+
     async def infer(
         self,
         name: str,
@@ -200,7 +220,8 @@ class Gateway:
             except ValueError:
                 raise GatewayError(400, "request body is not valid JSON") from None
             try:
-                validate_request(body, len(blob))  # structure only: the worker decodes the tensors, once
+                # Structure only: the worker decodes the tensors, once.
+                inputs = validate_request(body, len(blob))
                 budget = _budget(deadline_ms)
             except ProtocolError as err:
                 raise GatewayError(400, str(err)) from None
@@ -208,7 +229,13 @@ class Gateway:
             return err.outcome()
         cid = body.get("id") if isinstance(body.get("id"), str) else None
         return await svc.infer(
-            head, app=app or svc.cfg.default_app, budget=budget, client_id=cid, blob=blob, arrived=arrived
+            head,
+            app=app or svc.cfg.default_app,
+            budget=budget,
+            client_id=cid,
+            blob=blob,
+            arrived=arrived,
+            rows=int(inputs[0]["shape"][0]),  # validated: a non-empty list of integers
         )
 
 
@@ -277,6 +304,49 @@ class _GatewayEndpoints(V2Server):
             arrived=arrived,
         )
         return _outcome_response(out)
+
+    # -- Triton's extensions (tessera.gateway.extensions) ----------------------------------------
+    def routes(self) -> list[web.RouteDef]:
+        # Before the model routes: /v2/models/stats is every model's statistics, not a model "stats".
+        routes = [web.get("/v2/models/stats", self.all_stats), *super().routes()]
+        for base in MODEL_BASES:
+            routes += [web.get(f"{base}/config", self.model_config), web.get(f"{base}/stats", self.stats_of)]
+        return [
+            *routes,
+            web.post("/v2/repository/index", self.repository_index),
+            web.post("/v2/repository/models/{name}/load", self.model_control),
+            web.post("/v2/repository/models/{name}/unload", self.model_control),
+        ]
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        return json_response(self.service(request).model_config())
+
+    async def stats_of(self, request: web.Request) -> web.Response:
+        self.service(request)  # a JSON 404 for a model or version not served
+        name, version = request.match_info["name"], request.match_info.get("version")
+        return json_response({"model_stats": self.gateway.model_stats(name, version)})
+
+    async def all_stats(self, _: web.Request) -> web.Response:
+        return json_response({"model_stats": self.gateway.model_stats("")})
+
+    async def repository_index(self, request: web.Request) -> web.Response:
+        """``POST /v2/repository/index`` with an empty body or ``{"ready": bool}``."""
+        raw = await request.read()
+        body: Any = {}
+        if raw.strip():
+            try:
+                body = loads(raw)
+            except ValueError:
+                return json_error(400, "the repository index request is not valid JSON", REASON_BAD_REQUEST)
+        ready = body.get("ready", False) if isinstance(body, dict) else None
+        if not isinstance(ready, bool):
+            return json_error(
+                400, 'the repository index request must be {} or {"ready": true|false}', REASON_BAD_REQUEST
+            )
+        return json_response(self.gateway.repository_index(ready_only=ready))
+
+    async def model_control(self, _: web.Request) -> web.Response:
+        return json_error(400, MODEL_CONTROL_REFUSED, REASON_MODEL_CONTROL)
 
     async def metrics(self, _: web.Request) -> web.Response:
         return web.Response(

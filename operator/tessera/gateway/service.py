@@ -52,6 +52,7 @@ from tessera.gateway.batch_wire import (
     post_batch,
 )
 from tessera.gateway.config import ModelConfig, build_scheduler
+from tessera.gateway.extensions import InferStats, model_config
 from tessera.gateway.metrics import OUTCOME_DROPPED, OUTCOME_MET, OUTCOME_MISSED, ModelMetrics
 from tessera.gateway.profiler import CapturedRequest, OnlineProfiler
 from tessera.gateway.protocol import dumps, error_json, loads
@@ -100,6 +101,7 @@ class Pending:
     retries: int = 0
     running: bool = False
     blob: bytes = b""  # binary tensor bytes that followed the JSON
+    rows: int = 1  # its batch dimension (the first dimension of its inputs)
     # perf_counter stamps: arrival at the gateway, batch formed, hand-off to the worker, answer back.
     arrived: float = 0.0
     queued: float = 0.0
@@ -160,6 +162,8 @@ class ModelService:
             (OUTCOME_MET, OUTCOME_MISSED, OUTCOME_DROPPED, OUTCOME_REJECTED), 0
         )
         self.busy_seconds = 0.0
+        # The same answers in the terms of Triton's statistics extension (tessera.gateway.extensions).
+        self.infer_stats = InferStats()
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self, health_interval: float) -> None:
@@ -197,6 +201,24 @@ class ModelService:
             out["inputs"], out["outputs"] = meta.get("inputs", []), meta.get("outputs", [])
         return out
 
+    def model_config(self) -> dict[str, Any]:
+        """The model's configuration in Triton's terms (tessera.gateway.extensions)."""
+        cfg = self.cfg
+        chooses = cfg.policy in ("orloj", "clockwork")  # they pick among batch_sizes
+        return model_config(
+            cfg.name,
+            self.metadata(),
+            max_batch=max(cfg.batch_sizes, default=cfg.max_batch) if chooses else cfg.max_batch,
+            preferred_batch_sizes=sorted(cfg.batch_sizes) if chooses else (),
+            max_queue_delay_s=cfg.timeout.max_queue_delay_s if cfg.policy == "timeout" else 0.0,
+            instances=len(self.slots),
+            parameters={
+                "tessera.policy": cfg.policy,
+                "tessera.slo_seconds": f"{cfg.slo_s:g}",
+                "tessera.namespace": cfg.namespace,
+            },
+        )
+
     def stats(self) -> dict[str, Any]:
         """Counters since start (never reset): answers by outcome and the workers' busy seconds."""
         return {
@@ -223,10 +245,11 @@ class ModelService:
         client_id: str | None = None,
         blob: bytes = b"",
         arrived: float | None = None,
+        rows: int = 1,
     ) -> Outcome:
         """Queue one validated v2 request (its raw JSON ``body`` and the binary tensor bytes ``blob``
-        after it) and wait for its single answer. ``arrived`` is the ``perf_counter`` time it reached
-        the gateway (for the overhead figures in the answer)."""
+        after it, ``rows`` its batch dimension) and wait for its single answer. ``arrived`` is the
+        ``perf_counter`` time it reached the gateway (for the overhead figures in the answer)."""
         if self.closed:
             return Outcome(503, _err("the gateway is shutting down", REASON_SHUTDOWN))
         now = self._now()
@@ -242,6 +265,7 @@ class ModelService:
             blob=blob,
             arrived=queued if arrived is None else arrived,
             queued=queued,
+            rows=rows,
         )
         self.scheduler.enqueue(req, now)
         self._pump()
@@ -253,6 +277,18 @@ class ModelService:
         p.future.set_result(out)
         self.pending.pop(p.request.rid, None)
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        done = time.perf_counter()
+        if outcome in (OUTCOME_MET, OUTCOME_MISSED):
+            self.infer_stats.succeeded(
+                p.rows,
+                total=done - p.arrived,
+                queue=p.formed - p.queued,
+                compute_input=p.handoff - p.formed,
+                compute_infer=p.back - p.handoff,
+                output=done - p.back,
+            )
+        else:
+            self.infer_stats.failed(done - p.arrived)
         if self.metrics is not None:
             self.metrics.finished(outcome, latency)
             self.metrics.queue_length(self.queued)
@@ -376,11 +412,16 @@ class ModelService:
         return parts
 
     async def _post_fitting(
-        self, slot: WorkerSlot, members: list[Pending], done: list[tuple[Pending, int, bytes, bytes]]
+        self,
+        slot: WorkerSlot,
+        members: list[Pending],
+        done: list[tuple[Pending, int, bytes, bytes]],
+        ran: list[tuple[int, float, float]],
     ) -> float:
         """Run ``members`` on ``slot`` in as many parts as its body limit needs, appending (member,
-        status, JSON, binary) to ``done`` for each member that ran or was refused as its part returns;
-        the compute seconds of all parts."""
+        status, JSON, binary) to ``done`` for each member that ran or was refused as its part returns,
+        and (rows, hand-off, back) to ``ran`` for each part the worker ran; the compute seconds of all
+        parts."""
         todo = self._parts(members, slot.max_body)
         compute = 0.0
         while todo:
@@ -402,6 +443,7 @@ class ModelService:
                 continue
             back = time.perf_counter()
             compute += data.compute_seconds
+            ran.append((sum(p.rows for p in part), handoff, back))
             for p, (status, fragment, blob) in zip(part, data.members, strict=True):
                 p.back = back
                 done.append((p, status, fragment, blob))
@@ -409,12 +451,14 @@ class ModelService:
 
     async def _run(self, slot: WorkerSlot, batch: Batch, live: list[Pending]) -> None:
         answers: list[tuple[Pending, int, bytes, bytes]] = []
+        parts: list[tuple[int, float, float]] = []
         try:
-            compute = await self._post_fitting(slot, live, answers)
+            compute = await self._post_fitting(slot, live, answers, parts)
         except (aiohttp.ClientError, TimeoutError, WorkerFailure, ValueError) as err:
             now = self._now()  # parts answered before the failure keep their answers
             for p, status, fragment, blob in answers:
                 self._answer(p, status, fragment, blob, now, len(live), slot.index)
+            self._executed(parts, live[0].formed)
             self._worker_failed(slot, [p for p in live if not p.future.done()], err)
             return
         except Exception as err:  # a bug here must still answer every member
@@ -428,6 +472,7 @@ class ModelService:
         self.busy_seconds += compute
         for p, status, fragment, blob in answers:
             self._answer(p, status, fragment, blob, now, len(live), slot.index)
+        self._executed(parts, live[0].formed)
         if not isinstance(self.scheduler, SymphonyScheduler):
             self.scheduler.on_complete(batch, BatchTimings(now - compute, now, {}), now)
         elif self.inflation is not None and answers:
@@ -438,6 +483,15 @@ class ModelService:
         self._pump()
         if not slot.busy and slot.healthy:
             self._maybe_profile(slot)
+
+    def _executed(self, ran: list[tuple[int, float, float]], formed: float) -> None:
+        """Count the parts a worker ran (rows, hand-off, back) once their members are answered: each
+        part's input time runs from the end of the one before it (the batch's forming, for the first)."""
+        answered = time.perf_counter()
+        start = formed
+        for rows, handoff, back in ran:
+            self.infer_stats.executed(rows, handoff - start, back - handoff, answered - back)
+            start = back
 
     def _observe_inflation(self, batch_size: int, compute: float, now: float) -> None:
         """Plan with ℓ(b) times the observed inflation once it moves (BE lanes on the workers' GPUs)."""

@@ -31,6 +31,7 @@ from tests.integration.clock import ManualClock
 from tests.ports import free_port
 from tests.requires import missing
 
+from .admin_cli import AdminCLI, find_cli
 from .controlplane import ROOT, ControlPlane, NoBinaries, Process, control_plane, wait_until
 
 
@@ -45,6 +46,16 @@ def cluster() -> Iterator[ControlPlane]:
         yield cp
     finally:
         plane.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def admin_cli(cluster: ControlPlane) -> AdminCLI:
+    """The Helm 4 CLI and kubectl (hack/cli-assets.sh) as cluster-admin, run from the repository root."""
+    try:
+        path = find_cli()
+    except NoBinaries as err:
+        missing(f"no Helm CLI: {err}")
+    return AdminCLI(path, cluster.kubeconfig, cluster.workdir / "helm-home")
 
 
 def apply_crds(cluster: ControlPlane) -> ControlPlane:

@@ -350,9 +350,12 @@ class ControlPlane:
     def kubectl(
         self, *args: str, check: bool = True, stdin: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        kubectl = shutil.which("kubectl")
+        """kubectl as cluster-admin: the one `hack/cli-assets.sh` builds (of this release) when
+        `TESSERA_CLI_DIR` names it, as hack/test.sh does, else the one on PATH."""
+        built = Path(os.environ.get("TESSERA_CLI_DIR") or "/nonexistent") / "kubectl"
+        kubectl = str(built) if built.exists() else shutil.which("kubectl")
         if kubectl is None:
-            raise NoBinaries("kubectl is not on PATH")
+            raise NoBinaries("kubectl is not on PATH (or set TESSERA_CLI_DIR: hack/cli-assets.sh)")
         return subprocess.run(
             [kubectl, f"--kubeconfig={self.kubeconfig}", *args],
             check=check, capture_output=True, text=True, input=stdin, timeout=120,

@@ -11,7 +11,7 @@ import yaml
 from tessera.api import contract
 from tessera.api.resources import KINDS
 
-from tests.unit.api.conftest import INVALID, VALID, expected_errors, load
+from tests.unit.api.conftest import INVALID, VALID, documents, expected_errors, load
 
 from .controlplane import ControlPlane
 
@@ -25,11 +25,14 @@ def test_every_crd_is_established(crds: ControlPlane) -> None:
 
 
 def _dry_run(cluster: ControlPlane, namespace: str, path: Path) -> tuple[int, str]:
-    """`kubectl apply --dry-run=server` of an example, moved into the test's namespace (text otherwise as is)."""
-    doc = load(path)
-    if KINDS[doc["kind"]].scope == "Namespaced":  # a Queue is cluster-scoped
-        doc["metadata"]["namespace"] = namespace
-    res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(doc), check=False)
+    """`kubectl apply --dry-run=server` of an example's Tessera objects, moved into the test's namespace
+    (text otherwise as is; test_examples.py applies the files as they are)."""
+    docs = documents(path)
+    for doc in docs:
+        if KINDS[doc["kind"]].scope == "Namespaced":  # a Queue is cluster-scoped
+            doc["metadata"]["namespace"] = namespace
+    text = yaml.safe_dump_all(docs)
+    res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=text, check=False)
     return res.returncode, res.stderr
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.integration.k8s.admin_cli import AdminCLI, find_cli
 from tests.integration.k8s.controlplane import NoBinaries, wait_until
 from tests.requires import missing
 
@@ -53,3 +54,13 @@ def namespace(node: Node) -> Iterator[str]:
     )
     yield name
     node.plane.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture(scope="session")
+def admin_cli(node: Node) -> AdminCLI:
+    """The Helm 4 CLI and kubectl (hack/cli-assets.sh) as the node cluster's admin, from the repository root."""
+    try:
+        path = find_cli()
+    except NoBinaries as err:
+        missing(f"no Helm CLI: {err}")
+    return AdminCLI(path, node.plane.kubeconfig, node.plane.workdir / "helm-home")

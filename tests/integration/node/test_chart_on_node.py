@@ -25,15 +25,16 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-import helm_python as helm
 import numpy as np
 import pytest
+import yaml
 from tessera.api import contract
 from tessera.gateway.demo_models import early_exit_reference
 
+from tests.integration.k8s.admin_cli import AdminCLI
 from tests.integration.k8s.controlplane import wait_until
-from tests.integration.k8s.test_chart_install import api_path, key
-from tests.unit.chart.chart_render import CHART, objects, render
+from tests.integration.k8s.test_chart_install import CHART, api_path, key
+from tests.unit.chart.chart_render import objects, render
 
 from .dns import query as dns_query
 from .node import Node
@@ -175,28 +176,44 @@ def namespace(namespace: str, node: Node) -> str:
     return route_to_tessera(node, namespace)
 
 
+def helm_install(
+    node: Node, cli: AdminCLI, release: str, values: dict[str, Any], namespace: str = NS
+) -> None:
+    """`helm install <release> charts/tessera -n <namespace> --create-namespace -f <values>`, as an admin
+    runs it with the Helm 4 CLI."""
+    path = node.plane.workdir / f"{release}-values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    out = cli.helm(
+        "install", release, CHART, "-n", namespace, "--create-namespace", "-f", str(path), "--timeout", "300s"
+    )
+    assert "STATUS: deployed" in out.stdout, out.stdout
+
+
+def released(cli: AdminCLI) -> list[str]:
+    """The releases of tessera-system in any state (`helm list -q`: every status, in Helm 4)."""
+    return cli.helm("list", "-n", NS, "-q").stdout.split()
+
+
 @pytest.fixture(scope="module")
-def release(node: Node) -> Iterator[helm.Config]:
+def release(node: Node, admin_cli: AdminCLI) -> Iterator[AdminCLI]:
     """The chart installed into tessera-system with the local images; every pod Running and Ready."""
     t0 = time.monotonic()
-    with helm.Config(kubeconfig_path=str(node.plane.kubeconfig), namespace=NS) as cfg:
-        installed = cfg.install(CHART, RELEASE, chart_values(node), create_namespace=True, timeout=300)
-        assert installed["status"] == "deployed"
-        try:
-            wait_until(
-                lambda: len(got := pods(node, NS)) == 4 and all(ready(p) for p in got),
-                300,
-                "the chart's 4 pods (2 operators, scheduler, agent) to be Running and Ready",
-            )
-        except TimeoutError as err:
-            raise AssertionError(f"{err}\n{describe(node, NS)}") from err
-        node.timings["chart ready"] = time.monotonic() - t0
-        yield cfg
-        if cfg.list(all_states=True):  # test_helm_uninstall_… did not run or failed before uninstalling
-            cfg.uninstall(RELEASE, timeout=300)
+    helm_install(node, admin_cli, RELEASE, chart_values(node))
+    try:
+        wait_until(
+            lambda: len(got := pods(node, NS)) == 4 and all(ready(p) for p in got),
+            300,
+            "the chart's 4 pods (2 operators, scheduler, agent) to be Running and Ready",
+        )
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{describe(node, NS)}") from err
+    node.timings["chart ready"] = time.monotonic() - t0
+    yield admin_cli
+    if released(admin_cli):  # test_helm_uninstall_… did not run or failed before uninstalling
+        admin_cli.helm("uninstall", RELEASE, "-n", NS, "--timeout", "300s", check=False)
 
 
-def test_every_chart_pod_runs_and_the_operators_elect_one_leader(node: Node, release: helm.Config) -> None:
+def test_every_chart_pod_runs_and_the_operators_elect_one_leader(node: Node, release: AdminCLI) -> None:
     got = pods(node, NS)
     components = sorted(p["metadata"]["labels"]["app.kubernetes.io/component"] for p in got)
     assert components == ["agent", "operator", "operator", "scheduler"]
@@ -240,7 +257,7 @@ def operator_roles(node: Node) -> tuple[str, str] | None:
     return ranked[1], ranked[0]
 
 
-def test_the_kubelet_publishes_gpu_capacity_from_the_device_plugin(node: Node, release: helm.Config) -> None:
+def test_the_kubelet_publishes_gpu_capacity_from_the_device_plugin(node: Node, release: AdminCLI) -> None:
     def capacity() -> tuple[str, str] | None:
         got = node.node() or {}
         st = got.get("status", {})
@@ -264,7 +281,7 @@ def reserve_taints(node: Node) -> list[dict[str, Any]]:
 
 
 def test_the_agent_reserves_its_node_and_only_routed_pods_land_there(
-    node: Node, release: helm.Config, namespace: str
+    node: Node, release: AdminCLI, namespace: str
 ) -> None:
     want = {
         "key": contract.TAINT_GPU_NODE_KEY,
@@ -331,7 +348,7 @@ except sdk.ProgressError as err:
 
 
 def test_an_app_job_reports_progress_from_its_container_and_completes(
-    node: Node, release: helm.Config, namespace: str
+    node: Node, release: AdminCLI, namespace: str
 ) -> None:
     iters = 6
     body = {
@@ -417,7 +434,7 @@ print("DONE", flush=True)
 
 
 def test_a_trialgroup_runs_three_trials_at_once_on_lanes_of_one_gpu(
-    node: Node, release: helm.Config, namespace: str
+    node: Node, release: AdminCLI, namespace: str
 ) -> None:
     barrier = node.host_dir / f"barrier-{namespace}"
     barrier.mkdir(mode=0o777)
@@ -598,7 +615,7 @@ def leased_app(node: Node, name: str, max_gpus: int, marks: str) -> dict[str, An
 
 
 def test_a_second_app_takes_a_gpu_by_lease_and_the_first_checkpoints_on_sigterm(
-    node: Node, release: helm.Config, namespace: str
+    node: Node, release: AdminCLI, namespace: str
 ) -> None:
     marks = node.host_dir / f"marks-{namespace}"
     marks.mkdir(mode=0o777)
@@ -808,7 +825,7 @@ def service_path(node: Node, namespace: str, service: str, path: str) -> list[st
 
 
 def test_a_modeldeployment_serves_tritonclient_through_its_service_and_scales_with_load(
-    node: Node, release: helm.Config, namespace: str
+    node: Node, release: AdminCLI, namespace: str
 ) -> None:
     httpclient = pytest.importorskip("tritonclient.http")
     path = (
@@ -997,7 +1014,7 @@ def sleeper(node: Node, namespace: str, *, wait: bool = True) -> None:
 
 
 def test_kubelet_killed_and_restarted_keeps_pods_and_the_plugin_re_registers(
-    node: Node, release: helm.Config, namespace: str
+    node: Node, release: AdminCLI, namespace: str
 ) -> None:
     sleeper(node, namespace)
     before = {**container_ids(node, namespace), **container_ids(node, NS)}
@@ -1016,9 +1033,7 @@ def test_kubelet_killed_and_restarted_keeps_pods_and_the_plugin_re_registers(
     assert all(ready(p) for p in pods(node, namespace) + pods(node, NS))
 
 
-def test_containerd_restarted_keeps_containers_running(
-    node: Node, release: helm.Config, namespace: str
-) -> None:
+def test_containerd_restarted_keeps_containers_running(node: Node, release: AdminCLI, namespace: str) -> None:
     sleeper(node, namespace)
     before = {**container_ids(node, namespace), **container_ids(node, NS)}
     t0 = time.monotonic()
@@ -1064,7 +1079,7 @@ def test_containerd_restarted_keeps_containers_running(
     assert all(ready(p) for p in pods(node, NS))
 
 
-def test_agent_pod_deleted_is_recreated_and_registers_again(node: Node, release: helm.Config) -> None:
+def test_agent_pod_deleted_is_recreated_and_registers_again(node: Node, release: AdminCLI) -> None:
     (old,) = component_pods(node, "agent")
     registered = registrations(node)
     t0 = time.monotonic()
@@ -1103,7 +1118,7 @@ def stamp(value: str) -> float:
 
 
 def test_operator_leader_deleted_the_standby_takes_over_without_duplicate_pods(
-    node: Node, release: helm.Config, namespace: str
+    node: Node, release: AdminCLI, namespace: str
 ) -> None:
     roles = operator_roles(node)
     assert roles is not None, "two operator replicas with distinct peering priorities"
@@ -1157,9 +1172,12 @@ def test_operator_leader_deleted_the_standby_takes_over_without_duplicate_pods(
     )
 
 
-def test_helm_uninstall_leaves_only_the_crds(node: Node, release: helm.Config) -> None:
+def test_helm_uninstall_leaves_only_the_crds(node: Node, release: AdminCLI) -> None:
     node.pod_memory = {k: v for k, v in node.pod_memory_mib().items() if k.startswith(f"{NS}/")}
-    release.uninstall(RELEASE, timeout=300)
+    t0 = time.monotonic()
+    out = release.helm("uninstall", RELEASE, "-n", NS, "--timeout", "300s")
+    node.timings["helm uninstall (cleanup Job ran)"] = time.monotonic() - t0
+    assert f'release "{RELEASE}" uninstalled' in out.stdout, out
     wait_until(lambda: not pods(node, NS), 180, "every pod of the release to be gone")
     # Every object the chart rendered for this release is gone, cluster-scoped ones included.
     for obj in objects(render(chart_values(node), name=RELEASE, namespace=NS)):
@@ -1170,7 +1188,7 @@ def test_helm_uninstall_leaves_only_the_crds(node: Node, release: helm.Config) -
         assert node.plane.get(
             f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{contract.GROUP}"
         )
-    # The pre-delete hook removed the agent's inventory annotation from the Node, and its own Job,
+    # The post-delete hook removed the agent's inventory annotation from the Node, and its own Job,
     # ServiceAccount and rights are gone with it. (The kubelet keeps `tessera.io/gpu` in the Node's
     # capacity, at 0 allocatable, until it drops a plugin it has not heard from: its own state, not ours.)
     got = node.node() or {}
@@ -1182,4 +1200,4 @@ def test_helm_uninstall_leaves_only_the_crds(node: Node, release: helm.Config) -
             120,
             f"hook {key(obj)} to be deleted",
         )
-    assert release.list(all_states=True) == []  # the release's history (its Secrets) went too
+    assert released(release) == []  # the release's history (its Secrets) went too

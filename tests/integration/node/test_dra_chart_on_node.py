@@ -17,17 +17,17 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-import helm_python as helm
 import pytest
 from tessera.api import contract
 
+from tests.integration.k8s.admin_cli import AdminCLI
 from tests.integration.k8s.controlplane import wait_until
-from tests.unit.chart.chart_render import CHART
 
 from .node import Node
 from .test_chart_on_node import (
     chart_values,
     describe,
+    helm_install,
     modeldeployment,
     pod_log,
     pods,
@@ -57,7 +57,7 @@ FAKE_GPUS = 2
 
 
 @pytest.fixture(scope="module")
-def dra_release(node: Node) -> Iterator[helm.Config]:
+def dra_release(node: Node, admin_cli: AdminCLI) -> Iterator[AdminCLI]:
     if node.containerd_dir is None:
         pytest.fail("DRA needs CDI: run the node with the built containerd (TESSERA_NODE_CONTAINERD=built)")
     values: dict[str, Any] = chart_values(node)
@@ -66,28 +66,26 @@ def dra_release(node: Node) -> Iterator[helm.Config]:
         {"fakeGpus": FAKE_GPUS, "kubeletRootDir": str(node.kubelet_root), "cdiDir": str(node.cdi_dir)}
     )
     t0 = time.monotonic()
-    with helm.Config(kubeconfig_path=str(node.plane.kubeconfig), namespace=NS) as cfg:
-        installed = cfg.install(CHART, RELEASE, values, create_namespace=True, timeout=300)
-        assert installed["status"] == "deployed"
-        try:
-            wait_until(
-                lambda: len(got := pods(node, NS)) == 4 and all(ready(p) for p in got),
-                300,
-                "the chart's 4 pods to be Running and Ready",
-            )
-        except TimeoutError as err:
-            raise AssertionError(f"{err}\n{describe(node, NS)}") from err
-        node.timings["chart ready (lanes.api auto = dra)"] = time.monotonic() - t0
-        try:
-            yield cfg
-        finally:
-            cfg.uninstall(RELEASE, timeout=300)
-            # The slice is owned by the Node, which outlives the release.
-            node.plane.request("DELETE", f"{RESOURCE_API}/resourceslices/{node.name}-{contract.DRA_DRIVER}")
+    helm_install(node, admin_cli, RELEASE, values, NS)
+    try:
+        wait_until(
+            lambda: len(got := pods(node, NS)) == 4 and all(ready(p) for p in got),
+            300,
+            "the chart's 4 pods to be Running and Ready",
+        )
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{describe(node, NS)}") from err
+    node.timings["chart ready (lanes.api auto = dra)"] = time.monotonic() - t0
+    try:
+        yield admin_cli
+    finally:
+        admin_cli.helm("uninstall", RELEASE, "-n", NS, "--timeout", "300s")
+        # The slice is owned by the Node, which outlives the release.
+        node.plane.request("DELETE", f"{RESOURCE_API}/resourceslices/{node.name}-{contract.DRA_DRIVER}")
 
 
 def test_auto_on_137_runs_the_dra_driver_and_a_claim_gets_its_lane(
-    node: Node, namespace: str, dra_release: helm.Config
+    node: Node, namespace: str, dra_release: AdminCLI
 ) -> None:
     status, dc = node.plane.request("GET", f"{RESOURCE_API}/deviceclasses/{contract.DRA_DEVICE_CLASS}")
     assert status == 200, dc
@@ -224,7 +222,7 @@ print("DONE", flush=True)
 
 
 def test_dra_app_job_runs_on_its_leased_gpus_and_reports_progress(
-    node: Node, namespace: str, dra_release: helm.Config
+    node: Node, namespace: str, dra_release: AdminCLI
 ) -> None:
     """Themis leases both GPUs to the job (in one round, or in two); its pod's claim selects them (two
     requests, by UUID), and the container sees both, in the lease's order; the job's progress reports pass
@@ -315,7 +313,7 @@ print("DONE", flush=True)
 
 
 def test_dra_trialgroup_packs_three_trials_on_the_planned_gpu(
-    node: Node, namespace: str, dra_release: helm.Config
+    node: Node, namespace: str, dra_release: AdminCLI
 ) -> None:
     """Fluid packs three trials on the group's one GPU: three claims of a third each, all selecting that GPU,
     running at once with their lanes; the trials' progress reaches the operator through the agent."""
@@ -398,7 +396,7 @@ WORKER = (
 
 
 def test_dra_modeldeployment_spreads_its_replicas_as_placed_and_serves(
-    node: Node, namespace: str, dra_release: helm.Config
+    node: Node, namespace: str, dra_release: AdminCLI
 ) -> None:
     """Two replicas of half a GPU each: the operator places one per GPU, where kube-scheduler's allocator,
     unasked, would put both on gpu-0 (the first device they fit). Each worker runs on the GPU of its

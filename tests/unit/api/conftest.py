@@ -16,9 +16,16 @@ VALID = sorted(EXAMPLES.glob("*.yaml"))
 INVALID = sorted((EXAMPLES / "invalid").glob("*.yaml"))
 
 
+def documents(path: Path) -> list[dict[str, Any]]:
+    """The Tessera objects of an example file, in order (not the Namespace it creates beside them)."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    assert all(isinstance(d, dict) for d in docs)
+    return [d for d in docs if str(d.get("apiVersion", "")).startswith("tessera.io/")]
+
+
 def load(path: Path) -> dict[str, Any]:
-    doc = yaml.safe_load(path.read_text())
-    assert isinstance(doc, dict)
+    """The one Tessera object of an example file."""
+    (doc,) = documents(path)
     return doc
 
 

@@ -9,21 +9,21 @@ from tessera.api.crd import openapi_schema
 from tessera.api.resources import KINDS, manifest_errors
 
 from .apiserver import cel_errors, openapi_errors
-from .conftest import INVALID, VALID, expected_errors, load
+from .conftest import INVALID, VALID, documents, expected_errors, load
 
 
 def test_there_is_a_valid_and_an_invalid_example_per_kind() -> None:
-    assert {load(p)["kind"] for p in VALID} == set(KINDS)
+    assert {d["kind"] for p in VALID for d in documents(p)} == set(KINDS)
     assert {load(p)["kind"] for p in INVALID} == set(KINDS)
 
 
 @pytest.mark.parametrize("path", VALID, ids=lambda p: p.name)
 def test_valid_example_passes_models_schema_and_cel(path: Path) -> None:
-    doc = load(path)
-    schema = openapi_schema(KINDS[doc["kind"]])
-    assert manifest_errors(doc) == []
-    assert openapi_errors(doc, schema) == []
-    assert cel_errors(doc, schema) == []
+    for doc in documents(path):
+        schema = openapi_schema(KINDS[doc["kind"]])
+        assert manifest_errors(doc) == []
+        assert openapi_errors(doc, schema) == []
+        assert cel_errors(doc, schema) == []
 
 
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.name)

@@ -212,18 +212,31 @@ def test_operator_runs_two_peered_replicas() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
 
 
-def test_uninstall_runs_a_hook_that_removes_the_agents_node_annotation_and_taint() -> None:
+def test_uninstall_runs_a_hook_that_removes_the_agents_node_annotation_and_taint_or_gives_up() -> None:
     rendered = render()
     hooks = objects(rendered, hooks=True)
     assert {o["kind"] for o in hooks} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
     for obj in hooks:
         ann = obj["metadata"]["annotations"]
-        assert ann["helm.sh/hook"] == "pre-delete"
-        assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        # After the release is gone (agents and their rights too), so a Job that cannot run does not keep
+        # the release half-removed; deleted whether it succeeded or failed.
+        assert ann["helm.sh/hook"] == "post-delete"
+        assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded,hook-failed"
     # The Job runs last, after its ServiceAccount and rights exist.
     weight = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in hooks}
     assert weight["Job"] > max(w for k, w in weight.items() if k != "Job")
-    job = find(hooks, "Job")["spec"]["template"]["spec"]
+    job_obj = find(hooks, "Job")
+    # It gives up within the deadline (uninstall waits no longer), and Helm prints a failed Job's logs.
+    assert job_obj["spec"]["activeDeadlineSeconds"] == 40
+    assert job_obj["metadata"]["annotations"]["helm.sh/hook-output-log-policy"] == "hook-failed"
+    deadline = render({"agent": {"cleanupDeadlineSeconds": 90}})
+    assert find(objects(deadline, hooks=True), "Job")["spec"]["activeDeadlineSeconds"] == 90
+    # NOTES say what is left when it gave up, and how to remove it.
+    notes = rendered["tessera/templates/NOTES.txt"]
+    assert "gives up\nafter 40 s" in notes
+    assert "kubectl annotate nodes --all tessera.io/gpus-" in notes
+    assert "kubectl taint nodes --all tessera.io/gpu-node-" in notes
+    job = job_obj["spec"]["template"]["spec"]
     assert job["containers"][0]["command"][:2] == ["tessera-agent", "--forget-nodes"]
     assert job["securityContext"]["runAsNonRoot"] is True
     assert find(hooks, "ClusterRole")["rules"] == [

@@ -76,7 +76,8 @@ def test_validate_refuses_nan_inf_and_oversized_numbers_at_the_field(
 ) -> None:
     path = _app_with(tmp_path, old, new)
     assert main(["validate", str(path)]) == 1
-    (line,) = capsys.readouterr().out.splitlines()
+    skipped, line = capsys.readouterr().out.splitlines()  # the example's Namespace, then the App
+    assert skipped.startswith(f"SKIP {path} (Namespace/research)")
     assert line.startswith(f"{path}: App/resnet50-lr-search: {field}: ") and why in line, line
 
 
