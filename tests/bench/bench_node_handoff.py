@@ -22,18 +22,20 @@ import statistics
 import sys
 from pathlib import Path
 
-import helm_python as helm
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tessera.progress import Progress
 
+from tests.integration.k8s.admin_cli import AdminCLI, find_cli
 from tests.integration.k8s.controlplane import wait_until
 from tests.integration.node.node import one_node_cluster
 from tests.integration.node.test_chart_on_node import (
     NS,
     RELEASE,
     chart_values,
+    helm_install,
     pods,
     ready,
     route_to_tessera,
@@ -70,36 +72,35 @@ def main() -> int:
     args = parser.parse_args()
     with one_node_cluster() as node:
         values = chart_values(node)
-        with helm.Config(kubeconfig_path=str(node.plane.kubeconfig), namespace=NS) as cfg:
-            cfg.install(CHART, RELEASE, values, create_namespace=True, timeout=300)
+        cli = AdminCLI(find_cli(), node.plane.kubeconfig, node.plane.workdir / "helm-home")
+        helm_install(node, cli, RELEASE, values)
+        wait_until(
+            lambda: len(got := pods(node, NS)) == 4 and all(ready(p) for p in got), 300, "the chart's pods"
+        )
+        namespace = f"bench-{secrets.token_hex(3)}"
+        status, body = node.plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+        assert status == 201, body
+        route_to_tessera(node, namespace)
+        wait_until(
+            lambda: (
+                node.plane.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200
+            ),
+            60,
+            "the namespace's default ServiceAccount",
+        )
+        results = {"handoff on": run_rounds(node, namespace, args.rounds, args.pods, "handoff on")}
+        if not args.no_baseline:
+            values["scheduler"]["extender"] = {"handoff": {"enabled": False}}
+            path = node.plane.workdir / "handoff-off.yaml"
+            path.write_text(yaml.safe_dump(values))
+            cli.helm("upgrade", RELEASE, str(CHART), "-n", NS, "-f", str(path), "--timeout", "300s")
+            # four pods again, all Ready: the old scheduler pod (and its extender) is gone
             wait_until(
                 lambda: len(got := pods(node, NS)) == 4 and all(ready(p) for p in got),
                 300,
-                "the chart's pods",
+                "the chart's pods after the upgrade",
             )
-            namespace = f"bench-{secrets.token_hex(3)}"
-            status, body = node.plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
-            assert status == 201, body
-            route_to_tessera(node, namespace)
-            wait_until(
-                lambda: (
-                    node.plane.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0]
-                    == 200
-                ),
-                60,
-                "the namespace's default ServiceAccount",
-            )
-            results = {"handoff on": run_rounds(node, namespace, args.rounds, args.pods, "handoff on")}
-            if not args.no_baseline:
-                values["scheduler"]["extender"] = {"handoff": {"enabled": False}}
-                cfg.upgrade(CHART, RELEASE, values, timeout=300)
-                # four pods again, all Ready: the old scheduler pod (and its extender) is gone
-                wait_until(
-                    lambda: len(got := pods(node, NS)) == 4 and all(ready(p) for p in got),
-                    300,
-                    "the chart's pods after the upgrade",
-                )
-                results["handoff off"] = run_rounds(node, namespace, args.rounds, args.pods, "handoff off")
+            results["handoff off"] = run_rounds(node, namespace, args.rounds, args.pods, "handoff off")
     print(f"\n{args.pods} pods with equal requests bound to one node at once, per round:\n")
     print(
         "| extender | rounds | pods | on another pod's lane | refused by Allocate | binds/s median [worst] | s to all done |"

@@ -500,7 +500,7 @@ def test_a_trialgroup_runs_three_trials_at_once_on_lanes_of_one_gpu(
 
 
 def test_pods_bound_together_each_run_on_their_own_gpu_and_lane(
-    node: Node, release: helm.Config, namespace: str
+    node: Node, release: AdminCLI, namespace: str
 ) -> None:
     """Issue 44: pods with equal requests bound to the node at once used to swap GPUs and lanes (the kubelet's
     Allocate does not say which pod it serves). With the extender's handoff and the agent's refusal to guess,
@@ -521,7 +521,7 @@ def events(node: Node, namespace: str) -> list[dict[str, Any]]:
 
 
 def test_the_lane_audit_finds_two_pods_whose_lanes_were_swapped_and_deletes_them(
-    node: Node, release: helm.Config, namespace: str
+    node: Node, release: AdminCLI, namespace: str
 ) -> None:
     """The agent's audit against the real kubelet's PodResources API. The swap is forced where the agent keeps
     its side of the record: the `tessera.io/allocated` annotations of two running pods are exchanged, so each
