@@ -1,6 +1,6 @@
 """Runs the node agent's parts together until stopped: device plugin, MPS daemon, inventory, telemetry, the
-GPU-node taint (set or cleared once at start), and (opt-in) the lane coordinator, the progress endpoint,
-HP/BE lanes and the BE feedback loop."""
+GPU-node taint (set or cleared once at start), the lane audit (device-plugin mode), and (opt-in) the lane
+coordinator, the progress endpoint, HP/BE lanes and the BE feedback loop."""
 
 from __future__ import annotations
 

@@ -593,6 +593,8 @@ class Extender:
         """A bind refused because `node` is still handing a GPU to another pod; retried once it has."""
         self._refused[uid] = (ns, name, frozenset({node}))
         self._refused.move_to_end(uid)
+        while len(self._refused) > self.SPEC_CACHE:
+            self._refused.popitem(last=False)
         who = f"pod {blocker}" if blocker else "another pod"
         why = (
             f"cannot bind {ns}/{name} to {node} yet: {who} bound there still waits for the node agent's Allocate "
