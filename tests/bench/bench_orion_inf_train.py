@@ -54,7 +54,9 @@ def main() -> None:
                     "requests": a.requests,
                     "hp_p99_dedicated_ms": round(r.hp_latency_dedicated * 1e3, 3),
                     **{f"{p}_p99_ratio": round(x.ratio_p99, 3) for p, x in r.results.items()},
-                    **{f"{p}_be_ratio": round(x.be_ratio, 3) for p, x in r.results.items() if x.be_throughput},
+                    **{
+                        f"{p}_be_ratio": round(x.be_ratio, 3) for p, x in r.results.items() if x.be_throughput
+                    },
                 }
                 print(json.dumps(row), flush=True)
                 if a.out is not None:
