@@ -19,7 +19,14 @@ Goodput (``--goodput-only`` skips the throughput part): 4 identical models (α =
 point, seed 2; offered load as a multiple of Symphony's peak (highest rate with ≤ 1 % bad rate, bisection
 Symphony §3.4); goodput = requests finished by their deadline per second. ``eager`` is Symphony's scheduler
 with deferral off and the same early-drop GETBATCH (Symphony §3.4's eager); ``eager-headgreedy`` the eager
-reported here before, with the head-greedy GETBATCH."""
+reported here before, with the head-greedy GETBATCH.
+
+``--per-model`` adds the same 4 models' goodput by the Fig. 7a criterion (every model's p99 within its SLO
+after a 2 s warm-up, 3 seeds pooled, 10 s and 20 s measured; ``cluster_sim.per_model_goodput``) for
+Symphony and eager, both on the early-drop GETBATCH. ``--autoscale`` adds the autoscaling loop
+(``cluster_sim.autoscale``, Symphony §3.5's advice after each 1 s epoch) on the unit test's setup: the same 4
+models at 1,500 req/s from 16 GPUs, release damping 1 (the paper's rule) and 0.5, per GETBATCH.
+``--only`` runs just the parts asked for with those two options."""
 
 from __future__ import annotations
 
@@ -37,10 +44,12 @@ from tessera.policy.serving.common import ClusterScheduler, Request
 from tessera.progress import Progress
 from tessera.sim.serving.cluster_sim import (
     ServedModel,
+    autoscale,
     identical_models,
     make_cluster_requests,
     make_scheduler,
     max_goodput,
+    per_model_goodput,
     run_policy,
     staggered_capacity,
 )
@@ -156,16 +165,52 @@ def goodput() -> None:
     print("(bad rate: dropped or late / offered)")
 
 
+def per_model() -> None:
+    models = identical_models(4, alpha=0.001, beta=0.015, slo=0.046, max_batch=64)
+    early = "earlyDropForTarget"
+    print("\nper-model p99 goodput (req/s), 8 GPUs, 2 s warm-up, seeds 0-2 pooled:")
+    for measure in (10.0, 20.0):
+        g = {
+            p: per_model_goodput(p, models, 8, measure=measure, warmup=2.0, seeds=[0, 1, 2], get_batch=early)
+            for p in ("symphony", "eager")
+        }
+        print(f"  {measure:g} s measured: symphony {g['symphony']:,.0f}, eager {g['eager']:,.0f}, "
+              f"symphony/eager {g['symphony'] / g['eager']:.2f}x", flush=True)  # fmt: skip
+
+
+def autoscaling() -> None:
+    models = identical_models(4, alpha=0.001, beta=0.015, slo=0.046)
+    print(
+        "\nautoscaling, 1,500 req/s from 16 GPUs, 1 s epochs, seed 3 (GPUs per epoch, bad rate in brackets):"
+    )
+    for gb in ("headGreedy", "earlyDropForTarget"):
+        for damping in (1.0, 0.5):
+            steps = autoscale(
+                "symphony", models, 1500.0, 16, epochs=6, duration=1.0, seed=3, release_damping=damping,
+                get_batch=gb,
+            )  # fmt: skip
+            path = " -> ".join(f"{s.n_gpus} ({s.bad_rate:.1%})" for s in steps)
+            print(f"  {gb}, damping {damping:g}: {path}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5, help="runs per point; the median is reported")
     ap.add_argument("--requests", type=int, default=30_000, help="requests per run (approximate)")
     ap.add_argument("--loads", default="0.6,2.0", help="offered load / staggered capacity, comma-separated")
     ap.add_argument("--goodput-only", action="store_true", help="skip the scheduler-throughput part")
+    ap.add_argument("--per-model", action="store_true", help="add the per-model p99 goodput of the 4 models")
+    ap.add_argument("--autoscale", action="store_true", help="add the autoscaling trajectories")
+    ap.add_argument("--only", action="store_true", help="with --per-model/--autoscale: nothing else")
     args = ap.parse_args()
-    if not args.goodput_only:
-        throughput(args, [float(x) for x in args.loads.split(",") if x])
-    goodput()
+    if not args.only:
+        if not args.goodput_only:
+            throughput(args, [float(x) for x in args.loads.split(",") if x])
+        goodput()
+    if args.per_model:
+        per_model()
+    if args.autoscale:
+        autoscaling()
 
 
 if __name__ == "__main__":

@@ -430,6 +430,7 @@ def autoscale(
     min_gpus_: int = 1,
     cv: float = 1.0,
     release_damping: float = 1.0,
+    get_batch: str = "headGreedy",
 ) -> list[AutoscaleStep]:
     """Run ``epochs`` epochs at a fixed load, applying the A.8 advice after each: add N·r/(1−r) when
     the bad rate r exceeds the threshold, else release N·f for idle fraction f (Symphony §3.5).
@@ -441,7 +442,9 @@ def autoscale(
         raise ValueError(f"release_damping must be in (0, 1], got {release_damping!r}")
     n, out = n_start, []
     for e in range(epochs):
-        st = run_policy(policy, models, n, total_rate, duration=duration, seed=seed + e, cv=cv)
+        st = run_policy(
+            policy, models, n, total_rate, duration=duration, seed=seed + e, cv=cv, get_batch=get_batch
+        )
         idle = 1.0 - st.busy_fraction
         adv = autoscale_advice(
             n, min(st.bad_rate, 0.999), max(0.0, min(1.0, idle)), bad_threshold=bad_threshold
