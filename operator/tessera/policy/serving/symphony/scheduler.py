@@ -94,6 +94,8 @@ class SymphonyScheduler:
         "_csize",
         "_drops",
         "_early",
+        "_gbin",
+        "_gend",
         "_gseq",
         "_idle",
         "_in_idle",
@@ -103,8 +105,11 @@ class SymphonyScheduler:
         "_maxb",
         "_mbin",
         "_mcount",
+        "_midx",
         "_morigin",
         "_mrate",
+        "_msq",
+        "_msum",
         "_mwin",
         "_names",
         "_out",
@@ -164,9 +169,13 @@ class SymphonyScheduler:
         # Per-model arrival-rate meter (modelRate): the bin the counter is filling, its hits, the window of
         # sealed bin rates (empty until the first bin with a hit is sealed) and the rate r it gives.
         self._morigin = math.nan  # time of bin 0: the first request seen
+        self._gbin, self._gend = 0, -math.inf  # the latest bin seen on the grid, and when it ends
         self._mbin = [0] * m
         self._mcount = [0] * m
-        self._mwin: list[list[float]] = [[] for _ in range(m)]
+        self._mwin: list[list[int]] = [[] for _ in range(m)]  # hits per sealed bin, a ring once full
+        self._midx = [0] * m  # the ring's oldest entry
+        self._msum = [0] * m  # Σ hits and Σ hits² over the window
+        self._msq = [0] * m
         self._mrate = [math.nan] * m
         # Candidate per model: size 0 = none; _cseq/_sseq = seq of its live model / stale timer (−1 none).
         self._csize = [0] * m
@@ -268,11 +277,12 @@ class SymphonyScheduler:
                 drops.append(Drop(e[4], now, _CANNOT_MEET))
             del q[:k]
         if q and self._early:
-            if self._by_rate:
+            if self._by_rate and (now >= self._gend or self._mbin[i] != self._gbin):
                 self._meter(i, now)
             # Fast path: the head fits a batch of min(target, |Q|); the loop only runs when it sheds.
             head = q[0]
-            n = self._target(i, head[0] - head[3])
+            slo = head[0] - head[3]
+            n = self._tval[i] if self._tslo[i] == slo else self._target(i, slo)
             if n > len(q):
                 n = len(q)
             if n >= 2 and head[0] - self._pmax[i][n] < now:
@@ -280,28 +290,48 @@ class SymphonyScheduler:
 
     def _meter(self, i: int, now: float) -> None:
         """Seal model ``i``'s rate bins that ended by ``now`` (RpsMeter::SealCounter every 50 ms, done lazily):
-        each sealed bin adds hits/50 ms to the window of the last 100; bins before the model's first hit add
-        nothing, empty bins after it add 0. The rate r = mean + 2·std (population) of the window."""
+        each sealed bin adds its hits to the window of the last 100; bins before the model's first hit add
+        nothing, empty bins after it add 0. The rate r = mean + 2·std (population) of the window's hits/50 ms,
+        from exact integer sums of the counts and their squares (O(1) per bin)."""
         if self._morigin != self._morigin:  # nan: no request yet
             return
-        cur = math.floor((now - self._morigin) / RPS_BIN_S)
+        if now < self._gend:
+            cur = self._gbin
+        else:  # a new bin of the shard's grid: remember where it ends (the callers' fast path)
+            cur = self._gbin = math.floor((now - self._morigin) / RPS_BIN_S)
+            self._gend = self._morigin + (cur + 1) * RPS_BIN_S
         b = self._mbin[i]
         if cur <= b:
             return
-        win = self._mwin[i]
-        rates: list[float] = []
-        if win or self._mcount[i]:
-            rates.append(self._mcount[i] / RPS_BIN_S)
-            rates += [0.0] * min(cur - b - 1, RPS_WINDOW_BINS)
+        c = self._mcount[i]
         self._mbin[i], self._mcount[i] = cur, 0
-        if not rates:
+        win = self._mwin[i]
+        if not win and not c:
             return
-        win += rates
-        if len(win) > RPS_WINDOW_BINS:
-            del win[: len(win) - RPS_WINDOW_BINS]
+        gap = cur - b - 1
+        if gap >= RPS_WINDOW_BINS:  # the window is all zeros
+            self._mwin[i] = win = [0] * RPS_WINDOW_BINS
+            self._midx[i] = s1 = s2 = 0
+        else:  # seal this bin's hits, then the empty bins since
+            s1, s2, j = self._msum[i], self._msq[i], self._midx[i]
+            full = len(win) == RPS_WINDOW_BINS
+            for n in (c, *itertools.repeat(0, gap)) if gap else (c,):
+                if full:
+                    old = win[j]
+                    s1 -= old
+                    s2 -= old * old
+                    win[j] = n
+                    j = j + 1 if j + 1 < RPS_WINDOW_BINS else 0
+                else:
+                    win.append(n)
+                    full = len(win) == RPS_WINDOW_BINS
+                s1 += n
+                s2 += n * n
+            self._midx[i] = j
+        self._msum[i], self._msq[i] = s1, s2
         k = len(win)
-        avg = sum(win) / k
-        std = math.sqrt(sum((x - avg) * (x - avg) for x in win) / k)
+        avg = (s1 / RPS_BIN_S) / k
+        std = math.sqrt(k * s2 - s1 * s1) / k / RPS_BIN_S
         self._mrate[i] = avg + RPS_STD_MULTIPLIER * std
         self._tslo[i] = math.nan  # the target is recomputed from the new rate
 
@@ -407,7 +437,8 @@ class SymphonyScheduler:
         if self._early and self._by_rate:  # RpsMeter::Hit, after sealing the bins that ended by now
             if self._morigin != self._morigin:  # nan: the first request starts bin 0
                 self._morigin = now
-            self._meter(i, now)
+            if now >= self._gend or self._mbin[i] != self._gbin:
+                self._meter(i, now)
             self._mcount[i] += 1
         q = self._queues[i]
         e = (request.deadline, request.rid, next(self._arrivals), request.arrival, request)
