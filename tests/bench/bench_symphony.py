@@ -10,7 +10,8 @@ advance / next_timer / take_drops) are inside the timed loop. Each figure is req
 process (``time.process_time``: the one core's work, unaffected by other processes taking the core away
 on a shared machine), the median of ``--repeats`` runs taken round-robin over the policies; the wall-clock
 rate of the same runs is printed beside it. Side by side: ``symphony`` = deferred with the early-drop
-GETBATCH (what the operator configures), ``headGreedy`` = deferred with the head-greedy GETBATCH,
+GETBATCH (what the operator configures; its target from each model's metered rate), ``clusterGpus`` = the same
+with the target over every GPU (no rate meter), ``headGreedy`` = deferred with the head-greedy GETBATCH,
 ``before`` = the scheduler as it was before the throughput work (``tests/unit/serving_symphony/
 symphony_reference.py``, same decisions as headGreedy), eager dispatch in the same framework (k = 0) and
 Clockwork's earliest-LEM rule (A.11.2), which scans every GPU on each arrival.
@@ -58,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.unit.serving_symphony.symphony_reference import ReferenceSymphonyScheduler
 
 GPUS = (1, 10, 100, 1_000)
-POLICIES = ("symphony", "headGreedy", "before", "eager", "clockwork")
+POLICIES = ("symphony", "clusterGpus", "headGreedy", "before", "eager", "clockwork")
 GOODPUT_LOADS = (0.2, 0.5, 0.8, 1.0, 1.25, 1.5, 2.0)
 
 
@@ -67,6 +68,10 @@ def factory(policy: str, models: list[ServedModel], n: int) -> Callable[[], Clus
         return lambda: ReferenceSymphonyScheduler({m.name: m.profile for m in models}, n)
     if policy == "symphony":
         return lambda: make_scheduler("symphony", models, n, get_batch="earlyDropForTarget")
+    if policy == "clusterGpus":
+        return lambda: make_scheduler(
+            "symphony", models, n, get_batch="earlyDropForTarget", target_batch="clusterGpus"
+        )
     if policy == "headGreedy":
         return lambda: make_scheduler("symphony", models, n)
     return lambda: make_scheduler(policy, models, n)
