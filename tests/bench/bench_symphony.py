@@ -27,7 +27,11 @@ after a 2 s warm-up, 3 seeds pooled, 10 s and 20 s measured; ``cluster_sim.per_m
 Symphony and eager, both on the early-drop GETBATCH. ``--autoscale`` adds the autoscaling loop
 (``cluster_sim.autoscale``, Symphony §3.5's advice after each 1 s epoch) on the unit test's setup: the same 4
 models at 1,500 req/s from 16 GPUs, release damping 1 (the paper's rule) and 0.5, per GETBATCH.
-``--only`` runs just the parts asked for with those two options."""
+``--partition`` adds the sharding partitioner (``symphony/partition.py``; Symphony Appendix A): seeded random
+models (rate log-normal, static memory 0.1-2, dynamic 0-0.5, as ``test_partition.py``) split 200 into 10 and
+800 into 20, with the CPU time taken and the imbalance (max − min)/avg of load and memory beside the random-search
+baseline's best of as many tries as fit in the same CPU time. ``--only`` runs just the parts asked for with
+these options."""
 
 from __future__ import annotations
 
@@ -198,6 +202,35 @@ def autoscaling() -> None:
             print(f"  {gb}, damping {damping:g}: {path}", flush=True)
 
 
+def partitioning() -> None:
+    import random
+
+    from tessera.policy.serving.symphony.partition import ShardModel, partition_models, random_partition
+
+    print("\npartitioning (CPU seconds; imbalance of load / memory, random search in the same CPU time):")
+    for n, parts in ((200, 10), (800, 20)):
+        rng = random.Random(0)
+        models = [
+            ShardModel(f"m{i}", rng.lognormvariate(3, 1), rng.uniform(0.1, 2.0), rng.uniform(0.0, 0.5))
+            for i in range(n)
+        ]
+        c0 = time.process_time()
+        p = partition_models(models, parts)
+        took = time.process_time() - c0
+        c0, tries, best = time.process_time(), 0, None
+        r = random.Random(1)
+        while time.process_time() - c0 < took:
+            cand = random_partition(models, parts, r, tries=10)
+            tries += 10
+            if cand is not None and (best is None or sum(cand.imbalance()) < sum(best.imbalance())):
+                best = cand
+        li, mi = p.imbalance()
+        rnd = f"{best.imbalance()[0]:.3f} / {best.imbalance()[1]:.3f}" if best else "none feasible"
+        print(
+            f"  {n} models into {parts}: {took:.1f} s, imbalance {li:.3f} / {mi:.3f}; random ({tries} tries) {rnd}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5, help="runs per point; the median is reported")
@@ -206,7 +239,10 @@ def main() -> None:
     ap.add_argument("--goodput-only", action="store_true", help="skip the scheduler-throughput part")
     ap.add_argument("--per-model", action="store_true", help="add the per-model p99 goodput of the 4 models")
     ap.add_argument("--autoscale", action="store_true", help="add the autoscaling trajectories")
-    ap.add_argument("--only", action="store_true", help="with --per-model/--autoscale: nothing else")
+    ap.add_argument("--partition", action="store_true", help="add the sharding partitioner's figures")
+    ap.add_argument(
+        "--only", action="store_true", help="with --per-model/--autoscale/--partition: nothing else"
+    )
     args = ap.parse_args()
     if not args.only:
         if not args.goodput_only:
@@ -216,6 +252,8 @@ def main() -> None:
         per_model()
     if args.autoscale:
         autoscaling()
+    if args.partition:
+        partitioning()
 
 
 if __name__ == "__main__":
