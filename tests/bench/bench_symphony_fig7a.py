@@ -17,7 +17,8 @@ prints the relative change (the issue's < 3 % criterion).
 Policies: ``symphony`` = deferred (Algorithm 1) with the early-drop GETBATCH (the authors' code's
 ``GetBatchByExpandedWindow``) and its target batch by ``--target-batch`` (default ``modelRate``, the authors'
 ``BatchSizeEstimator`` over the model's own rate); ``symphony-clustergpus`` = the same with the target over
-every GPU of the cluster (``clusterGpus``, this project's former rule); ``eager`` = Algorithm 1 with line 5
+every GPU of the cluster (``clusterGpus``, this project's former rule); ``symphony-headgreedy`` = deferred with
+the head-greedy GETBATCH; ``eager`` = Algorithm 1 with line 5
 dispatching at once and the same GETBATCH, target and drops (Symphony §3.4's definition);
 ``eager-headgreedy`` = dispatch at once with the head-greedy GETBATCH; ``clockwork`` = on every free GPU the
 candidate (any model, any batch size that meets its head's deadline) with the earliest latest-executable
@@ -44,6 +45,11 @@ from tessera.sim.serving.zoo import symphony_zoo
 
 TARGETED = ("symphony", "eager", "timeout")  # the policies --target-batch applies to
 PAPER = "1.35–2.02×"
+PAIRS = (  # (heading, deferred, eager) with the same GETBATCH and target rule
+    ("early drop, modelRate", "symphony", "eager"),
+    ("early drop, clusterGpus", "symphony-clustergpus", "eager[clusterGpus]"),
+    ("head-greedy", "symphony-headgreedy", "eager-headgreedy"),
+)
 
 
 def label(policy: str, target_batch: str | None) -> str:
@@ -106,8 +112,8 @@ def table(path: Path) -> None:
             k = (r["shape"], r["ratio"])
             good[k][label(r["policy"], r.get("target_batch"))] = r["goodput"]
             fail[k][label(r["policy"], r.get("target_batch"))] = r["first_failing_model"] or "—"
-    cols = [c for c in ("symphony", "symphony-clustergpus", "eager", "eager[clusterGpus]", "eager-headgreedy",
-                        "clockwork", "shepherd") if any(c in g for g in good.values())]  # fmt: skip
+    cols = [c for c in ("symphony", "symphony-clustergpus", "symphony-headgreedy", "eager", "eager[clusterGpus]",
+                        "eager-headgreedy", "clockwork", "shepherd") if any(c in g for g in good.values())]  # fmt: skip
     print(
         f"Goodput in req/s ({measure:g} s measured per seed); Symphony (modelRate) / each baseline in brackets."
     )
@@ -123,6 +129,12 @@ def table(path: Path) -> None:
             else:
                 cells.append(f"{g[c]:,.0f} ({g['symphony'] / g[c]:.2f}×)")
         print(f"| {shape:g} | {ratio:g} ({round(ratio * 35)}) | " + " | ".join(cells) + f" | {PAPER} |")
+    print("\nDeferred / eager with the same GETBATCH and target (only Algorithm 1's line 5 differs):")
+    print("| Gamma shape | GPUs per model | " + " | ".join(p[0] for p in PAIRS) + " | paper, Fig. 7a |")
+    print("|---" * (len(PAIRS) + 3) + "|")
+    for (shape, ratio), g in sorted(good.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
+        cells = [f"{g[d] / g[e]:.2f}×" if d in g and e in g else "—" for _, d, e in PAIRS]
+        print(f"| {shape:g} | {ratio:g} | " + " | ".join(cells) + f" | {PAPER} |")
     print("\nFirst model past its p99 (lowest failing probe):")
     print("| Gamma shape | GPUs per model | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 2) + "|")

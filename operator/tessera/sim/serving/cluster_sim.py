@@ -23,7 +23,15 @@ from tessera.policy.serving.common import Batch, ClusterScheduler, LinearProfile
 from tessera.policy.serving.symphony import SymphonyScheduler, autoscale_advice
 from tessera.sim.serving.arrivals import gamma_arrivals
 
-CLUSTER_POLICIES = ("symphony", "symphony-clustergpus", "eager", "eager-headgreedy", "shepherd", "clockwork")
+CLUSTER_POLICIES = (
+    "symphony",
+    "symphony-clustergpus",
+    "symphony-headgreedy",
+    "eager",
+    "eager-headgreedy",
+    "shepherd",
+    "clockwork",
+)
 
 
 @dataclass(frozen=True)
@@ -64,11 +72,15 @@ def make_scheduler(
     ``get_batch`` says: what ``eager`` was before, kept as a named variant), ``timeout`` (k = ``timeout``,
     same ``get_batch``), ``shepherd`` or ``clockwork`` (A.11). ``target_batch`` is the early-drop GETBATCH's
     target rule (``modelRate``, the authors' code's, or ``clusterGpus``; see :class:`SymphonyScheduler`);
-    ``symphony-clustergpus`` is ``symphony`` with ``clusterGpus`` whatever ``target_batch`` says."""
+    ``symphony-clustergpus`` is ``symphony`` with ``clusterGpus`` whatever ``target_batch`` says, and
+    ``symphony-headgreedy`` is ``symphony`` with the head-greedy GETBATCH whatever ``get_batch`` says (the pairing
+    with ``eager-headgreedy`` that changes only line 5)."""
     profiles = {m.name: m.profile for m in models}
     tb = target_batch
     if policy == "symphony":
         return SymphonyScheduler(profiles, n_gpus, get_batch=get_batch, target_batch=tb)
+    if policy == "symphony-headgreedy":
+        return SymphonyScheduler(profiles, n_gpus, get_batch="headGreedy")
     if policy == "symphony-clustergpus":
         return SymphonyScheduler(profiles, n_gpus, get_batch=get_batch, target_batch="clusterGpus")
     if policy == "eager":
