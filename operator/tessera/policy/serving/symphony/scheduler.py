@@ -276,7 +276,7 @@ class SymphonyScheduler:
             for e in q[:k]:
                 drops.append(Drop(e[4], now, _CANNOT_MEET))
             del q[:k]
-        if q and self._early:
+        if len(q) >= 2 and self._early:  # a batch of min(target, 1) never sheds: no target needed
             if self._by_rate and (now >= self._gend or self._mbin[i] != self._gbin):
                 self._meter(i, now)
             # Fast path: the head fits a batch of min(target, |Q|); the loop only runs when it sheds.
