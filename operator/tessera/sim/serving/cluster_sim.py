@@ -23,6 +23,8 @@ from tessera.policy.serving.common import Batch, ClusterScheduler, LinearProfile
 from tessera.policy.serving.symphony import SymphonyScheduler, autoscale_advice
 from tessera.sim.serving.arrivals import gamma_arrivals
 
+# What a serving scenario's cluster section runs when it names no policies (the variants are opt-in).
+CLUSTER_DEFAULT_POLICIES = ("symphony", "eager", "eager-headgreedy", "shepherd", "clockwork")
 CLUSTER_POLICIES = (
     "symphony",
     "symphony-clustergpus",
@@ -400,13 +402,18 @@ def min_gpus(
     bad_rate: float = 0.01,
     cv: float = 1.0,
     max_gpus: int = 256,
+    get_batch: str = "headGreedy",
+    target_batch: str = "modelRate",
 ) -> int | None:
     """The fewest GPUs serving ``total_rate`` with bad rate ≤ ``bad_rate`` (None if ``max_gpus`` fail).
 
     Bisection assumes more GPUs never hurt, which holds for these schedulers up to simulation noise."""
 
     def ok(n: int) -> bool:
-        st = run_policy(policy, models, n, total_rate, duration=duration, seed=seed, cv=cv)
+        st = run_policy(
+            policy, models, n, total_rate, duration=duration, seed=seed, cv=cv, get_batch=get_batch,
+            target_batch=target_batch,
+        )  # fmt: skip
         return st.bad_rate <= bad_rate
 
     if not ok(max_gpus):
