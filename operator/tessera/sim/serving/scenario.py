@@ -84,9 +84,10 @@ class ServingScenario:
     cluster: ClusterSection | None
 
 
-def _policies(allowed: tuple[str, ...]) -> Any:
-    """A non-empty list of policy names out of `allowed` (default: all of them)."""
-    return Annotated[list[one_of(allowed)], Field(min_length=1, default_factory=lambda: list(allowed))]  # type: ignore[misc]
+def _policies(allowed: tuple[str, ...], default: tuple[str, ...] | None = None) -> Any:
+    """A non-empty list of policy names out of `allowed` (default: `default`, else all of them)."""
+    d = allowed if default is None else default
+    return Annotated[list[one_of(allowed)], Field(min_length=1, default_factory=lambda: list(d))]  # type: ignore[misc]
 
 
 PositiveList = Annotated[list[Positive], Field(min_length=1)]
@@ -121,10 +122,7 @@ class ServingClusterInput(Input):
     loads: PositiveList = Field(default_factory=lambda: [0.2, 0.5, 0.8])
     duration_s: Seconds = 2.0
     cv: Positive = 1.0
-    policies: Annotated[
-        list[one_of(CLUSTER_POLICIES)],  # type: ignore[misc]
-        Field(min_length=1, default_factory=lambda: list(CLUSTER_DEFAULT_POLICIES)),
-    ]
+    policies: _policies(CLUSTER_POLICIES, CLUSTER_DEFAULT_POLICIES)  # type: ignore[valid-type]
     get_batch: Literal["headGreedy", "earlyDropForTarget"] = "headGreedy"
     """GETBATCH of symphony, eager and timeout (Symphony A.5); the *-headgreedy policies ignore it."""
     target_batch: Literal["modelRate", "clusterGpus"] = "modelRate"
