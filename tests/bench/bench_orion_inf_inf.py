@@ -2,6 +2,8 @@
 
 Run: nice -n 15 .venv/bin/python tests/bench/bench_orion_inf_inf.py [--hp resnet50,mobilenetv2,resnet101,bert,transformer]
      [--requests 200] [--seeds 0] [--policies dedicated,mps,streams,reef,orion] [--out FILE]
+     nice -n 15 .venv/bin/python tests/bench/bench_orion_inf_inf.py --mix-stats [--seeds 0]
+     .venv/bin/python tests/bench/bench_orion_inf_inf.py --table2
 
 Setup, as the paper's: one HP inference client and one BE inference client on one GPU, both with Poisson
 arrivals at Orion Table 3's inf-inf rates (ResNet50 50, MobileNetV2 65, ResNet101 25, BERT 5, Transformer
@@ -9,6 +11,13 @@ arrivals at Orion Table 3's inf-inf rates (ResNet50 50, MobileNetV2 65, ResNet10
 model's p99 averaged over its four collocations, relative to the HP alone on the GPU. The paper: Streams/MPS
 1.89× ideal on average, REEF 1.25× (Poisson), Orion within 15 % ([O:L359-L361]). Kernel mixes are the
 synthetic Table 1 mixes of ``tessera.sim.orion.kernels``, not traces.
+
+``--mix-stats`` prints, per model, the inference mix a BE client of that model runs at each seed (the BE mix of
+a run with seed s is drawn with seed s + 1): its kernel count, median and longest kernel, the share of its time
+in kernels needing at least 70 of the 80 SMs, its request latency, and the share of the time a BE client
+keeps the GPU busy at its Table 3 rate (rate × latency). ``--table2`` prints Orion Table 2's toy collocations
+on the model (Conv2d and BN2d, both launched at once under MPS): each pair's makespan and its speed-up over
+running the two kernels one after the other (paper, V100: Conv2d‖BN2d 1.41, BN2d‖BN2d 1.08, Conv2d‖Conv2d 0.98).
 """
 
 from __future__ import annotations
@@ -19,8 +28,44 @@ import statistics
 from pathlib import Path
 
 from tessera.sim.orion.experiment import INF_INF_RPS, Collocation, run_experiment
+from tessera.sim.orion.gpu import ClientSpec, GpuSim
+from tessera.sim.orion.kernels import BN2D, CONV2D, Kernel, mix
+from tessera.sim.orion.schedulers import FreeForAll
 
 MODELS = ("resnet50", "mobilenetv2", "resnet101", "bert", "transformer")
+
+
+def table2() -> None:
+    def pair(a: Kernel, b: Kernel) -> float:
+        sim = GpuSim(
+            [ClientSpec("a", False, (a,), arrivals=(0.0,)), ClientSpec("b", False, (b,), arrivals=(0.0,))],
+            FreeForAll(),
+        )
+        sim.run(0.1)
+        return max(lat for c in sim.clients for _, lat in c.latencies)
+
+    print("| pair | alone, one after the other ms | together ms | speed-up | paper |")
+    print("|---|---|---|---|---|")
+    for (a, b), paper in (((CONV2D, BN2D), 1.41), ((BN2D, BN2D), 1.08), ((CONV2D, CONV2D), 0.98)):
+        seq, both = a.duration + b.duration, pair(a, b)
+        print(f"| {a.name}‖{b.name} | {seq * 1e3:.2f} | {both * 1e3:.2f} | {seq / both:.2f} | {paper} |")
+
+
+def mix_stats(seeds: list[int]) -> None:
+    print("| model | run seed | kernels | median kernel ms | longest kernel ms | time in kernels >= 70 SMs | "
+          "request ms | Poisson rate | BE busy share |")  # fmt: skip
+    print("|---" * 9 + "|")
+    for m in MODELS:
+        for seed in seeds:
+            ks = mix(m, "inference", seed + 1)
+            total = sum(k.duration for k in ks)
+            wide = sum(k.duration for k in ks if k.sm_needed >= 70) / total
+            rate = INF_INF_RPS[m]["poisson"]
+            print(
+                f"| {m} | {seed} | {len(ks)} | {statistics.median(k.duration for k in ks) * 1e3:.2f} | "
+                f"{max(k.duration for k in ks) * 1e3:.2f} | {wide:.0%} | {total * 1e3:.1f} | {rate:g} | "
+                f"{rate * total:.0%} |"
+            )
 
 
 def main() -> None:
@@ -30,7 +75,15 @@ def main() -> None:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--policies", default="dedicated,mps,streams,reef,orion")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--mix-stats", action="store_true", help="print the BE inference mixes' statistics")
+    ap.add_argument("--table2", action="store_true", help="print Orion Table 2's kernel pairs on the model")
     a = ap.parse_args()
+    if a.table2:
+        table2()
+        return
+    if a.mix_stats:
+        mix_stats([int(s) for s in a.seeds.split(",")])
+        return
     policies = tuple(a.policies.split(","))
     per_hp: dict[str, dict[str, list[float]]] = {}
     for hp in a.hp.split(","):

@@ -10,7 +10,8 @@ advance / next_timer / take_drops) are inside the timed loop. Each figure is req
 process (``time.process_time``: the one core's work, unaffected by other processes taking the core away
 on a shared machine), the median of ``--repeats`` runs taken round-robin over the policies; the wall-clock
 rate of the same runs is printed beside it. Side by side: ``symphony`` = deferred with the early-drop
-GETBATCH (what the operator configures), ``headGreedy`` = deferred with the head-greedy GETBATCH,
+GETBATCH (what the operator configures; its target from each model's metered rate), ``clusterGpus`` = the same
+with the target over every GPU (no rate meter), ``headGreedy`` = deferred with the head-greedy GETBATCH,
 ``before`` = the scheduler as it was before the throughput work (``tests/unit/serving_symphony/
 symphony_reference.py``, same decisions as headGreedy), eager dispatch in the same framework (k = 0) and
 Clockwork's earliest-LEM rule (A.11.2), which scans every GPU on each arrival.
@@ -19,7 +20,18 @@ Goodput (``--goodput-only`` skips the throughput part): 4 identical models (α =
 point, seed 2; offered load as a multiple of Symphony's peak (highest rate with ≤ 1 % bad rate, bisection
 Symphony §3.4); goodput = requests finished by their deadline per second. ``eager`` is Symphony's scheduler
 with deferral off and the same early-drop GETBATCH (Symphony §3.4's eager); ``eager-headgreedy`` the eager
-reported here before, with the head-greedy GETBATCH."""
+reported here before, with the head-greedy GETBATCH.
+
+``--per-model`` adds the same 4 models' goodput by the Fig. 7a criterion (every model's p99 within its SLO
+after a 2 s warm-up, 3 seeds pooled, 10 s and 20 s measured; ``cluster_sim.per_model_goodput``) for
+Symphony and eager, both on the early-drop GETBATCH. ``--autoscale`` adds the autoscaling loop
+(``cluster_sim.autoscale``, Symphony §3.5's advice after each 1 s epoch) on the unit test's setup: the same 4
+models at 1,500 req/s from 16 GPUs, release damping 1 (the paper's rule) and 0.5, per GETBATCH.
+``--partition`` adds the sharding partitioner (``symphony/partition.py``; Symphony Appendix A): seeded random
+models (rate log-normal, static memory 0.1-2, dynamic 0-0.5, as ``test_partition.py``) split 200 into 10 and
+800 into 20, with the CPU time taken and the imbalance (max − min)/avg of load and memory beside the random-search
+baseline's best of as many tries as fit in the same CPU time. ``--only`` runs just the parts asked for with
+these options."""
 
 from __future__ import annotations
 
@@ -37,10 +49,12 @@ from tessera.policy.serving.common import ClusterScheduler, Request
 from tessera.progress import Progress
 from tessera.sim.serving.cluster_sim import (
     ServedModel,
+    autoscale,
     identical_models,
     make_cluster_requests,
     make_scheduler,
     max_goodput,
+    per_model_goodput,
     run_policy,
     staggered_capacity,
 )
@@ -49,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.unit.serving_symphony.symphony_reference import ReferenceSymphonyScheduler
 
 GPUS = (1, 10, 100, 1_000)
-POLICIES = ("symphony", "headGreedy", "before", "eager", "clockwork")
+POLICIES = ("symphony", "clusterGpus", "headGreedy", "before", "eager", "clockwork")
 GOODPUT_LOADS = (0.2, 0.5, 0.8, 1.0, 1.25, 1.5, 2.0)
 
 
@@ -58,6 +72,10 @@ def factory(policy: str, models: list[ServedModel], n: int) -> Callable[[], Clus
         return lambda: ReferenceSymphonyScheduler({m.name: m.profile for m in models}, n)
     if policy == "symphony":
         return lambda: make_scheduler("symphony", models, n, get_batch="earlyDropForTarget")
+    if policy == "clusterGpus":
+        return lambda: make_scheduler(
+            "symphony", models, n, get_batch="earlyDropForTarget", target_batch="clusterGpus"
+        )
     if policy == "headGreedy":
         return lambda: make_scheduler("symphony", models, n)
     return lambda: make_scheduler(policy, models, n)
@@ -156,16 +174,86 @@ def goodput() -> None:
     print("(bad rate: dropped or late / offered)")
 
 
+def per_model() -> None:
+    models = identical_models(4, alpha=0.001, beta=0.015, slo=0.046, max_batch=64)
+    early = "earlyDropForTarget"
+    print("\nper-model p99 goodput (req/s), 8 GPUs, 2 s warm-up, seeds 0-2 pooled:")
+    for measure in (10.0, 20.0):
+        g = {
+            p: per_model_goodput(p, models, 8, measure=measure, warmup=2.0, seeds=[0, 1, 2], get_batch=early)
+            for p in ("symphony", "eager")
+        }
+        print(f"  {measure:g} s measured: symphony {g['symphony']:,.0f}, eager {g['eager']:,.0f}, "
+              f"symphony/eager {g['symphony'] / g['eager']:.2f}x", flush=True)  # fmt: skip
+
+
+def autoscaling() -> None:
+    models = identical_models(4, alpha=0.001, beta=0.015, slo=0.046)
+    print(
+        "\nautoscaling, 1,500 req/s from 16 GPUs, 1 s epochs, seed 3 (GPUs per epoch, bad rate in brackets):"
+    )
+    for gb in ("headGreedy", "earlyDropForTarget"):
+        for damping in (1.0, 0.5):
+            steps = autoscale(
+                "symphony", models, 1500.0, 16, epochs=6, duration=1.0, seed=3, release_damping=damping,
+                get_batch=gb,
+            )  # fmt: skip
+            path = " -> ".join(f"{s.n_gpus} ({s.bad_rate:.1%})" for s in steps)
+            print(f"  {gb}, damping {damping:g}: {path}", flush=True)
+
+
+def partitioning() -> None:
+    import random
+
+    from tessera.policy.serving.symphony.partition import ShardModel, partition_models, random_partition
+
+    print("\npartitioning (CPU seconds; imbalance of load / memory, random search in the same CPU time):")
+    for n, parts in ((200, 10), (800, 20)):
+        rng = random.Random(0)
+        models = [
+            ShardModel(f"m{i}", rng.lognormvariate(3, 1), rng.uniform(0.1, 2.0), rng.uniform(0.0, 0.5))
+            for i in range(n)
+        ]
+        c0 = time.process_time()
+        p = partition_models(models, parts)
+        took = time.process_time() - c0
+        c0, tries, best = time.process_time(), 0, None
+        r = random.Random(1)
+        while time.process_time() - c0 < took:
+            cand = random_partition(models, parts, r, tries=10)
+            tries += 10
+            if cand is not None and (best is None or sum(cand.imbalance()) < sum(best.imbalance())):
+                best = cand
+        li, mi = p.imbalance()
+        rnd = f"{best.imbalance()[0]:.3f} / {best.imbalance()[1]:.3f}" if best else "none feasible"
+        print(
+            f"  {n} models into {parts}: {took:.1f} s, imbalance {li:.3f} / {mi:.3f}; random ({tries} tries) {rnd}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5, help="runs per point; the median is reported")
     ap.add_argument("--requests", type=int, default=30_000, help="requests per run (approximate)")
     ap.add_argument("--loads", default="0.6,2.0", help="offered load / staggered capacity, comma-separated")
     ap.add_argument("--goodput-only", action="store_true", help="skip the scheduler-throughput part")
+    ap.add_argument("--per-model", action="store_true", help="add the per-model p99 goodput of the 4 models")
+    ap.add_argument("--autoscale", action="store_true", help="add the autoscaling trajectories")
+    ap.add_argument("--partition", action="store_true", help="add the sharding partitioner's figures")
+    ap.add_argument(
+        "--only", action="store_true", help="with --per-model/--autoscale/--partition: nothing else"
+    )
     args = ap.parse_args()
-    if not args.goodput_only:
-        throughput(args, [float(x) for x in args.loads.split(",") if x])
-    goodput()
+    if not args.only:
+        if not args.goodput_only:
+            throughput(args, [float(x) for x in args.loads.split(",") if x])
+        goodput()
+    if args.per_model:
+        per_model()
+    if args.autoscale:
+        autoscaling()
+    if args.partition:
+        partitioning()
 
 
 if __name__ == "__main__":

@@ -145,6 +145,14 @@ class Batching(WireModel):
             "a head that cannot finish in a batch of the target size, which keeps goodput flat under overload."
         ),
     )
+    target_batch: Literal["modelRate", "clusterGpus"] = Field(
+        default="modelRate",
+        description=(
+            "earlyDropForTarget's target batch size: modelRate solves (1 + 1/n)·l(b) <= SLO with n = r·l(b)/b "
+            "the GPUs the model's own measured rate r (mean + 2 std over 5 s) needs, as Symphony's code does; "
+            "clusterGpus uses n = every worker of the deployment."
+        ),
+    )
 
     cross_field_rules = (
         CrossFieldRule(

@@ -463,6 +463,7 @@ def _symphony_settings(
         "beta": beta + net.ctrl_latency_us / 1e6,
         "timeout": 0.0 if policy == "eager" else None,
         "get_batch": spec.batching.get_batch,
+        "target_batch": spec.batching.target_batch,
     }
 
 

@@ -89,6 +89,11 @@ class SymphonyOptions(_Strict):
     get_batch: Literal["headGreedy", "earlyDropForTarget"] = Field(
         "headGreedy", description="earlyDropForTarget sheds heads that cannot make a target-size batch"
     )
+    target_batch: Literal["modelRate", "clusterGpus"] = Field(
+        "modelRate",
+        description="earlyDropForTarget's target: modelRate (the model's measured rate, Symphony's code) or "
+        "clusterGpus (every worker)",
+    )
     colocation_inflation: float = Field(
         1.0,
         ge=1.0,
@@ -325,7 +330,11 @@ def build_scheduler(cfg: ModelConfig) -> BatchScheduler | SymphonyScheduler:
             LinearProfile(s.alpha, s.beta, max_batch=cfg.max_batch), s.colocation_inflation
         )
         return SymphonyScheduler(
-            {cfg.name: profile}, len(cfg.workers), timeout=s.timeout, get_batch=s.get_batch
+            {cfg.name: profile},
+            len(cfg.workers),
+            timeout=s.timeout,
+            get_batch=s.get_batch,
+            target_batch=s.target_batch,
         )
     ms = cfg.mean_solo()
     if cfg.policy == "timeout":

@@ -118,6 +118,13 @@ def test_spec_scheduler_policy_overrides_the_choice() -> None:
     hg_body["spec"]["batching"]["getBatch"] = "headGreedy"
     hg = config_of(hg_body)
     assert hg["symphony"]["get_batch"] == "headGreedy"
+    assert config_of(body())["symphony"]["target_batch"] == "modelRate"
+    cg_body = body()
+    cg_body["spec"]["batching"]["targetBatch"] = "clusterGpus"
+    cg = config_of(cg_body)
+    assert cg["symphony"]["target_batch"] == "clusterGpus"
+    s = build_scheduler(GatewayConfig.model_validate({"models": [cg]}).models[0])
+    assert isinstance(s, SymphonyScheduler) and s.target_batch == "clusterGpus"
 
 
 def test_a_policy_without_what_it_needs_is_a_spec_error() -> None:

@@ -1,13 +1,17 @@
 """The kernel-level sharing model against Orion's findings (B.9 shape; spec E.5-style directional checks).
 
-One inf-train experiment (ResNet50 inference HP at 15 rps Poisson, ResNet50 training BE, synthetic kernel
-mixes) and one inf-inf set (ResNet50 HP beside each other model as BE inference) are run once per module;
-each finding is its own test. Findings the model does not show are strict
-xfails that say why.
+Run once per module: Fig. 7's ResNet50 bar (ResNet50 inference HP at 15 rps Poisson beside each of the five
+Table 3 training jobs as BE, two seeds, averaged as the paper averages), one inf-train pair (ResNet50 HP +
+ResNet50 training BE, seed 0) for the ablation and the node policy, and one inf-inf set (ResNet50 HP beside
+each other model as BE inference). Kernel mixes are synthetic. Each finding is its own test; findings the
+model does not show are strict xfails that say what differs.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import statistics
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,8 @@ from tessera.policy.orion.profiles import cost_saving
 from tessera.sim.orion.experiment import (
     ABLATION,
     INF_INF_RPS,
-    POLICIES,
+    INF_TRAIN_RPS,
+    TRAINING_JOBS,
     Collocation,
     ExperimentResult,
     run_experiment,
@@ -24,12 +29,54 @@ from tessera.sim.orion.gpu import ClientSpec, GpuSim
 from tessera.sim.orion.kernels import BN2D, CONV2D, MODELS, mix, summary
 from tessera.sim.orion.schedulers import FreeForAll
 
-W = Collocation(requests=300)
+_MODEL_GAPS = (
+    "Remaining differences: synthetic kernel mixes shaped by Table 1 instead of traces, a V100 model whose only "
+    "interference is SM queueing and bandwidth overload (no caches, launch queues, memcpy periods or GIL), REEF-N "
+    "implemented from the REEF paper's rules as the Orion authors did (queue of 12)"
+)
+FIG7_POLICIES = ("dedicated", "temporal", "mps", "streams", "reef", "orion")
+FIG7_SEEDS = (0, 1)
+
+
+def _fig7_workloads() -> list[Collocation]:
+    """The ResNet50 bar of Orion Fig. 7 exactly as ``tests/bench/bench_orion_inf_train.py --hp resnet50``
+    measures it: ResNet50 inference HP at Table 3's 15 req/s Poisson beside each of the five BE training jobs,
+    seeds 0 and 1, 400 measured requests after 20."""
+    return [
+        Collocation(be_models=(be,), rate_rps=INF_TRAIN_RPS["resnet50"], requests=400, seed=seed)
+        for be in TRAINING_JOBS
+        for seed in FIG7_SEEDS
+    ]
 
 
 @pytest.fixture(scope="module")
-def inf_train() -> ExperimentResult:
-    return run_experiment(W, (*POLICIES, "priorities", "orion-profiles"))
+def fig7_runs() -> list[ExperimentResult]:
+    """The ten runs of the ResNet50 bar, in two processes (spawn: no threads of the test process copied
+    mid-lock); the ResNet50-training, seed-0 run also carries the node policy and the ablation steps."""
+    ws = _fig7_workloads()
+    extra = ("tessera", "tessera-caps", "priorities", "orion-profiles")
+    pols = [FIG7_POLICIES + (extra if w.be_models == ("resnet50",) and w.seed == 0 else ()) for w in ws]
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(run_experiment, ws, pols))
+
+
+@pytest.fixture(scope="module")
+def fig7_resnet50(fig7_runs: list[ExperimentResult]) -> dict[str, dict[str, float]]:
+    """HP p99 / dedicated per policy: per BE job the mean over the seeds, and under ``"mean"`` the average
+    over the five jobs, as Fig. 7's bar averages them (Orion §6.2.1)."""
+    out: dict[str, dict[str, float]] = {}
+    for be in TRAINING_JOBS:
+        mine = [r for r in fig7_runs if r.workload.be_models == (be,)]
+        out[be] = {p: statistics.mean(r.results[p].ratio_p99 for r in mine) for p in FIG7_POLICIES}
+    out["mean"] = {p: statistics.mean(out[be][p] for be in TRAINING_JOBS) for p in FIG7_POLICIES}
+    return out
+
+
+@pytest.fixture(scope="module")
+def inf_train(fig7_runs: list[ExperimentResult]) -> ExperimentResult:
+    """One inf-train pair: ResNet50 inference HP + ResNet50 training BE, seed 0 (as
+    examples/scenarios/orion-inf-train.yaml, which also caps Tessera's BE lane at 50 %)."""
+    return next(r for r in fig7_runs if r.workload.be_models == ("resnet50",) and r.workload.seed == 0)
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +120,71 @@ def test_deterministic() -> None:
     assert [r.to_json() for r in a.results.values()] == [r.to_json() for r in b.results.values()]
 
 
-def test_orion_hp_p99_within_25_percent_of_dedicated(inf_train: ExperimentResult) -> None:
-    assert inf_train.results["orion"].ratio_p99 <= 1.25
+@pytest.mark.xfail(
+    strict=True,
+    reason="paper: Orion keeps the HP inference p99 within 14 % of ideal in inf-train, on average (Orion §6.2.1, "
+    "Fig. 7 Poisson; each bar averages the five BE training jobs, V100, 3 repetitions). The average over the "
+    "bars reproduces (1.098x over all five HP models, tests/bench/bench_orion_inf_train.py); this test applies the "
+    "bound to the one bar the suite can afford, ResNet50 (15 req/s Poisson beside each of the five Table 3 "
+    "training jobs, 2 seeds x 400 requests, averaged the same way), and there the model gives 1.155x (1.163x with "
+    "3 seeds x 1,000 requests), 1.21x beside ResNet101 and 1.24x beside BERT training. Likely cause, not "
+    "isolated: Orion admits BE kernels while the HP is idle and nothing preempts them (Orion §5.1.2), so an HP "
+    "request arriving then waits for long training kernels. " + _MODEL_GAPS,
+)
+def test_orion_resnet50_bar_within_14_percent_of_dedicated(
+    fig7_resnet50: dict[str, dict[str, float]],
+) -> None:
+    """Orion §6.2.1: "Orion keeps p99 latency of the high-priority inference job within 14% of the ideal latency
+    ... on average" (the abstract: "within 14% on average"), applied to the ResNet50 bar."""
+    assert fig7_resnet50["mean"]["orion"] <= 1.14, fig7_resnet50
 
 
-def test_orion_beats_every_baseline_on_hp_p99(inf_train: ExperimentResult) -> None:
-    orion = inf_train.results["orion"].hp_p99
-    assert all(orion < inf_train.results[p].hp_p99 for p in ("temporal", "mps", "streams", "reef"))
+@pytest.mark.xfail(
+    strict=True,
+    reason="paper: Orion has the lowest HP p99 of every baseline in inf-train (Orion §6.2.1, Fig. 7, each bar "
+    "averaged over the five BE training jobs). Same experiment for the ResNet50 bar (2 seeds x 400 requests): "
+    "Orion 1.155x ties REEF-N 1.151x (1.163x vs 1.177x with 3 seeds x 1,000 requests) and beats MPS 1.33x, "
+    "Streams 1.27x and temporal 10.8x; beside BERT training Orion (1.24x) is worse than MPS (1.22x), Streams "
+    "(1.18x) and REEF-N (1.18x). Over all five HP models (tests/bench/bench_orion_inf_train.py) REEF-N averages "
+    "1.090x and Orion 1.098x. " + _MODEL_GAPS,
+)
+def test_orion_beats_every_baseline_on_hp_p99(fig7_resnet50: dict[str, dict[str, float]]) -> None:
+    mean = fig7_resnet50["mean"]
+    assert all(mean["orion"] < mean[p] for p in ("temporal", "mps", "streams", "reef")), mean
+
+
+def test_orion_beats_mps_streams_and_temporal_on_hp_p99(fig7_resnet50: dict[str, dict[str, float]]) -> None:
+    """What reproduces of Fig. 7's order on the ResNet50 bar: Orion below MPS, Streams and temporal sharing."""
+    mean = fig7_resnet50["mean"]
+    assert all(mean["orion"] < mean[p] for p in ("temporal", "mps", "streams")), mean
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="paper: Orion's HP p99 is 2.3-3x lower than REEF's on average in inf-train (Orion §6.2.1; REEF at 2.5x "
+    "ideal with Poisson arrivals, 3.44x with Apollo). Same experiment for the ResNet50 bar (2 seeds x 400 "
+    "requests): REEF-N 1.151x, Orion 1.155x, a ratio of 1.00; over all five HP models 1.090x / 1.098x = 0.99 "
+    "(tests/bench/bench_orion_inf_train.py). In the model REEF-N's BE backlog costs the HP little: HP kernels "
+    "bypass queued BE kernels and take SMs at wave boundaries. " + _MODEL_GAPS,
+)
+def test_orion_hp_p99_2_3x_lower_than_reef(fig7_resnet50: dict[str, dict[str, float]]) -> None:
+    """Orion §6.2.1: Orion's p99 "is 2.3-3x lower than REEF, on average"."""
+    mean = fig7_resnet50["mean"]
+    assert mean["reef"] >= 2.3 * mean["orion"], mean
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="paper: REEF gives the HP 2.5x its dedicated p99 in inf-train with Poisson arrivals (3.44x with the "
+    "Apollo trace; Orion §6.2.1, Figs. 6-7, averaged over the five BE training jobs). Same experiment for the "
+    "ResNet50 bar (2 seeds x 400 requests): REEF-N 1.15x (1.18x with 3 seeds x 1,000 requests), per job "
+    "1.06-1.21x; over all five HP models 1.09x. In the model HP kernels bypass queued BE kernels and take SMs at "
+    "wave boundaries, so the BE backlog REEF-N lets through while the HP is idle costs little. "
+    + _MODEL_GAPS,
+)
+def test_reef_hp_p99_2_5x_dedicated_inf_train(fig7_resnet50: dict[str, dict[str, float]]) -> None:
+    """Orion §6.2.1: with Poisson arrivals REEF's inference p99 is 2.5x the ideal (3.44x with Apollo)."""
+    assert fig7_resnet50["mean"]["reef"] >= 2.5, fig7_resnet50["mean"]
 
 
 def test_temporal_sharing_head_of_line_blocking(inf_train: ExperimentResult) -> None:
@@ -91,8 +196,9 @@ INF_INF_BE = ("mobilenetv2", "resnet101", "bert", "transformer")
 
 @pytest.fixture(scope="module")
 def inf_inf() -> dict[str, ExperimentResult]:
-    """Orion §6.2.3 Fig. 12 (Poisson) for one HP model: ResNet50 inference at 50 req/s beside each other
-    Table 3 model as BE inference at its own inf-inf Poisson rate [O:L264-L272]."""
+    """Orion §6.2.3 Fig. 12 (Poisson), the ResNet50 bar: ResNet50 inference at 50 req/s beside each other Table 3
+    model as BE inference at its own inf-inf Poisson rate (seed 0, 200 measured requests, as
+    ``tests/bench/bench_orion_inf_inf.py --hp resnet50`` runs it)."""
     return {
         be: run_experiment(
             Collocation(
@@ -112,39 +218,44 @@ def inf_inf() -> dict[str, ExperimentResult]:
 @pytest.mark.xfail(
     strict=True,
     reason="paper: Streams/MPS give the HP 1.89x its dedicated p99 on average in inf-inf (Orion §6.2.3, Fig. 12 "
-    "Poisson, [O:L359]; 2.2x with 4 BE clients on an A100, §6.3). Same setting here (HP and BE inference, "
-    "Poisson at Table 3's inf-inf rates, two clients): MPS 1.28x for a ResNet50 HP averaged over its 4 BE "
-    "models, 1.22x over all 5 HP models (tests/bench/bench_orion_inf_inf.py). Remaining differences: synthetic "
-    "kernel mixes from Table 1 instead of traces, one seed, a V100 model whose only interference is SM queueing "
-    "and bandwidth overload (no caches, launch overhead or GIL); at these rates a BE inference client keeps "
-    "the GPU busy 26-32 % of the time, so most HP requests meet no BE kernel; only BERT's long, full-GPU kernels "
-    "inflate the HP p99 (1.9x)",
+    "Poisson; 2.2x with 4 BE clients on an A100, §6.3). Same setting here (HP and BE inference, Poisson at Table "
+    "3's inf-inf rates, two clients): MPS 1.28x for a ResNet50 HP averaged over its 4 BE models, 1.22x over all "
+    "5 HP models (tests/bench/bench_orion_inf_inf.py). At these rates a BE inference client keeps the GPU busy "
+    "26-32 % of the time (bench_orion_inf_inf.py --mix-stats), so most HP requests meet no BE kernel; only BERT's "
+    "long, full-GPU kernels inflate the HP p99 (1.9x). One seed. " + _MODEL_GAPS,
 )
 def test_mps_hp_p99_inf_inf_about_1_89x_dedicated(inf_inf: dict[str, ExperimentResult]) -> None:
     mean = sum(r.results["mps"].ratio_p99 for r in inf_inf.values()) / len(inf_inf)
     assert mean >= 1.8, mean
 
 
-def test_inf_inf_orion_cannot_undo_a_long_be_kernel(inf_inf: dict[str, ExperimentResult]) -> None:
-    # A BERT BE kernel admitted while the HP is idle holds nearly every SM until it ends (no preemption, Orion
-    # §5.1.2): an HP request arriving then waits for it under Orion as under MPS. Beside the vision models the
-    # HP p99 stays within 15 % of dedicated under both (the BE keeps the GPU busy only part of the time).
+@pytest.mark.xfail(
+    strict=True,
+    reason="paper: Orion keeps the HP inference p99 within 15 % of ideal in inf-inf with Poisson arrivals (Orion "
+    "§6.2.3, Fig. 12; each bar averages the HP's collocations with the other four models as BE inference at Table "
+    "3's inf-inf rates). Same experiment for the ResNet50 bar (seed 0, 200 measured requests per pair): Orion 1.25x "
+    "(MPS 1.28x); over all five HP models the mean is 1.16x (tests/bench/bench_orion_inf_inf.py). The gap is the "
+    "BERT column: beside BERT inference (60 ms requests of long kernels needing nearly every SM) Orion gives 1.83x, "
+    "about MPS's 1.91x, while beside the other models both stay within 1.15x (the next test). Whether real BERT "
+    "kernels are shorter or narrower than the synthetic mix cannot be checked without a trace. One seed. "
+    + _MODEL_GAPS,
+)
+def test_orion_hp_p99_within_15_percent_inf_inf(inf_inf: dict[str, ExperimentResult]) -> None:
+    """Orion §6.2.3: Orion keeps the HP inference p99 within 15 % of ideal in inf-inf with Poisson arrivals
+    (Fig. 12; the bar of an HP model averages its collocations with the other four models)."""
+    mean = sum(r.results["orion"].ratio_p99 for r in inf_inf.values()) / len(inf_inf)
+    assert mean <= 1.15, mean
+
+
+def test_inf_inf_why_orion_misses_its_bound_bert_be_kernels(inf_inf: dict[str, ExperimentResult]) -> None:
+    """Not a finding of the paper: the model's reason for the xfail above. A BERT BE kernel admitted while the
+    HP is idle holds nearly every SM until it ends (no preemption, Orion §5.1.2), so an HP request arriving then
+    waits for it under Orion as under MPS. Beside the vision models the HP p99 stays within 15 % of dedicated
+    under both (the BE keeps the GPU busy only part of the time)."""
     bert = inf_inf["bert"].results
     assert bert["mps"].ratio_p99 > 1.5 and bert["orion"].ratio_p99 > 0.9 * bert["mps"].ratio_p99
     for be in ("mobilenetv2", "resnet101"):
         assert inf_inf[be].results["mps"].ratio_p99 < 1.15, be
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="paper: REEF gives the HP 2.5x its dedicated p99 in inf-train with Poisson arrivals and 3.44x with the "
-    "Apollo trace (Orion §6.2.1, Figs. 6-7), averaged over the 5 training jobs as BE. Here (ResNet50 HP at 15 "
-    "req/s Poisson, ResNet50 training BE only, synthetic kernel mixes, one seed) the model's REEF-N is only "
-    "~1.1-1.3x: with HP priority at wave boundaries the BE backlog REEF lets through while HP is idle costs "
-    "little, and the model has no launch queues or memcpy periods",
-)
-def test_reef_hp_p99_over_twice_dedicated_inf_train(inf_train: ExperimentResult) -> None:
-    assert inf_train.results["reef"].ratio_p99 >= 2.0
 
 
 def test_reef_starves_be_in_train_train(train_train: ExperimentResult) -> None:

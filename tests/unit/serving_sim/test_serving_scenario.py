@@ -27,6 +27,27 @@ def test_registered_kind_and_bundled_example_loads() -> None:
     assert sc.cluster.slo == pytest.approx(0.046)
 
 
+def test_cluster_getbatch_and_target_rule_are_selectable() -> None:
+    data = _data()
+    sc = ss.load(data, "d.yaml")
+    assert sc.cluster is not None and (sc.cluster.get_batch, sc.cluster.target_batch) == (
+        "headGreedy",
+        "modelRate",
+    )
+    data["cluster"].update(
+        get_batch="earlyDropForTarget",
+        target_batch="clusterGpus",
+        policies=["symphony", "symphony-headgreedy"],
+    )
+    sc = ss.load(data, "d.yaml")
+    assert sc.cluster is not None
+    assert (sc.cluster.get_batch, sc.cluster.target_batch) == ("earlyDropForTarget", "clusterGpus")
+    del data["cluster"]["policies"]
+    sc = ss.load(data, "d.yaml")  # the variants run only when named
+    assert sc.cluster is not None
+    assert sc.cluster.policies == ["symphony", "eager", "eager-headgreedy", "shepherd", "clockwork"]
+
+
 def test_small_run_reports_every_policy(tmp_path: Path) -> None:
     data = _data()
     data["batching"].update(requests=300, slo_multiples=[3])
@@ -65,6 +86,10 @@ def test_small_run_reports_every_policy(tmp_path: Path) -> None:
             "cluster.policies",
         ),
         ({"cluster": [1, 2]}, "cluster"),
+        (
+            {"cluster": {"alpha_ms": 1, "beta_ms": 10, "slo_ms": 36, "gpus": 2, "target_batch": "nope"}},
+            "cluster.target_batch",
+        ),
     ],
 )
 def test_bad_scenarios_name_the_file_and_field(patch: dict[str, Any], field: str) -> None:

@@ -33,6 +33,16 @@ INF_INF_RPS: dict[str, dict[str, float]] = {
     "bert": {"uniform": 8, "poisson": 5},
     "transformer": {"uniform": 20, "poisson": 12},
 }
+# Orion Table 3, inf-train column (Poisson): the HP inference model's requests/s beside a BE training job.
+INF_TRAIN_RPS: dict[str, float] = {
+    "resnet50": 15,
+    "mobilenetv2": 40,
+    "resnet101": 9,
+    "bert": 4,
+    "transformer": 8,
+}
+# The five BE training jobs of Table 3 that each inf-train bar of Figs. 6-7 is averaged over (Orion §6.2.1).
+TRAINING_JOBS = ("resnet50", "mobilenetv2", "resnet101", "bert", "transformer")
 ABLATION = ("mps", "priorities", "orion-profiles", "orion")  # §6.4 Fig. 14 order; its first bar is
 # streams at default priority, which the model treats like MPS (no priority)
 

@@ -101,6 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     print("|---" * (len(POLICIES) + 1) + "|")
     for mult, row in res.items():
         print(f"| {mult:g} | " + " | ".join(f"{row[p].finish_rate:.2f}" for p in POLICIES) + " |")
+    others = [p for p in POLICIES if p != "orloj"]
+    print("\nOrloj's lead (finish rate / the policy's − 1):")
+    print("| SLO (× P99) | " + " | ".join(others) + " |")
+    print("|---" * (len(others) + 1) + "|")
+    for mult, row in res.items():
+        o = row["orloj"].finish_rate
+        lead = [f"{o / row[p].finish_rate - 1:+.1%}" if row[p].finish_rate else "—" for p in others]
+        print(f"| {mult:g} | " + " | ".join(lead) + " |")
     return 0
 
 

@@ -23,7 +23,17 @@ from tessera.policy.serving.common import Batch, ClusterScheduler, LinearProfile
 from tessera.policy.serving.symphony import SymphonyScheduler, autoscale_advice
 from tessera.sim.serving.arrivals import gamma_arrivals
 
-CLUSTER_POLICIES = ("symphony", "eager", "eager-headgreedy", "shepherd", "clockwork")
+# What a serving scenario's cluster section runs when it names no policies (the variants are opt-in).
+CLUSTER_DEFAULT_POLICIES = ("symphony", "eager", "eager-headgreedy", "shepherd", "clockwork")
+CLUSTER_POLICIES = (
+    "symphony",
+    "symphony-clustergpus",
+    "symphony-headgreedy",
+    "eager",
+    "eager-headgreedy",
+    "shepherd",
+    "clockwork",
+)
 
 
 @dataclass(frozen=True)
@@ -56,23 +66,33 @@ def make_scheduler(
     *,
     timeout: float | None = None,
     get_batch: str = "headGreedy",
+    target_batch: str = "modelRate",
 ) -> ClusterScheduler:
     """``symphony`` (deferred, Alg. 1, GETBATCH ``get_batch``), ``eager`` (Alg. 1 with line 5 changed to
     dispatch at once, k = 0, and everything else Symphony's: the same ``get_batch`` and drop policy, as
     Symphony §3.4 defines it), ``eager-headgreedy`` (k = 0 with the head-greedy GETBATCH whatever
     ``get_batch`` says: what ``eager`` was before, kept as a named variant), ``timeout`` (k = ``timeout``,
-    same ``get_batch``), ``shepherd`` or ``clockwork`` (A.11)."""
+    same ``get_batch``), ``shepherd`` or ``clockwork`` (A.11). ``target_batch`` is the early-drop GETBATCH's
+    target rule (``modelRate``, the authors' code's, or ``clusterGpus``; see :class:`SymphonyScheduler`);
+    ``symphony-clustergpus`` is ``symphony`` with ``clusterGpus`` whatever ``target_batch`` says, and
+    ``symphony-headgreedy`` is ``symphony`` with the head-greedy GETBATCH whatever ``get_batch`` says (the pairing
+    with ``eager-headgreedy`` that changes only line 5)."""
     profiles = {m.name: m.profile for m in models}
+    tb = target_batch
     if policy == "symphony":
-        return SymphonyScheduler(profiles, n_gpus, get_batch=get_batch)
+        return SymphonyScheduler(profiles, n_gpus, get_batch=get_batch, target_batch=tb)
+    if policy == "symphony-headgreedy":
+        return SymphonyScheduler(profiles, n_gpus, get_batch="headGreedy")
+    if policy == "symphony-clustergpus":
+        return SymphonyScheduler(profiles, n_gpus, get_batch=get_batch, target_batch="clusterGpus")
     if policy == "eager":
-        return SymphonyScheduler(profiles, n_gpus, timeout=0.0, get_batch=get_batch)
+        return SymphonyScheduler(profiles, n_gpus, timeout=0.0, get_batch=get_batch, target_batch=tb)
     if policy == "eager-headgreedy":
         return SymphonyScheduler(profiles, n_gpus, timeout=0.0, get_batch="headGreedy")
     if policy == "timeout":
         if timeout is None or timeout < 0:
             raise ValueError("policy 'timeout' needs a timeout k >= 0 (seconds)")
-        return SymphonyScheduler(profiles, n_gpus, timeout=timeout, get_batch=get_batch)
+        return SymphonyScheduler(profiles, n_gpus, timeout=timeout, get_batch=get_batch, target_batch=tb)
     if policy == "shepherd":
         return ShepherdScheduler(profiles, n_gpus)
     if policy == "clockwork":
@@ -237,9 +257,12 @@ def run_policy(
     timeout: float | None = None,
     get_batch: str = "headGreedy",
     warmup: float = 0.0,
+    target_batch: str = "modelRate",
 ) -> ClusterStats:
     reqs = make_cluster_requests(models, total_rate, duration, np.random.default_rng(seed), cv=cv)
-    sched = make_scheduler(policy, models, n_gpus, timeout=timeout, get_batch=get_batch)
+    sched = make_scheduler(
+        policy, models, n_gpus, timeout=timeout, get_batch=get_batch, target_batch=target_batch
+    )
     return simulate_cluster(policy, sched, reqs, models, n_gpus, duration=duration, warmup=warmup)
 
 
@@ -276,6 +299,7 @@ def max_goodput(
     iters: int = 9,
     timeout: float | None = None,
     get_batch: str = "headGreedy",
+    target_batch: str = "modelRate",
 ) -> float:
     """The highest total rate (req/s) with bad rate ≤ ``bad_rate``, by bisection (Symphony §3.4)."""
     lo, hi = 0.0, 1.2 * staggered_capacity(models, n_gpus)
@@ -291,6 +315,7 @@ def max_goodput(
             cv=cv,
             timeout=timeout,
             get_batch=get_batch,
+            target_batch=target_batch,
         )
         if st.bad_rate <= bad_rate:
             lo = mid
@@ -323,6 +348,7 @@ def per_model_goodput(
     get_batch: str = "headGreedy",
     timeout: float | None = None,
     probes: list[GoodputProbe] | None = None,
+    target_batch: str = "modelRate",
 ) -> float:
     """Symphony's goodput (§1, §3.4): the highest total rate at which every model's ``quantile`` latency
     meets its own SLO, a dropped request counting as a miss; i.e. at most 1 − ``quantile`` of each model's
@@ -342,7 +368,7 @@ def per_model_goodput(
         for seed in seeds:
             st = run_policy(
                 policy, models, n_gpus, rate, duration=warmup + measure, seed=seed, cv=cv,
-                timeout=timeout, get_batch=get_batch, warmup=warmup,
+                timeout=timeout, get_batch=get_batch, warmup=warmup, target_batch=target_batch,
             )  # fmt: skip
             for m, k in st.model_requests.items():
                 n[m] = n.get(m, 0) + k
@@ -376,13 +402,18 @@ def min_gpus(
     bad_rate: float = 0.01,
     cv: float = 1.0,
     max_gpus: int = 256,
+    get_batch: str = "headGreedy",
+    target_batch: str = "modelRate",
 ) -> int | None:
     """The fewest GPUs serving ``total_rate`` with bad rate ≤ ``bad_rate`` (None if ``max_gpus`` fail).
 
     Bisection assumes more GPUs never hurt, which holds for these schedulers up to simulation noise."""
 
     def ok(n: int) -> bool:
-        st = run_policy(policy, models, n, total_rate, duration=duration, seed=seed, cv=cv)
+        st = run_policy(
+            policy, models, n, total_rate, duration=duration, seed=seed, cv=cv, get_batch=get_batch,
+            target_batch=target_batch,
+        )  # fmt: skip
         return st.bad_rate <= bad_rate
 
     if not ok(max_gpus):
@@ -418,6 +449,7 @@ def autoscale(
     min_gpus_: int = 1,
     cv: float = 1.0,
     release_damping: float = 1.0,
+    get_batch: str = "headGreedy",
 ) -> list[AutoscaleStep]:
     """Run ``epochs`` epochs at a fixed load, applying the A.8 advice after each: add N·r/(1−r) when
     the bad rate r exceeds the threshold, else release N·f for idle fraction f (Symphony §3.5).
@@ -429,7 +461,9 @@ def autoscale(
         raise ValueError(f"release_damping must be in (0, 1], got {release_damping!r}")
     n, out = n_start, []
     for e in range(epochs):
-        st = run_policy(policy, models, n, total_rate, duration=duration, seed=seed + e, cv=cv)
+        st = run_policy(
+            policy, models, n, total_rate, duration=duration, seed=seed + e, cv=cv, get_batch=get_batch
+        )
         idle = 1.0 - st.busy_fraction
         adv = autoscale_advice(
             n, min(st.bad_rate, 0.999), max(0.0, min(1.0, idle)), bad_threshold=bad_threshold

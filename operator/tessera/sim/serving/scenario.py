@@ -30,6 +30,7 @@ from tessera.sim.scenario import ScenarioError
 from tessera.sim.serving.batching_experiment import POLICIES as BATCHING_POLICIES
 from tessera.sim.serving.batching_experiment import run_batching
 from tessera.sim.serving.cluster_sim import (
+    CLUSTER_DEFAULT_POLICIES,
     CLUSTER_POLICIES,
     ClusterStats,
     identical_models,
@@ -70,6 +71,8 @@ class ClusterSection:
     policies: list[str]
     goodput: bool
     min_gpus_rate: float | None
+    get_batch: str = "headGreedy"
+    target_batch: str = "modelRate"
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,10 @@ class ServingScenario:
     cluster: ClusterSection | None
 
 
-def _policies(allowed: tuple[str, ...]) -> Any:
-    """A non-empty list of policy names out of `allowed` (default: all of them)."""
-    return Annotated[list[one_of(allowed)], Field(min_length=1, default_factory=lambda: list(allowed))]  # type: ignore[misc]
+def _policies(allowed: tuple[str, ...], default: tuple[str, ...] | None = None) -> Any:
+    """A non-empty list of policy names out of `allowed` (default: `default`, else all of them)."""
+    d = allowed if default is None else default
+    return Annotated[list[one_of(allowed)], Field(min_length=1, default_factory=lambda: list(d))]  # type: ignore[misc]
 
 
 PositiveList = Annotated[list[Positive], Field(min_length=1)]
@@ -118,7 +122,11 @@ class ServingClusterInput(Input):
     loads: PositiveList = Field(default_factory=lambda: [0.2, 0.5, 0.8])
     duration_s: Seconds = 2.0
     cv: Positive = 1.0
-    policies: _policies(CLUSTER_POLICIES)  # type: ignore[valid-type]
+    policies: _policies(CLUSTER_POLICIES, CLUSTER_DEFAULT_POLICIES)  # type: ignore[valid-type]
+    get_batch: Literal["headGreedy", "earlyDropForTarget"] = "headGreedy"
+    """GETBATCH of symphony, eager and timeout (Symphony A.5); the *-headgreedy policies ignore it."""
+    target_batch: Literal["modelRate", "clusterGpus"] = "modelRate"
+    """earlyDropForTarget's target batch: the model's metered rate (the authors' code) or every GPU."""
     goodput: Bool = True
     """Bisection for the highest rate at <= 1 % bad rate."""
     min_gpus_rate: Positive | None = None
@@ -173,6 +181,8 @@ def load(data: dict[str, Any], source: str) -> ServingScenario:
             policies=list(c.policies),
             goodput=c.goodput,
             min_gpus_rate=c.min_gpus_rate,
+            get_batch=c.get_batch,
+            target_batch=c.target_batch,
         )
         if cluster.slo <= cluster.alpha + cluster.beta:
             raise ScenarioError(
@@ -367,19 +377,22 @@ def run(scenario: ServingScenario, *, progress: bool = False) -> ServingResult:
                         duration=c.duration,
                         seed=scenario.seed,
                         cv=c.cv,
+                        get_batch=c.get_batch,
+                        target_batch=c.target_batch,
                     )
                     step()
             if c.goodput:
                 for p in c.policies:
                     res.goodput[p] = max_goodput(
-                        p, models, c.gpus, duration=c.duration, seed=scenario.seed, cv=c.cv, iters=7
-                    )
+                        p, models, c.gpus, duration=c.duration, seed=scenario.seed, cv=c.cv, iters=7,
+                        get_batch=c.get_batch, target_batch=c.target_batch,
+                    )  # fmt: skip
                     step()
             if c.min_gpus_rate is not None:
                 for p in c.policies:
                     res.min_gpus[p] = min_gpus(
                         p, models, c.min_gpus_rate, duration=c.duration, seed=scenario.seed, cv=c.cv,
-                        max_gpus=4 * c.gpus,
+                        max_gpus=4 * c.gpus, get_batch=c.get_batch, target_batch=c.target_batch,
                     )  # fmt: skip
                     step()
     return res

@@ -10,8 +10,16 @@ whose ``latest`` passes is recomputed (A.3 decision 4, optional). ``get_batch="e
 the open-source code's early drop (A.5, ``GetBatchByExpandedWindow``): while the queue holds a target batch,
 a head that cannot finish in it is shed before dispatch, so under overload every GPU still runs target-size
 batches and goodput stays flat at the peak (Symphony §3.5) instead of collapsing into small late batches.
-The target is the staggered batch size, the largest b with (1 + 1/N)·ℓ(b) ≤ SLO (A.6 Eq. 1), the SLO being
-the head request's deadline − arrival.
+
+The target batch size solves A.6 Eq. (1)-(2) per model, as the authors' code computes it
+(``target_batch="modelRate"``, the default; nexuslb ``BatchSizeEstimator`` with ``xrps = 1, xstd = 2`` and
+``RpsMeter``, spec A.5): the model's rate r = mean + 2·std of its arrival rate over the last 100 bins of 50 ms,
+n(b) = r·ℓ(b)/b the GPUs that model needs at batch b, and the target the largest b with ℓ(b)·(1 + 1/n(b)) ≤
+budget, i.e. ℓ(b) + b/r ≤ budget; before the first bin is sealed, the largest b with ℓ(b) ≤ budget/2 (the
+Nexus rule the code starts from). The budget is the SLO (the head request's deadline − arrival): there is no
+network delay to subtract here (the operator folds it into ℓ(b)). ``target_batch="clusterGpus"`` keeps the rule
+this scheduler used before: N = every GPU of the shard, the largest b with (1 + 1/N)·ℓ(b) ≤ SLO, whatever
+share of them the model needs.
 
 Cost (target ≥ 100,000 requests/s on one core, Symphony §4.2):
 
@@ -45,6 +53,13 @@ _ARRIVAL = itemgetter(3)
 _heappush, _heappop, _nextafter, _INF = heapq.heappush, heapq.heappop, math.nextafter, math.inf
 _CANNOT_MEET = DropReason.CANNOT_MEET_DEADLINE
 
+TARGET_BATCH_RULES = ("modelRate", "clusterGpus")
+# The authors' RpsMeter and BatchSizeEstimator (nexuslb rankmt/common.h RankmtConfig::Default, model_thread.cpp
+# ``bse_(1.0, 2.0)``): 50 ms bins, a window of 100 bins, r = 1.0·mean + 2.0·std.
+RPS_BIN_S = 0.05
+RPS_WINDOW_BINS = 100
+RPS_STD_MULTIPLIER = 2.0
+
 # A queue entry: (deadline, rid, arrival order, arrival, request). Ordering on the first three keeps the
 # deadline order with ties to the lower rid, then to the earlier enqueue, and never compares requests.
 _Entry = tuple[float, int, int, float, Request]
@@ -72,12 +87,15 @@ class SymphonyScheduler:
     __slots__ = (
         "_arrivals",
         "_busy",
+        "_by_rate",
         "_cexec",
         "_clatest",
         "_cseq",
         "_csize",
         "_drops",
         "_early",
+        "_gbin",
+        "_gend",
         "_gseq",
         "_idle",
         "_in_idle",
@@ -85,6 +103,14 @@ class SymphonyScheduler:
         "_lat",
         "_m",
         "_maxb",
+        "_mbin",
+        "_mcount",
+        "_midx",
+        "_morigin",
+        "_mrate",
+        "_msq",
+        "_msum",
+        "_mwin",
         "_names",
         "_out",
         "_pmax",
@@ -110,6 +136,7 @@ class SymphonyScheduler:
         timeout: float | None = None,
         refresh_stale: bool = True,
         get_batch: str = "headGreedy",
+        target_batch: str = "modelRate",
     ) -> None:
         if n_gpus < 1:
             raise ValueError(f"Symphony needs at least one GPU, got {n_gpus}")
@@ -118,6 +145,9 @@ class SymphonyScheduler:
         if get_batch not in ("headGreedy", "earlyDropForTarget"):
             raise ValueError(f"get_batch must be headGreedy or earlyDropForTarget, got {get_batch!r}")
         self._early = get_batch == "earlyDropForTarget"
+        if target_batch not in TARGET_BATCH_RULES:
+            raise ValueError(f"target_batch must be one of {TARGET_BATCH_RULES}, got {target_batch!r}")
+        self._by_rate = target_batch == "modelRate"
         self._targets: dict[tuple[int, float], int] = {}
         self.profiles = dict(profiles)
         self.timeout = timeout
@@ -136,6 +166,17 @@ class SymphonyScheduler:
         self._solo = [lat[1] for lat in self._lat]
         self._tslo = [math.nan] * m  # last SLO whose target batch was asked for, per model
         self._tval = [1] * m
+        # Per-model arrival-rate meter (modelRate): the bin the counter is filling, its hits, the window of
+        # sealed bin rates (empty until the first bin with a hit is sealed) and the rate r it gives.
+        self._morigin = math.nan  # time of bin 0: the first request seen
+        self._gbin, self._gend = 0, -math.inf  # the latest bin seen on the grid, and when it ends
+        self._mbin = [0] * m
+        self._mcount = [0] * m
+        self._mwin: list[list[int]] = [[] for _ in range(m)]  # hits per sealed bin, a ring once full
+        self._midx = [0] * m  # the ring's oldest entry
+        self._msum = [0] * m  # Σ hits and Σ hits² over the window
+        self._msq = [0] * m
+        self._mrate = [math.nan] * m
         # Candidate per model: size 0 = none; _cseq/_sseq = seq of its live model / stale timer (−1 none).
         self._csize = [0] * m
         self._cexec = [0.0] * m
@@ -152,6 +193,11 @@ class SymphonyScheduler:
         self._in_idle = [True] * n_gpus
         self._drops: list[Drop] = []
         self._out: list[Batch] = []
+
+    @property
+    def target_batch(self) -> str:
+        """The early-drop GETBATCH's target rule: ``modelRate`` or ``clusterGpus``."""
+        return "modelRate" if self._by_rate else "clusterGpus"
 
     def _grow(self, i: int, upto: int) -> None:
         """Tabulate ℓ(b) and its running maximum over 2..b for b ≤ ``upto`` (at least doubling)."""
@@ -230,32 +276,108 @@ class SymphonyScheduler:
             for e in q[:k]:
                 drops.append(Drop(e[4], now, _CANNOT_MEET))
             del q[:k]
-        if q and self._early:
+        if len(q) >= 2 and self._early:  # a batch of min(target, 1) never sheds: no target needed
+            if self._by_rate and (now >= self._gend or self._mbin[i] != self._gbin):
+                self._meter(i, now)
             # Fast path: the head fits a batch of min(target, |Q|); the loop only runs when it sheds.
             head = q[0]
-            n = self._target(i, head[0] - head[3])
+            slo = head[0] - head[3]
+            n = self._tval[i] if self._tslo[i] == slo else self._target(i, slo)
             if n > len(q):
                 n = len(q)
             if n >= 2 and head[0] - self._pmax[i][n] < now:
                 self._early_drop(i, q, now)
 
+    def _meter(self, i: int, now: float) -> None:
+        """Seal model ``i``'s rate bins that ended by ``now`` (RpsMeter::SealCounter every 50 ms, done lazily):
+        each sealed bin adds its hits to the window of the last 100; bins before the model's first hit add
+        nothing, empty bins after it add 0. The rate r = mean + 2·std (population) of the window's hits/50 ms,
+        from exact integer sums of the counts and their squares (O(1) per bin)."""
+        if self._morigin != self._morigin:  # nan: no request yet
+            return
+        if now < self._gend:
+            cur = self._gbin
+        else:  # a new bin of the shard's grid: remember where it ends (the callers' fast path)
+            cur = self._gbin = math.floor((now - self._morigin) / RPS_BIN_S)
+            self._gend = self._morigin + (cur + 1) * RPS_BIN_S
+        b = self._mbin[i]
+        if cur <= b:
+            return
+        c = self._mcount[i]
+        self._mbin[i], self._mcount[i] = cur, 0
+        win = self._mwin[i]
+        if not win and not c:
+            return
+        gap = cur - b - 1
+        if gap >= RPS_WINDOW_BINS:  # the window is all zeros
+            self._mwin[i] = win = [0] * RPS_WINDOW_BINS
+            self._midx[i] = s1 = s2 = 0
+        else:  # seal this bin's hits, then the empty bins since
+            s1, s2, j = self._msum[i], self._msq[i], self._midx[i]
+            full = len(win) == RPS_WINDOW_BINS
+            for n in (c, *itertools.repeat(0, gap)) if gap else (c,):
+                if full:
+                    old = win[j]
+                    s1 -= old
+                    s2 -= old * old
+                    win[j] = n
+                    j = j + 1 if j + 1 < RPS_WINDOW_BINS else 0
+                else:
+                    win.append(n)
+                    full = len(win) == RPS_WINDOW_BINS
+                s1 += n
+                s2 += n * n
+            self._midx[i] = j
+        self._msum[i], self._msq[i] = s1, s2
+        k = len(win)
+        avg = (s1 / RPS_BIN_S) / k
+        std = math.sqrt(k * s2 - s1 * s1) / k / RPS_BIN_S
+        self._mrate[i] = avg + RPS_STD_MULTIPLIER * std
+        self._tslo[i] = math.nan  # the target is recomputed from the new rate
+
     def _target(self, i: int, slo: float) -> int:
-        """Staggered batch size for model ``i`` at this SLO: max b with (1 + 1/N)·ℓ(b) ≤ SLO (A.6 Eq. 1)."""
+        """Target batch size for model ``i`` at this SLO (A.6 Eq. 1-2, see the module docstring)."""
         if self._tslo[i] == slo:
             return self._tval[i]
-        key = (i, slo)
-        t = self._targets.get(key)
-        if t is None:
-            f = 1 + 1 / len(self.gpu_free)
-            t, cap = 1, self._maxb[i]
-            if cap + 1 >= len(self._pmax[i]):
-                self._grow(i, cap + 1)
-            lat = self._lat[i]
-            while t < cap and f * lat[t + 1] <= slo:
-                t += 1
-            self._targets[key] = t
+        cap = self._maxb[i]
+        if cap + 1 >= len(self._pmax[i]):
+            self._grow(i, cap + 1)
+        lat = self._lat[i]
+        if self._by_rate:
+            r = self._mrate[i]
+            t = 1
+            if math.isnan(r):  # no rate yet: GetMaxBatchWithFullBudget(SLO / 2)
+                while t < cap and lat[t + 1] <= slo / 2:
+                    t += 1
+            elif r > 0:  # BatchSizeEstimator::Estimate: n = r·ℓ(b)/b GPUs; stop at ℓ(b)·(1 + 1/n) > budget
+                while t < cap:
+                    lb = lat[t + 1]
+                    if lb * (1 + 1 / (r * lb / (t + 1))) > slo:
+                        break
+                    t += 1
+            # r = 0 (no hits in the window): n = 0, 1 + 1/n is infinite, the estimator returns 1
+        else:
+            key = (i, slo)
+            got = self._targets.get(key)
+            if got is None:
+                f = 1 + 1 / len(self.gpu_free)
+                t = 1
+                while t < cap and f * lat[t + 1] <= slo:
+                    t += 1
+                self._targets[key] = t
+            else:
+                t = got
         self._tslo[i], self._tval[i] = slo, t
         return t
+
+    def target_for(self, model: str, slo: float, now: float) -> int:
+        """The early-drop GETBATCH's target batch size for ``model`` at this SLO, its rate metered to ``now``."""
+        i = self._index.get(model)
+        if i is None:
+            raise ValueError(f"model {model!r} is not served by this shard")
+        if self._by_rate:
+            self._meter(i, now)
+        return self._target(i, slo)
 
     def _early_drop(self, i: int, q: list[_Entry], now: float) -> None:
         """Shed heads that cannot finish by their deadline in a batch of min(target, |Q|) started now."""
@@ -312,6 +434,12 @@ class SymphonyScheduler:
             raise ValueError(
                 f"request {request.rid} is for model {request.model!r}, not served by this shard"
             )
+        if self._early and self._by_rate:  # RpsMeter::Hit, after sealing the bins that ended by now
+            if self._morigin != self._morigin:  # nan: the first request starts bin 0
+                self._morigin = now
+            if now >= self._gend or self._mbin[i] != self._gbin:
+                self._meter(i, now)
+            self._mcount[i] += 1
         q = self._queues[i]
         e = (request.deadline, request.rid, next(self._arrivals), request.arrival, request)
         if not q or q[-1] < e:
