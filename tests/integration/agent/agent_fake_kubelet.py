@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import grpc
 from tessera.api import contract
+from tessera_agent.pods import NodePod, pod_info_from_manifest
 from tessera_agent.proto import api_pb2, api_pb2_grpc, podresources_v1_pb2, podresources_v1_pb2_grpc
 
 
@@ -82,3 +84,29 @@ class FakePodResources(podresources_v1_pb2_grpc.PodResourcesListerServicer):
                 for (ns, name), ids in sorted(self.held.items())
             ]
         )
+
+
+def lane_pod(
+    name: str, gpu_uuid: str, gpu_index: int, *, created: str = "2024-01-01T00:00:00Z", node: str = "node-a"
+) -> NodePod:
+    """A pod the extender bound to one GPU with a 1-slot request, annotated as the real one annotates it."""
+    assignment = {
+        "node": node,
+        "gpuUUIDs": [gpu_uuid],
+        "gpuIndices": [gpu_index],
+        "laneId": f"lane-{name}",
+        "memoryMiB": 2048,
+        "computePercent": 25,
+    }
+    return pod_info_from_manifest(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "ml",
+                "uid": f"uid-{name}",
+                "creationTimestamp": created,
+                "annotations": {contract.ANN_ASSIGNMENT: json.dumps(assignment)},
+            },
+            "spec": {"containers": [{"name": "main", "resources": {"limits": {contract.RESOURCE_GPU: "1"}}}]},
+        }
+    )

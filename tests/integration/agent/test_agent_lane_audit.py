@@ -9,7 +9,6 @@ kubelet records A's slot under B.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,10 +23,10 @@ from tessera_agent.lane_audit import LaneAudit, find_mismatches
 from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.plugin import DevicePlugin
 from tessera_agent.pod_resources import KubeletPodResources
-from tessera_agent.pods import NodePod, StaticPodSource, pod_info_from_manifest
+from tessera_agent.pods import StaticPodSource
 from tessera_agent.proto import api_pb2, api_pb2_grpc, podresources_v1_pb2_grpc
 
-from .agent_fake_kubelet import FakeKubelet, FakePodResources
+from .agent_fake_kubelet import FakeKubelet, FakePodResources, lane_pod
 
 NODE = "node-a"
 
@@ -49,29 +48,6 @@ class Recorder:
     async def delete_pod(self, namespace: str, name: str, *, uid: str | None = None) -> object:
         self.deleted.append((namespace, name, uid))
         return {}
-
-
-def lane_pod(name: str, gpu: str, index: int) -> NodePod:
-    assignment = {
-        "node": NODE,
-        "gpuUUIDs": [gpu],
-        "gpuIndices": [index],
-        "laneId": f"lane-{name}",
-        "memoryMiB": 2048,
-        "computePercent": 25,
-    }
-    return pod_info_from_manifest(
-        {
-            "metadata": {
-                "name": name,
-                "namespace": "ml",
-                "uid": f"uid-{name}",
-                "creationTimestamp": "2024-01-01T00:00:00Z",
-                "annotations": {contract.ANN_ASSIGNMENT: json.dumps(assignment)},
-            },
-            "spec": {"containers": [{"name": "main", "resources": {"limits": {contract.RESOURCE_GPU: "1"}}}]},
-        }
-    )
 
 
 @pytest.fixture

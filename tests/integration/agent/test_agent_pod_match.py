@@ -8,49 +8,23 @@ against the pod it was admitting (which the kubelet knows and the agent is not t
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
-from tessera.api import contract
 from tessera_agent.config import AgentConfig
 from tessera_agent.fake_backend import FakeGpuBackend
 from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.plugin import DevicePlugin
-from tessera_agent.pods import NodePod, StaticPodSource, pod_info_from_manifest
+from tessera_agent.pods import StaticPodSource
 from tessera_agent.proto import api_pb2, api_pb2_grpc
 
-from .agent_fake_kubelet import FakeKubelet
+from .agent_fake_kubelet import FakeKubelet, lane_pod
 
 NODE = "node-a"
 SLOTS = 4
-
-
-def lane_pod(name: str, created: str, gpu_uuid: str, gpu_index: int) -> NodePod:
-    """A pod the extender bound to one GPU with a 1-slot request, as the real one annotates it."""
-    assignment = {
-        "node": NODE,
-        "gpuUUIDs": [gpu_uuid],
-        "gpuIndices": [gpu_index],
-        "laneId": f"lane-{name}",
-        "memoryMiB": 2048,
-        "computePercent": 25,
-    }
-    return pod_info_from_manifest(
-        {
-            "metadata": {
-                "name": name,
-                "namespace": "ml",
-                "uid": f"uid-{name}",
-                "creationTimestamp": created,
-                "annotations": {contract.ANN_ASSIGNMENT: json.dumps(assignment)},
-            },
-            "spec": {"containers": [{"name": "main", "resources": {"limits": {contract.RESOURCE_GPU: "1"}}}]},
-        }
-    )
 
 
 @pytest.fixture
@@ -99,8 +73,8 @@ async def test_two_pods_admitted_newest_first_never_get_each_others_gpu(
     Now a container gets its own pod's GPU and lane, or Allocate is refused; never another pod's."""
     _, source = plugin
     u0, u1 = (g.uuid for g in backend.gpus())
-    a = lane_pod("a", "2024-01-01T00:00:00Z", u0, 0)
-    b = lane_pod("b", "2024-01-01T00:00:05Z", u1, 1)
+    a = lane_pod("a", u0, 0, created="2024-01-01T00:00:00Z")
+    b = lane_pod("b", u1, 1, created="2024-01-01T00:00:05Z")
     source.pods = [a, b]
     available = [f"{u}::{k}" for u in (u0, u1) for k in range(SLOTS)]
     served: dict[str, str] = {}  # pod the kubelet admitted → the GPU its container was given
@@ -133,12 +107,12 @@ async def test_one_waiting_pod_is_served_whatever_slot_the_kubelet_picks(
     assignment even where the kubelet ignores the preference and allocates a slot of another GPU."""
     _, source = plugin
     u0, u1 = (g.uuid for g in backend.gpus())
-    source.pods = [lane_pod("a", "2024-01-01T00:00:00Z", u1, 1)]
+    source.pods = [lane_pod("a", u1, 1)]
     async with kubelet.plugin_channel() as ch:
         stub = api_pb2_grpc.DevicePluginStub(ch)
         chosen, _ = await admit(stub, [f"{u}::{k}" for u in (u0, u1) for k in range(SLOTS)])
         assert [c.rpartition("::")[0] for c in chosen] == [u1]  # steered onto its GPU
-        source.pods = [lane_pod("b", "2024-01-01T00:00:00Z", u1, 1)]
+        source.pods = [lane_pod("b", u1, 1)]
         resp = await stub.Allocate(
             api_pb2.AllocateRequest(
                 container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[f"{u0}::3"])]
