@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -15,7 +13,7 @@ from tessera.api.app import AppSpec, AppStatus
 from tessera.api.base import ObjectMeta, WireModel
 from tessera.api.modeldeployment import ModelDeploymentSpec, ModelDeploymentStatus
 from tessera.api.queue import QueueSpec, QueueStatus
-from tessera.api.safe_load import value_problems
+from tessera.api.safe_load import path_step, value_problems
 from tessera.api.trialgroup import TrialGroupSpec, TrialGroupStatus
 
 SpecT = TypeVar("SpecT", bound=WireModel)
@@ -182,20 +180,12 @@ class ManifestError(ValueError):
         super().__init__(f"{kind}/{name}: {len(errors)} error(s)\n{lines}")
 
 
-_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
-
-
 def field_path(loc: tuple[int | str, ...]) -> str:
     """('spec', 'jobs', 0, 'maxGPUs') → spec.jobs[0].maxGPUs; a key that is not a plain name is quoted
     (`sim["a\\nb"]`), so an error stays one line whatever keys a file has."""
     out = ""
     for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not _PLAIN_KEY.fullmatch(str(part)):  # a key with spaces, newlines or quotes: quoted, one line
-            out += f"[{json.dumps(part)}]"
-        else:
-            out += f".{part}" if out else part
+        out = path_step(out, part, index=isinstance(part, int))
     return out
 
 

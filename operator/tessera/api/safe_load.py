@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -125,6 +126,19 @@ def validated(model: type[M], data: Any, source: str) -> M:
         raise InputError(source, problem, field) from None
 
 
+_PLAIN_KEY: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+
+def path_step(path: str, key: int | str, *, index: bool) -> str:
+    """`path` one step down: `[k]` into a list, `.k` into a mapping, and a key that is not a plain name
+    quoted (`sim["a\\nb"]`), so an error stays one line whatever keys a file has."""
+    if index:
+        return f"{path}[{key}]"
+    if not _PLAIN_KEY.fullmatch(str(key)):  # spaces, newlines, quotes, a number as a key
+        return f"{path}[{json.dumps(str(key))}]"
+    return f"{path}.{key}" if path else str(key)
+
+
 def value_problems(data: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
     """(field path, problem) for each NaN, infinity or integer past int64 in a parsed document.
 
@@ -145,10 +159,7 @@ def value_problems(data: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
                 continue
             seen.add(id(value))
             items = value.items() if isinstance(value, dict) else enumerate(value)
-            children = [
-                (f"{path}[{k}]" if isinstance(value, list) else f"{path}.{k}" if path else str(k), v)
-                for k, v in items
-            ]
+            children = [(path_step(path, k, index=isinstance(value, list)), v) for k, v in items]
             stack.extend(reversed(children))
 
 

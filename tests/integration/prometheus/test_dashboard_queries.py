@@ -47,6 +47,7 @@ SCENE_LABELS = {
     "result": ["ok"],
     "reason": ["none"],
     "outcome": ["slo_met", "slo_missed"],
+    "action": ["deleted", "reported"],
 }
 
 

@@ -210,7 +210,9 @@ class AgentScene:
         self.backend.set_utilization(self.gpu0, 70)
         self.telemetry = LaneTelemetry(NODE, self.backend, self.metrics, resolve_pid=owners.get)
         cfg = AgentConfig(node_name=NODE, slots_per_gpu=4)
-        self.source = StaticPodSource(list(self.pods))
+        # The extender hands a node one GPU pod at a time (its handoff), so the agent sees the next lane pod
+        # only after the previous one is allocated.
+        self.source = StaticPodSource(self.pods[:1])
         self.plugin = DevicePluginServicer(cfg, self.backend, self.source, self.metrics)
         self.allocated = 0
 
@@ -244,6 +246,7 @@ class AgentScene:
             )
             await self.plugin.Allocate(req, None)  # type: ignore[arg-type]
             self.allocated += 1
+            self.source.pods.extend(self.pods[self.allocated : self.allocated + 1])
 
 
 @contextlib.contextmanager

@@ -93,6 +93,24 @@ def test_value_problems_name_the_path_and_visit_shared_nodes_once() -> None:
     assert list(value_problems(yaml.safe_load(bomb))) == []  # 2^17 leaves, 17 distinct lists
 
 
+def test_a_key_with_a_newline_is_quoted_so_the_error_stays_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Found by the fuzzer: a complex YAML key ("\n") holding an integer past int64 under apiVersion.
+    bad = "apiVersion:\n  ? '\n\n    '\n  : 9223372036854775808\n"
+    assert list(value_problems(yaml.safe_load(bad))) == [
+        ('apiVersion["\\n"]', "9223372036854775808 does not fit in a 64-bit integer")
+    ]
+    path = _app_with(tmp_path, "apiVersion: tessera.io/v1alpha1\n", bad)
+    assert main(["validate", str(path)]) == 1
+    skipped, line = capsys.readouterr().out.splitlines()
+    assert skipped.startswith(f"SKIP {path} (Namespace/research)")
+    assert (
+        line
+        == f'{path}: App/resnet50-lr-search: apiVersion["\\n"]: 9223372036854775808 does not fit in a 64-bit integer'
+    )
+
+
 def _scenario(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "scenario.yaml"
     path.write_text(text)
