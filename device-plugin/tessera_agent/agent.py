@@ -1,4 +1,4 @@
-"""Runs the node agent's parts together until stopped: device plugin, MPS daemon, inventory, telemetry, the
+"""Runs the node agent's parts together until stopped: device plugin, lanes' MPS daemons, inventory, telemetry, the
 GPU-node taint (set or cleared once at start), the lane audit (device-plugin mode), and (opt-in) the lane
 coordinator, the progress endpoint, HP/BE lanes and the BE feedback loop."""
 
@@ -15,6 +15,8 @@ from .backend import GpuBackend, usable_memory_mib
 from .config import AgentConfig
 from .coordinator import LaneCoordinator
 from .dra_plugin import DraApi, DraDriver
+from .enforce.lane_daemons import LaneDaemons
+from .enforce.lane_dirs import LaneDirs
 from .interference import (
     EventSink,
     InterferenceLoop,
@@ -27,7 +29,6 @@ from .inventory import InventoryPublisher, NodePatcher
 from .lane_audit import LaneAudit
 from .lanes import LaneBook
 from .metrics_factory import AgentMetrics
-from .mps import MpsManager
 from .peers import PeerResolver
 from .plugin import DevicePlugin
 from .pods import PodSource
@@ -44,7 +45,7 @@ class NodeAgent:
     pods: PodSource
     patcher: NodePatcher | None
     metrics: AgentMetrics
-    mps: MpsManager | None = None
+    daemons: LaneDaemons | None = None  # each lane's directories and MPS daemon; None: directories only
     coordinator: LaneCoordinator | None = None
     sample_interval_s: float = 10.0
     # The BE feedback loop's hands on Kubernetes (restarts.py); required when cfg.be_feedback is on.
@@ -58,6 +59,8 @@ class NodeAgent:
     _progress_latency: ProgressLatency | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
+        if self.daemons is None:
+            self.daemons = LaneDaemons(LaneDirs(self.cfg.mps_root), mps=False)
         if not self.cfg.hp_be_lanes:
             return
         self.lanes = LaneBook(
@@ -89,13 +92,14 @@ class NodeAgent:
         if self.cfg.lanes_api == "dra":
             if self.dra is None:
                 raise ValueError("the DRA driver needs the Kubernetes API (claims and ResourceSlices)")
-            lanes_api = DraDriver(self.cfg, self.backend, self.dra)
+            lanes_api = DraDriver(self.cfg, self.backend, self.dra, self.daemons)
             holders = ClaimHolders(self.cfg.node_name, lanes_api.servicer.holds_lane)
         else:
-            lanes_api = DevicePlugin(self.cfg, self.backend, self.pods, self.metrics, self.lanes)
-        tasks = [asyncio.create_task(lanes_api.run(stop)), asyncio.create_task(self._sample(stop))]
-        if self.mps is not None:
-            tasks.append(asyncio.create_task(self.mps.run(stop)))
+            lanes_api = DevicePlugin(
+                self.cfg, self.backend, self.pods, self.metrics, self.lanes, self.daemons
+            )
+        plugin = lanes_api if isinstance(lanes_api, DevicePlugin) else None
+        tasks = [asyncio.create_task(lanes_api.run(stop)), asyncio.create_task(self._sample(stop, plugin))]
         if self.audit is not None and self.cfg.lanes_api == "devicePlugin":
             tasks.append(asyncio.create_task(self.audit.run(stop, self.cfg.lane_audit_interval_s)))
         if self.loop is not None:
@@ -131,6 +135,8 @@ class NodeAgent:
             for t in tasks:
                 t.cancel()
             await self._close(progress)
+            assert self.daemons is not None
+            await self.daemons.close()
             self.backend.close()
 
     async def _close(self, progress: ProgressServer | None) -> None:
@@ -139,7 +145,7 @@ class NodeAgent:
         if progress is not None:
             await progress.stop()
 
-    async def _sample(self, stop: asyncio.Event) -> None:
+    async def _sample(self, stop: asyncio.Event, plugin: DevicePlugin | None) -> None:
         telemetry = LaneTelemetry(self.cfg.node_name, self.backend, self.metrics)
         inventory = (
             InventoryPublisher(
@@ -155,6 +161,8 @@ class NodeAgent:
             try:
                 if inventory is not None:
                     await inventory.publish_if_changed()
+                assert self.daemons is not None
+                listed_at = self.daemons.clock()
                 pods = await self.pods.pods_on_node(self.cfg.node_name)
                 telemetry.update(pods)
                 if self.lanes is not None:
@@ -162,6 +170,8 @@ class NodeAgent:
                         log.warning("lane not recorded: %s", problem)
                     if self._progress_latency is not None:
                         self._progress_latency.forget({p.uid for p in pods})
+                if plugin is not None:  # after the lane book, whose classes a restarted daemon takes
+                    await plugin.servicer.keep_lanes(pods, listed_at)
             except Exception:  # keep the agent up through API hiccups; the next round retries
                 log.exception("sampling round failed")
             with contextlib.suppress(TimeoutError):

@@ -13,14 +13,18 @@ GPU and lane. The kubelet then fails the pod it was admitting, and the next one 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
 from tessera.api import contract
 from tessera.api.assignment import Assignment
 
+from .backend import GpuDevice
 from .config import AgentConfig
+from .enforce.device_nodes import DeviceNode, DeviceNodeError, lane_device_nodes
+from .enforce.lane_daemons import LaneLimits
+from .enforce.lane_dirs import LaneDirs
 from .lanes import LaneAdmissionError, LaneBook
 from .pods import NodePod
 from .slots import gpu_of
@@ -44,6 +48,19 @@ class ContainerAllocation:
     pod: NodePod
     envs: dict[str, str]
     mounts: tuple[Mount, ...]
+    devices: tuple[DeviceNode, ...] = ()
+
+    def limits(self) -> LaneLimits:
+        """What the lane's own MPS daemon holds server-side: the env's values, which then only lower them."""
+        a = self.pod.assignment
+        assert a is not None  # container_allocation refuses a pod without one
+        priority = self.envs.get(contract.ENV_MPS_CLIENT_PRIORITY)
+        return LaneLimits(
+            gpus=tuple(a.gpu_uuids),
+            memory_mib=(a.memory_mib,) * len(a.gpu_uuids),
+            thread_percent=int(self.envs[contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE]),
+            client_priority=int(priority) if priority is not None else None,
+        )
 
 
 def waiting_pods(pods: Sequence[NodePod], node: str, size: int) -> list[NodePod]:
@@ -87,12 +104,19 @@ def choose_pod(device_ids: Sequence[str], pods: Sequence[NodePod], node: str) ->
 
 
 def container_allocation(
-    pod: NodePod, cfg: AgentConfig, lanes: LaneBook | None = None
+    pod: NodePod,
+    cfg: AgentConfig,
+    lanes: LaneBook | None = None,
+    gpus: Mapping[str, GpuDevice] | None = None,
 ) -> ContainerAllocation:
-    """The env and mounts that put the container in its lane (the `ENV_*` names in `tessera.api.contract`).
+    """The env, mounts and device nodes that put the container in its lane (the `ENV_*` names in
+    `tessera.api.contract`).
 
-    With a `LaneBook` the lane is admitted as HP or BE (at most one HP per GPU, lanes' memory within the GPU
-    less its reserve) and gets its class's active-thread percentage and MPS client priority (`lanes.py`).
+    The mounts are the lane's own pipe directory (its MPS daemon's) and its own /dev/shm (`enforce/lane_dirs`),
+    never a directory another lane uses; with `gpus` (the node's, by UUID) the device nodes are the lane's
+    GPUs' and the driver's control nodes (`enforce/device_nodes`). With a `LaneBook` the lane is admitted as
+    HP or BE (at most one HP per GPU, lanes' memory within the GPU less its reserve) and gets its class's
+    active-thread percentage and MPS client priority (`lanes.py`).
     """
     a: Assignment | None = pod.assignment
     if a is None:
@@ -114,10 +138,17 @@ def container_allocation(
             envs.update(lanes.env(pod))
         except LaneAdmissionError as err:
             raise AllocateRequestError(str(err)) from None
-    mounts = [
-        Mount(pipe_in_container, str(cfg.mps_pipe_dir)),
-        Mount("/dev/shm", str(cfg.mps_root / "shm")),
-    ]
+    devices: list[DeviceNode] = []
+    if gpus is not None:
+        missing = [u for u in a.gpu_uuids if u not in gpus]
+        if missing:
+            raise AllocateRequestError(f"pod {pod.key}: GPU {', '.join(missing)} is not on this node")
+        try:
+            devices = lane_device_nodes([gpus[u] for u in a.gpu_uuids], cfg.dev_root)
+        except DeviceNodeError as err:
+            raise AllocateRequestError(f"pod {pod.key}: {err}") from None
+    lane = LaneDirs(cfg.mps_root).paths(pod.uid)
+    mounts = [Mount(pipe_in_container, str(lane.pipe)), Mount("/dev/shm", str(lane.shm))]
     if cfg.coordinator_socket is not None:
         envs[contract.ENV_COORDINATOR_SOCKET] = (
             f"{cfg.coordinator_container_dir}/{cfg.coordinator_socket.name}"
@@ -128,7 +159,7 @@ def container_allocation(
             f"{cfg.progress_container_dir}/{cfg.progress_socket.name}", pod.namespace, pod.name
         )
         mounts.append(Mount(cfg.progress_container_dir, str(cfg.progress_socket.parent)))
-    return ContainerAllocation(pod=pod, envs=envs, mounts=tuple(mounts))
+    return ContainerAllocation(pod=pod, envs=envs, mounts=tuple(mounts), devices=tuple(devices))
 
 
 def progress_endpoint(socket_in_container: str, namespace: str, name: str) -> str:

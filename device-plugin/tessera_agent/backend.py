@@ -24,6 +24,7 @@ class GpuDevice:
     healthy: bool = True
     compute_capability: str = ""  # CUDA's "major.minor"; "" where unknown
     mig: bool = False  # MIG mode on
+    minor: int | None = None  # the N of /dev/nvidiaN (NVML's minor number); None where unknown
 
 
 @dataclass(frozen=True)

@@ -107,11 +107,30 @@ def _node_options(g: argparse._ArgumentGroup) -> None:
 
 def _mps_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
-        "--mps-root", type=Path, default=Path(contract.MPS_ROOT), help="host dir for pipe/, log/, shm/"
+        "--mps-root",
+        type=Path,
+        default=Path(contract.MPS_ROOT),
+        help="host dir of each lane's own pipe/, log/ and shm/ (lanes/<pod or claim UID>/)",
     )
     g.add_argument("--mps-binary", default="nvidia-cuda-mps-control")
     g.add_argument(
-        "--no-mps", action="store_true", help="do not run the MPS control daemon (one runs elsewhere)"
+        "--no-mps",
+        action="store_true",
+        help="run no MPS daemons: lanes' limits are then only declared in their env (needs --declared-only "
+        "on a node with real GPUs)",
+    )
+    g.add_argument(
+        "--declared-only",
+        action="store_true",
+        default=None,
+        help="allow --no-mps on real GPUs: limits declared in the env, which the workload can change",
+    )
+    g.add_argument(
+        "--dev-root",
+        type=Path,
+        default=None,
+        help="host dir of the driver's device nodes given to containers (default /dev; with "
+        "--fake-gpu-backend, fake nodes are made here)",
     )
     g.add_argument(
         "--mem-limit-key",
@@ -228,7 +247,8 @@ def _demo_options(g: argparse._ArgumentGroup) -> None:
         default=0,
         metavar="N",
         help="for testing without GPUs: N fake GPUs behind the NVML backend's interface; the Kubernetes API, "
-        "the kubelet and the node sockets are real (pair it with --no-mps)",
+        "the kubelet and the node sockets are real (pair it with --no-mps; with --dev-root, fake device "
+        "nodes are made there)",
     )
 
 
@@ -384,6 +404,10 @@ def _real_cluster(settings: AgentSettings) -> _Cluster:
         from .fake_backend import FakeGpuBackend
 
         backend = FakeGpuBackend.uniform(settings.fake_gpu_backend)
+        if settings.agent.dev_root != Path("/dev"):
+            from .enforce.device_nodes import make_fake_device_nodes
+
+            make_fake_device_nodes(backend.gpus(), settings.agent.dev_root)
     else:
         from .nvml_backend import NvmlGpuBackend
 
@@ -412,8 +436,9 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
 
     from .agent import NodeAgent, peer_resolver
     from .coordinator import LaneCoordinator
+    from .enforce.lane_daemons import LaneDaemons
+    from .enforce.lane_dirs import LaneDirs
     from .metrics_factory import AgentMetrics
-    from .mps import MpsManager
 
     cfg = settings.agent
     metrics = AgentMetrics()
@@ -425,7 +450,11 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
         coordinator = LaneCoordinator(
             cfg.coordinator_socket, policy=settings.lane_policy, peers=peers, socket_group=cfg.socket_group
         )
-    mps = MpsManager(cfg.mps_pipe_dir, cfg.mps_log_dir, binary=settings.mps_binary) if settings.mps else None
+    daemons = LaneDaemons(
+        LaneDirs(cfg.mps_root), mps=settings.mps, binary=settings.mps_binary, mem_limit_key=cfg.mem_limit_key
+    )
+    if not settings.mps:
+        log.warning("no MPS: lanes' limits are declared in their env only, not enforced (--declared-only)")
     audit = None
     if cfg.lane_audit and cfg.lanes_api == "devicePlugin" and cluster.api is not None:
         from .lane_audit import LaneAudit
@@ -446,7 +475,7 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
         cluster.pods,
         cluster.patcher,
         metrics,
-        mps=mps,
+        daemons=daemons,
         coordinator=coordinator,
         sample_interval_s=settings.sample_interval_s,
         restarter=cluster.restarter,

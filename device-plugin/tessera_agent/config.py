@@ -53,7 +53,10 @@ class AgentConfig(_Settings):
     device_plugin_dir: Path = Path(contract.DEVICE_PLUGIN_DIR)
     socket_name: str = Field(contract.AGENT_SOCKET_NAME, min_length=1)
     kubelet_socket_name: str = Field("kubelet.sock", min_length=1)
-    mps_root: Path = Path(contract.MPS_ROOT)  # host path holding pipe/, log/ and shm/
+    mps_root: Path = Path(contract.MPS_ROOT)  # host path holding lanes/<uid>/{pipe,log,shm}
+    # Host directory of the driver's device nodes given to containers (/dev/nvidiaN, nvidiactl, nvidia-uvm*);
+    # another directory only for fake device nodes on a node without GPUs.
+    dev_root: Path = Path("/dev")
     mps_container_root: str = contract.MPS_CONTAINER_ROOT
     # How CUDA_MPS_PINNED_DEVICE_MEM_LIMIT names devices: container-visible ordinals (0..n-1, what NVIDIA's
     # plugin uses for its daemon limits after limits by UUID were not applied) or the GPU UUIDs.
@@ -143,20 +146,15 @@ class AgentConfig(_Settings):
     def kubelet_socket(self) -> Path:
         return self.device_plugin_dir / self.kubelet_socket_name
 
-    @property
-    def mps_pipe_dir(self) -> Path:
-        return self.mps_root / "pipe"
-
-    @property
-    def mps_log_dir(self) -> Path:
-        return self.mps_root / "log"
-
 
 class AgentSettings(_Settings):
     """Everything `tessera-agent` runs with: the agent's config and the process's own options."""
 
     agent: AgentConfig
-    mps: bool = True  # run the MPS control daemon (off: one runs elsewhere)
+    # Run an MPS control daemon per lane, the lane's limits set server-side (enforce/lane_daemons.py); off, a
+    # lane's limits are only declared in its env, which needs `declared_only` on a node with real GPUs.
+    mps: bool = True
+    declared_only: bool = False
     mps_binary: str = Field("nvidia-cuda-mps-control", min_length=1)
     metrics_port: int = Field(9400, ge=0, le=65535)  # 0 = no metrics server
     sample_interval_s: Seconds = 10.0
@@ -188,6 +186,13 @@ class AgentSettings(_Settings):
                 "--reserve-node taints the Node through the Kubernetes API; --fake-gpus runs without one "
                 "(use --fake-gpu-backend)",
                 "fake_gpus",
+            )
+        if not self.mps and not self.declared_only and not (self.fake_gpus or self.fake_gpu_backend):
+            raise _fail(
+                "without MPS nothing enforces a lane's memory and compute limits, only its env declares "
+                "them (which the workload can change); run with MPS, or pass --declared-only "
+                "(chart: agent.enforcement: declaredOnly) to run with limits declared only",
+                "mps",
             )
         if self.fake_gpu_backend and self.fake_gpus:
             raise _fail(

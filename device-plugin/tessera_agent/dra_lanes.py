@@ -7,7 +7,7 @@ env of the whole claim: a container that names only one of the claim's requests 
 CUDA_VISIBLE_DEVICES, and the same env and mounts injected twice are applied once (CDI replaces an env
 variable or a mount at the same container path).
 
-The env is the device-plugin path's (`allocate.container_allocation`): the claim's GPUs, the MPS pipe, the
+The env is the device-plugin path's (`allocate.container_allocation`): the claim's GPUs, its own MPS pipe, the
 active thread percentage (the smallest compute share the claim got, since one process has one percentage),
 the pinned memory limit per GPU, `TESSERA_LANE_ID` (the claim's UID) and the progress endpoint of the pod the
 claim is reserved for.
@@ -32,6 +32,9 @@ from .allocate import ENV_NVIDIA_VISIBLE_DEVICES, progress_endpoint
 from .backend import MIB, GpuDevice
 from .config import AgentConfig
 from .dra_slice import device_name
+from .enforce.device_nodes import DeviceNode
+from .enforce.lane_daemons import LaneLimits
+from .enforce.lane_dirs import LaneDirs
 
 CDI_VERSION = "0.6.0"  # env and mounts need 0.3.0; containerd 2.x reads up to 1.1.0
 
@@ -144,6 +147,17 @@ def lane_devices(
     return out
 
 
+def lane_limits(devices: list[LaneDevice]) -> LaneLimits:
+    """What the claim's own MPS daemon holds: each GPU's memory, the smallest compute share (one process has
+    one percentage)."""
+    uuids = list(dict.fromkeys(d.uuid for d in devices))
+    return LaneLimits(
+        gpus=tuple(uuids),
+        memory_mib=tuple(max(d.memory_mib for d in devices if d.uuid == u) for u in uuids),
+        thread_percent=min(d.compute_percent for d in devices),
+    )
+
+
 def lane_env(claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig) -> dict[str, str]:
     uuids = list(dict.fromkeys(d.uuid for d in devices))
     keys = [str(i) for i in range(len(uuids))] if cfg.mem_limit_key == "ordinal" else uuids
@@ -168,11 +182,10 @@ def lane_env(claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig) 
     return env
 
 
-def lane_mounts(cfg: AgentConfig) -> list[dict[str, Any]]:
-    mounts = [
-        (f"{cfg.mps_container_root}/pipe", cfg.mps_pipe_dir),
-        ("/dev/shm", cfg.mps_root / "shm"),
-    ]
+def lane_mounts(claim_uid: str, cfg: AgentConfig) -> list[dict[str, Any]]:
+    """The claim's own pipe directory (its MPS daemon's) and /dev/shm, never one another claim uses."""
+    lane = LaneDirs(cfg.mps_root).paths(claim_uid)
+    mounts = [(f"{cfg.mps_container_root}/pipe", lane.pipe), ("/dev/shm", lane.shm)]
     if cfg.progress_socket is not None:
         mounts.append((cfg.progress_container_dir, cfg.progress_socket.parent))
     return [
@@ -185,16 +198,21 @@ def cdi_device_id(claim_uid: str, device: str) -> str:
     return f"{contract.DRA_CDI_KIND}={claim_uid}-{device}"
 
 
-def cdi_spec(claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig) -> dict[str, Any]:
+def cdi_spec(
+    claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig, nodes: list[DeviceNode] | None = None
+) -> dict[str, Any]:
+    """The claim's CDI devices; with `nodes` (`enforce.device_nodes.lane_device_nodes` of the claim's GPUs)
+    each also carries the device nodes, so plain runc gives the container its GPUs and no other."""
     env = [f"{k}={v}" for k, v in lane_env(claim, devices, cfg).items()]
-    mounts = lane_mounts(cfg)
+    edits: dict[str, Any] = {"env": env, "mounts": lane_mounts(claim.metadata.uid, cfg)}
+    if nodes:
+        edits["deviceNodes"] = [
+            {"path": n.container_path, "hostPath": n.host_path, "permissions": n.permissions} for n in nodes
+        ]
     return {
         "cdiVersion": CDI_VERSION,
         "kind": contract.DRA_CDI_KIND,
-        "devices": [
-            {"name": f"{claim.metadata.uid}-{d.device}", "containerEdits": {"env": env, "mounts": mounts}}
-            for d in devices
-        ],
+        "devices": [{"name": f"{claim.metadata.uid}-{d.device}", "containerEdits": edits} for d in devices],
     }
 
 
@@ -226,7 +244,13 @@ def write_atomically(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
-def write_cdi_spec(cdi_dir: Path, claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig) -> Path:
+def write_cdi_spec(
+    cdi_dir: Path,
+    claim: ResourceClaim,
+    devices: list[LaneDevice],
+    cfg: AgentConfig,
+    nodes: list[DeviceNode] | None = None,
+) -> Path:
     path = cdi_spec_path(cdi_dir, claim.metadata.uid)
-    write_atomically(path, json.dumps(cdi_spec(claim, devices, cfg), indent=1).encode())
+    write_atomically(path, json.dumps(cdi_spec(claim, devices, cfg, nodes), indent=1).encode())
     return path

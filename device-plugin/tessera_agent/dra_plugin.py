@@ -40,10 +40,15 @@ from .dra_lanes import (
     cdi_device_id,
     cdi_spec_path,
     lane_devices,
+    lane_limits,
     write_atomically,
     write_cdi_spec,
 )
 from .dra_slice import resource_slice, slice_name
+from .enforce.device_nodes import DeviceNodeError, lane_device_nodes
+from .enforce.lane_daemons import LaneDaemons
+from .enforce.lane_dirs import LaneDirs
+from .mps import MpsError
 from .proto import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -154,10 +159,14 @@ class Checkpoint(BaseModel):
 
 # --- the kubelet's DRA service -----------------------------------------------------------------------------
 class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
-    def __init__(self, cfg: AgentConfig, backend: GpuBackend, api: DraApi) -> None:
+    def __init__(
+        self, cfg: AgentConfig, backend: GpuBackend, api: DraApi, daemons: LaneDaemons | None = None
+    ) -> None:
         self.cfg = cfg
         self.backend = backend
         self.api = api
+        # each claim's directories and MPS daemon, as NVIDIA's DRA driver runs one per claim
+        self.daemons = daemons if daemons is not None else LaneDaemons(LaneDirs(cfg.mps_root), mps=False)
         self.checkpoint_path = cfg.dra_plugin_dir / "checkpoint.json"
         self.checkpoint = Checkpoint.load(self.checkpoint_path)
         self._lock = asyncio.Lock()  # one checkpoint writer at a time
@@ -227,8 +236,19 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         gpus = self.backend.gpus()
         usable = {g.uuid: usable_memory_mib(g, self.cfg.extra_reserve_mib) for g in gpus}
         lanes = lane_devices(claim, self.cfg.node_name, gpus, usable)
+        by_uuid = {g.uuid: g for g in gpus}
+        limits = lane_limits(lanes)
+        try:
+            nodes = lane_device_nodes([by_uuid[u] for u in limits.gpus], self.cfg.dev_root)
+        except DeviceNodeError as err:
+            raise ClaimError(f"claim {uid}: {err}") from None
+        try:
+            await self.daemons.ensure(uid, limits)  # CDI mounts' sources must exist: the lane's dirs too
+        except MpsError as err:
+            await self.daemons.release(uid)
+            raise ClaimError(f"claim {uid}: its lane's MPS daemon did not start: {err}") from None
         async with self._lock:
-            write_cdi_spec(self.cfg.cdi_dir, claim, lanes, self.cfg)
+            write_cdi_spec(self.cfg.cdi_dir, claim, lanes, self.cfg, nodes)
             devices = [
                 PreparedDevice(
                     request_names=[d.request],
@@ -293,6 +313,25 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
             if self.checkpoint.claims.pop(uid, None) is not None:
                 self._save()
                 log.info("unprepared claim %s", uid)
+        await self.daemons.release(uid)
+
+    async def restore_lanes(self) -> None:
+        """After a restart: start the daemon of each claim prepared before it (its containers' clients
+        reconnect to it); a claim that cannot be read again keeps its directories until unprepared."""
+        if not self.daemons.mps:
+            return
+        for uid, known in list(self.checkpoint.claims.items()):
+            if known.state != "prepared" or self.daemons.running(uid) is not None:
+                continue
+            try:
+                claim = ResourceClaim.model_validate(await self.api.get_claim(known.namespace, known.name))
+                gpus = self.backend.gpus()
+                usable = {g.uuid: usable_memory_mib(g, self.cfg.extra_reserve_mib) for g in gpus}
+                await self.daemons.ensure(
+                    uid, lane_limits(lane_devices(claim, self.cfg.node_name, gpus, usable))
+                )
+            except Exception as err:  # one claim's trouble must not stop the others'
+                log.warning("claim %s/%s runs without its MPS daemon: %s", known.namespace, known.name, err)
 
 
 def reserved_pod_uids(claim: ResourceClaim) -> list[str]:
@@ -392,10 +431,12 @@ def _same_devices(current: dict[str, Any], want: dict[str, Any]) -> bool:
 class DraDriver:
     """Serve the registration and DRA sockets and keep the slice published until `stop`."""
 
-    def __init__(self, cfg: AgentConfig, backend: GpuBackend, api: DraApi) -> None:
+    def __init__(
+        self, cfg: AgentConfig, backend: GpuBackend, api: DraApi, daemons: LaneDaemons | None = None
+    ) -> None:
         self.cfg = cfg
         self.backend = backend
-        self.servicer = DraServicer(cfg, backend, api)
+        self.servicer = DraServicer(cfg, backend, api, daemons)
         self.registration = RegistrationServicer(cfg)
         self.slices = SlicePublisher(cfg, backend, api)
         self._server: grpc.aio.Server | None = None
@@ -407,8 +448,8 @@ class DraDriver:
             with contextlib.suppress(FileNotFoundError):
                 sock.unlink()  # a stale socket from a previous run would make bind fail
         # CDI mounts, unlike the kubelet's, are not created by the runtime: their sources must exist.
-        for d in (self.cfg.cdi_dir, self.cfg.mps_pipe_dir, self.cfg.mps_root / "shm"):
-            d.mkdir(parents=True, exist_ok=True)
+        self.cfg.cdi_dir.mkdir(parents=True, exist_ok=True)
+        await self.servicer.restore_lanes()
         server = grpc.aio.server()
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{self.cfg.dra_socket}")

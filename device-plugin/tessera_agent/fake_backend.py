@@ -41,6 +41,7 @@ class FakeGpuBackend(GpuBackend):
                     memory_total_bytes=memory_mib * MIB,
                     memory_reserved_bytes=reserved_mib * MIB,
                     compute_capability=compute_capability,
+                    minor=i,
                 )
                 for i in range(count)
             ]

@@ -1,10 +1,12 @@
-"""Runs and watches the MPS control daemon (`nvidia-cuda-mps-control -d`) (NVIDIA MPS documentation).
+"""Runs and watches one MPS control daemon (`nvidia-cuda-mps-control -d`) (NVIDIA MPS documentation).
 
-Pipe and log directories live on host paths so pods mount the same pipe (CUDA_MPS_PIPE_DIRECTORY must match
-between daemon and clients, §3.2). After start the daemon gets its defaults through control commands (§3.1);
-lane limits themselves come from each client's env, which can only lower the daemon's defaults, so the
-defaults are left at "no limit" unless configured. A health check sends a read-only command; when the daemon
-stops answering it is restarted with exponential backoff.
+Each lane has its own daemon (`enforce/lane_daemons.py`): its pipe directory is the only one the lane's
+containers get (CUDA_MPS_PIPE_DIRECTORY must match between daemon and clients, §3.2), it sees only the lane's
+GPUs (CUDA_VISIBLE_DEVICES on the daemon), and its defaults are the lane's limits, set through control
+commands after start (§3.1), so a client's env can only lower them. With a shm directory the daemon starts in
+a private mount namespace with that directory on /dev/shm: the server it spawns shares memory with the lane's
+clients and no one else. A health check sends a read-only command; when the daemon stops answering it is
+restarted with exponential backoff and its defaults set again.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ class MpsDefaults:
     """Daemon-wide defaults applied after each start (they affect servers spawned afterwards)."""
 
     active_thread_percentage: int | None = None
-    pinned_mem_limit_mib: dict[int, int] = field(default_factory=dict)  # by GPU index, as NVIDIA sets them
+    # by device as the daemon names it: an ordinal among the GPUs it sees, or a UUID
+    pinned_mem_limit_mib: dict[int | str, int] = field(default_factory=dict)
+    client_priority: int | None = None  # 0 normal, 1 below normal (the daemon's default for its clients)
 
     def commands(self) -> list[str]:
         out = []
@@ -52,10 +56,14 @@ class MpsDefaults:
                     f"active thread percentage must be 1..100, got {self.active_thread_percentage}"
                 )
             out.append(f"set_default_active_thread_percentage {self.active_thread_percentage}")
-        for index, mib in sorted(self.pinned_mem_limit_mib.items()):
+        for device, mib in sorted(self.pinned_mem_limit_mib.items(), key=lambda kv: str(kv[0])):
             if mib <= 0:
-                raise ValueError(f"pinned memory limit for GPU {index} must be positive, got {mib} MiB")
-            out.append(f"set_default_device_pinned_mem_limit {index} {mib}M")
+                raise ValueError(f"pinned memory limit for GPU {device} must be positive, got {mib} MiB")
+            out.append(f"set_default_device_pinned_mem_limit {device} {mib}M")
+        if self.client_priority is not None:
+            if self.client_priority not in (0, 1):
+                raise ValueError(f"client priority must be 0 or 1, got {self.client_priority}")
+            out.append(f"set_default_client_priority {self.client_priority}")
         return out
 
 
@@ -75,6 +83,8 @@ class MpsManager:
         *,
         binary: str = CONTROL_BINARY,
         defaults: MpsDefaults | None = None,
+        env: dict[str, str] | None = None,
+        shm_dir: Path | None = None,
         check_interval_s: float = 5.0,
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 60.0,
@@ -86,6 +96,8 @@ class MpsManager:
         self.binary = binary
         self.defaults = defaults or MpsDefaults()
         self.defaults.commands()  # validate now, not after the first start
+        self.env = dict(env or {})  # e.g. CUDA_VISIBLE_DEVICES: the GPUs the daemon's server may use
+        self.shm_dir = shm_dir
         self.check_interval_s = check_interval_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
@@ -104,15 +116,21 @@ class MpsManager:
     def _env(self) -> dict[str, str]:
         return {
             **os.environ,
+            **self.env,
             contract.ENV_MPS_PIPE_DIRECTORY: str(self.pipe_dir),
             contract.ENV_MPS_LOG_DIRECTORY: str(self.log_dir),
         }
 
     async def _exec(self, args: list[str], stdin: str | None) -> tuple[int, str, str]:
+        argv = [self.binary, *args]
+        if args == ["-d"] and self.shm_dir is not None:
+            # The daemon (and the servers it forks) keep this namespace: their /dev/shm is the lane's.
+            script = 'mount --bind "$0" /dev/shm && exec "$1" -d'
+            argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
+            argv += [str(self.shm_dir), self.binary]
         try:
             proc = await asyncio.create_subprocess_exec(
-                self.binary,
-                *args,
+                *argv,
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -120,7 +138,7 @@ class MpsManager:
             )
         except FileNotFoundError as err:
             raise MpsError(
-                f"{self.binary} not found; install the NVIDIA driver utilities or pass --mps-binary"
+                f"{argv[0]} not found; install the NVIDIA driver utilities or pass --mps-binary"
             ) from err
         try:
             out, errb = await asyncio.wait_for(
@@ -144,6 +162,8 @@ class MpsManager:
     async def start(self) -> None:
         for d in (self.pipe_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
+        if self.shm_dir is not None:
+            self.shm_dir.mkdir(parents=True, exist_ok=True)
         rc, out, err = await self._exec(["-d"], None)
         if rc != 0:
             raise MpsError(f"{self.binary} -d exited {rc}: {err or out or 'no output'}")

@@ -69,6 +69,7 @@ class NvmlGpuBackend(GpuBackend):
                     healthy=uuid not in self._unhealthy,
                     compute_capability=_compute_capability(handle),
                     mig=_mig_enabled(handle),
+                    minor=_minor(handle),
                 )
             )
         return sorted(out, key=lambda g: g.index)
@@ -160,6 +161,14 @@ def _compute_capability(handle: Any) -> str:
     except pynvml.NVMLError:
         return ""
     return f"{major}.{minor}"
+
+
+def _minor(handle: Any) -> int | None:
+    """The N of the GPU's /dev/nvidiaN, which the container is given (None where NVML cannot say)."""
+    try:
+        return int(pynvml.nvmlDeviceGetMinorNumber(handle))
+    except pynvml.NVMLError:
+        return None
 
 
 def _mig_enabled(handle: Any) -> bool:

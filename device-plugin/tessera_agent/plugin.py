@@ -12,16 +12,25 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc  # type: ignore[import-untyped]
 
-from .allocate import AllocateRequestError, choose_pod, container_allocation, preferred_slots
+from .allocate import (
+    AllocateRequestError,
+    ContainerAllocation,
+    choose_pod,
+    container_allocation,
+    preferred_slots,
+)
 from .backend import GpuBackend
 from .config import AgentConfig
+from .enforce.lane_daemons import LaneDaemons
+from .enforce.lane_dirs import LaneDirs
 from .lanes import LaneBook
 from .metrics_factory import AgentMetrics
-from .pods import PodSource
+from .mps import MpsError
+from .pods import NodePod, PodSource
 from .proto import api_pb2, api_pb2_grpc
 from .slots import slot_ids
 
@@ -40,11 +49,15 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         pods: PodSource,
         metrics: AgentMetrics | None = None,
         lanes: LaneBook | None = None,
+        daemons: LaneDaemons | None = None,
     ) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.pods = pods
         self.lanes = lanes  # HP/BE lanes: class env and per-GPU admission (None: off)
+        # each lane's directories and MPS daemon (default: directories only, no MPS)
+        self.daemons = daemons if daemons is not None else LaneDaemons(LaneDirs(cfg.mps_root), mps=False)
+        self._gpus = {g.uuid: g for g in backend.gpus()}
         self._health = {g.uuid: g.healthy for g in backend.gpus()}
         self._version = 0
         self._changed = asyncio.Condition()
@@ -122,7 +135,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     if unhealthy:
                         raise AllocateRequestError(f"devices {', '.join(unhealthy)} are unhealthy or unknown")
                     pod = choose_pod(ids, await self._pending_pods(), self.cfg.node_name)
-                    alloc = container_allocation(pod, self.cfg, self.lanes)
+                    alloc = container_allocation(pod, self.cfg, self.lanes, self._gpus)
+                    await self._enforce(alloc)
                     await self.pods.mark_allocated(pod, ids)
                 except (AllocateRequestError, ValueError) as err:  # ValueError: a malformed device ID
                     log.warning("Allocate %s refused: %s", ids, err)
@@ -140,9 +154,43 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                             )
                             for m in alloc.mounts
                         ],
+                        devices=[
+                            api_pb2.DeviceSpec(
+                                container_path=d.container_path,
+                                host_path=d.host_path,
+                                permissions=d.permissions,
+                            )
+                            for d in alloc.devices
+                        ],
                     )
                 )
         return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def _enforce(self, alloc: ContainerAllocation) -> None:
+        """Set up the lane's directories and start its MPS daemon, or refuse the pod with the reason."""
+        try:
+            await self.daemons.ensure(alloc.pod.uid, alloc.limits())
+        except MpsError as err:
+            await self.daemons.release(alloc.pod.uid)
+            raise AllocateRequestError(
+                f"pod {alloc.pod.key}: its lane's MPS daemon did not start: {err}"
+            ) from None
+
+    async def keep_lanes(self, pods: Sequence[NodePod], listed_at: float) -> None:
+        """Match lanes to the node's pods (listed at time.monotonic() `listed_at`): release the lanes of
+        pods gone or finished, and start the daemon of an allocated pod that has none (after a restart)."""
+        live = [p for p in pods if not p.finished]
+        await self.daemons.sync({p.uid for p in live}, listed_at)
+        if not self.daemons.mps:
+            return
+        for p in live:
+            if not p.allocated or p.assignment is None or self.daemons.running(p.uid) is not None:
+                continue
+            try:
+                await self._enforce(container_allocation(p, self.cfg, self.lanes, self._gpus))
+                log.info("lane of pod %s: MPS daemon restarted", p.key)
+            except AllocateRequestError as err:
+                log.warning("lane of pod %s runs without its MPS daemon: %s", p.key, err)
 
     async def PreStartContainer(
         self, request: api_pb2.PreStartContainerRequest, context: object
@@ -170,10 +218,11 @@ class DevicePlugin:
         pods: PodSource,
         metrics: AgentMetrics | None = None,
         lanes: LaneBook | None = None,
+        daemons: LaneDaemons | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
-        self.servicer = DevicePluginServicer(cfg, backend, pods, metrics, lanes)
+        self.servicer = DevicePluginServicer(cfg, backend, pods, metrics, lanes, daemons)
         self._server: grpc.aio.Server | None = None
         self._kubelet_inode: int | None = None
         self.registrations = 0

@@ -53,7 +53,7 @@ async def running(
         node_name=NODE,
         device_plugin_dir=plugin_dir,
         slots_per_gpu=4,
-        mps_root=Path("/run/tessera/mps"),
+        mps_root=plugin_dir / "mps",
         restart_poll_s=0.05,
     )
     uuids = [g.uuid for g in backend.gpus()]
@@ -122,7 +122,10 @@ async def test_list_and_watch_streams_slots_and_health_change(
 
 
 async def test_allocate_with_assignment_returns_lane_env_and_mounts(
-    running: tuple[DevicePlugin, StaticPodSource], kubelet: FakeKubelet, backend: FakeGpuBackend
+    running: tuple[DevicePlugin, StaticPodSource],
+    kubelet: FakeKubelet,
+    backend: FakeGpuBackend,
+    plugin_dir: Path,
 ) -> None:
     uuids = [g.uuid for g in backend.gpus()]
     async with kubelet.plugin_channel() as ch:
@@ -152,10 +155,18 @@ async def test_allocate_with_assignment_returns_lane_env_and_mounts(
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
             "TESSERA_LANE_ID": "lane-7",
         }
+        lane = plugin_dir / "mps" / "lanes" / "uid-train-1"  # the pod's own, made before Allocate answered
         assert {(m.container_path, m.host_path) for m in c.mounts} == {
-            ("/mps/pipe", "/run/tessera/mps/pipe"),
-            ("/dev/shm", "/run/tessera/mps/shm"),
+            ("/mps/pipe", str(lane / "pipe")),
+            ("/dev/shm", str(lane / "shm")),
         }
+        assert (lane / "pipe").is_dir() and (lane / "shm").is_dir()
+        assert [d.container_path for d in c.devices] == [
+            "/dev/nvidia1",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools",
+        ]
     _, pods = running
     assert [p.allocated for p in pods.pods] == [True, False]
 

@@ -255,12 +255,19 @@ async def test_prepare_writes_the_lane_into_a_cdi_spec_and_unprepare_removes_it(
             "/v1/namespaces/ml/pods/train-0/progress",
         }
         mounts = {m["containerPath"]: m["hostPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]}
-        assert mounts == {
-            "/mps/pipe": str(cfg.mps_root / "pipe"),
-            "/dev/shm": str(cfg.mps_root / "shm"),
+        assert mounts == {  # the claim's own pipe directory and /dev/shm
+            "/mps/pipe": str(cfg.mps_root / "lanes" / "uid-c1" / "pipe"),
+            "/dev/shm": str(cfg.mps_root / "lanes" / "uid-c1" / "shm"),
             "/run/tessera/progress": "/run/tessera/progress",
         }
         assert all(Path(m).is_dir() for m in list(mounts.values())[:2])  # the runtime would not make them
+        nodes = spec["devices"][0]["containerEdits"]["deviceNodes"]
+        assert [(n["path"], n["hostPath"]) for n in nodes] == [
+            ("/dev/nvidia1", "/dev/nvidia1"),
+            ("/dev/nvidiactl", "/dev/nvidiactl"),
+            ("/dev/nvidia-uvm", "/dev/nvidia-uvm"),
+            ("/dev/nvidia-uvm-tools", "/dev/nvidia-uvm-tools"),
+        ]
 
         # The kubelet may ask again (after its own restart): answered from the checkpoint, the API not read.
         reads = api.claim_reads
@@ -276,6 +283,7 @@ async def test_prepare_writes_the_lane_into_a_cdi_spec_and_unprepare_removes_it(
         )
         assert gone.claims["uid-c1"].error == ""
         assert not spec_path.exists()
+        assert not (cfg.mps_root / "lanes" / "uid-c1").exists()  # the claim's directories go with it
         assert Checkpoint.load(cfg.dra_plugin_dir / "checkpoint.json").claims == {}
         # unprepare is idempotent too
         again_gone = await stub.NodeUnprepareResources(

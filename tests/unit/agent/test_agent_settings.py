@@ -46,6 +46,9 @@ def test_flags_fill_their_fields() -> None:
         "--node",
         "n",
         "--no-mps",
+        "--declared-only",
+        "--dev-root",
+        "/fake/dev",
         "--no-peer-check",
         "--be-min-interval",
         "60",
@@ -62,7 +65,8 @@ def test_flags_fill_their_fields() -> None:
     ]
     argv += ["--hp-priority-class", "a", "--hp-priority-class", "b", "--lane-policy", "SRTF"]
     s = cli.settings_from(cli.build_parser().parse_args(argv))
-    assert not s.mps and not s.agent.peer_check and s.agent.be_min_interval_s == 60
+    assert not s.mps and s.declared_only and str(s.agent.dev_root) == "/fake/dev"
+    assert not s.agent.peer_check and s.agent.be_min_interval_s == 60
     assert s.shutdown_timeout_s == 3 and s.agent.hp_priority_classes == ("a", "b") and s.lane_policy == "SRTF"
     assert s.agent.reserve_node
     assert (
@@ -76,6 +80,7 @@ def test_flags_fill_their_fields() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--no-mps"], "--no-mps (mps): without MPS nothing enforces a lane's memory and compute limits"),
         (["--be-percent", "0"], "--be-percent (agent.be_percent): must be >= 1"),
         (["--slots-per-gpu", "49"], "--slots-per-gpu (agent.slots_per_gpu): must be <= 48"),
         (["--socket-group", str(2**32 - 1)], "--socket-group (agent.socket_group): must be <= 4294967294"),

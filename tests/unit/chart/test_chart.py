@@ -291,10 +291,10 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
     assert host_paths == {
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
-        "/run/tessera/mps",
-        "/run/tessera/mps/shm",
+        "/run/tessera/mps",  # each lane's own pipe/, log/ and shm/ under lanes/; no node-wide /dev/shm
         "/run/tessera/progress",
     }
+    assert "/dev/shm" not in {m["mountPath"] for m in container["volumeMounts"]}
     (audit_mount,) = [m for m in container["volumeMounts"] if m["name"] == "pod-resources"]
     assert audit_mount == {
         "name": "pod-resources",
@@ -307,7 +307,31 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
         container["args"]
     )
     assert "-v" not in container["args"]
-    assert not [a for a in container["args"] if a.startswith("--fake-gpu-backend") or a == "--no-mps"]
+    assert not [
+        a for a in container["args"] if a.startswith(("--fake-gpu-backend", "--dev-root")) or a == "--no-mps"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "wanted", "unwanted"),
+    [
+        ({}, set(), {"--no-mps", "--declared-only"}),  # MPS enforces, a daemon per lane
+        ({"agent": {"enforcement": "declaredOnly"}}, {"--no-mps", "--declared-only"}, set()),
+        (
+            {"agent": {"fakeGpus": 2}},
+            {"--fake-gpu-backend=2", "--no-mps", "--dev-root=/run/tessera/fake-dev"},
+            {"--declared-only"},
+        ),
+    ],
+)
+def test_enforcement_values_reach_the_agent(
+    values: dict[str, Any], wanted: set[str], unwanted: set[str]
+) -> None:
+    pod = find(objects(render(values)), "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert wanted <= set(container["args"]) and not unwanted & set(container["args"])
+    fake_dev = [v for v in pod["volumes"] if v["name"] == "fake-dev"]
+    assert bool(fake_dev) == ("fakeGpus" in values.get("agent", {}))
 
 
 def test_lane_audit_and_handoff_values_reach_the_agent_the_extender_and_rbac() -> None:
