@@ -68,4 +68,5 @@ def make_fake_device_nodes(gpus: Sequence[GpuDevice], dev_root: Path) -> None:
             continue
         path.unlink(missing_ok=True)
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        path.chmod(0o666)  # as the driver's nodes are; mknod's mode passed through the umask
     log.info("fake GPU device nodes under %s", dev_root)

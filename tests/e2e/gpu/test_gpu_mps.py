@@ -118,3 +118,48 @@ def test_mps_clients_are_held_to_their_pinned_memory_limits() -> None:
     print("client limited to 4 GiB asking 2 GiB:", large)
     assert small.get("alloc_result") == 2  # CUDA_ERROR_OUT_OF_MEMORY at its limit
     assert large.get("alloc_result") == 0
+
+
+def test_two_lanes_daemons_hold_each_lane_to_its_memory_whatever_its_env_says() -> None:
+    """Issue 39 on a GPU: two lanes of one GPU, each with its own daemon and limits set server-side (1 GiB and
+    4 GiB). The 1 GiB lane's client raises its env limit to 8 GiB and still gets out of memory at 2 GiB, in a
+    /dev/shm of its own (the lane's), while the neighbouring lane allocates its 2 GiB."""
+    from tessera_agent.enforce.lane_daemons import LaneDaemons, LaneLimits
+    from tessera_agent.enforce.lane_dirs import LaneDirs
+    from tessera_agent.nvml_backend import NvmlGpuBackend
+
+    backend = NvmlGpuBackend()
+    gpu = backend.gpus()[0].uuid
+    backend.close()
+    root = Path(tempfile.mkdtemp(prefix="tessera-lanes-"))
+    daemons = LaneDaemons(LaneDirs(root))
+
+    async def client_in_lane(key: str, env: dict[str, str], mib: int) -> dict[str, object]:
+        pipe = daemons.dirs.paths(key).pipe
+        shm = daemons.dirs.paths(key).shm
+        # The client shares the lane's /dev/shm with its server, as the lane's container would.
+        script = 'mount --bind "$0" /dev/shm && exec "$@"'
+        argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, str(shm)]
+        argv += [sys.executable, CLIENT, str(mib)]
+        full = {**os.environ, **env, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_VISIBLE_DEVICES": gpu}
+        r = await asyncio.to_thread(
+            subprocess.run, argv, env=full, capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stderr
+        return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+    async def scenario() -> tuple[dict[str, object], dict[str, object]]:
+        try:
+            await daemons.ensure("small", LaneLimits((gpu,), (1024,), 50))
+            await daemons.ensure("large", LaneLimits((gpu,), (4096,), 50))
+            small = await client_in_lane("small", {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8192M"}, 2048)
+            large = await client_in_lane("large", {}, 2048)
+            return small, large
+        finally:
+            await daemons.close()
+
+    small, large = asyncio.run(scenario())
+    print("lane held to 1 GiB by its daemon, env raised to 8 GiB, asking 2 GiB:", small)
+    print("neighbouring lane held to 4 GiB, asking 2 GiB:", large)
+    assert small.get("alloc_result") == 2  # CUDA_ERROR_OUT_OF_MEMORY: the daemon's limit, not the env's
+    assert large.get("alloc_result") == 0

@@ -36,6 +36,7 @@ from tests.integration.k8s.controlplane import wait_until
 from tests.integration.k8s.test_chart_install import CHART, api_path, key
 from tests.unit.chart.chart_render import objects, render
 
+from . import adversary
 from .dns import query as dns_query
 from .node import Node
 from .together import bind_together, lane_pod
@@ -122,6 +123,7 @@ def chart_values(node: Node) -> dict[str, Any]:
         "gpuNodes": {"reserve": True},
         "agent": {
             "fakeGpus": FAKE_GPUS,
+            "fakeDevRoot": str(host / "fake-dev"),  # the fake GPUs' device nodes, which containers are given
             "slotsPerGpu": SLOTS_PER_GPU,
             # The kubelet's registration socket is at the chart's default path whatever its --root-dir.
             "devicePluginDir": str(node.device_plugin_dir),
@@ -512,6 +514,66 @@ def test_pods_bound_together_each_run_on_their_own_gpu_and_lane(
     rates = ", ".join(f"{r.binds_per_second:.2f}" for r in rounds)
     print(f"\n[handoff] 3 rounds of 4 pods: 0 mismatches, 0 refused; binds/s per round: {rates}")
     assert not [e for e in events(node, namespace) if e["reason"] == "LaneMismatch"]
+
+
+def test_a_tenant_cannot_reach_another_lanes_socket_pipe_shm_or_gpu(
+    node: Node, release: AdminCLI, namespace: str
+) -> None:
+    """Issue 39, device-plugin mode: from inside its container a tenant finds no other lane's MPS socket,
+    writes only into its own lane's pipe directory, cannot read its neighbour's /dev/shm, and has exactly its
+    GPU's device node: another GPU's, made with mknod, cannot be opened (tests/integration/node/adversary.py)."""
+    limits = {
+        contract.RESOURCE_GPU: "1",
+        contract.RESOURCE_GPU_MEMORY: "1024",
+        contract.RESOURCE_GPU_COMPUTE: "10",
+    }
+    lane = {"container": {"resources": {"limits": limits}}}
+    wait_until(lambda: gpu_slots(node) >= 2, 120, "the node to publish its tessera.io/gpu slots")
+    create(node, namespace, adversary.pod(node, "neighbour", adversary.NEIGHBOUR, dict(lane)))
+    wait_until(
+        lambda: "READY" in pod_log(node, namespace, "neighbour"), 180, "the neighbour to hold its lane"
+    )
+    create(node, namespace, adversary.pod(node, "prober", adversary.prober_script(FAKE_GPUS), dict(lane)))
+    seen = wait_until(
+        lambda: adversary.probe_result(pod_log(node, namespace, "prober")), 180, "the prober's report"
+    )
+    prober = get_pod(node, namespace, "prober")
+    own = json.loads(prober["metadata"]["annotations"][contract.ANN_ASSIGNMENT])["gpuIndices"][0]
+    assert adversary.check_probe(seen, own, FAKE_GPUS) == [], json.dumps(seen)
+    # On the host: what it wrote is in its lane's own pipe directory; there is no node-wide one.
+    mps = node.host_dir / "mps"
+    uids = {p: get_pod(node, namespace, p)["metadata"]["uid"] for p in ("prober", "neighbour")}
+    assert (mps / "lanes" / uids["prober"] / "pipe" / "probe-a").exists()
+    assert not (mps / "pipe").exists() and not (mps / "shm").exists()
+    for name in uids:
+        status, body = node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        assert status == 200, body
+    # Released with their pods: the agent removes the lanes' directories on its next rounds.
+    wait_until(
+        lambda: not any((mps / "lanes" / u).exists() for u in uids.values()),
+        180,
+        "the lanes' directories to go",
+    )
+
+
+def gpu_slots(node: Node) -> int:
+    status, body = node.plane.request("GET", f"/api/v1/nodes/{node.name}")
+    return (
+        int((body.get("status") or {}).get("allocatable", {}).get(contract.RESOURCE_GPU, 0))
+        if status == 200
+        else 0
+    )
+
+
+def create(node: Node, namespace: str, obj: dict[str, Any]) -> None:
+    status, body = node.plane.request("POST", f"/api/v1/namespaces/{namespace}/pods", obj)
+    assert status == 201, body
+
+
+def get_pod(node: Node, namespace: str, name: str) -> dict[str, Any]:
+    status, body = node.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+    assert status == 200, body
+    return dict(body)
 
 
 def events(node: Node, namespace: str) -> list[dict[str, Any]]:

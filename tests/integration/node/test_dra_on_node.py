@@ -26,6 +26,7 @@ from tessera_agent.dra_slice import device_class
 
 from tests.integration.k8s.controlplane import Process, wait_until
 
+from . import adversary
 from .node import Node
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
@@ -54,6 +55,7 @@ class Agent:
             f"--kubelet-registry-dir={root / 'plugins_registry'}",
             f"--cdi-dir={node.cdi_dir}",
             f"--mps-root={self.state / 'mps'}",
+            f"--dev-root={self.state / 'fake-dev'}",  # fake device nodes, which the claims' CDI specs name
             f"--device-plugin-dir={self.state / 'device-plugins'}",
             "-v",
         ]
@@ -259,6 +261,42 @@ def test_a_claim_of_30_percent_and_10gi_runs_with_that_lanes_env(
         lambda: uid not in agent.checkpoint and not cdi_specs(node, uid), DEADLINE_S, "the claim unprepared"
     )
     wait_until(lambda: pod_claim_gone(node, namespace, claim), DEADLINE_S, "the claim deleted with its pod")
+
+
+def test_a_tenant_cannot_reach_another_claims_socket_pipe_shm_or_gpu(
+    node: Node, namespace: str, agent: Agent
+) -> None:
+    """Issue 39, DRA mode: two claims on the one GPU; from inside its container the prober finds no other
+    claim's MPS socket, writes only into its own claim's pipe directory, cannot read its neighbour's /dev/shm,
+    and has exactly its GPU's device node from the CDI spec (tests/integration/node/adversary.py)."""
+    lane_template(node, namespace, "lane-10", "2Gi", "10")
+    claims = {"resourceClaims": [{"name": "lane", "resourceClaimTemplateName": "lane-10"}]}
+    uses = {"container": {"resources": {"claims": [{"name": "lane"}]}}}
+    for name, script in (("neighbour", adversary.NEIGHBOUR), ("prober", adversary.prober_script(2))):
+        body = adversary.pod(node, name, script, {**claims, **uses})
+        status, got = node.plane.request("POST", f"/api/v1/namespaces/{namespace}/pods", body)
+        assert status == 201, got
+        if name == "neighbour":
+            try:
+                wait_until(
+                    lambda: "READY" in log_of(node, namespace, "neighbour"), DEADLINE_S, "the neighbour"
+                )
+            except TimeoutError:
+                raise AssertionError(describe(node, namespace)) from None
+    seen = wait_until(
+        lambda: adversary.probe_result(log_of(node, namespace, "prober")), DEADLINE_S, "the prober's report"
+    )
+    assert adversary.check_probe(seen, 0, 2) == [], json.dumps(seen)  # the node's one fake GPU is minor 0
+    claim = pod_claim(node, namespace, "prober")
+    assert claim is not None
+    lanes = agent.state / "mps" / "lanes"
+    assert (lanes / claim["metadata"]["uid"] / "pipe" / "probe-a").exists()
+    assert not (agent.state / "mps" / "pipe").exists() and not (agent.state / "mps" / "shm").exists()
+
+
+def log_of(node: Node, namespace: str, name: str) -> str:
+    status, text = node.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log")
+    return str(text) if status == 200 else ""
 
 
 def pod_claim_gone(node: Node, namespace: str, claim: dict[str, Any]) -> bool:
