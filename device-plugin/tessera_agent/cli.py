@@ -329,6 +329,13 @@ def _main(argv: list[str] | None) -> int:
         return _refuse(settings_problem(err, args))
     except InputError as err:
         return _refuse(f"--fake-pods {err}")
+    if settings.mps:
+        from .enforce.mechanism import EnforcementError, check_mps_binary
+
+        try:
+            check_mps_binary(settings.mps_binary)
+        except EnforcementError as err:
+            return _refuse(str(err), code=1)
     if settings.fake_gpus:
         cluster = _fake_cluster(settings, fake_pods)
     else:
@@ -453,8 +460,9 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
     daemons = LaneDaemons(
         LaneDirs(cfg.mps_root), mps=settings.mps, binary=settings.mps_binary, mem_limit_key=cfg.mem_limit_key
     )
-    if not settings.mps:
-        log.warning("no MPS: lanes' limits are declared in their env only, not enforced (--declared-only)")
+    from .enforce.mechanism import mechanisms, report
+
+    report(cfg.node_name, mechanisms(settings.mps), metrics)
     audit = None
     if cfg.lane_audit and cfg.lanes_api == "devicePlugin" and cluster.api is not None:
         from .lane_audit import LaneAudit

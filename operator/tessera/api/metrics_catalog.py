@@ -317,6 +317,14 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         ("node", "action"),
         frozenset({_AGENT}),
     ),
+    MetricSpec(
+        "tessera_agent_lane_enforcement",
+        MetricType.GAUGE,
+        "1 for the mechanism that enforces each lane limit on this node, by limit (memory, compute, isolation, "
+        "devices) and mechanism (mps-daemon-per-lane, lane-directories, device-nodes, declared-only).",
+        ("node", "limit", "mechanism"),
+        frozenset({_AGENT}),
+    ),
     # --- extender (kube-scheduler extender API) -------------------------------------------------------------
     MetricSpec(
         "tessera_extender_request_duration_seconds",

@@ -244,3 +244,43 @@ async def test_a_daemon_that_cannot_start_refuses_the_pod_with_the_reason(plugin
         await plugin.Allocate(request(f"{UUIDS[0]}::0"), AbortContext())
     assert not (plugin_dir / "mps" / "lanes" / "uid-a").exists()  # nothing left behind
     assert [p.allocated for p in await source.pods_on_node("n1")] == [False]
+
+
+async def test_without_the_mps_binary_the_agent_refuses_to_start_rather_than_run_unenforced(
+    plugin_dir: Path,
+) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tessera_agent.cli",
+        *("--node", "n1", "--fake-gpus", "1", "--device-plugin-dir", str(plugin_dir)),
+        *("--mps-binary", str(plugin_dir / "nvidia-cuda-mps-control"), "--metrics-port", "0"),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1
+    message = err.decode().strip()
+    assert message.startswith("tessera-agent: ") and "nvidia-cuda-mps-control not found" in message, message
+    assert "chart agent.enforcement: declaredOnly" in message and "Traceback" not in message
+
+
+def test_the_enforcing_mechanism_of_each_limit_is_in_the_metrics() -> None:
+    from tessera_agent.enforce.mechanism import mechanisms, report
+    from tessera_agent.metrics_factory import AgentMetrics
+
+    for mps, limit in ((True, "mps-daemon-per-lane"), (False, "declared-only")):
+        metrics = AgentMetrics()
+        report("n1", mechanisms(mps), metrics)
+        got = {
+            (s.labels["limit"], s.labels["mechanism"])
+            for family in metrics.registry.collect()
+            if family.name == "tessera_agent_lane_enforcement"
+            for s in family.samples
+            if s.value == 1
+        }
+        assert got == {
+            ("memory", limit),
+            ("compute", limit),
+            ("isolation", "lane-directories"),
+            ("devices", "device-nodes"),
+        }

@@ -48,6 +48,8 @@ SCENE_LABELS = {
     "reason": ["none"],
     "outcome": ["slo_met", "slo_missed"],
     "action": ["deleted", "reported"],
+    "limit": ["memory", "compute"],
+    "mechanism": ["mps-daemon-per-lane"],
 }
 
 
