@@ -11,13 +11,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .backend import GpuBackend, usable_memory_mib
-from .config import AgentConfig
-from .coordinator import LaneCoordinator
-from .dra_plugin import DraApi, DraDriver
-from .enforce.lane_daemons import LaneDaemons
-from .enforce.lane_dirs import LaneDirs
-from .interference import (
+from tessera_agent.config import AgentConfig
+from tessera_agent.enforce.lane_daemons import LaneDaemons
+from tessera_agent.enforce.lane_dirs import LaneDirs
+from tessera_agent.gpus.backend import GpuBackend, usable_memory_mib
+from tessera_agent.gpus.inventory import InventoryPublisher, NodePatcher
+from tessera_agent.gpus.telemetry import LaneTelemetry
+from tessera_agent.kubelet.dra_plugin import DraApi, DraDriver
+from tessera_agent.kubelet.lane_audit import LaneAudit
+from tessera_agent.kubelet.plugin import DevicePlugin
+from tessera_agent.lanes.book import LaneBook
+from tessera_agent.lanes.coordinator import LaneCoordinator
+from tessera_agent.lanes.interference import (
     EventSink,
     InterferenceLoop,
     ProgressLatency,
@@ -25,15 +30,10 @@ from .interference import (
     WindowedLatency,
     agent_metrics_sink,
 )
-from .inventory import InventoryPublisher, NodePatcher
-from .lane_audit import LaneAudit
-from .lanes import LaneBook
-from .metrics_factory import AgentMetrics
-from .peers import PeerResolver
-from .plugin import DevicePlugin
-from .pods import PodSource
-from .progress import ClaimHolders, LaneHolders, ProgressServer
-from .telemetry import LaneTelemetry
+from tessera_agent.lanes.peers import PeerResolver
+from tessera_agent.lanes.progress import ClaimHolders, LaneHolders, ProgressServer
+from tessera_agent.metrics_factory import AgentMetrics
+from tessera_agent.pods import PodSource
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
     from tessera.kube import KubeClient
 
-    from .agent import NodeAgent
-    from .backend import GpuBackend
-    from .config import AgentSettings
-    from .dra_plugin import DraApi
-    from .inventory import NodePatcher
-    from .pods import NodePod, PodSource
-    from .restarts import KubernetesEventSink, KubernetesPodRestarter
+    from tessera_agent.agent import NodeAgent
+    from tessera_agent.config import AgentSettings
+    from tessera_agent.gpus.backend import GpuBackend
+    from tessera_agent.gpus.inventory import NodePatcher
+    from tessera_agent.kubelet.dra_plugin import DraApi
+    from tessera_agent.lanes.restarts import KubernetesEventSink, KubernetesPodRestarter
+    from tessera_agent.pods import NodePod, PodSource
 
 log = logging.getLogger("tessera_agent")
 PROG: Final = "tessera-agent"
@@ -271,7 +271,7 @@ _NOT_SETTINGS: Final = frozenset({"log_level", "log_format", "verbose", "forget_
 
 def settings_field(dest: str) -> str:
     """The AgentSettings field path a flag's argparse destination fills (`be_percent` → `agent.be_percent`)."""
-    from .config import AgentSettings
+    from tessera_agent.config import AgentSettings
 
     name = _RENAMED.get(dest, dest)
     return name if name.partition(".")[0] in AgentSettings.model_fields else f"agent.{name}"
@@ -279,7 +279,7 @@ def settings_field(dest: str) -> str:
 
 def settings_from(args: argparse.Namespace) -> AgentSettings:
     """The parsed flags as settings; pydantic's ValidationError when a value or a combination is refused."""
-    from .config import AgentSettings
+    from tessera_agent.config import AgentSettings
 
     data: dict[str, Any] = {"agent": {}}
     for dest, value in vars(args).items():
@@ -316,7 +316,7 @@ def _main(argv: list[str] | None) -> int:
     from pydantic import ValidationError
     from tessera.api.safe_load import InputError
 
-    from .pods import load_pod_manifests
+    from tessera_agent.pods import load_pod_manifests
 
     args = build_parser().parse_args(argv)
     _setup_logging(args)
@@ -330,7 +330,7 @@ def _main(argv: list[str] | None) -> int:
     except InputError as err:
         return _refuse(f"--fake-pods {err}")
     if settings.mps:
-        from .enforce.mechanism import EnforcementError, check_mps_binary
+        from tessera_agent.enforce.mechanism import EnforcementError, check_mps_binary
 
         try:
             check_mps_binary(settings.mps_binary)
@@ -339,7 +339,7 @@ def _main(argv: list[str] | None) -> int:
     if settings.fake_gpus:
         cluster = _fake_cluster(settings, fake_pods)
     else:
-        from .nvml_backend import NvmlUnavailableError
+        from tessera_agent.gpus.nvml_backend import NvmlUnavailableError
 
         try:
             cluster = _real_cluster(settings)
@@ -353,7 +353,7 @@ def _main(argv: list[str] | None) -> int:
 async def _forget_nodes() -> int:
     from tessera.kube import KubeClient, default_config
 
-    from .inventory import forget_nodes
+    from tessera_agent.gpus.inventory import forget_nodes
 
     api = KubeClient(default_config())
     try:
@@ -395,38 +395,38 @@ class _Cluster:
 
 def _fake_cluster(settings: AgentSettings, fake_pods: list[NodePod]) -> _Cluster:
     """Fake GPUs and the given pods, no API server (demos and tests)."""
-    from .fake_backend import FakeGpuBackend
-    from .pods import StaticPodSource
+    from tessera_agent.gpus.fake_backend import FakeGpuBackend
+    from tessera_agent.pods import StaticPodSource
 
     return _Cluster(FakeGpuBackend.uniform(settings.fake_gpus), StaticPodSource(fake_pods))
 
 
 def _real_cluster(settings: AgentSettings) -> _Cluster:
     """NVML's GPUs (or --fake-gpu-backend's) and the API server's pods; NvmlUnavailableError without a driver."""
-    from .inventory import KubernetesNodePatcher
-    from .pods import KubernetesPodSource
+    from tessera_agent.gpus.inventory import KubernetesNodePatcher
+    from tessera_agent.pods import KubernetesPodSource
 
     backend: GpuBackend
     if settings.fake_gpu_backend:
-        from .fake_backend import FakeGpuBackend
+        from tessera_agent.gpus.fake_backend import FakeGpuBackend
 
         backend = FakeGpuBackend.uniform(settings.fake_gpu_backend)
         if settings.agent.dev_root != Path("/dev"):
-            from .enforce.device_nodes import make_fake_device_nodes
+            from tessera_agent.enforce.device_nodes import make_fake_device_nodes
 
             make_fake_device_nodes(backend.gpus(), settings.agent.dev_root)
     else:
-        from .nvml_backend import NvmlGpuBackend
+        from tessera_agent.gpus.nvml_backend import NvmlGpuBackend
 
         backend = NvmlGpuBackend()
     kube = KubernetesPodSource()
     cluster = _Cluster(backend, kube, KubernetesNodePatcher(kube.api))
     cfg = settings.agent
     if cfg.lanes_api == "dra":
-        from .dra_plugin import KubernetesDraApi
+        from tessera_agent.kubelet.dra_plugin import KubernetesDraApi
 
         cluster.dra = KubernetesDraApi(kube.api)
-    from .restarts import KubernetesEventSink, KubernetesPodRestarter
+    from tessera_agent.lanes.restarts import KubernetesEventSink, KubernetesPodRestarter
 
     cluster.events = KubernetesEventSink(kube.api, cfg.node_name)  # the lane audit's and the BE loop's
     cluster.api = kube.api
@@ -441,11 +441,11 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
     """The agent's parts wired together; the metrics server started when a port is given."""
     from prometheus_client import start_http_server
 
-    from .agent import NodeAgent, peer_resolver
-    from .coordinator import LaneCoordinator
-    from .enforce.lane_daemons import LaneDaemons
-    from .enforce.lane_dirs import LaneDirs
-    from .metrics_factory import AgentMetrics
+    from tessera_agent.agent import NodeAgent, peer_resolver
+    from tessera_agent.enforce.lane_daemons import LaneDaemons
+    from tessera_agent.enforce.lane_dirs import LaneDirs
+    from tessera_agent.lanes.coordinator import LaneCoordinator
+    from tessera_agent.metrics_factory import AgentMetrics
 
     cfg = settings.agent
     metrics = AgentMetrics()
@@ -460,13 +460,13 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
     daemons = LaneDaemons(
         LaneDirs(cfg.mps_root), mps=settings.mps, binary=settings.mps_binary, mem_limit_key=cfg.mem_limit_key
     )
-    from .enforce.mechanism import mechanisms, report
+    from tessera_agent.enforce.mechanism import mechanisms, report
 
     report(cfg.node_name, mechanisms(settings.mps), metrics)
     audit = None
     if cfg.lane_audit and cfg.lanes_api == "devicePlugin" and cluster.api is not None:
-        from .lane_audit import LaneAudit
-        from .pod_resources import KubeletPodResources
+        from tessera_agent.kubelet.lane_audit import LaneAudit
+        from tessera_agent.kubelet.pod_resources import KubeletPodResources
 
         audit = LaneAudit(
             cfg.node_name,

@@ -7,7 +7,7 @@
                 train_step()
             lane.report_progress(step + 1, total=steps)
 
-The coordinator (node agent, `tessera_agent.coordinator`) runs one iteration per lane at a time, chosen by
+The coordinator (node agent, `tessera_agent.lanes.coordinator`) runs one iteration per lane at a time, chosen by
 the lane's FIFO/PACK/SRTF/FAIR policy (Salus §2.4). The wire protocol is documented in docs/node-agent.md:
 JSON lines over a unix socket. The agent serves both sockets to the pod's own processes only: it maps each
 connection to its pod (the process's cgroup), so a process reports progress only for its own pod and joins
@@ -15,7 +15,7 @@ only the lane its pod was assigned; the sockets are group-only, so the pod needs
 in `securityContext.supplementalGroups` unless it runs as root (docs/node-agent.md).
 
 Progress needs no coordinator: `report_progress(n, total=m, loss=x)` posts to `TESSERA_PROGRESS_ENDPOINT`
-(injected by the agent's Allocate; `tessera_agent.progress`), and the agent writes the pod's
+(injected by the agent's Allocate; `tessera_agent.lanes.progress`), and the agent writes the pod's
 `tessera.io/progress` annotation, which the operator reads. `LaneClient.report_progress` does both.
 This module depends on nothing but the standard library.
 """

@@ -24,9 +24,9 @@ from tessera.api import contract
 from tessera.progress import Progress
 from tessera.sdk import LaneClient
 from tessera_agent.config import AgentConfig
-from tessera_agent.coordinator import LaneCoordinator
-from tessera_agent.fake_backend import FakeGpuBackend
-from tessera_agent.plugin import DevicePlugin
+from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.kubelet.plugin import DevicePlugin
+from tessera_agent.lanes.coordinator import LaneCoordinator
 from tessera_agent.pods import NodePod, StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import api_pb2, api_pb2_grpc
 

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tessera.api import contract
 from tessera_agent.config import AgentConfig
-from tessera_agent.fake_backend import FakeGpuBackend
-from tessera_agent.plugin import DevicePluginServicer
+from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.kubelet.plugin import DevicePluginServicer
 from tessera_agent.pods import StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import api_pb2, api_pb2_grpc
 

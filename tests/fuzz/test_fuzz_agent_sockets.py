@@ -22,10 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tessera.sdk import _UnixHTTPConnection
-from tessera_agent.coordinator import MAX_LINE_BYTES, LaneCoordinator
-from tessera_agent.peers import PeerResolver
+from tessera_agent.lanes.coordinator import MAX_LINE_BYTES, LaneCoordinator
+from tessera_agent.lanes.peers import PeerResolver
+from tessera_agent.lanes.progress import ProgressServer
 from tessera_agent.pods import StaticPodSource
-from tessera_agent.progress import ProgressServer
 
 from tests.integration.agent.peer_support import NODE, ErrorLog, FakeProc, LoopThread, lane_pod, pod_uid
 

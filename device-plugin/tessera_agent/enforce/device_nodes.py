@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backend import GpuDevice
+from tessera_agent.gpus.backend import GpuDevice
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..mps import CONTROL_BINARY, MpsDefaults, MpsError, MpsManager
-from .lane_dirs import LaneDirs, LanePaths
+from tessera_agent.enforce.lane_dirs import LaneDirs, LanePaths
+from tessera_agent.enforce.mps import CONTROL_BINARY, MpsDefaults, MpsError, MpsManager
 
 log = logging.getLogger(__name__)
 

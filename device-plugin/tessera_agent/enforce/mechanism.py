@@ -9,7 +9,7 @@ import os
 import shutil
 from collections.abc import Mapping
 
-from ..metrics_factory import AgentMetrics
+from tessera_agent.metrics_factory import AgentMetrics
 
 log = logging.getLogger(__name__)
 

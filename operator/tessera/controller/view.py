@@ -52,7 +52,7 @@ class PodInfo:
 
 
 def parse_progress(raw: str | None) -> int | None:
-    """Iterations done from `tessera.io/progress` (JSON {"iterations": n, ...}, tessera_agent.progress)."""
+    """Iterations done from `tessera.io/progress` (JSON {"iterations": n, ...}, tessera_agent.lanes.progress)."""
     if not raw:
         return None
     try:

@@ -5,7 +5,7 @@ Nodes carry `tessera.io/gpus` (api.gpu_inventory); pods that hold GPUs carry `te
 `gpu-compute` limits (or requests), read by api.quantity (canonical quantities: `8k` is 8000 MiB, `16Gi`
 16384 MiB); class and profile from `tessera.io/workload` and `tessera.io/profile`. A pod whose workload
 annotation names no class is latency-critical when its `priorityClassName` is one of the HP priority
-classes, the node agent's rule for HP lanes (tessera_agent.lanes.lane_class), so the two never disagree on
+classes, the node agent's rule for HP lanes (tessera_agent.lanes.book.lane_class), so the two never disagree on
 which pods may not share a GPU.
 """
 

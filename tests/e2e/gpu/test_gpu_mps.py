@@ -49,8 +49,8 @@ CLIENT = str(Path(__file__).parent / "cuda_client.py")
 
 
 def test_nvml_discovers_gpus_and_inventory() -> None:
-    from tessera_agent.inventory import gpu_inventory
-    from tessera_agent.nvml_backend import NvmlGpuBackend
+    from tessera_agent.gpus.inventory import gpu_inventory
+    from tessera_agent.gpus.nvml_backend import NvmlGpuBackend
 
     backend = NvmlGpuBackend()
     try:
@@ -81,7 +81,7 @@ def run_client(env: dict[str, str], mib: int) -> dict[str, object]:
 
 
 def test_mps_clients_are_held_to_their_pinned_memory_limits() -> None:
-    from tessera_agent.mps import MpsManager, MpsPhase
+    from tessera_agent.enforce.mps import MpsManager, MpsPhase
 
     root = Path(tempfile.mkdtemp(prefix="tessera-mps-"))
     mgr = MpsManager(root / "pipe", root / "log")
@@ -126,7 +126,7 @@ def test_two_lanes_daemons_hold_each_lane_to_its_memory_whatever_its_env_says() 
     /dev/shm of its own (the lane's), while the neighbouring lane allocates its 2 GiB."""
     from tessera_agent.enforce.lane_daemons import LaneDaemons, LaneLimits
     from tessera_agent.enforce.lane_dirs import LaneDirs
-    from tessera_agent.nvml_backend import NvmlGpuBackend
+    from tessera_agent.gpus.nvml_backend import NvmlGpuBackend
 
     backend = NvmlGpuBackend()
     gpu = backend.gpus()[0].uuid

@@ -14,15 +14,15 @@ import pytest
 from tessera.api import contract
 from tessera.api.assignment import Assignment
 from tessera.kube import KubeClient, KubeConfig
-from tessera_agent.interference import (
+from tessera_agent.lanes.book import LaneBook, PodLane
+from tessera_agent.lanes.interference import (
     REASON_CHANGED,
     REASON_NOT_RESTARTED,
     InterferenceLoop,
     WindowedLatency,
 )
-from tessera_agent.lanes import LaneBook, PodLane
+from tessera_agent.lanes.restarts import KubernetesEventSink, KubernetesPodRestarter, RestartRefused
 from tessera_agent.pods import NodePod
-from tessera_agent.restarts import KubernetesEventSink, KubernetesPodRestarter, RestartRefused
 
 PODS = "v1/pods"
 EVENTS = "v1/events"

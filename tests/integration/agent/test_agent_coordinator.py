@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from tessera.sdk import LaneClient, LaneError
-from tessera_agent.coordinator import LaneCoordinator
+from tessera_agent.lanes.coordinator import LaneCoordinator
 
 Interval = tuple[float, float, str]
 

@@ -11,9 +11,9 @@ import grpc
 import pytest
 from tessera.api import contract
 from tessera_agent.config import AgentConfig
-from tessera_agent.fake_backend import FakeGpuBackend
+from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.kubelet.plugin import DevicePlugin
 from tessera_agent.metrics_factory import AgentMetrics
-from tessera_agent.plugin import DevicePlugin
 from tessera_agent.pods import StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import api_pb2, api_pb2_grpc
 

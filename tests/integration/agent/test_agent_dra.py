@@ -14,8 +14,8 @@ import grpc
 import pytest
 from tessera.api import contract
 from tessera_agent.config import AgentConfig
-from tessera_agent.dra_plugin import DRA_SERVICE, Checkpoint, DraApi, DraDriver
-from tessera_agent.fake_backend import FakeGpuBackend
+from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.kubelet.dra_plugin import DRA_SERVICE, Checkpoint, DraApi, DraDriver
 from tessera_agent.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,

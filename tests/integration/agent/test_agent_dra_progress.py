@@ -18,9 +18,9 @@ import grpc
 import pytest
 from tessera.api import contract
 from tessera_agent.agent import NodeAgent
-from tessera_agent.allocate import progress_endpoint
 from tessera_agent.config import AgentConfig
-from tessera_agent.fake_backend import FakeGpuBackend
+from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.kubelet.allocate import progress_endpoint
 from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.pods import StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import dra_v1_pb2, dra_v1_pb2_grpc

@@ -18,11 +18,11 @@ import pytest
 from tessera.api import contract
 from tessera.sdk import report_progress
 from tessera_agent.agent import NodeAgent
-from tessera_agent.allocate import progress_endpoint
 from tessera_agent.config import AgentConfig
-from tessera_agent.fake_backend import FakeGpuBackend
-from tessera_agent.interference import REASON_CHANGED, REASON_NOT_RESTARTED
-from tessera_agent.lanes import PodLane
+from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.kubelet.allocate import progress_endpoint
+from tessera_agent.lanes.book import PodLane
+from tessera_agent.lanes.interference import REASON_CHANGED, REASON_NOT_RESTARTED
 from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.pods import NodePod, StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import api_pb2, api_pb2_grpc

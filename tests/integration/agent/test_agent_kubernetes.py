@@ -21,14 +21,14 @@ from tessera.extender.server import Extender
 from tessera.extender.view import SchedulerCache
 from tessera.kube import KubeClient, KubeConfig
 from tessera.sdk import ProgressError, report_progress
-from tessera_agent.allocate import progress_endpoint
-from tessera_agent.backend import MIB, GpuDevice
 from tessera_agent.config import AgentConfig
-from tessera_agent.fake_backend import FakeGpuBackend
-from tessera_agent.inventory import InventoryPublisher, KubernetesNodePatcher
-from tessera_agent.plugin import DevicePlugin
+from tessera_agent.gpus.backend import MIB, GpuDevice
+from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.gpus.inventory import InventoryPublisher, KubernetesNodePatcher
+from tessera_agent.kubelet.allocate import progress_endpoint
+from tessera_agent.kubelet.plugin import DevicePlugin
+from tessera_agent.lanes.progress import ProgressServer
 from tessera_agent.pods import KubernetesPodSource
-from tessera_agent.progress import ProgressServer
 from tessera_agent.proto import api_pb2, api_pb2_grpc
 
 from .agent_fake_kubelet import FakeKubelet

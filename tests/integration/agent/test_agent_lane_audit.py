@@ -18,11 +18,11 @@ import pytest
 from prometheus_client import generate_latest
 from tessera.api import contract
 from tessera_agent.config import AgentConfig
-from tessera_agent.fake_backend import FakeGpuBackend
-from tessera_agent.lane_audit import LaneAudit, find_mismatches
+from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.kubelet.lane_audit import LaneAudit, find_mismatches
+from tessera_agent.kubelet.plugin import DevicePlugin
+from tessera_agent.kubelet.pod_resources import KubeletPodResources
 from tessera_agent.metrics_factory import AgentMetrics
-from tessera_agent.plugin import DevicePlugin
-from tessera_agent.pod_resources import KubeletPodResources
 from tessera_agent.pods import StaticPodSource
 from tessera_agent.proto import api_pb2, api_pb2_grpc, podresources_v1_pb2_grpc
 

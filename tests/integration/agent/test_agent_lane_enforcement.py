@@ -173,8 +173,8 @@ def servicer(root: Path, binary: str, pods: list[dict[str, Any]]) -> tuple[Any, 
     from tessera_agent.config import AgentConfig
     from tessera_agent.enforce.lane_daemons import LaneDaemons
     from tessera_agent.enforce.lane_dirs import LaneDirs
-    from tessera_agent.fake_backend import FakeGpuBackend
-    from tessera_agent.plugin import DevicePluginServicer
+    from tessera_agent.gpus.fake_backend import FakeGpuBackend
+    from tessera_agent.kubelet.plugin import DevicePluginServicer
     from tessera_agent.pods import StaticPodSource, pod_info_from_manifest
 
     cfg = AgentConfig(node_name="n1", mps_root=root / "mps")

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from tessera_agent.mps import MpsDefaults, MpsError, MpsManager, MpsPhase
+from tessera_agent.enforce.mps import MpsDefaults, MpsError, MpsManager, MpsPhase
 
 FAKE = str(Path(__file__).parent / "fake-bin" / "nvidia-cuda-mps-control")
 

@@ -17,8 +17,8 @@ from tessera.api import contract
 from tessera.kube import KubeClient, KubeConfig, KubeError
 from tessera_agent.agent import NodeAgent
 from tessera_agent.config import AgentConfig
-from tessera_agent.fake_backend import FakeGpuBackend
-from tessera_agent.inventory import KubernetesNodePatcher, forget_nodes
+from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.gpus.inventory import KubernetesNodePatcher, forget_nodes
 from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.pods import StaticPodSource
 from tessera_agent.reserve import reserve_taint, set_reserved, taints_with

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 from tessera.api import contract
-from tessera_agent.allocate import progress_endpoint
-from tessera_agent.coordinator import LaneCoordinator
-from tessera_agent.peers import PeerResolver
+from tessera_agent.kubelet.allocate import progress_endpoint
+from tessera_agent.lanes.coordinator import LaneCoordinator
+from tessera_agent.lanes.peers import PeerResolver
+from tessera_agent.lanes.progress import ProgressServer
 from tessera_agent.pods import StaticPodSource
-from tessera_agent.progress import ProgressServer
 
 from .peer_support import NODE, FakeProc, Peer, lane_pod, pod_uid
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from tessera.api import contract
 from tessera.api import metrics_catalog as catalog
-from tessera_agent.backend import MIB, GpuDevice
-from tessera_agent.fake_backend import FakeGpuBackend
-from tessera_agent.inventory import InventoryPublisher
+from tessera_agent.gpus.backend import MIB, GpuDevice
+from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.gpus.inventory import InventoryPublisher
+from tessera_agent.gpus.telemetry import LaneTelemetry, pod_uid_from_cgroup
 from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.pods import pod_info_from_manifest
-from tessera_agent.telemetry import LaneTelemetry, pod_uid_from_cgroup
 
 UID_A = "1f2e3d4c-0000-4000-8000-00000000000a"
 UID_B = "1f2e3d4c-0000-4000-8000-00000000000b"

@@ -29,17 +29,17 @@ from tessera.api.gpu_inventory import parse_node_gpus
 from tessera.kube import KubeClient, KubeConfig
 from tessera.sdk import report_progress
 from tessera_agent.agent import NodeAgent
-from tessera_agent.allocate import progress_endpoint
-from tessera_agent.backend import MIB, GpuDevice
 from tessera_agent.config import AgentConfig
-from tessera_agent.fake_backend import FakeGpuBackend
-from tessera_agent.inventory import KubernetesNodePatcher
-from tessera_agent.lane_audit import LaneAudit
+from tessera_agent.gpus.backend import MIB, GpuDevice
+from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.gpus.inventory import KubernetesNodePatcher
+from tessera_agent.kubelet.allocate import progress_endpoint
+from tessera_agent.kubelet.lane_audit import LaneAudit
+from tessera_agent.kubelet.pod_resources import KubeletPodResources
+from tessera_agent.lanes.restarts import KubernetesEventSink
 from tessera_agent.metrics_factory import AgentMetrics
-from tessera_agent.pod_resources import KubeletPodResources
 from tessera_agent.pods import KubernetesPodSource
 from tessera_agent.proto import api_pb2, api_pb2_grpc, podresources_v1_pb2_grpc
-from tessera_agent.restarts import KubernetesEventSink
 
 from tests.integration.agent.agent_fake_kubelet import FakeKubelet, FakePodResources
 from tests.integration.agent.peer_support import FakeProc
@@ -720,8 +720,8 @@ async def test_be_feedback_restarts_and_events_use_exactly_their_grants(
     restarter re-reads a BE pod and deletes it (UID precondition), refuses one that does not checkpoint
     and a latency-critical one after reading them, and every change or refusal is an Event. The calls it
     makes are exactly what feedback adds to the agent's ClusterRole (the rest is the default agent test's)."""
-    from tessera_agent.lanes import PodLane
-    from tessera_agent.restarts import KubernetesEventSink, KubernetesPodRestarter, RestartRefused
+    from tessera_agent.lanes.book import PodLane
+    from tessera_agent.lanes.restarts import KubernetesEventSink, KubernetesPodRestarter, RestartRefused
 
     objs, creds = feedback_rbac
     lanes = {}
@@ -850,8 +850,8 @@ async def test_node_agent_as_dra_driver_uses_exactly_its_dra_grants(
     the node's inventory and its ResourceSlice (owned by the Node), publish again on a health change, prepare
     a claim that the real kube-scheduler allocated from that slice (the test plays the kubelet), and write the
     progress of the pod the claim is reserved for. Exactly the chart's DRA grants, no more."""
-    from tessera_agent.dra_plugin import KubernetesDraApi
-    from tessera_agent.dra_slice import device_class
+    from tessera_agent.kubelet.dra_plugin import KubernetesDraApi
+    from tessera_agent.kubelet.dra_slice import device_class
     from tessera_agent.proto import dra_v1_pb2, dra_v1_pb2_grpc
 
     cluster = crds

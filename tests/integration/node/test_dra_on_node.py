@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 from tessera.api import contract
-from tessera_agent.dra_plugin import HOLD_PREPARE_ENV
-from tessera_agent.dra_slice import device_class
+from tessera_agent.kubelet.dra_plugin import HOLD_PREPARE_ENV
+from tessera_agent.kubelet.dra_slice import device_class
 
 from tests.integration.k8s.controlplane import Process, wait_until
 

@@ -190,11 +190,11 @@ class AgentScene:
 
     def __init__(self) -> None:
         from tessera_agent.config import AgentConfig
-        from tessera_agent.fake_backend import FakeGpuBackend
+        from tessera_agent.gpus.fake_backend import FakeGpuBackend
+        from tessera_agent.gpus.telemetry import LaneTelemetry
+        from tessera_agent.kubelet.plugin import DevicePluginServicer
         from tessera_agent.metrics_factory import AgentMetrics
-        from tessera_agent.plugin import DevicePluginServicer
         from tessera_agent.pods import StaticPodSource, pod_info_from_manifest
-        from tessera_agent.telemetry import LaneTelemetry
 
         self.backend = FakeGpuBackend.uniform(2)
         self.gpu0 = self.backend.gpus()[0].uuid

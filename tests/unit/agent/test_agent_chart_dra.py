@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from tessera_agent import cli as agent_cli
-from tessera_agent.dra_slice import device_class
+from tessera_agent.kubelet.dra_slice import device_class
 
 from tests.unit.chart.chart_render import find, objects, render
 

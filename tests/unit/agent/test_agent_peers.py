@@ -1,4 +1,4 @@
-"""Mapping a socket peer's cgroup to its pod (tessera_agent.peers): the path forms kubelet writes, and the ones
+"""Mapping a socket peer's cgroup to its pod (tessera_agent.lanes.peers): the path forms kubelet writes, and the ones
 a workload could write below its own cgroup to pass for another pod."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from tessera_agent.peers import PeerRefused, PeerResolver, peer_credentials, pod_uid_from_cgroup_text
+from tessera_agent.lanes.peers import PeerRefused, PeerResolver, peer_credentials, pod_uid_from_cgroup_text
 from tessera_agent.pods import StaticPodSource
 
 from tests.integration.agent.peer_support import NODE, FakeProc, lane_pod, pod_uid

@@ -12,11 +12,16 @@ from pathlib import Path
 import pytest
 from tessera.api import contract
 from tessera.api.assignment import Assignment, AssignmentError
-from tessera_agent.allocate import AllocateRequestError, choose_pod, container_allocation, preferred_slots
-from tessera_agent.backend import MIB, GpuDevice, usable_memory_mib
 from tessera_agent.config import AgentConfig
+from tessera_agent.gpus.backend import MIB, GpuDevice, usable_memory_mib
+from tessera_agent.kubelet.allocate import (
+    AllocateRequestError,
+    choose_pod,
+    container_allocation,
+    preferred_slots,
+)
+from tessera_agent.kubelet.slots import gpu_of, slot_id, slot_ids
 from tessera_agent.pods import NodePod, pod_info_from_manifest
-from tessera_agent.slots import gpu_of, slot_id, slot_ids
 
 ROOT = Path(__file__).resolve().parents[3]
 U0, U1 = "GPU-fef8089b-4820-abfc-e83e-94318197576e", "GPU-0a0b0c0d-4820-abfc-e83e-94318197576f"

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 from tessera.api.assignment import Assignment
-from tessera_agent.interference import (
+from tessera_agent.lanes.book import LaneBook, PodLane
+from tessera_agent.lanes.interference import (
     REASON_CHANGED,
     REASON_HELD,
     REASON_NOT_RESTARTED,
@@ -17,7 +18,6 @@ from tessera_agent.interference import (
     WindowedLatency,
     agent_metrics_sink,
 )
-from tessera_agent.lanes import LaneBook, PodLane
 from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.pods import NodePod
 

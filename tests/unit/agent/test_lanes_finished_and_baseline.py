@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from tessera.api import contract
 from tessera.api.assignment import Assignment
-from tessera_agent.interference import InterferenceLoop, WindowedLatency
-from tessera_agent.lanes import LaneBook
+from tessera_agent.lanes.book import LaneBook
+from tessera_agent.lanes.interference import InterferenceLoop, WindowedLatency
 from tessera_agent.pods import pod_info_from_manifest
 
 from .test_interference_loop import U0, Recorder, hp_p99

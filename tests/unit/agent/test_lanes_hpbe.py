@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from tessera.api import contract
 from tessera.api.assignment import Assignment
-from tessera_agent.allocate import AllocateRequestError, container_allocation
 from tessera_agent.config import AgentConfig
-from tessera_agent.lanes import LaneAdmissionError, LaneBook, lane_class
+from tessera_agent.kubelet.allocate import AllocateRequestError, container_allocation
+from tessera_agent.lanes.book import LaneAdmissionError, LaneBook, lane_class
 from tessera_agent.pods import NodePod, pod_info_from_manifest
 
 U0, U1 = "GPU-aaaa", "GPU-bbbb"

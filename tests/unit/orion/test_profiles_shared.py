@@ -21,7 +21,7 @@ from tessera.policy.lanes.placement import (
     why_not,
 )
 from tessera.policy.orion.profiles import Profile, different_profiles
-from tessera_agent.lanes import LaneAdmissionError, LaneBook, lane_class
+from tessera_agent.lanes.book import LaneAdmissionError, LaneBook, lane_class
 from tessera_agent.pods import pod_info_from_manifest
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .pods import NodePod, PodSource
+from tessera_agent.pods import NodePod, PodSource
 
 log = logging.getLogger(__name__)
 

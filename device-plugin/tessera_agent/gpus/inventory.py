@@ -14,8 +14,8 @@ from tessera.api import contract
 from tessera.api.gpu_inventory import GpuInfo, dump_node_gpus
 from tessera.kube import KubeClient, default_config
 
-from .backend import GpuBackend, usable_memory_mib
-from .reserve import has_reserve_taint, set_reserved
+from tessera_agent.gpus.backend import GpuBackend, usable_memory_mib
+from tessera_agent.reserve import has_reserve_taint, set_reserved
 
 log = logging.getLogger(__name__)
 

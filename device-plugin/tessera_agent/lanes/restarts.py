@@ -23,8 +23,8 @@ from datetime import UTC, datetime
 from tessera.api import contract
 from tessera.kube import KubeClient, KubeError
 
-from .lanes import LaneAdmissionError, PodLane, lane_class
-from .pods import pod_info_from_manifest
+from tessera_agent.lanes.book import LaneAdmissionError, PodLane, lane_class
+from tessera_agent.pods import pod_info_from_manifest
 
 log = logging.getLogger(__name__)
 

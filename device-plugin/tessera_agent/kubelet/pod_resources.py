@@ -12,7 +12,7 @@ from typing import Protocol
 
 import grpc  # type: ignore[import-untyped]
 
-from .proto import podresources_v1_pb2, podresources_v1_pb2_grpc
+from tessera_agent.proto import podresources_v1_pb2, podresources_v1_pb2_grpc
 
 
 class PodResourcesUnavailable(RuntimeError):

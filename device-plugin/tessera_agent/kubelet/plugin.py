@@ -16,23 +16,23 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc  # type: ignore[import-untyped]
 
-from .allocate import (
+from tessera_agent.config import AgentConfig
+from tessera_agent.enforce.lane_daemons import LaneDaemons
+from tessera_agent.enforce.lane_dirs import LaneDirs
+from tessera_agent.enforce.mps import MpsError
+from tessera_agent.gpus.backend import GpuBackend
+from tessera_agent.kubelet.allocate import (
     AllocateRequestError,
     ContainerAllocation,
     choose_pod,
     container_allocation,
     preferred_slots,
 )
-from .backend import GpuBackend
-from .config import AgentConfig
-from .enforce.lane_daemons import LaneDaemons
-from .enforce.lane_dirs import LaneDirs
-from .lanes import LaneBook
-from .metrics_factory import AgentMetrics
-from .mps import MpsError
-from .pods import NodePod, PodSource
-from .proto import api_pb2, api_pb2_grpc
-from .slots import slot_ids
+from tessera_agent.kubelet.slots import slot_ids
+from tessera_agent.lanes.book import LaneBook
+from tessera_agent.metrics_factory import AgentMetrics
+from tessera_agent.pods import NodePod, PodSource
+from tessera_agent.proto import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
 

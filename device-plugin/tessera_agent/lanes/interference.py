@@ -27,10 +27,10 @@ from typing import Protocol
 
 from tessera.policy.orion.controller import PBeController, PBeDecision
 
-from .lanes import LaneBook, PodLane
-from .metrics_factory import AgentMetrics
-from .pods import NodePod
-from .restarts import RestartRefused
+from tessera_agent.lanes.book import LaneBook, PodLane
+from tessera_agent.lanes.restarts import RestartRefused
+from tessera_agent.metrics_factory import AgentMetrics
+from tessera_agent.pods import NodePod
 
 log = logging.getLogger(__name__)
 

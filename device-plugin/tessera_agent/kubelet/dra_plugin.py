@@ -32,9 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tessera.api import contract
 from tessera.kube import KubeClient, KubeError
 
-from .backend import GpuBackend, usable_memory_mib
-from .config import AgentConfig
-from .dra_lanes import (
+from tessera_agent.config import AgentConfig
+from tessera_agent.enforce.device_nodes import DeviceNodeError, lane_device_nodes
+from tessera_agent.enforce.lane_daemons import LaneDaemons
+from tessera_agent.enforce.lane_dirs import LaneDirs
+from tessera_agent.enforce.mps import MpsError
+from tessera_agent.gpus.backend import GpuBackend, usable_memory_mib
+from tessera_agent.kubelet.dra_lanes import (
     ClaimError,
     ResourceClaim,
     cdi_device_id,
@@ -44,12 +48,13 @@ from .dra_lanes import (
     write_atomically,
     write_cdi_spec,
 )
-from .dra_slice import resource_slice, slice_name
-from .enforce.device_nodes import DeviceNodeError, lane_device_nodes
-from .enforce.lane_daemons import LaneDaemons
-from .enforce.lane_dirs import LaneDirs
-from .mps import MpsError
-from .proto import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
+from tessera_agent.kubelet.dra_slice import resource_slice, slice_name
+from tessera_agent.proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    pluginregistration_v1_pb2,
+    pluginregistration_v1_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from .metrics_factory import AgentMetrics
-from .pod_resources import DeviceHolders, PodResourcesUnavailable
-from .pods import NodePod, PodSource
+from tessera_agent.kubelet.pod_resources import DeviceHolders, PodResourcesUnavailable
+from tessera_agent.metrics_factory import AgentMetrics
+from tessera_agent.pods import NodePod, PodSource
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from tessera.api import contract
 
-from .backend import GpuBackend, GpuDevice, usable_memory_mib
+from tessera_agent.gpus.backend import GpuBackend, GpuDevice, usable_memory_mib
 
 API_VERSION = "resource.k8s.io/v1"
 HEALTHY = "Healthy"

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backend import MIB, GpuBackend
-from .metrics_factory import AgentMetrics
-from .pods import NodePod
+from tessera_agent.gpus.backend import MIB, GpuBackend
+from tessera_agent.metrics_factory import AgentMetrics
+from tessera_agent.pods import NodePod
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Literal
 
 from tessera.api import contract
 
-from .pods import NodePod
+from tessera_agent.pods import NodePod
 
 LaneClass = Literal["HP", "BE"]
 PRIORITY_HP = 0  # CUDA_MPS_CLIENT_PRIORITY: normal

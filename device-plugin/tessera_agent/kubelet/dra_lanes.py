@@ -28,13 +28,13 @@ from kubernetes.utils.quantity import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field
 from tessera.api import contract
 
-from .allocate import ENV_NVIDIA_VISIBLE_DEVICES, progress_endpoint
-from .backend import MIB, GpuDevice
-from .config import AgentConfig
-from .dra_slice import device_name
-from .enforce.device_nodes import DeviceNode
-from .enforce.lane_daemons import LaneLimits
-from .enforce.lane_dirs import LaneDirs
+from tessera_agent.config import AgentConfig
+from tessera_agent.enforce.device_nodes import DeviceNode
+from tessera_agent.enforce.lane_daemons import LaneLimits
+from tessera_agent.enforce.lane_dirs import LaneDirs
+from tessera_agent.gpus.backend import MIB, GpuDevice
+from tessera_agent.kubelet.allocate import ENV_NVIDIA_VISIBLE_DEVICES, progress_endpoint
+from tessera_agent.kubelet.dra_slice import device_name
 
 CDI_VERSION = "0.6.0"  # env and mounts need 0.3.0; containerd 2.x reads up to 1.1.0
 

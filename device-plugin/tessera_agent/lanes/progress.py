@@ -13,7 +13,7 @@ HTTP on a unix socket mounted into pods it allocates (or on a TCP port), and All
       node, or the caller may not report for that pod
 
 Who may write: the socket is mode 0660, group `socket_group` (the group workload pods are given), and each
-request's peer process must run in the pod the path names (`tessera_agent.peers`: SO_PEERCRED pid → pod UID
+request's peer process must run in the pod the path names (`tessera_agent.lanes.peers`: SO_PEERCRED pid → pod UID
 in its cgroup path), a pod that holds a Tessera lane on this node: with the device plugin, one the extender
 assigned a lane (`tessera.io/assignment`); with DRA, one a `gpu.tessera.io` claim prepared on this node is
 reserved for (`LaneHolders`). A TCP port offers no peer credentials and is only for tests.
@@ -38,8 +38,8 @@ from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tessera.api import contract
 
-from .peers import PeerRefused, PeerResolver, credentials_of_transport
-from .pods import NodePod, PodSource
+from tessera_agent.lanes.peers import PeerRefused, PeerResolver, credentials_of_transport
+from tessera_agent.pods import NodePod, PodSource
 
 log = logging.getLogger(__name__)
 

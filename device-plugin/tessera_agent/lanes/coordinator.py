@@ -15,7 +15,7 @@ A request is one line of at most MAX_LINE_BYTES, validated by the models below; 
 and the connection stays usable, except a line over the limit, which is answered and then closed.
 
 Who may join: the socket is mode 0660, group `socket_group` (the group workload pods are given). With `peers`
-set (the agent always sets it), the connecting process is mapped to its pod (`tessera_agent.peers`:
+set (the agent always sets it), the connecting process is mapped to its pod (`tessera_agent.lanes.peers`:
 SO_PEERCRED pid → pod UID in its cgroup path) and may join only the lane its pod was assigned
 (`tessera.io/assignment`); its job names are scoped to the pod (`<namespace>/<pod>/<job>`), so a pod sharing
 the lane cannot take another pod's job name.
@@ -46,9 +46,9 @@ from tessera.policy.lanes.iteration import (
     make_iteration_scheduler,
 )
 
-from .peers import PeerRefused, PeerResolver, credentials_of_transport, lane_of
-from .pods import NodePod
-from .progress import restrict_socket
+from tessera_agent.lanes.peers import PeerRefused, PeerResolver, credentials_of_transport, lane_of
+from tessera_agent.lanes.progress import restrict_socket
+from tessera_agent.pods import NodePod
 
 log = logging.getLogger(__name__)
 

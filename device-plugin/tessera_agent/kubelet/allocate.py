@@ -20,14 +20,14 @@ from urllib.parse import quote
 from tessera.api import contract
 from tessera.api.assignment import Assignment
 
-from .backend import GpuDevice
-from .config import AgentConfig
-from .enforce.device_nodes import DeviceNode, DeviceNodeError, lane_device_nodes
-from .enforce.lane_daemons import LaneLimits
-from .enforce.lane_dirs import LaneDirs
-from .lanes import LaneAdmissionError, LaneBook
-from .pods import NodePod
-from .slots import gpu_of
+from tessera_agent.config import AgentConfig
+from tessera_agent.enforce.device_nodes import DeviceNode, DeviceNodeError, lane_device_nodes
+from tessera_agent.enforce.lane_daemons import LaneLimits
+from tessera_agent.enforce.lane_dirs import LaneDirs
+from tessera_agent.gpus.backend import GpuDevice
+from tessera_agent.kubelet.slots import gpu_of
+from tessera_agent.lanes.book import LaneAdmissionError, LaneBook
+from tessera_agent.pods import NodePod
 
 ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"  # read by the NVIDIA container runtime
 
@@ -163,7 +163,7 @@ def container_allocation(
 
 
 def progress_endpoint(socket_in_container: str, namespace: str, name: str) -> str:
-    """The pod's progress URL on the agent's unix socket (`tessera_agent.progress`), in the http+unix form
+    """The pod's progress URL on the agent's unix socket (`tessera_agent.lanes.progress`), in the http+unix form
     whose host is the percent-encoded socket path."""
     return f"http+unix://{quote(socket_in_container, safe='')}/v1/namespaces/{namespace}/pods/{name}/progress"
 

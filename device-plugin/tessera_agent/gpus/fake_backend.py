@@ -9,7 +9,7 @@ import queue
 import threading
 from dataclasses import replace
 
-from .backend import MIB, GpuBackend, GpuDevice, GpuProcess, GpuUsage, HealthEvent
+from tessera_agent.gpus.backend import MIB, GpuBackend, GpuDevice, GpuProcess, GpuUsage, HealthEvent
 
 
 class FakeGpuBackend(GpuBackend):

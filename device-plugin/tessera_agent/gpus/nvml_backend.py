@@ -13,7 +13,7 @@ from typing import Any
 
 import pynvml
 
-from .backend import GpuBackend, GpuDevice, GpuProcess, GpuUsage, HealthEvent
+from tessera_agent.gpus.backend import GpuBackend, GpuDevice, GpuProcess, GpuUsage, HealthEvent
 
 log = logging.getLogger(__name__)
 
