@@ -120,6 +120,24 @@ class AgentConfig(_Settings):
             raise _fail(
                 "the BE feedback loop reads HP iteration times from the progress socket", "be_feedback"
             )
+        if (
+            self.lanes_api == "dra"
+        ):  # refused, never silently ignored (docs/dra.md, the two paths side by side)
+            for on, what, field in (
+                (self.hp_be_lanes, "HP/BE lanes (--hp-be-lanes)", "hp_be_lanes"),
+                (self.be_feedback, "the BE feedback loop (--be-feedback)", "be_feedback"),
+                (
+                    self.coordinator_socket is not None,
+                    "the lane coordinator (--coordinator-socket)",
+                    "coordinator_socket",
+                ),
+            ):
+                if on:
+                    raise _fail(
+                        f"{what} is not available with DRA lanes yet: it keys lanes by the pod's "
+                        f"{contract.ANN_ASSIGNMENT}, which claims' pods do not carry; use --lanes-api devicePlugin",
+                        field,
+                    )
         _socket_path(self.plugin_socket, "device_plugin_dir")
         _socket_path(self.dra_socket, "kubelet_plugins_dir")
         _socket_path(self.dra_registration_socket, "kubelet_registry_dir")

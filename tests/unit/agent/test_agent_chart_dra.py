@@ -81,3 +81,20 @@ def test_dra_runs_the_driver_with_the_kubelets_paths_and_its_device_class() -> N
 def test_an_unknown_lanes_api_is_refused() -> None:
     with pytest.raises(Exception, match="lanes"):
         render({"lanes": {"api": "extender"}})
+
+
+@pytest.mark.parametrize(
+    "agent",
+    [
+        {"lanes": {"hpBe": True}},
+        {"lanes": {"hpBe": True, "feedback": {"enabled": True}}, "progress": {"enabled": True}},
+        {"coordinator": {"enabled": True}},
+    ],
+)
+def test_options_dra_lanes_cannot_honour_fail_the_render_with_the_reason(agent: dict[str, Any]) -> None:
+    import helm_python as helm
+
+    values = {**DRA, "agent": {**DRA["agent"], **agent}}
+    with pytest.raises(helm.HelmRenderError, match="not available with DRA lanes yet"):
+        render(values)
+    render({"agent": agent})  # the same values render with the device plugin
