@@ -53,6 +53,7 @@ class NodeAgent:
     events: EventSink | None = None
     dra: DraApi | None = None  # the API server as the DRA driver needs it; required with lanes_api "dra"
     audit: LaneAudit | None = None  # device-plugin mode: containers checked against their pods' lanes
+    enforcement: dict[str, str] | None = None  # limit → mechanism, published on the Node beside the inventory
     clock: Callable[[], float] = time.time
     lanes: LaneBook | None = field(init=False, default=None)
     loop: InterferenceLoop | None = field(init=False, default=None)
@@ -149,7 +150,11 @@ class NodeAgent:
         telemetry = LaneTelemetry(self.cfg.node_name, self.backend, self.metrics)
         inventory = (
             InventoryPublisher(
-                self.cfg.node_name, self.backend, self.patcher, extra_reserve_mib=self.cfg.extra_reserve_mib
+                self.cfg.node_name,
+                self.backend,
+                self.patcher,
+                extra_reserve_mib=self.cfg.extra_reserve_mib,
+                enforcement=self.enforcement,
             )
             if self.patcher is not None
             else None

@@ -462,7 +462,8 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
     )
     from tessera_agent.enforce.mechanism import mechanisms, report
 
-    report(cfg.node_name, mechanisms(settings.mps), metrics)
+    enforcement = mechanisms(settings.mps)
+    report(cfg.node_name, enforcement, metrics)
     audit = None
     if cfg.lane_audit and cfg.lanes_api == "devicePlugin" and cluster.api is not None:
         from tessera_agent.kubelet.lane_audit import LaneAudit
@@ -490,6 +491,7 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
         events=cluster.events,
         dra=cluster.dra,
         audit=audit,
+        enforcement=enforcement,
     )
 
 

@@ -7,7 +7,9 @@ schema (`tessera.api.gpu_inventory`), so what the agent writes is exactly what t
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from tessera.api import contract
@@ -74,10 +76,15 @@ async def forget_nodes(api: KubeClient) -> list[str]:
     for node in nodes:
         meta = node.get("metadata") or {}
         name = str(meta["name"])
-        annotated = contract.ANN_NODE_GPUS in (meta.get("annotations") or {})
+        ours = [
+            a
+            for a in (contract.ANN_NODE_GPUS, contract.ANN_NODE_LANE_ENFORCEMENT)
+            if a in (meta.get("annotations") or {})
+        ]
+        annotated = bool(ours)
         if annotated:
             # A merge patch's null removes the key.
-            await api.patch_node_annotations(name, {contract.ANN_NODE_GPUS: None})
+            await api.patch_node_annotations(name, dict.fromkeys(ours))
         tainted = has_reserve_taint(node) and await set_reserved(api, name, False)
         if annotated or tainted:
             changed.append(name)
@@ -88,19 +95,34 @@ class InventoryPublisher:
     """Writes the annotation when it differs from what was last written (health flips, GPUs appear)."""
 
     def __init__(
-        self, node: str, backend: GpuBackend, patcher: NodeAnnotator, *, extra_reserve_mib: int = 0
+        self,
+        node: str,
+        backend: GpuBackend,
+        patcher: NodeAnnotator,
+        *,
+        extra_reserve_mib: int = 0,
+        enforcement: Mapping[str, str] | None = None,
     ) -> None:
         self.node = node
         self.backend = backend
         self.patcher = patcher
         self.extra_reserve_mib = extra_reserve_mib
-        self._last: str | None = None
+        # what enforces each lane limit here, beside the inventory (`enforce.mechanism.mechanisms`)
+        self.enforcement = json.dumps(dict(enforcement), sort_keys=True) if enforcement else None
+        self._last: dict[str, str] = {}
 
     async def publish_if_changed(self) -> bool:
-        value = dump_node_gpus(node_gpus(self.backend, extra_reserve_mib=self.extra_reserve_mib))
-        if value == self._last:
+        wanted = {
+            contract.ANN_NODE_GPUS: dump_node_gpus(
+                node_gpus(self.backend, extra_reserve_mib=self.extra_reserve_mib)
+            )
+        }
+        if self.enforcement is not None:
+            wanted[contract.ANN_NODE_LANE_ENFORCEMENT] = self.enforcement
+        changed = {k: v for k, v in wanted.items() if self._last.get(k) != v}
+        if not changed:
             return False
-        await self.patcher.annotate(self.node, {contract.ANN_NODE_GPUS: value})
-        self._last = value
-        log.info("node %s: %s updated", self.node, contract.ANN_NODE_GPUS)
+        await self.patcher.annotate(self.node, changed)
+        self._last.update(changed)
+        log.info("node %s: %s updated", self.node, ", ".join(changed))
         return True

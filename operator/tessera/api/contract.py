@@ -46,6 +46,8 @@ ANN_ASSIGNMENT: Final = f"{GROUP}/assignment"  # extender → agent: node, GPU U
 ANN_GPU_MODELS: Final = f"{GROUP}/gpu-models"  # user → extender: GPU models a pod accepts ("a100|h100")
 ANN_WORKLOAD: Final = f"{GROUP}/workload"  # training | trial | serving [+ class]
 ANN_NODE_GPUS: Final = f"{GROUP}/gpus"  # agent → everyone: per-GPU inventory on the Node
+# agent → admins: JSON {limit: mechanism} of what enforces each lane limit on the Node (docs/node-agent.md)
+ANN_NODE_LANE_ENFORCEMENT: Final = f"{GROUP}/lane-enforcement"
 ANN_PROGRESS: Final = f"{GROUP}/progress"  # workload → operator: iterations done (pod annotation)
 ANN_ALLOCATED: Final = f"{GROUP}/allocated"  # agent: device IDs Allocate gave this pod (marks it served)
 ANN_GPU_POOL: Final = f"{GROUP}/gpu-pool"  # operator: GPUs a TrialGroup owns (JSON ["node/index", ...])

@@ -170,11 +170,18 @@ async def test_the_agent_taints_its_node_when_reserved_and_untaints_it_when_not(
 async def test_forget_nodes_removes_the_taint_and_the_annotation(
     kmock: kmock.KubernetesEmulator, api: KubeClient
 ) -> None:
-    seed_node(kmock, "gpu-a", taints=[OTHER, reserve_taint()], annotations={contract.ANN_NODE_GPUS: "[]"})
+    seed_node(
+        kmock,
+        "gpu-a",
+        taints=[OTHER, reserve_taint()],
+        annotations={contract.ANN_NODE_GPUS: "[]", contract.ANN_NODE_LANE_ENFORCEMENT: "{}", "keep": "me"},
+    )
     seed_node(kmock, "gpu-b", taints=[reserve_taint()])
     seed_node(kmock, "cpu", taints=[OTHER])
     assert sorted(await forget_nodes(api)) == ["gpu-a", "gpu-b"]
     assert await taints(api, "gpu-a") == [OTHER]
     assert await taints(api, "gpu-b") == []
     assert await taints(api, "cpu") == [OTHER]
-    assert contract.ANN_NODE_GPUS not in (await api.get_node("gpu-a"))["metadata"]["annotations"]
+    left = (await api.get_node("gpu-a"))["metadata"]["annotations"]
+    assert contract.ANN_NODE_GPUS not in left and contract.ANN_NODE_LANE_ENFORCEMENT not in left
+    assert left.get("keep") == "me"

@@ -70,6 +70,25 @@ async def test_inventory_annotation_deducts_reserve_and_tracks_health() -> None:
     assert len(patcher.patches) == 2
 
 
+async def test_the_enforcing_mechanisms_are_published_beside_the_inventory_once() -> None:
+    from tessera_agent.enforce.mechanism import mechanisms
+
+    b = backend()
+    patcher = RecordingPatcher()
+    pub = InventoryPublisher("node-a", b, patcher, enforcement=mechanisms(True))
+    assert await pub.publish_if_changed()
+    ((_, first),) = patcher.patches
+    assert json.loads(first[contract.ANN_NODE_LANE_ENFORCEMENT]) == {
+        "compute": "mps-daemon-per-lane",
+        "devices": "device-nodes",
+        "isolation": "lane-directories",
+        "memory": "mps-daemon-per-lane",
+    }
+    b.inject_fault("GPU-bbbbbbbb-0000-0000-0000-000000000000")
+    assert await pub.publish_if_changed()
+    assert list(patcher.patches[-1][1]) == [contract.ANN_NODE_GPUS]  # only what changed is written
+
+
 def lane_pod(name: str, uid: str, gpu: str, lane: str, mib: int, pct: int) -> dict:
     a = {
         "node": "node-a",

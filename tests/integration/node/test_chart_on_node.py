@@ -545,6 +545,16 @@ def test_a_tenant_cannot_reach_another_lanes_socket_pipe_shm_or_gpu(
     uids = {p: get_pod(node, namespace, p)["metadata"]["uid"] for p in ("prober", "neighbour")}
     assert (mps / "lanes" / uids["prober"] / "pipe" / "probe-a").exists()
     assert not (mps / "pipe").exists() and not (mps / "shm").exists()
+    # The Node says what enforces each limit: fake GPUs run no MPS, so memory and compute are declared only.
+    status, got = node.plane.request("GET", f"/api/v1/nodes/{node.name}")
+    assert status == 200, got
+    said = json.loads(got["metadata"]["annotations"][contract.ANN_NODE_LANE_ENFORCEMENT])
+    assert said == {
+        "memory": "declared-only",
+        "compute": "declared-only",
+        "isolation": "lane-directories",
+        "devices": "device-nodes",
+    }
     for name in uids:
         status, body = node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
         assert status == 200, body
