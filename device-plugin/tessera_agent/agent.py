@@ -93,7 +93,7 @@ class NodeAgent:
         if self.cfg.lanes_api == "dra":
             if self.dra is None:
                 raise ValueError("the DRA driver needs the Kubernetes API (claims and ResourceSlices)")
-            lanes_api = DraDriver(self.cfg, self.backend, self.dra, self.daemons)
+            lanes_api = DraDriver(self.cfg, self.backend, self.dra, self.daemons, self.lanes)
             holders = ClaimHolders(self.cfg.node_name, lanes_api.servicer.holds_lane)
         else:
             lanes_api = DevicePlugin(

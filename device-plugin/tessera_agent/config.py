@@ -124,7 +124,6 @@ class AgentConfig(_Settings):
             self.lanes_api == "dra"
         ):  # refused, never silently ignored (docs/dra.md, the two paths side by side)
             for on, what, field in (
-                (self.hp_be_lanes, "HP/BE lanes (--hp-be-lanes)", "hp_be_lanes"),
                 (self.be_feedback, "the BE feedback loop (--be-feedback)", "be_feedback"),
                 (
                     self.coordinator_socket is not None,

@@ -22,11 +22,12 @@ import os
 import tempfile
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kubernetes.utils.quantity import parse_quantity
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tessera.api import contract
+from tessera.api.resources import input_errors
 
 from tessera_agent.config import AgentConfig
 from tessera_agent.enforce.device_nodes import DeviceNode
@@ -35,6 +36,7 @@ from tessera_agent.enforce.lane_dirs import LaneDirs
 from tessera_agent.gpus.backend import MIB, GpuDevice
 from tessera_agent.kubelet.allocate import ENV_NVIDIA_VISIBLE_DEVICES, progress_endpoint
 from tessera_agent.kubelet.dra_slice import device_name
+from tessera_agent.lanes.book import LaneClass
 
 CDI_VERSION = "0.6.0"  # env and mounts need 0.3.0; containerd 2.x reads up to 1.1.0
 
@@ -57,8 +59,23 @@ class DeviceResult(_Loose):
     consumed_capacity: dict[str, str | int] = Field(default_factory=dict, alias="consumedCapacity")
 
 
+class OpaqueConfig(_Loose):
+    driver: str
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class DeviceConfig(_Loose):
+    """One entry of status.allocation.devices.config: the claim's (or its class's) configuration, copied
+    there by the allocator, for some requests or (no requests) all."""
+
+    source: str = ""
+    requests: list[str] = Field(default_factory=list)
+    opaque: OpaqueConfig | None = None
+
+
 class _DeviceAllocation(_Loose):
     results: list[DeviceResult] = Field(default_factory=list)
+    config: list[DeviceConfig] = Field(default_factory=list)
 
 
 class _Allocation(_Loose):
@@ -147,18 +164,58 @@ def lane_devices(
     return out
 
 
-def lane_limits(devices: list[LaneDevice]) -> LaneLimits:
+LANE_CONFIG_API = f"{contract.DRA_DRIVER}/v1alpha1"
+
+
+class LaneConfig(BaseModel):
+    """The opaque parameters a claim gives this driver: its lane's class (docs/dra.md, "HP and BE lanes")."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    api_version: Literal["gpu.tessera.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["LaneConfig"]
+    lane_class: Literal["latency-critical", "best-effort"] = Field(alias="class")
+
+
+def claim_lane_class(claim: ResourceClaim) -> LaneClass:
+    """HP for a claim whose configuration for this driver says `class: latency-critical`, else BE (as a pod with
+    no class is in device-plugin mode); ClaimError for parameters this driver does not read, or two configs
+    that disagree."""
+    assert claim.status.allocation is not None
+    classes = set()
+    for c in claim.status.allocation.devices.config:
+        if c.opaque is None or c.opaque.driver != contract.DRA_DRIVER:
+            continue
+        try:
+            classes.add(LaneConfig.model_validate(c.opaque.parameters).lane_class)
+        except ValidationError as err:
+            problems = "; ".join(f"{path or 'parameters'}: {msg}" for path, msg in input_errors(err))
+            raise ClaimError(
+                f"claim {claim.metadata.uid}: its {contract.DRA_DRIVER} configuration: {problems}"
+            ) from None
+    if len(classes) > 1:
+        raise ClaimError(f"claim {claim.metadata.uid}: its configurations name both lane classes")
+    return "HP" if classes == {contract.CLASS_LATENCY_CRITICAL} else "BE"
+
+
+def lane_limits(devices: list[LaneDevice], class_limits: tuple[int, int] | None = None) -> LaneLimits:
     """What the claim's own MPS daemon holds: each GPU's memory, the smallest compute share (one process has
-    one percentage)."""
+    one percentage); with HP/BE lanes, the (active-thread percentage, client priority) of the claim's class
+    (`LaneBook.class_limits`)."""
     uuids = list(dict.fromkeys(d.uuid for d in devices))
+    pct, priority = class_limits if class_limits else (min(d.compute_percent for d in devices), None)
     return LaneLimits(
         gpus=tuple(uuids),
         memory_mib=tuple(max(d.memory_mib for d in devices if d.uuid == u) for u in uuids),
-        thread_percent=min(d.compute_percent for d in devices),
+        thread_percent=pct,
+        client_priority=priority,
     )
 
 
-def lane_env(claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig) -> dict[str, str]:
+def lane_env(
+    claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig, limits: LaneLimits | None = None
+) -> dict[str, str]:
+    limits = limits or lane_limits(devices)
     uuids = list(dict.fromkeys(d.uuid for d in devices))
     keys = [str(i) for i in range(len(uuids))] if cfg.mem_limit_key == "ordinal" else uuids
     memory = {u: max(d.memory_mib for d in devices if d.uuid == u) for u in uuids}
@@ -167,12 +224,14 @@ def lane_env(claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig) 
         contract.ENV_CUDA_VISIBLE_DEVICES: visible,
         ENV_NVIDIA_VISIBLE_DEVICES: visible,
         contract.ENV_MPS_PIPE_DIRECTORY: f"{cfg.mps_container_root}/pipe",
-        contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE: str(min(d.compute_percent for d in devices)),
+        contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE: str(limits.thread_percent),
         contract.ENV_MPS_PINNED_DEVICE_MEM_LIMIT: ",".join(
             f"{k}={memory[u]}M" for k, u in zip(keys, uuids, strict=True)
         ),
         contract.ENV_LANE_ID: claim.metadata.uid,
     }
+    if limits.client_priority is not None:
+        env[contract.ENV_MPS_CLIENT_PRIORITY] = str(limits.client_priority)
     pods = [c for c in claim.status.reserved_for if c.resource == "pods" and c.name]
     if cfg.progress_socket is not None and len(pods) == 1:
         socket = f"{cfg.progress_container_dir}/{cfg.progress_socket.name}"
@@ -199,11 +258,15 @@ def cdi_device_id(claim_uid: str, device: str) -> str:
 
 
 def cdi_spec(
-    claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig, nodes: list[DeviceNode] | None = None
+    claim: ResourceClaim,
+    devices: list[LaneDevice],
+    cfg: AgentConfig,
+    nodes: list[DeviceNode] | None = None,
+    limits: LaneLimits | None = None,
 ) -> dict[str, Any]:
     """The claim's CDI devices; with `nodes` (`enforce.device_nodes.lane_device_nodes` of the claim's GPUs)
     each also carries the device nodes, so plain runc gives the container its GPUs and no other."""
-    env = [f"{k}={v}" for k, v in lane_env(claim, devices, cfg).items()]
+    env = [f"{k}={v}" for k, v in lane_env(claim, devices, cfg, limits).items()]
     edits: dict[str, Any] = {"env": env, "mounts": lane_mounts(claim.metadata.uid, cfg)}
     if nodes:
         edits["deviceNodes"] = [
@@ -250,7 +313,8 @@ def write_cdi_spec(
     devices: list[LaneDevice],
     cfg: AgentConfig,
     nodes: list[DeviceNode] | None = None,
+    limits: LaneLimits | None = None,
 ) -> Path:
     path = cdi_spec_path(cdi_dir, claim.metadata.uid)
-    write_atomically(path, json.dumps(cdi_spec(claim, devices, cfg, nodes), indent=1).encode())
+    write_atomically(path, json.dumps(cdi_spec(claim, devices, cfg, nodes, limits), indent=1).encode())
     return path

@@ -34,21 +34,24 @@ from tessera.kube import KubeClient, KubeError
 
 from tessera_agent.config import AgentConfig
 from tessera_agent.enforce.device_nodes import DeviceNodeError, lane_device_nodes
-from tessera_agent.enforce.lane_daemons import LaneDaemons
+from tessera_agent.enforce.lane_daemons import LaneDaemons, LaneLimits
 from tessera_agent.enforce.lane_dirs import LaneDirs
 from tessera_agent.enforce.mps import MpsError
 from tessera_agent.gpus.backend import GpuBackend, usable_memory_mib
 from tessera_agent.kubelet.dra_lanes import (
     ClaimError,
+    LaneDevice,
     ResourceClaim,
     cdi_device_id,
     cdi_spec_path,
+    claim_lane_class,
     lane_devices,
     lane_limits,
     write_atomically,
     write_cdi_spec,
 )
 from tessera_agent.kubelet.dra_slice import resource_slice, slice_name
+from tessera_agent.lanes.book import LaneAdmissionError, LaneBook
 from tessera_agent.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -165,11 +168,17 @@ class Checkpoint(BaseModel):
 # --- the kubelet's DRA service -----------------------------------------------------------------------------
 class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
     def __init__(
-        self, cfg: AgentConfig, backend: GpuBackend, api: DraApi, daemons: LaneDaemons | None = None
+        self,
+        cfg: AgentConfig,
+        backend: GpuBackend,
+        api: DraApi,
+        daemons: LaneDaemons | None = None,
+        lanes: LaneBook | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
         self.api = api
+        self.lanes = lanes  # HP/BE lanes keyed by claim UID (None: off, every lane gets its allocated share)
         # each claim's directories and MPS daemon, as NVIDIA's DRA driver runs one per claim
         self.daemons = daemons if daemons is not None else LaneDaemons(LaneDirs(cfg.mps_root), mps=False)
         self.checkpoint_path = cfg.dra_plugin_dir / "checkpoint.json"
@@ -242,7 +251,7 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         usable = {g.uuid: usable_memory_mib(g, self.cfg.extra_reserve_mib) for g in gpus}
         lanes = lane_devices(claim, self.cfg.node_name, gpus, usable)
         by_uuid = {g.uuid: g for g in gpus}
-        limits = lane_limits(lanes)
+        limits = self._admit(claim, lanes)
         try:
             nodes = lane_device_nodes([by_uuid[u] for u in limits.gpus], self.cfg.dev_root)
         except DeviceNodeError as err:
@@ -251,9 +260,11 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
             await self.daemons.ensure(uid, limits)  # CDI mounts' sources must exist: the lane's dirs too
         except MpsError as err:
             await self.daemons.release(uid)
+            if self.lanes is not None:
+                self.lanes.forget(uid)
             raise ClaimError(f"claim {uid}: its lane's MPS daemon did not start: {err}") from None
         async with self._lock:
-            write_cdi_spec(self.cfg.cdi_dir, claim, lanes, self.cfg, nodes)
+            write_cdi_spec(self.cfg.cdi_dir, claim, lanes, self.cfg, nodes, limits)
             devices = [
                 PreparedDevice(
                     request_names=[d.request],
@@ -319,6 +330,27 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
                 self._save()
                 log.info("unprepared claim %s", uid)
         await self.daemons.release(uid)
+        if self.lanes is not None:
+            self.lanes.forget(uid)
+
+    def _admit(self, claim: ResourceClaim, devices: list[LaneDevice]) -> LaneLimits:
+        """The claim's limits; with HP/BE lanes, its class from its configuration, admitted in the lane book
+        (one HP lane per GPU, lanes' memory within the GPU), or ClaimError with the reason."""
+        if self.lanes is None:
+            return lane_limits(devices)
+        klass = claim_lane_class(claim)
+        plain = lane_limits(devices)
+        try:
+            self.lanes.admit_lane(
+                claim.metadata.uid,
+                f"claim {claim.metadata.namespace}/{claim.metadata.name}",
+                dict(zip(plain.gpus, plain.memory_mib, strict=True)),
+                klass,
+                plain.thread_percent,
+            )
+        except LaneAdmissionError as err:
+            raise ClaimError(str(err)) from None
+        return lane_limits(devices, self.lanes.class_limits(klass, plain.thread_percent, plain.gpus))
 
     async def restore_lanes(self) -> None:
         """After a restart: start the daemon of each claim prepared before it (its containers' clients
@@ -437,11 +469,16 @@ class DraDriver:
     """Serve the registration and DRA sockets and keep the slice published until `stop`."""
 
     def __init__(
-        self, cfg: AgentConfig, backend: GpuBackend, api: DraApi, daemons: LaneDaemons | None = None
+        self,
+        cfg: AgentConfig,
+        backend: GpuBackend,
+        api: DraApi,
+        daemons: LaneDaemons | None = None,
+        lanes: LaneBook | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
-        self.servicer = DraServicer(cfg, backend, api, daemons)
+        self.servicer = DraServicer(cfg, backend, api, daemons, lanes)
         self.registration = RegistrationServicer(cfg)
         self.slices = SlicePublisher(cfg, backend, api)
         self._server: grpc.aio.Server | None = None

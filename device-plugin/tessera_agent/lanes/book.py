@@ -96,37 +96,61 @@ class LaneBook:
         if a is None:
             raise LaneAdmissionError(f"pod {pod.key} has no {contract.ANN_ASSIGNMENT} annotation")
         klass = lane_class(pod, self.hp_priority_classes)
+        return self.admit_lane(
+            pod.uid,
+            pod.key,
+            {g: a.memory_mib for g in a.gpu_uuids},
+            klass,
+            a.compute_percent,
+            checkpoints=pod.checkpoints,
+            p99_dedicated_s=pod.p99_dedicated_s,
+        )
+
+    def admit_lane(
+        self,
+        uid: str,
+        name: str,
+        memory_mib: Mapping[str, int],
+        klass: LaneClass,
+        compute_percent: int,
+        *,
+        checkpoints: bool = False,
+        p99_dedicated_s: float | None = None,
+    ) -> list[PodLane]:
+        """Record a lane (a pod's, or a DRA claim's keyed by its UID) on each GPU of `memory_mib` (UUID →
+        MiB), or refuse it with the reason: a second HP lane on a GPU, or lanes' memory past what it has."""
         new = []
-        for gpu in a.gpu_uuids:
+        for gpu, mib in memory_mib.items():
             if gpu not in self.usable_mib:
-                raise LaneAdmissionError(f"pod {pod.key}: GPU {gpu} is not on this node")
-            others = [ln for ln in self.on_gpu(gpu) if ln.uid != pod.uid]
+                raise LaneAdmissionError(f"pod {name}: GPU {gpu} is not on this node")
+            others = [ln for ln in self.on_gpu(gpu) if ln.uid != uid]
             if klass == "HP" and any(ln.klass == "HP" for ln in others):
                 hp = next(ln for ln in others if ln.klass == "HP")
                 raise LaneAdmissionError(
-                    f"pod {pod.key}: GPU {gpu} already has a high-priority lane ({hp.pod}); at most one per GPU"
+                    f"pod {name}: GPU {gpu} already has a high-priority lane ({hp.pod}); at most one per GPU"
                 )
             used = sum(ln.memory_mib for ln in others)
-            if used + a.memory_mib > self.usable_mib[gpu]:
+            if used + mib > self.usable_mib[gpu]:
                 raise LaneAdmissionError(
-                    f"pod {pod.key}: {a.memory_mib} MiB on GPU {gpu} would bring its lanes to "
-                    f"{used + a.memory_mib} MiB, over the {self.usable_mib[gpu]} MiB usable (memory less reserve)"
+                    f"pod {name}: {mib} MiB on GPU {gpu} would bring its lanes to "
+                    f"{used + mib} MiB, over the {self.usable_mib[gpu]} MiB usable (memory less reserve)"
                 )
-            new.append(
-                PodLane(
-                    pod.uid,
-                    pod.key,
-                    gpu,
-                    klass,
-                    a.memory_mib,
-                    a.compute_percent,
-                    pod.checkpoints,
-                    pod.p99_dedicated_s,
-                )
-            )
+            new.append(PodLane(uid, name, gpu, klass, mib, compute_percent, checkpoints, p99_dedicated_s))
         for ln in new:
             self.lanes[(ln.uid, ln.gpu)] = ln
         return new
+
+    def forget(self, uid: str) -> None:
+        """Drop a lane (a claim unprepared)."""
+        for key in [k for k, ln in self.lanes.items() if ln.uid == uid]:
+            del self.lanes[key]
+
+    def class_limits(self, klass: LaneClass, compute_percent: int, gpus: Iterable[str]) -> tuple[int, int]:
+        """(active-thread percentage, MPS client priority) of a lane of `klass`: HP all threads at normal
+        priority; BE its assigned share capped by the GPUs' current BE percentage, below normal."""
+        if klass == "HP":
+            return 100, PRIORITY_HP
+        return min([compute_percent, *(self.be_percent_of(g) for g in gpus)]), PRIORITY_BE
 
     def sync(self, live_uids: Iterable[str]) -> list[PodLane]:
         """Forget lanes of pods no longer on the node; returns what was dropped."""
@@ -155,13 +179,10 @@ class LaneBook:
         a = pod.assignment
         if a is None:
             raise LaneAdmissionError(f"pod {pod.key} has no {contract.ANN_ASSIGNMENT} annotation")
-        if lane_class(pod, self.hp_priority_classes) == "HP":
-            return {
-                contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE: "100",
-                contract.ENV_MPS_CLIENT_PRIORITY: str(PRIORITY_HP),
-            }
-        pct = min([a.compute_percent, *(self.be_percent_of(g) for g in a.gpu_uuids)])
+        pct, priority = self.class_limits(
+            lane_class(pod, self.hp_priority_classes), a.compute_percent, a.gpu_uuids
+        )
         return {
             contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE: str(pct),
-            contract.ENV_MPS_CLIENT_PRIORITY: str(PRIORITY_BE),
+            contract.ENV_MPS_CLIENT_PRIORITY: str(priority),
         }

@@ -86,7 +86,6 @@ def test_an_unknown_lanes_api_is_refused() -> None:
 @pytest.mark.parametrize(
     "agent",
     [
-        {"lanes": {"hpBe": True}},
         {"lanes": {"hpBe": True, "feedback": {"enabled": True}}, "progress": {"enabled": True}},
         {"coordinator": {"enabled": True}},
     ],
@@ -98,3 +97,9 @@ def test_options_dra_lanes_cannot_honour_fail_the_render_with_the_reason(agent: 
     with pytest.raises(helm.HelmRenderError, match="not available with DRA lanes yet"):
         render(values)
     render({"agent": agent})  # the same values render with the device plugin
+
+
+def test_hp_be_lanes_reach_the_dra_driver() -> None:
+    objs = objects(render({**DRA, "agent": {**DRA["agent"], "lanes": {"hpBe": True}}}))
+    (container,) = _agent(objs)["containers"]
+    assert {"--lanes-api=dra", "--hp-be-lanes"} <= set(container["args"])

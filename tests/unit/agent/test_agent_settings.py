@@ -82,8 +82,8 @@ def test_flags_fill_their_fields() -> None:
     [
         (["--no-mps"], "--no-mps (mps): without MPS nothing enforces a lane's memory and compute limits"),
         (
-            ["--lanes-api", "dra", "--hp-be-lanes"],
-            "--hp-be-lanes (agent.hp_be_lanes): HP/BE lanes (--hp-be-lanes) is not available with DRA lanes yet",
+            ["--lanes-api", "dra", "--hp-be-lanes", "--be-feedback", "--progress-socket", "/run/p.sock"],
+            "--be-feedback (agent.be_feedback): the BE feedback loop (--be-feedback) is not available with DRA lanes",
         ),
         (
             ["--lanes-api", "dra", "--coordinator-socket", "/run/c.sock"],

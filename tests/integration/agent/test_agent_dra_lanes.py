@@ -1,0 +1,144 @@
+"""HP and BE lanes keyed by claim in DRA mode (issue 39): a claim's class from its opaque configuration for
+`gpu.tessera.io`, one HP lane per GPU, the class's active-thread share and MPS client priority in the CDI env and
+held server-side by the claim's own MPS daemon (the fake control binary records what it is told)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tessera.api import contract
+from tessera_agent.config import AgentConfig
+from tessera_agent.enforce.lane_daemons import LaneDaemons
+from tessera_agent.enforce.lane_dirs import LaneDirs
+from tessera_agent.gpus.backend import usable_memory_mib
+from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.kubelet.dra_lanes import ClaimError, cdi_spec_path
+from tessera_agent.kubelet.dra_plugin import DraServicer
+from tessera_agent.lanes.book import LaneBook
+
+from .test_agent_dra import NODE, FakeDraApi, claim, result
+
+FAKE_MPS = str(Path(__file__).parent / "fake-bin" / "nvidia-cuda-mps-control")
+
+
+def lane_config(klass: str, **extra: Any) -> dict[str, Any]:
+    params = {"apiVersion": "gpu.tessera.io/v1alpha1", "kind": "LaneConfig", "class": klass, **extra}
+    return {
+        "source": "FromClaim",
+        "requests": ["gpu"],
+        "opaque": {"driver": contract.DRA_DRIVER, "parameters": params},
+    }
+
+
+def configured(
+    name: str, uid: str, device: str, memory: str, compute: str, *configs: dict[str, Any]
+) -> dict[str, Any]:
+    c = claim(name, uid, [result(device, memory, compute)], pod=name)
+    c["status"]["allocation"]["devices"]["config"] = list(configs)
+    return c
+
+
+@pytest.fixture
+async def servicer(plugin_dir: Path) -> AsyncIterator[tuple[DraServicer, FakeDraApi, FakeGpuBackend]]:
+    cfg = AgentConfig(
+        node_name=NODE,
+        mps_root=plugin_dir / "mps",
+        kubelet_plugins_dir=plugin_dir / "plugins",
+        kubelet_registry_dir=plugin_dir / "plugins_registry",
+        cdi_dir=plugin_dir / "cdi",
+        lanes_api="dra",
+        hp_be_lanes=True,
+        be_percent=50,
+    )
+    backend = FakeGpuBackend.uniform(2)
+    api = FakeDraApi()
+    book = LaneBook({g.uuid: usable_memory_mib(g) for g in backend.gpus()}, default_be_percent=cfg.be_percent)
+    daemons = LaneDaemons(LaneDirs(cfg.mps_root), binary=FAKE_MPS)
+    s = DraServicer(cfg, backend, api, daemons, book)
+    yield s, api, backend
+    await daemons.close()
+
+
+def env_of(s: DraServicer, uid: str) -> dict[str, str]:
+    spec = json.loads(cdi_spec_path(s.cfg.cdi_dir, uid).read_text())
+    return dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+
+
+def told(s: DraServicer, uid: str) -> list[str]:
+    log = s.daemons.dirs.paths(uid).pipe / "commands.log"
+    return [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
+
+
+async def test_a_claims_class_sets_its_share_and_priority_and_one_hp_lane_per_gpu(
+    servicer: tuple[DraServicer, FakeDraApi, FakeGpuBackend],
+) -> None:
+    s, api, _ = servicer
+    api.claims[("ml", "serve")] = configured(
+        "serve", "uid-hp", "gpu-0", "8Gi", "40", lane_config("latency-critical")
+    )
+    await s.prepare("ml", "serve", "uid-hp")
+    env = env_of(s, "uid-hp")
+    assert (env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_CLIENT_PRIORITY"]) == ("100", "0")
+    assert told(s, "uid-hp")[1:] == [
+        "set_default_active_thread_percentage 100",
+        "set_default_device_pinned_mem_limit 0 8192M",
+        "set_default_client_priority 0",
+    ]
+    # A claim with no configuration is best-effort, its share capped at the GPU's BE percentage.
+    api.claims[("ml", "train")] = configured("train", "uid-be", "gpu-0", "8Gi", "60")
+    await s.prepare("ml", "train", "uid-be")
+    env = env_of(s, "uid-be")
+    assert (env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_CLIENT_PRIORITY"]) == ("50", "1")
+    assert "set_default_client_priority 1" in told(s, "uid-be")
+    # A second HP claim on the same GPU is refused with the reason; on the other GPU it is admitted.
+    api.claims[("ml", "serve-2")] = configured(
+        "serve-2", "uid-hp2", "gpu-0", "4Gi", "20", lane_config("latency-critical")
+    )
+    with pytest.raises(
+        ClaimError, match=r"already has a high-priority lane \(claim ml/serve\); at most one per GPU"
+    ):
+        await s.prepare("ml", "serve-2", "uid-hp2")
+    assert not s.daemons.dirs.paths("uid-hp2").root.exists()  # nothing set up for a refused claim
+    api.claims[("ml", "serve-3")] = configured(
+        "serve-3", "uid-hp3", "gpu-1", "4Gi", "20", lane_config("latency-critical")
+    )
+    await s.prepare("ml", "serve-3", "uid-hp3")
+    # Once the first HP claim is unprepared, its GPU takes another.
+    await s.unprepare("uid-hp")
+    await s.prepare("ml", "serve-2", "uid-hp2")
+    assert env_of(s, "uid-hp2")["CUDA_MPS_CLIENT_PRIORITY"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("configs", "why"),
+    [
+        ([lane_config("urgent")], "class: must be one of 'latency-critical' or 'best-effort'"),
+        ([lane_config("best-effort", priority=3)], "priority: unknown field"),
+        (
+            [lane_config("best-effort"), lane_config("latency-critical")],
+            "its configurations name both lane classes",
+        ),
+    ],
+)
+async def test_a_configuration_the_driver_cannot_read_refuses_the_claim_with_the_reason(
+    servicer: tuple[DraServicer, FakeDraApi, FakeGpuBackend], configs: list[dict[str, Any]], why: str
+) -> None:
+    s, api, _ = servicer
+    api.claims[("ml", "x")] = configured("x", "uid-x", "gpu-0", "1Gi", "10", *configs)
+    with pytest.raises(ClaimError, match=rf"^claim uid-x: .*{why}") as err:
+        await s.prepare("ml", "x", "uid-x")
+    assert "\n" not in str(err.value)
+
+
+async def test_another_drivers_configuration_is_not_read(
+    servicer: tuple[DraServicer, FakeDraApi, FakeGpuBackend],
+) -> None:
+    s, api, _ = servicer
+    other = {"source": "FromClass", "opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": "MPS"}}}
+    api.claims[("ml", "y")] = configured("y", "uid-y", "gpu-0", "1Gi", "10", other)
+    await s.prepare("ml", "y", "uid-y")
+    assert env_of(s, "uid-y")["CUDA_MPS_CLIENT_PRIORITY"] == "1"  # no class of ours: best-effort
