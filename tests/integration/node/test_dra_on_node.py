@@ -49,6 +49,7 @@ class Agent:
             "--lanes-api=dra",
             "--fake-gpu-backend=1",
             "--no-mps",
+            "--hp-be-lanes",  # a claim's LaneConfig class; claims without one are best-effort
             "--metrics-port=0",
             "--sample-interval=5",
             f"--kubelet-plugins-dir={root / 'plugins'}",
@@ -107,8 +108,10 @@ def published_slice(node: Node) -> dict[str, Any] | None:
     return got if isinstance(got, dict) and got.get("spec") else None
 
 
-def lane_template(node: Node, namespace: str, name: str, memory: str, compute: str) -> None:
-    body = {
+def lane_template(
+    node: Node, namespace: str, name: str, memory: str, compute: str, lane_class: str | None = None
+) -> None:
+    body: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name},
@@ -128,6 +131,11 @@ def lane_template(node: Node, namespace: str, name: str, memory: str, compute: s
             }
         },
     }
+    if lane_class is not None:
+        params = {"apiVersion": "gpu.tessera.io/v1alpha1", "kind": "LaneConfig", "class": lane_class}
+        body["spec"]["spec"]["devices"]["config"] = [
+            {"requests": ["gpu"], "opaque": {"driver": contract.DRA_DRIVER, "parameters": params}}
+        ]
     status, got = node.plane.request(
         "POST", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates", body
     )
@@ -297,6 +305,30 @@ def test_a_tenant_cannot_reach_another_claims_socket_pipe_shm_or_gpu(
 def log_of(node: Node, namespace: str, name: str) -> str:
     status, text = node.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log")
     return str(text) if status == 200 else ""
+
+
+def test_an_hp_claim_runs_with_all_threads_at_normal_priority_beside_a_be_one(
+    node: Node, namespace: str, agent: Agent
+) -> None:
+    """Issue 39: HP and BE lanes keyed by claim, from the claim's LaneConfig, through the real allocator,
+    kubelet and containerd (CDI)."""
+    lane_template(node, namespace, "hp", "4Gi", "40", lane_class="latency-critical")
+    lane_template(node, namespace, "be", "4Gi", "60")  # with the HP claim's 40: the whole GPU
+    lane_pod(node, namespace, "serve", "hp", sleep_s=3600)
+    lane_pod(node, namespace, "train", "be", sleep_s=3600)
+    try:
+        wait_until(
+            lambda: all(logged(node, namespace, p) for p in ("serve", "train")),
+            DEADLINE_S,
+            "both lanes to run",
+        )
+    except TimeoutError:
+        raise AssertionError(describe(node, namespace)) from None
+    hp, be = lane_env(node, namespace, "serve"), lane_env(node, namespace, "train")
+    assert (hp["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], hp["CUDA_MPS_CLIENT_PRIORITY"]) == ("100", "0"), hp
+    assert (be["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], be["CUDA_MPS_CLIENT_PRIORITY"]) == ("50", "1"), be
+    for name in ("serve", "train"):
+        node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
 
 
 def pod_claim_gone(node: Node, namespace: str, claim: dict[str, Any]) -> bool:
