@@ -99,8 +99,7 @@ class NodeAgent:
             lanes_api = DevicePlugin(
                 self.cfg, self.backend, self.pods, self.metrics, self.lanes, self.daemons
             )
-        plugin = lanes_api if isinstance(lanes_api, DevicePlugin) else None
-        tasks = [asyncio.create_task(lanes_api.run(stop)), asyncio.create_task(self._sample(stop, plugin))]
+        tasks = [asyncio.create_task(lanes_api.run(stop)), asyncio.create_task(self._sample(stop, lanes_api))]
         if self.audit is not None and self.cfg.lanes_api == "devicePlugin":
             tasks.append(asyncio.create_task(self.audit.run(stop, self.cfg.lane_audit_interval_s)))
         if self.loop is not None:
@@ -146,7 +145,9 @@ class NodeAgent:
         if progress is not None:
             await progress.stop()
 
-    async def _sample(self, stop: asyncio.Event, plugin: DevicePlugin | None) -> None:
+    async def _sample(self, stop: asyncio.Event, lanes_api: DevicePlugin | DraDriver) -> None:
+        plugin = lanes_api if isinstance(lanes_api, DevicePlugin) else None
+        dra = lanes_api if isinstance(lanes_api, DraDriver) else None
         telemetry = LaneTelemetry(self.cfg.node_name, self.backend, self.metrics)
         inventory = (
             InventoryPublisher(
@@ -169,7 +170,7 @@ class NodeAgent:
                 assert self.daemons is not None
                 listed_at = self.daemons.clock()
                 pods = await self.pods.pods_on_node(self.cfg.node_name)
-                telemetry.update(pods)
+                telemetry.update(pods, dra.servicer.held_lanes(pods) if dra is not None else None)
                 if self.lanes is not None:
                     for problem in self.lanes.refresh(pods):
                         log.warning("lane not recorded: %s", problem)

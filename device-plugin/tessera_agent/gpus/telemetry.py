@@ -1,8 +1,9 @@
 """Per-lane telemetry: attribute NVML's per-process memory and SM samples to pods and lanes.
 
 NVML reports host PIDs; a PID belongs to the pod whose UID appears in its cgroup path (needs hostPID).
-The pod's assignment names its lane and limits, so memory used is set against the lane's MPS pinned
-limit and a lane above it is flagged — the per-pod view DCGM lacks under MPS.
+A pod holds a lane: in device-plugin mode its assignment names the lane and its limits; in DRA mode the claim
+prepared for it does (`kubelet.dra_plugin.DraServicer.held_lanes`). Memory used is set against the lane's
+MPS pinned limit and a lane above it is flagged — the per-pod view DCGM lacks under MPS.
 """
 
 from __future__ import annotations
@@ -37,6 +38,32 @@ def pod_uid_from_cgroup(pid: int, proc_root: Path = Path("/proc")) -> str | None
 
 
 @dataclass(frozen=True)
+class HeldLane:
+    """A lane a pod holds: its id, and per GPU (UUID) its memory limit (MiB) and compute share (%)."""
+
+    lane: str
+    pod_uid: str
+    namespace: str
+    pod: str
+    limits: dict[str, tuple[int, int]]
+
+
+def lanes_of_pods(pods: Sequence[NodePod]) -> list[HeldLane]:
+    """The lanes pods hold through their `tessera.io/assignment` (device-plugin mode)."""
+    return [
+        HeldLane(
+            p.assignment.lane_id,
+            p.uid,
+            p.namespace,
+            p.name,
+            dict.fromkeys(p.assignment.gpu_uuids, (p.assignment.memory_mib, p.assignment.compute_percent)),
+        )
+        for p in pods
+        if p.assignment is not None
+    ]
+
+
+@dataclass(frozen=True)
 class GpuSample:
     index: int
     uuid: str
@@ -65,9 +92,9 @@ class LaneSample:
 
 
 def collect(
-    backend: GpuBackend, pods: Sequence[NodePod], resolve_pid: PidResolver
+    backend: GpuBackend, held: Sequence[HeldLane], resolve_pid: PidResolver
 ) -> tuple[list[GpuSample], list[LaneSample]]:
-    by_uid = {p.uid: p for p in pods if p.assignment is not None}
+    by_uid = {h.pod_uid: h for h in held}
     gpus: list[GpuSample] = []
     lanes: list[LaneSample] = []
     for gpu in backend.gpus():
@@ -77,12 +104,12 @@ def collect(
         unattributed = 0
         for proc in backend.processes(gpu.uuid):
             uid = resolve_pid(proc.pid)
-            pod = by_uid.get(uid) if uid else None
-            if pod is None or pod.assignment is None or gpu.uuid not in pod.assignment.gpu_uuids:
+            lane = by_uid.get(uid) if uid else None
+            if lane is None or gpu.uuid not in lane.limits:
                 unattributed += proc.used_memory_bytes or 0
                 continue
-            mem[pod.uid] += proc.used_memory_bytes or 0
-            sm[pod.uid] += proc.sm_util_percent
+            mem[lane.pod_uid] += proc.used_memory_bytes or 0
+            sm[lane.pod_uid] += proc.sm_util_percent
         gpus.append(
             GpuSample(
                 index=gpu.index,
@@ -95,21 +122,21 @@ def collect(
             )
         )
         # every lane on this GPU is reported, idle ones with zero use, so dashboards see the limits
-        for pod in by_uid.values():
-            a = pod.assignment
-            if a is None or gpu.uuid not in a.gpu_uuids:
+        for lane in by_uid.values():
+            if gpu.uuid not in lane.limits:
                 continue
+            memory_mib, compute_percent = lane.limits[gpu.uuid]
             lanes.append(
                 LaneSample(
                     index=gpu.index,
                     uuid=gpu.uuid,
-                    lane=a.lane_id,
-                    namespace=pod.namespace,
-                    pod=pod.name,
-                    memory_used_bytes=mem.get(pod.uid, 0),
-                    memory_limit_bytes=a.memory_mib * MIB,
-                    compute_limit_ratio=a.compute_percent / 100.0,
-                    utilization_ratio=min(1.0, sm.get(pod.uid, 0.0) / 100.0),
+                    lane=lane.lane,
+                    namespace=lane.namespace,
+                    pod=lane.pod,
+                    memory_used_bytes=mem.get(lane.pod_uid, 0),
+                    memory_limit_bytes=memory_mib * MIB,
+                    compute_limit_ratio=compute_percent / 100.0,
+                    utilization_ratio=min(1.0, sm.get(lane.pod_uid, 0.0) / 100.0),
                 )
             )
     return gpus, lanes
@@ -131,9 +158,10 @@ class LaneTelemetry:
         self.resolve_pid = resolve_pid
         self._flagged: set[tuple[str, str]] = set()
 
-    def update(self, pods: Sequence[NodePod]) -> list[LaneSample]:
-        """Refresh every gauge from one sample; returns the lanes above their memory limit."""
-        gpus, lanes = collect(self.backend, pods, self.resolve_pid)
+    def update(self, pods: Sequence[NodePod], held: Sequence[HeldLane] | None = None) -> list[LaneSample]:
+        """Refresh every gauge from one sample; returns the lanes above their memory limit. The lanes are the
+        pods' assignments' unless `held` names them (DRA mode: the prepared claims')."""
+        gpus, lanes = collect(self.backend, lanes_of_pods(pods) if held is None else held, self.resolve_pid)
         m = self.metrics
         gpu_gauges = [
             "tessera_gpu_utilization_ratio",

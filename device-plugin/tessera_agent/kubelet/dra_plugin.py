@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -38,6 +38,7 @@ from tessera_agent.enforce.lane_daemons import LaneDaemons, LaneLimits
 from tessera_agent.enforce.lane_dirs import LaneDirs
 from tessera_agent.enforce.mps import MpsError
 from tessera_agent.gpus.backend import GpuBackend, usable_memory_mib
+from tessera_agent.gpus.telemetry import HeldLane
 from tessera_agent.kubelet.dra_lanes import (
     ClaimError,
     LaneDevice,
@@ -52,6 +53,7 @@ from tessera_agent.kubelet.dra_lanes import (
 )
 from tessera_agent.kubelet.dra_slice import resource_slice, slice_name
 from tessera_agent.lanes.book import LaneAdmissionError, LaneBook
+from tessera_agent.pods import NodePod
 from tessera_agent.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -137,6 +139,8 @@ class PreparedClaim(BaseModel):
     # UIDs of the pods the claim was reserved for (status.reservedFor), as last read: the pods that hold its
     # lane, which the progress endpoint lets report (they carry no tessera.io/assignment).
     pod_uids: list[str] = Field(default_factory=list)
+    # The lane's limits as enforced, per GPU UUID: (memory MiB, active-thread %), for per-lane telemetry.
+    limits: dict[str, tuple[int, int]] = Field(default_factory=dict)
 
 
 class Checkpoint(BaseModel):
@@ -281,6 +285,10 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
                 state="prepared",
                 devices=devices,
                 pod_uids=reserved_pod_uids(claim),
+                limits={
+                    g: (mib, limits.thread_percent)
+                    for g, mib in zip(limits.gpus, limits.memory_mib, strict=True)
+                },
             )
             self._save()
         log.info(
@@ -290,6 +298,20 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
             ", ".join(f"{d.device} {d.memory_mib} MiB {d.compute_percent}%" for d in lanes),
         )
         return devices
+
+    def held_lanes(self, pods: Sequence[NodePod]) -> list[HeldLane]:
+        """The lanes `pods` hold through the claims prepared here (the lane is the claim's UID), for per-lane
+        telemetry; a pod a claim was shared with later shows once the claim's pods are read again."""
+        by_uid = {p.uid: p for p in pods}
+        out = []
+        for uid, c in self.checkpoint.claims.items():
+            if c.state != "prepared":
+                continue
+            for pod_uid in c.pod_uids:
+                pod = by_uid.get(pod_uid)
+                if pod is not None:
+                    out.append(HeldLane(uid, pod.uid, pod.namespace, pod.name, dict(c.limits)))
+        return out
 
     async def holds_lane(self, namespace: str, pod_uid: str) -> bool:
         """Whether a claim prepared on this node is reserved for the pod `pod_uid` of `namespace`.

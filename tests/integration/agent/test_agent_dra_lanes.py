@@ -142,3 +142,34 @@ async def test_another_drivers_configuration_is_not_read(
     api.claims[("ml", "y")] = configured("y", "uid-y", "gpu-0", "1Gi", "10", other)
     await s.prepare("ml", "y", "uid-y")
     assert env_of(s, "uid-y")["CUDA_MPS_CLIENT_PRIORITY"] == "1"  # no class of ours: best-effort
+
+
+async def test_a_claims_lane_is_measured_for_the_pod_it_is_reserved_for(
+    servicer: tuple[DraServicer, FakeDraApi, FakeGpuBackend],
+) -> None:
+    """Per-lane telemetry keyed by claim: the pod's processes count against its claim's lane and limits."""
+    from prometheus_client import generate_latest
+    from tessera_agent.gpus.telemetry import LaneTelemetry
+    from tessera_agent.metrics_factory import AgentMetrics
+    from tessera_agent.pods import pod_info_from_manifest
+
+    s, api, backend = servicer
+    api.claims[("ml", "serve")] = configured(
+        "serve", "uid-hp", "gpu-1", "8Gi", "40", lane_config("latency-critical")
+    )
+    await s.prepare("ml", "serve", "uid-hp")
+    pod = pod_info_from_manifest(
+        {"metadata": {"name": "serve", "namespace": "ml", "uid": "uid-serve"}, "spec": {}}
+    )
+    gpu1 = backend.gpus()[1].uuid
+    backend.add_process(gpu1, 4242, 9000, sm_util=30)  # past its 8 GiB
+    metrics = AgentMetrics()
+    telemetry = LaneTelemetry(NODE, backend, metrics, resolve_pid={4242: "uid-serve"}.get)
+    over = telemetry.update([pod], s.held_lanes([pod]))
+    assert [(o.lane, o.pod, o.memory_limit_bytes // 2**20) for o in over] == [("uid-hp", "serve", 8192)]
+    text = generate_latest(metrics.registry).decode()
+    labels = f'gpu="1",lane="uid-hp",namespace="ml",node="{NODE}",pod="serve"'
+    assert f"tessera_lane_compute_limit_ratio{{{labels}}} 1.0" in text  # HP: all threads
+    assert f"tessera_lane_over_limit{{{labels}}} 1.0" in text
+    await s.unprepare("uid-hp")
+    assert s.held_lanes([pod]) == []
