@@ -95,6 +95,9 @@ class NodeAgent:
                 raise ValueError("the DRA driver needs the Kubernetes API (claims and ResourceSlices)")
             lanes_api = DraDriver(self.cfg, self.backend, self.dra, self.daemons, self.lanes)
             holders = ClaimHolders(self.cfg.node_name, lanes_api.servicer.holds_lane)
+            if self.coordinator is not None:  # a DRA pod's lanes are the claims prepared for it
+                servicer = lanes_api.servicer
+                self.coordinator.lanes_held = lambda pod: servicer.lanes_held(pod.namespace, pod.uid)
         else:
             lanes_api = DevicePlugin(
                 self.cfg, self.backend, self.pods, self.metrics, self.lanes, self.daemons

@@ -314,7 +314,12 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         return out
 
     async def holds_lane(self, namespace: str, pod_uid: str) -> bool:
-        """Whether a claim prepared on this node is reserved for the pod `pod_uid` of `namespace`.
+        """Whether a claim prepared on this node is reserved for the pod `pod_uid` of `namespace`."""
+        return bool(await self.lanes_held(namespace, pod_uid))
+
+    async def lanes_held(self, namespace: str, pod_uid: str) -> set[str]:
+        """The UIDs of the claims prepared on this node that are reserved for the pod `pod_uid` of `namespace`
+        (each claim is a lane).
 
         The kubelet prepares a claim once, for the first of its pods; a pod that shares it later is only in
         the claim's status.reservedFor, so claims of the pod's namespace that do not name it are read again
@@ -324,8 +329,9 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
             for uid, c in self.checkpoint.claims.items()
             if c.state == "prepared" and c.namespace == namespace
         }
-        if any(pod_uid in c.pod_uids for c in prepared.values()):
-            return True
+        held = {uid for uid, c in prepared.items() if pod_uid in c.pod_uids}
+        if held:
+            return held
         for uid, known in prepared.items():
             try:
                 claim = ResourceClaim.model_validate(await self.api.get_claim(namespace, known.name))
@@ -341,8 +347,8 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
                     current.pod_uids = pods
                     self._save()
             if pod_uid in pods:
-                return True
-        return False
+                held.add(uid)
+        return held
 
     async def unprepare(self, uid: str) -> None:
         async with self._lock:

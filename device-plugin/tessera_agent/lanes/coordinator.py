@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -159,6 +159,7 @@ class LaneCoordinator:
         peers: PeerResolver | None = None,
         socket_group: int | None = None,
         shutdown_timeout_s: float = 2.0,
+        lanes_held: Callable[[NodePod], Awaitable[set[str]]] | None = None,
     ) -> None:
         for p in [policy, *(lane_policies or {}).values()]:
             if p not in POLICIES:
@@ -167,6 +168,8 @@ class LaneCoordinator:
         self.policy = policy
         self.lane_policies = dict(lane_policies or {})
         self.peers = peers
+        # the lanes a pod holds, where its assignment does not say (DRA: the claims prepared for it)
+        self.lanes_held = lanes_held
         self.socket_group = socket_group
         self.shutdown_timeout_s = shutdown_timeout_s
         self.refusals = 0
@@ -269,9 +272,10 @@ class LaneCoordinator:
             job = msg.job
             if self.peers is not None:
                 pod = await self._caller(writer)
-                lane = lane_of(pod)
-                if msg.lane != lane:
-                    raise PeerRefused(f"pod {pod.key} may join only its own lane {lane!r}, not {msg.lane!r}")
+                held = await self.lanes_held(pod) if self.lanes_held is not None else {lane_of(pod)}
+                if msg.lane not in held:
+                    own = ", ".join(repr(h) for h in sorted(held)) or "none"
+                    raise PeerRefused(f"pod {pod.key} may join only its own lane ({own}), not {msg.lane!r}")
                 job = f"{pod.key}/{msg.job}"
             self._join(msg, job)
             conn.lane, conn.job = msg.lane, job

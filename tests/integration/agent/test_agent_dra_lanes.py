@@ -173,3 +173,54 @@ async def test_a_claims_lane_is_measured_for_the_pod_it_is_reserved_for(
     assert f"tessera_lane_over_limit{{{labels}}} 1.0" in text
     await s.unprepare("uid-hp")
     assert s.held_lanes([pod]) == []
+
+
+async def test_a_claims_lane_is_joined_on_the_coordinator_only_by_the_pods_it_is_reserved_for(
+    servicer: tuple[DraServicer, FakeDraApi, FakeGpuBackend], plugin_dir: Path
+) -> None:
+    """The lane coordinator's peer check in DRA mode: a pod's lanes are the claims prepared for it."""
+    import os
+
+    from tessera_agent.lanes.coordinator import LaneCoordinator
+    from tessera_agent.lanes.peers import PeerResolver
+    from tessera_agent.pods import StaticPodSource, pod_info_from_manifest
+
+    from .peer_support import FakeProc, Peer, pod_uid
+
+    s, api, _ = servicer
+    holder, other = pod_uid(1), pod_uid(2)
+    c = configured("train", "uid-c", "gpu-0", "2Gi", "20")
+    c["status"]["reservedFor"] = [{"resource": "pods", "name": "train", "uid": holder}]
+    api.claims[("ml", "train")] = c
+    await s.prepare("ml", "train", "uid-c")
+    pods = StaticPodSource(
+        [
+            pod_info_from_manifest(
+                {"metadata": {"namespace": "ml", "name": n, "uid": u}, "spec": {"nodeName": NODE}}
+            )
+            for n, u in (("train", holder), ("other", other))
+        ]
+    )
+    fake = FakeProc(plugin_dir / "proc")
+    coordinator = LaneCoordinator(
+        plugin_dir / "coord.sock",
+        peers=PeerResolver(NODE, pods, proc_root=fake.root),
+        socket_group=os.getgid(),
+        lanes_held=lambda pod: s.lanes_held(pod.namespace, pod.uid),
+    )
+    await coordinator.start()
+    started: list[Peer] = []
+    try:
+        for uid in (holder, other):
+            started.append(await Peer.start(fake, uid))  # type: ignore[arg-type]
+            assert (await started[-1].ask(f"connect {coordinator.socket_path}"))["connected"]
+        joined = await started[0].send({"op": "join", "lane": "uid-c", "job": "trainer"})
+        assert joined["ok"], joined
+        refused = await started[1].send({"op": "join", "lane": "uid-c", "job": "trainer"})
+        assert not refused["ok"] and "may join only its own lane (none), not 'uid-c'" in refused["error"], (
+            refused
+        )
+    finally:
+        for p in started:
+            await p.close()
+        await coordinator.stop()

@@ -87,7 +87,6 @@ def test_an_unknown_lanes_api_is_refused() -> None:
     "agent",
     [
         {"lanes": {"hpBe": True, "feedback": {"enabled": True}}, "progress": {"enabled": True}},
-        {"coordinator": {"enabled": True}},
     ],
 )
 def test_options_dra_lanes_cannot_honour_fail_the_render_with_the_reason(agent: dict[str, Any]) -> None:

@@ -85,11 +85,6 @@ def test_flags_fill_their_fields() -> None:
             ["--lanes-api", "dra", "--hp-be-lanes", "--be-feedback", "--progress-socket", "/run/p.sock"],
             "--be-feedback (agent.be_feedback): the BE feedback loop (--be-feedback) is not available with DRA lanes",
         ),
-        (
-            ["--lanes-api", "dra", "--coordinator-socket", "/run/c.sock"],
-            "--coordinator-socket (agent.coordinator_socket): the lane coordinator (--coordinator-socket) is not "
-            "available with DRA lanes yet",
-        ),
         (["--be-percent", "0"], "--be-percent (agent.be_percent): must be >= 1"),
         (["--slots-per-gpu", "49"], "--slots-per-gpu (agent.slots_per_gpu): must be <= 48"),
         (["--socket-group", str(2**32 - 1)], "--socket-group (agent.socket_group): must be <= 4294967294"),
