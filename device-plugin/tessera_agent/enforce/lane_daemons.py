@@ -101,9 +101,7 @@ class LaneDaemons:
         """Stop the lane's daemon (`quit`) and remove its directories."""
         running = self._running.pop(key, None)
         if running is not None:
-            running.stop.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(running.task, running.manager.command_timeout_s + 5)
+            await _stop(running)
         self._created.pop(key, None)
         self.dirs.remove(key)
         log.info("lane %s released", key)
@@ -120,7 +118,11 @@ class LaneDaemons:
     async def close(self) -> None:
         """Stop every daemon, leaving the directories (the lanes' containers may outlive the agent)."""
         for key in list(self._running):
-            running = self._running.pop(key)
-            running.stop.set()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(running.task, running.manager.command_timeout_s + 5)
+            await _stop(self._running.pop(key))
+
+
+async def _stop(running: _Running) -> None:
+    """End a daemon's health loop, which asks the daemon to quit on its way out."""
+    running.stop.set()
+    with contextlib.suppress(Exception):  # a daemon that does not answer is left to the agent's exit
+        await asyncio.wait_for(running.task, running.manager.command_timeout_s + 5)
