@@ -65,7 +65,9 @@ async def allocate_latency(n_pods: int, d: Path, progress: Progress) -> tuple[li
     backend = FakeGpuBackend.uniform(8)
     uuid = backend.gpus()[0].uuid
     source = StaticPodSource([make_pod(k, uuid, allocated=True) for k in range(n_pods - 1)])
-    plugin = DevicePlugin(AgentConfig(node_name=NODE, device_plugin_dir=d), backend, source)
+    plugin = DevicePlugin(
+        AgentConfig(node_name=NODE, device_plugin_dir=d, mps_root=d / "mps"), backend, source
+    )
     await plugin.serve()
     base: list[float] = []
     ours: list[float] = []

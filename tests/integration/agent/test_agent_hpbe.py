@@ -99,6 +99,7 @@ async def test_agent_hp_be_env_and_feedback_loop(plugin_dir: Path, kubelet: Fake
         node_name=NODE,
         device_plugin_dir=plugin_dir,
         slots_per_gpu=4,
+        mps_root=plugin_dir / "mps",
         progress_socket=sock,
         peer_check=False,  # one test process stands in for every pod
         restart_poll_s=0.05,

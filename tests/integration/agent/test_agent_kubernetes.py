@@ -221,7 +221,11 @@ async def test_extender_assignment_is_what_allocate_consumes(
     kubelet = FakeKubelet(sock_dir)
     await kubelet.start()
     cfg = AgentConfig(
-        node_name=NODE, device_plugin_dir=sock_dir, slots_per_gpu=4, progress_socket=sock_dir / "p.sock"
+        node_name=NODE,
+        device_plugin_dir=sock_dir,
+        slots_per_gpu=4,
+        mps_root=sock_dir / "mps",  # the lane's own directories, not the host's /run
+        progress_socket=sock_dir / "p.sock",
     )
     plugin = DevicePlugin(cfg, backend, KubernetesPodSource(api))
     stop = asyncio.Event()

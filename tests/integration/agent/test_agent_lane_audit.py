@@ -72,7 +72,13 @@ async def test_a_forced_swap_is_found_reported_and_the_pod_deleted(
     u0, u1 = (g.uuid for g in backend.gpus())
     a, b = lane_pod("a", u0, 0), lane_pod("b", u1, 1)
     source = StaticPodSource([a])  # B is bound but not yet in the agent's view
-    cfg = AgentConfig(node_name=NODE, device_plugin_dir=plugin_dir, slots_per_gpu=2, restart_poll_s=0.05)
+    cfg = AgentConfig(
+        node_name=NODE,
+        device_plugin_dir=plugin_dir,
+        mps_root=plugin_dir / "mps",
+        slots_per_gpu=2,
+        restart_poll_s=0.05,
+    )
     plugin = DevicePlugin(cfg, backend, source, AgentMetrics())
     stop = asyncio.Event()
     task = asyncio.create_task(plugin.run(stop))

@@ -36,7 +36,13 @@ def backend() -> FakeGpuBackend:
 async def plugin(
     plugin_dir: Path, kubelet: FakeKubelet, backend: FakeGpuBackend
 ) -> AsyncIterator[tuple[DevicePlugin, StaticPodSource]]:
-    cfg = AgentConfig(node_name=NODE, device_plugin_dir=plugin_dir, slots_per_gpu=SLOTS, restart_poll_s=0.05)
+    cfg = AgentConfig(
+        node_name=NODE,
+        device_plugin_dir=plugin_dir,
+        mps_root=plugin_dir / "mps",
+        slots_per_gpu=SLOTS,
+        restart_poll_s=0.05,
+    )
     source = StaticPodSource()
     dp = DevicePlugin(cfg, backend, source, AgentMetrics())
     stop = asyncio.Event()

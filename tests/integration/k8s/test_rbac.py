@@ -176,7 +176,7 @@ async def test_node_agent_allocates_and_publishes_under_its_service_account(
     # The node's GPUs as the node fixture announced them, with the driver's reserve that NVML reports:
     # the agent publishes 16384 - 512 MiB usable per GPU.
     backend = FakeGpuBackend(
-        [GpuDevice(i, f"GPU-{node}-{i}", "V100", 16384 * MIB, 512 * MIB) for i in range(2)]
+        [GpuDevice(i, f"GPU-{node}-{i}", "V100", 16384 * MIB, 512 * MIB, minor=i) for i in range(2)]
     )
     api = agent_api(creds)
     kubelet = FakeKubelet(sock_dir)
@@ -188,6 +188,7 @@ async def test_node_agent_allocates_and_publishes_under_its_service_account(
         node_name=node,
         device_plugin_dir=sock_dir,
         slots_per_gpu=4,
+        mps_root=sock_dir / "mps",  # the lanes' own directories, not the host's /run
         progress_socket=sock_dir / "p.sock",
         proc_root=proc.root,
     )
@@ -857,7 +858,7 @@ async def test_node_agent_as_dra_driver_uses_exactly_its_dra_grants(
     cluster = crds
     objs, creds = dra_rbac
     node = nodes.add(f"dra-{secrets.token_hex(3)}", gpus=1)
-    backend = FakeGpuBackend([GpuDevice(0, f"GPU-{node}-0", "A100", 40960 * MIB, 512 * MIB)])
+    backend = FakeGpuBackend([GpuDevice(0, f"GPU-{node}-0", "A100", 40960 * MIB, 512 * MIB, minor=0)])
     proc = FakeProc(sock_dir / "proc")
     cfg = AgentConfig(
         node_name=node,

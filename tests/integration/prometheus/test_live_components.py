@@ -188,7 +188,7 @@ async def extender(http: aiohttp.ClientSession) -> AsyncIterator[tuple[str, Exte
 class AgentScene:
     """The node agent's telemetry and device plugin on fake NVML, two lanes on GPU 0."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path) -> None:
         from tessera_agent.config import AgentConfig
         from tessera_agent.gpus.fake_backend import FakeGpuBackend
         from tessera_agent.gpus.telemetry import LaneTelemetry
@@ -209,7 +209,7 @@ class AgentScene:
         self.backend.add_process(self.gpu0, 201, 6000, sm_util=45)
         self.backend.set_utilization(self.gpu0, 70)
         self.telemetry = LaneTelemetry(NODE, self.backend, self.metrics, resolve_pid=owners.get)
-        cfg = AgentConfig(node_name=NODE, slots_per_gpu=4)
+        cfg = AgentConfig(node_name=NODE, slots_per_gpu=4, mps_root=root / "mps")  # the lanes' directories
         # The extender hands a node one GPU pod at a time (its handoff), so the agent sees the next lane pod
         # only after the previous one is allocated.
         self.source = StaticPodSource(self.pods[:1])
@@ -302,7 +302,7 @@ async def test_every_dashboard_query_returns_data_from_running_components(
         gateway_url = stack.enter_context(gateway(model, tmp_path))
         operator_target = await stack.enter_async_context(operator_on_kmock(kmock))
         extender_target, ext_scene = await stack.enter_async_context(extender(http))
-        agent = AgentScene()
+        agent = AgentScene(tmp_path)
         agent_target = stack.enter_context(agent_exporter(agent))
         targets = {
             "tessera-operator": [operator_target],
