@@ -50,6 +50,17 @@ def waiting_node(pod: JsonObj) -> str | None:
     return str(node)
 
 
+def _before_bind(pod: JsonObj) -> bool:
+    """A pod seen unbound and alive: not yet bound in this view, which cannot end a wait."""
+    meta = pod.get("metadata") or {}
+    return (
+        not (pod.get("spec") or {}).get("nodeName")
+        and not meta.get("deletionTimestamp")
+        and (pod.get("status") or {}).get("phase") not in _FINISHED
+        and contract.ANN_ALLOCATED not in (meta.get("annotations") or {})
+    )
+
+
 @dataclass
 class Handoffs:
     """Waiting pods per node, and the binds that wait for a node to be handed on."""
@@ -85,6 +96,10 @@ class Handoffs:
             return None
         node = waiting_node(pod)
         if node is None:
+            if _before_bind(pod):
+                # A view older than this extender's own Binding (the watch may deliver the assignment patch
+                # after the bind was recorded): it says nothing about whether the pod still waits.
+                return None
             return self.forget(uid)
         if self._where.get(uid) != node:
             key = f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"

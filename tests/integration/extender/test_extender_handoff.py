@@ -164,3 +164,27 @@ def test_which_pods_wait() -> None:
     assert waiting_node(plain) is None  # no assignment: not a lane pod (CPU pods, DRA claims)
     with pytest.raises(ValueError, match="stale time must be positive"):
         Handoffs(stale_s=0)
+
+
+def test_a_view_from_before_the_bind_does_not_hand_the_node_on(clock: Clock) -> None:
+    """Found on the real node under load: the watch delivered the pod as it was between the extender's
+    assignment patch and its Binding (annotated, no nodeName) after the bind had been recorded, and that older
+    view cleared the handoff, so the next pod was bound at once and the agent refused an ambiguous Allocate."""
+    h = Handoffs(stale_s=60.0, clock=clock)
+    h.bound("gpu-a", "uid-a", "default/a")
+    before_bind = pod("a", annotations={contract.ANN_ASSIGNMENT: "{}"})  # assigned, not yet bound
+    before_bind["metadata"]["uid"] = "uid-a"
+    assert h.observe(before_bind) is None
+    blocker = h.blocker("gpu-a")
+    assert blocker is not None and blocker.uid == "uid-a"
+    h.replace([before_bind])  # a relist listed before the bind says no more
+    assert h.blocker("gpu-a") is not None
+    served = pod("a", annotations={contract.ANN_ASSIGNMENT: "{}", contract.ANN_ALLOCATED: "GPU-x::0"})
+    served["metadata"]["uid"] = "uid-a"
+    served["spec"]["nodeName"] = "gpu-a"
+    assert h.observe(served) == "gpu-a" and h.blocker("gpu-a") is None  # the agent's mark hands it on
+    h.bound("gpu-a", "uid-b", "default/b")
+    gone = pod("b", annotations={contract.ANN_ASSIGNMENT: "{}"})
+    gone["metadata"]["uid"] = "uid-b"
+    gone["metadata"]["deletionTimestamp"] = "2026-11-29T08:00:00Z"
+    assert h.observe(gone) == "gpu-a"  # a pod being deleted stops waiting, bound or not
