@@ -381,22 +381,25 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         return lane_limits(devices, self.lanes.class_limits(klass, plain.thread_percent, plain.gpus))
 
     async def restore_lanes(self) -> None:
-        """After a restart: start the daemon of each claim prepared before it (its containers' clients
-        reconnect to it); a claim that cannot be read again keeps its directories until unprepared."""
-        if not self.daemons.mps:
+        """After a restart: the claims prepared before it back in the lane book (their HP/BE classes and
+        memory, so admission stays right) and, with MPS, each one's daemon started again (its containers'
+        clients reconnect to it). A claim that cannot be read again keeps its directories until unprepared."""
+        if self.lanes is None and not self.daemons.mps:
             return
         for uid, known in list(self.checkpoint.claims.items()):
-            if known.state != "prepared" or self.daemons.running(uid) is not None:
+            if known.state != "prepared":
                 continue
             try:
                 claim = ResourceClaim.model_validate(await self.api.get_claim(known.namespace, known.name))
                 gpus = self.backend.gpus()
                 usable = {g.uuid: usable_memory_mib(g, self.cfg.extra_reserve_mib) for g in gpus}
-                await self.daemons.ensure(
-                    uid, lane_limits(lane_devices(claim, self.cfg.node_name, gpus, usable))
-                )
+                limits = self._admit(claim, lane_devices(claim, self.cfg.node_name, gpus, usable))
+                if self.daemons.mps and self.daemons.running(uid) is None:
+                    await self.daemons.ensure(uid, limits)
             except Exception as err:  # one claim's trouble must not stop the others'
-                log.warning("claim %s/%s runs without its MPS daemon: %s", known.namespace, known.name, err)
+                log.warning(
+                    "claim %s/%s not restored after the restart: %s", known.namespace, known.name, err
+                )
 
 
 def reserved_pod_uids(claim: ResourceClaim) -> list[str]:

@@ -224,3 +224,29 @@ async def test_a_claims_lane_is_joined_on_the_coordinator_only_by_the_pods_it_is
         for p in started:
             await p.close()
         await coordinator.stop()
+
+
+async def test_a_restarted_driver_keeps_the_hp_lane_it_prepared_before(
+    servicer: tuple[DraServicer, FakeDraApi, FakeGpuBackend],
+) -> None:
+    """The lane book is rebuilt from the checkpoint: after a restart a second HP claim on the GPU is still
+    refused, and the first claim's daemon runs again with its class's limits."""
+    s, api, backend = servicer
+    api.claims[("ml", "serve")] = configured(
+        "serve", "uid-hp", "gpu-0", "8Gi", "40", lane_config("latency-critical")
+    )
+    await s.prepare("ml", "serve", "uid-hp")
+    await s.daemons.close()  # the agent's exit ends its daemons
+    book = LaneBook({g.uuid: usable_memory_mib(g) for g in backend.gpus()}, default_be_percent=50)
+    again = DraServicer(s.cfg, backend, api, LaneDaemons(LaneDirs(s.cfg.mps_root), binary=FAKE_MPS), book)
+    try:
+        await again.restore_lanes()
+        assert again.daemons.running("uid-hp") is not None
+        assert "set_default_client_priority 0" in told(again, "uid-hp")[-3:]
+        api.claims[("ml", "serve-2")] = configured(
+            "serve-2", "uid-hp2", "gpu-0", "4Gi", "20", lane_config("latency-critical")
+        )
+        with pytest.raises(ClaimError, match="already has a high-priority lane"):
+            await again.prepare("ml", "serve-2", "uid-hp2")
+    finally:
+        await again.daemons.close()
