@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from tessera_agent.config import AgentConfig
 from tessera_agent.enforce.lane_daemons import LaneDaemons
-from tessera_agent.enforce.lane_dirs import LaneDirs
 from tessera_agent.gpus.backend import GpuBackend, usable_memory_mib
 from tessera_agent.gpus.inventory import InventoryPublisher, NodePatcher
 from tessera_agent.gpus.telemetry import LaneTelemetry
@@ -61,7 +60,7 @@ class NodeAgent:
 
     def __post_init__(self) -> None:
         if self.daemons is None:
-            self.daemons = LaneDaemons(LaneDirs(self.cfg.mps_root), mps=False)
+            self.daemons = LaneDaemons.directories_only(self.cfg.mps_root)
         if not self.cfg.hp_be_lanes:
             return
         self.lanes = LaneBook(

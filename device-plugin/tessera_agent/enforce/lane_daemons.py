@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from tessera_agent.enforce.lane_dirs import LaneDirs, LanePaths
@@ -64,6 +65,11 @@ class LaneDaemons:
     clock: Callable[[], float] = time.monotonic
     _running: dict[str, _Running] = field(default_factory=dict)
     _created: dict[str, float] = field(default_factory=dict)  # key → clock() when its lane was set up
+
+    @classmethod
+    def directories_only(cls, mps_root: Path) -> LaneDaemons:
+        """Each lane's directories and no daemon: what a part built without MPS (tests, demos) gets."""
+        return cls(LaneDirs(mps_root), mps=False)
 
     def running(self, key: str) -> MpsManager | None:
         r = self._running.get(key)

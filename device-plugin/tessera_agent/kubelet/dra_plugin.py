@@ -35,7 +35,6 @@ from tessera.kube import KubeClient, KubeError
 from tessera_agent.config import AgentConfig
 from tessera_agent.enforce.device_nodes import DeviceNodeError, lane_device_nodes
 from tessera_agent.enforce.lane_daemons import LaneDaemons, LaneLimits
-from tessera_agent.enforce.lane_dirs import LaneDirs
 from tessera_agent.enforce.mps import MpsError
 from tessera_agent.gpus.backend import GpuBackend, usable_memory_mib
 from tessera_agent.gpus.telemetry import HeldLane
@@ -184,7 +183,7 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         self.api = api
         self.lanes = lanes  # HP/BE lanes keyed by claim UID (None: off, every lane gets its allocated share)
         # each claim's directories and MPS daemon, as NVIDIA's DRA driver runs one per claim
-        self.daemons = daemons if daemons is not None else LaneDaemons(LaneDirs(cfg.mps_root), mps=False)
+        self.daemons = daemons if daemons is not None else LaneDaemons.directories_only(cfg.mps_root)
         self.checkpoint_path = cfg.dra_plugin_dir / "checkpoint.json"
         self.checkpoint = Checkpoint.load(self.checkpoint_path)
         self._lock = asyncio.Lock()  # one checkpoint writer at a time

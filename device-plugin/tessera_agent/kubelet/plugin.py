@@ -18,7 +18,6 @@ import grpc  # type: ignore[import-untyped]
 
 from tessera_agent.config import AgentConfig
 from tessera_agent.enforce.lane_daemons import LaneDaemons
-from tessera_agent.enforce.lane_dirs import LaneDirs
 from tessera_agent.enforce.mps import MpsError
 from tessera_agent.gpus.backend import GpuBackend
 from tessera_agent.kubelet.allocate import (
@@ -56,7 +55,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.pods = pods
         self.lanes = lanes  # HP/BE lanes: class env and per-GPU admission (None: off)
         # each lane's directories and MPS daemon (default: directories only, no MPS)
-        self.daemons = daemons if daemons is not None else LaneDaemons(LaneDirs(cfg.mps_root), mps=False)
+        self.daemons = daemons if daemons is not None else LaneDaemons.directories_only(cfg.mps_root)
         self._gpus = {g.uuid: g for g in backend.gpus()}
         self._health = {g.uuid: g.healthy for g in backend.gpus()}
         self._version = 0
