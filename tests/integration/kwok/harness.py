@@ -242,7 +242,9 @@ def kwok_ready(node: dict[str, Any]) -> bool:
 
 
 def list_kwok_nodes(cluster: ControlPlane) -> list[dict[str, Any]]:
-    status, body = cluster.request("GET", f"/api/v1/nodes?labelSelector={KWOK_KEY}%3D{KWOK_VALUE}")
+    # resourceVersion=0: from the API server's watch cache, not a read of etcd (a list of 5,000 is ~15 MB)
+    path = f"/api/v1/nodes?labelSelector={KWOK_KEY}%3D{KWOK_VALUE}&resourceVersion=0"
+    status, body = cluster.request("GET", path)
     assert status == 200, body
     return list(body.get("items") or [])
 
