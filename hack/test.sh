@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up what the tests need (.venv, etcd and Prometheus from Debian, the Kubernetes components, the node's
-# containerd and the admin CLIs — Helm 4 and kubectl — built from their Go modules), then lint, type-check and
-# run the whole test suite — real control plane included.
+# containerd, the admin CLIs — Helm 4 and kubectl — and kwok, built from their Go modules), then lint,
+# type-check and run the whole test suite — real control plane included.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,10 @@ bash hack/containerd-assets.sh >/dev/null
 # build, whose compiled client-go and apimachinery packages it reuses from the Go build cache).
 TESSERA_CLI_DIR="$(bash hack/cli-assets.sh | tail -n1)"
 export TESSERA_CLI_DIR
+# kwok, which plays the kubelets and node agents of the fake GPU nodes in tests/integration/kwok (also after
+# the Kubernetes build, for the same reason).
+TESSERA_KWOK_DIR="$(bash hack/kwok-assets.sh | tail -n1)"
+export TESSERA_KWOK_DIR
 V=.venv/bin
 $V/ruff check .
 $V/ruff format --check .

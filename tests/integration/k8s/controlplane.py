@@ -161,6 +161,7 @@ class ControlPlane:
     kubeconfig: Path = Path()
     bind_address: str = "127.0.0.1"
     controllers: str = API_ONLY_CONTROLLERS
+    apiserver_args: tuple[str, ...] = ()  # appended to kube-apiserver's flags
 
     @property
     def server(self) -> str:
@@ -286,7 +287,7 @@ class ControlPlane:
              f"--service-account-key-file={crt}", f"--service-account-signing-key-file={key}",
              "--service-account-issuer=https://kubernetes.default.svc",
              f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
-             "--profiling=false"],
+             "--profiling=false", *self.apiserver_args],
         )  # fmt: skip
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         wait_until(lambda: self.ca_file.exists(), 60, "the API server's serving certificate", api)
@@ -369,11 +370,20 @@ class ControlPlane:
 
 @contextlib.contextmanager
 def control_plane(
-    bind_address: str = "127.0.0.1", controllers: str = API_ONLY_CONTROLLERS
+    bind_address: str = "127.0.0.1",
+    controllers: str = API_ONLY_CONTROLLERS,
+    apiserver_args: tuple[str, ...] = (),
 ) -> Iterator[ControlPlane]:
     assets, etcd = find_assets()
     workdir = Path(tempfile.mkdtemp(prefix="tessera-k8s-"))
-    plane = ControlPlane(assets, etcd, workdir, bind_address=bind_address, controllers=controllers)
+    plane = ControlPlane(
+        assets,
+        etcd,
+        workdir,
+        bind_address=bind_address,
+        controllers=controllers,
+        apiserver_args=apiserver_args,
+    )
     try:
         plane.start()
         yield plane
