@@ -67,6 +67,11 @@ class Handoffs:
 
     stale_s: float = 60.0
     clock: Callable[[], float] = time.monotonic
+    # How long a node prioritize ranked first for a pod stays promised to it while kube-scheduler's binding
+    # cycle gets to /bind (kube-scheduler's httpTimeout for the extender, 5 s in the chart).
+    promise_s: float = 5.0
+    _promised: dict[str, tuple[str, float]] = field(default_factory=dict)  # node → (uid, since)
+    _promise_of: dict[str, str] = field(default_factory=dict)  # uid → node
     _waiting: dict[str, dict[str, Waiting]] = field(default_factory=dict)  # node → uid → waiting pod
     _where: dict[str, str] = field(default_factory=dict)  # uid → node
     _cleared: dict[str, asyncio.Event] = field(default_factory=dict)  # node → set when a pod stops waiting
@@ -162,6 +167,32 @@ class Handoffs:
             until_stale = blocker.since + self.stale_s - self.clock()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), max(0.0, min(left, until_stale)) + 0.001)
+
+    def promise(self, node: str, uid: str) -> None:
+        """Prioritize ranked `node` first for `uid`: other pods are steered elsewhere until its bind ends."""
+        self.settle(uid)
+        self._promised[node] = (uid, self.clock())
+        self._promise_of[uid] = node
+
+    def settle(self, uid: str) -> None:
+        """`uid`'s bind ended (bound: it now waits there; refused: the node is free again)."""
+        node = self._promise_of.pop(uid, None)
+        if node is not None and self._promised.get(node, ("", 0.0))[0] == uid:
+            del self._promised[node]
+
+    def busy(self, node: str, uid: str) -> bool:
+        """Whether a GPU pod other than `uid` holds `node` now: waiting for its Allocate, or on its way to a
+        bind there (promised by prioritize within `promise_s`). Binding `uid` there would wait for it."""
+        held = self._promised.get(node)
+        if held is not None and held[0] != uid:
+            if self.clock() - held[1] < self.promise_s:
+                return True
+            self.settle(held[0])
+        return self.blocker(node, exclude=uid) is not None
+
+    def busy_nodes(self, uid: str) -> set[str]:
+        """Every node `busy` for `uid` (looked up among the few promised or waited on, not every node)."""
+        return {n for n in set(self._promised) | set(self._waiting) if self.busy(n, uid)}
 
     def waiting_on(self, node: str) -> list[Waiting]:
         return list(self._waiting.get(node, {}).values())

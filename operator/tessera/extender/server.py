@@ -448,9 +448,10 @@ class Extender:
             and spec.problem is None
         )
         rejected = memo[2] if memo is not None and memo_ok else frozenset()
+        busy = self._busy(pod, spec, names, rejected)
         shape = self.shape(pod, spec) if self.packing is not None else None
         if shape is not None:
-            return self._prioritize_packing(pod, names, shape, rejected)
+            return self._promise(pod, spec, self._prioritize_packing(pod, names, shape, rejected | busy))
         resolved: dict[int | None, GpuRequest | str] = {}
         out = []
         for name in names:
@@ -462,10 +463,35 @@ class Extender:
                 req = self._resolve(spec, name, resolved)
                 assert isinstance(req, GpuRequest)
                 choice = self._choose(spec, name, req)
-                if isinstance(choice, Choice):
+                if isinstance(choice, Choice) and name not in busy:
                     score = to_priority(choice.score)
             out.append({"Host": name, "Score": score})
-        return out
+        return self._promise(pod, spec, out)
+
+    def _busy(
+        self, pod: JsonObj, spec: PodRequest | None, names: list[str], rejected: frozenset[str]
+    ) -> frozenset[str]:
+        """Nodes another GPU pod holds now (handoff.Handoffs.busy): ranked last, so kube-scheduler sends this
+        pod to the best node it can take at once instead of a bind that waits there (and, with arrivals
+        faster than the agent's Allocates, times out). Kept when every candidate is busy: then it waits."""
+        if self.handoffs is None or spec is None or spec.problem is not None:
+            return frozenset()
+        busy = self.handoffs.busy_nodes(pod["metadata"].get("uid") or "")
+        if not busy:
+            return frozenset()
+        hit = busy.intersection(names)
+        if not hit or all(n in hit or n in rejected for n in names):
+            return frozenset()
+        return frozenset(hit)
+
+    def _promise(self, pod: JsonObj, spec: PodRequest | None, scores: list[JsonObj]) -> list[JsonObj]:
+        """Promise the node ranked first to this pod until its bind ends (handoff.Handoffs.promise)."""
+        uid = pod["metadata"].get("uid")
+        if self.handoffs is not None and uid and scores:
+            top = max(scores, key=lambda h: int(h["Score"]))
+            if int(top["Score"]) > 0 and spec is not None and spec.problem is None:
+                self.handoffs.promise(str(top["Host"]), str(uid))
+        return scores
 
     def _prioritize_packing(
         self, pod: JsonObj, names: list[str], shape: Shape, rejected: frozenset[str]
@@ -543,8 +569,12 @@ class Extender:
             if self._pod_locks[oldest].locked():
                 break
             del self._pod_locks[oldest]
-        async with pod_lock:
-            return await self._bind_locked(pod, ns, name, uid, node)
+        try:
+            async with pod_lock:
+                return await self._bind_locked(pod, ns, name, uid, node)
+        finally:
+            if self.handoffs is not None:
+                self.handoffs.settle(uid)
 
     async def _bind_locked(
         self, pod: JsonObj, ns: str, name: str, uid: str, node: str

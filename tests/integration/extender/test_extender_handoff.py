@@ -188,3 +188,55 @@ def test_a_view_from_before_the_bind_does_not_hand_the_node_on(clock: Clock) -> 
     gone["metadata"]["uid"] = "uid-b"
     gone["metadata"]["deletionTimestamp"] = "2026-11-29T08:00:00Z"
     assert h.observe(gone) == "gpu-a"  # a pod being deleted stops waiting, bound or not
+
+
+def top(scores: list[dict[str, object]]) -> str:
+    return str(max(scores, key=lambda h: int(str(h["Score"])))["Host"])
+
+
+async def test_prioritize_ranks_a_node_another_gpu_pod_holds_last(clock: Clock) -> None:
+    """Pods arriving faster than the agent's Allocates (the scale bench, 300 pods at 50/s): kube-scheduler
+    ranked the same best node first for each, and their binds queued behind one another's handoff until
+    kube-scheduler's 5 s httpTimeout cut them (239 of 300 binds timed out once). A node promised to a pod by
+    prioritize, or holding a pod that waits for its Allocate, now ranks last for the others, unless no other
+    node is left."""
+    async with running_env(FakeApiServer(), Handoffs(stale_s=60.0, clock=clock), handoff_wait_s=20.0) as env:
+        for name in ("gpu-a", "gpu-b"):
+            env.api.put_node(node(name, gpus=2))
+        for name in ("a", "b", "c"):
+            env.api.put_pod(pod(name, memory=4000, compute=25))
+        await env.settle(
+            lambda: (
+                {"gpu-a", "gpu-b"} <= env.extender.view.nodes.keys()
+                and {"default/a", "default/b", "default/c"} <= env.extender.view.pods.keys()
+            )
+        )
+        names = ["gpu-a", "gpu-b"]
+
+        async def ranks(name: str, candidates: list[str] = names) -> list[dict[str, object]]:
+            status, out = await env.post(
+                "prioritize", {"Pod": env.api.pods[f"default/{name}"], "NodeNames": candidates}
+            )
+            assert status == 200, out
+            return list(out)
+
+        first = top(await ranks("a"))
+        other = next(n for n in names if n != first)
+        # b before a's bind reached the extender: the node promised to a ranks last
+        second = await ranks("b")
+        assert top(second) == other
+        assert {h["Host"]: h["Score"] for h in second}[first] == 0
+        assert env.extender.handoffs is not None
+        env.extender.handoffs.settle("uid-b")  # b's bind ended (refused, say): its node is free again
+        # a bound there and waiting for its Allocate: still held
+        assert (await env.post("bind", bind_args("a", first)))[1] == {"Error": ""}
+        assert top(await ranks("c")) == other
+        # the only candidate: ranked as before (the bind will wait for the handoff rather than no node at all)
+        assert int(str((await ranks("c", [first]))[0]["Score"])) > 0
+        # a allocated: the node is free for c again
+        allocate(env, "a")
+        await env.settle(
+            lambda: env.extender.handoffs is not None and not env.extender.handoffs.blocker(first)
+        )
+        env.extender.handoffs.settle("uid-c")
+        assert top(await ranks("c")) == first

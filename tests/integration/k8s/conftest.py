@@ -331,6 +331,7 @@ class Scheduling:
     metrics_url: str
     extender: Process
     scheduler: Process
+    scheduler_metrics_url: str = ""  # kube-scheduler's own /metrics (HTTPS, self-signed, no token needed)
 
 
 def _extender_healthy(url: str) -> bool:
@@ -353,7 +354,7 @@ def run_scheduling(
     cluster: ControlPlane, creds: Credentials, extender_args: tuple[str, ...] = ()
 ) -> Iterator[Scheduling]:
     """`tessera extender` (with `extender_args`) and tessera-scheduler, as the chart's `scheduler` account."""
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, sched_port = free_port(), free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     ext = cluster.spawn(
         f"extender-{port}",
@@ -365,14 +366,21 @@ def run_scheduling(
         f"kube-scheduler-{port}",
         [str(cluster.assets / "kube-scheduler"),
          f"--config={_scheduler_config(cluster, url, creds.kubeconfig)}",
-         "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2"],
+         "--bind-address=127.0.0.1", f"--secure-port={sched_port}", "-v=2",
+         "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"],
     )  # fmt: skip
     try:
         wait_until(lambda: _extender_healthy(url), 60, "the extender's /healthz", ext)
         wait_until(
             lambda: "Starting Kubernetes Scheduler" in sched.log.read_text(), 60, "kube-scheduler", sched
         )
-        yield Scheduling(url, f"http://127.0.0.1:{metrics_port}/metrics", ext, sched)
+        yield Scheduling(
+            url,
+            f"http://127.0.0.1:{metrics_port}/metrics",
+            ext,
+            sched,
+            f"https://127.0.0.1:{sched_port}/metrics",
+        )
     finally:
         sched.stop()
         ext.stop()
