@@ -52,6 +52,9 @@ class OperatorConfig(BaseModel):
     # (None = one lease period). Leases, phase, GPUs, jobs and conditions are written whenever they change.
     status_rho_tolerance: float = Field(default=0.05, ge=0)
     status_max_staleness_s: float | None = Field(default=None, gt=0)
+    # Namespace of the arbiter's renewal ledger (controller/ledger.py): the operator's own (the chart sets
+    # POD_NAMESPACE); replicas that peer must share it.
+    ledger_namespace: str = Field(default="default", min_length=1)
     # API requests a round (or one workload's pod sync) keeps in flight at once (controller/concurrency.py).
     api_concurrency: int = Field(default=16, ge=1)
     # ModelDeployment stats (controller/serving_stats.py): the gateway's counters are read at most this

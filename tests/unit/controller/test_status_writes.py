@@ -3,6 +3,7 @@ beyond the relative tolerance, everything once the last write is older than the 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -78,7 +79,7 @@ def test_the_volatile_fields_are_the_wire_names_of_the_status() -> None:
     """GPU-seconds grow every round an App holds GPUs: they ride along, never make a write due. The list
     once spelled activeGpuSeconds while the wire says activeGPUSeconds, and every App holding GPUs was
     re-written by every round."""
-    wire = AppStatus(rho=1.0).to_wire()
+    wire = AppStatus(rho=1.0, updated_at=datetime(2024, 1, 1, tzinfo=UTC)).to_wire()
     assert set(VOLATILE) <= set(wire)
     before = st(activeGPUSeconds=100.0)
     assert not due(before, st(activeGPUSeconds=160.0))
