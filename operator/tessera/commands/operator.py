@@ -145,8 +145,7 @@ FLAGS: Final = {
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     """The parsed flags as settings; pydantic's ValidationError (a ValueError) names the refused field."""
     given = {name: getattr(args, flag[2:].replace("-", "_")) for name, flag in FLAGS.items()}
-    if given["ledger_namespace"] is None:
-        given["ledger_namespace"] = os.environ.get("POD_NAMESPACE") or (args.namespace or ["default"])[0]
+    given["ledger_namespace"] = given["ledger_namespace"] or os.environ.get("POD_NAMESPACE") or None
     return OperatorConfig(clusterwide=not args.namespace, **given)
 
 

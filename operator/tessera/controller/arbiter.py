@@ -167,7 +167,7 @@ class Arbiter:
         other failure raises, and the handler that asked retries."""
         if self.ledger is not None:
             return
-        ns, name = self.config.ledger_namespace, contract.LEDGER_CONFIGMAP
+        ns, name = self.config.ledger_ns, contract.LEDGER_CONFIGMAP
         try:
             obj = await self.api.get(CONFIGMAPS, ns, name)
         except KubeError as err:
@@ -459,12 +459,12 @@ class Arbiter:
             "kind": "ConfigMap",
             "metadata": {
                 "name": contract.LEDGER_CONFIGMAP,
-                "namespace": self.config.ledger_namespace,
+                "namespace": self.config.ledger_ns,
                 "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE},
             },
             "data": {contract.LEDGER_KEY: ledger.to_json()},
         }
-        ns = self.config.ledger_namespace
+        ns = self.config.ledger_ns
         try:
             if self._ledger_exists:
                 try:
