@@ -107,6 +107,7 @@ class Round:
     busy_s: float = 0.0
     events: int = 0
     status_writes: int = 0
+    ledger_writes: int = 0  # the arbiter's renewal ledger (one write for the round's renewals)
     setup_throttled: int = 0  # kopf's requests the server throttled (HTTP 429) while the Apps arrived
     throttled: int = 0  # ... and in the round
     lease_apps: int = 0  # Apps whose leases changed (expired or granted): their status must be written
@@ -230,11 +231,12 @@ async def measure_round(
         if now < target or done.done():
             return await run_round(now)
         policy.clear()
-        calls0, secs0, busy0, writes0 = (
+        calls0, secs0, busy0, writes0, ledger0 = (
             Counter(api.counts),
             dict(api.seconds),
             api.busy_seconds(),
             arbiter.status_writes,
+            arbiter.ledger_writes,
         )
         hist0 = (samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0)
         cpu0, throttled0 = _cpu(servers), Throttled.count
@@ -254,6 +256,7 @@ async def measure_round(
         row.call_s = {k: v - secs0.get(k, 0.0) for k, v in api.seconds.items() if v > secs0.get(k, 0.0)}
         row.cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
         row.status_writes = arbiter.status_writes - writes0
+        row.ledger_writes = arbiter.ledger_writes - ledger0
         row.throttled = Throttled.count - throttled0
         row.policy_s = sum(policy)
         row.granted = sum(report.granted.values())
@@ -523,8 +526,11 @@ def report(rows: list[Round]) -> None:
         print(
             f"{r.backend:>5} {r.n:>5} Apps: expired {r.expired}, granted {r.granted};"
             f" {sum(r.calls.values())} calls ({_calls(r.calls)}); {r.events} events posted;"
-            f" {r.status_writes} statuses written, {r.lease_apps} of them with changed leases"
-            f" ({r.renewed_apps} renewed on the same GPUs: only their expiry moved);"
+            f" {r.status_writes} statuses written and {r.ledger_writes} ledger write(s); {r.lease_apps} Apps"
+            f" with changed leases, {r.renewed_apps} of them renewed on the same GPUs (only their expiry moved:"
+            f" in the ledger, not written); writes {r.status_writes + r.ledger_writes} <= changed"
+            f" {r.lease_apps - r.renewed_apps} + 1:"
+            f" {'yes' if r.status_writes + r.ledger_writes <= r.lease_apps - r.renewed_apps + 1 else 'NO'};"
             f" {r.throttled} requests throttled (429; {r.setup_throttled} while the Apps arrived)"
         )
     print()

@@ -165,7 +165,13 @@ class Lease(WireModel):
     node: str
     gpu_indices: list[int] = Field(default_factory=list)
     job: str | None = None
-    expires_at: Timestamp
+    expires_at: Timestamp = Field(
+        description=(
+            "When the lease ends unless renewed. A renewal on the same GPUs is recorded in the operator's "
+            "renewal ledger first; this field follows within the status staleness bound (updatedAt says how "
+            "fresh it is), so it may lie in the past for a lease that was renewed."
+        )
+    )
     source: Literal["auction", "leftover"] = Field(
         description="Whether the auction or leftover step granted it."
     )
@@ -185,6 +191,13 @@ class AppStatus(WireModel):
     finish_time: Timestamp | None = None
     active_gpu_seconds: float = Field(default=0.0, ge=0, description="∫ N_active dt, for N_avg.")
     elapsed_seconds: float = Field(default=0.0, ge=0)
+    updated_at: Timestamp | None = Field(
+        default=None,
+        description=(
+            "When the operator wrote this status. Lease expiries renewed since are in its renewal ledger and "
+            "reach status within the status staleness bound (a lease period by default)."
+        ),
+    )
     tuning_phase: int = Field(default=0, ge=0)
     jobs: list[JobStatus] = Field(default_factory=list)
     leases: list[Lease] = Field(default_factory=list)

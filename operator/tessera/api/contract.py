@@ -81,6 +81,10 @@ TAINT_GPU_NODE_EFFECT: Final = "NoSchedule"
 # The chart routes pods of namespaces labelled `<this>: "true"` to tessera-scheduler (its default selector).
 LABEL_GPU_NODES_NAMESPACE: Final = f"{GROUP}/gpu-nodes"
 FINALIZER: Final = f"{GROUP}/cleanup"
+# The arbiter's renewal ledger (controller/ledger.py): a ConfigMap in the operator's namespace naming the
+# leases renewed in rounds whose App status does not show the new expiry yet; read before the first round.
+LEDGER_CONFIGMAP: Final = "tessera-arbiter-ledger"
+LEDGER_KEY: Final = "ledger"  # its data key (JSON)
 
 # Env injected into containers.
 ENV_CUDA_VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"

@@ -181,6 +181,21 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         frozenset({_OP, _SIM}),
     ),
     MetricSpec(
+        "tessera_arbiter_ledger_writes_total",
+        MetricType.COUNTER,
+        "Writes of the arbiter's renewal ledger (one per round that renewed leases), by result: written, or "
+        "failed (the round then wrote the renewed Apps' statuses instead).",
+        ("result",),
+        frozenset({_OP}),
+    ),
+    MetricSpec(
+        "tessera_arbiter_ledger_apps",
+        MetricType.GAUGE,
+        "Apps in the renewal ledger last written: leases renewed whose App status does not show it yet.",
+        (),
+        frozenset({_OP}),
+    ),
+    MetricSpec(
         "tessera_auction_duration_seconds",
         MetricType.HISTOGRAM,
         "Wall time of one arbiter round: offers, bids and the partial-allocation auction.",

@@ -102,6 +102,13 @@ KINDS: dict[str, ResourceKind] = {
             _READY,
             PrinterColumn("GPUs", "integer", ".status.gpus", "GPUs held now."),
             PrinterColumn("Rho", "number", ".status.rho", "Finish-time fairness ρ (1 = fair share)."),
+            PrinterColumn(
+                "Updated",
+                "date",
+                ".status.updatedAt",
+                "Time since the status was written: lease expiries may have been renewed since (the operator's "
+                "ledger holds them) and reach status within the staleness bound.",
+            ),
             _AGE,
         ),
     ),

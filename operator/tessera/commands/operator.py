@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from typing import Any, Final
 
@@ -52,6 +53,12 @@ def _scope_options(parser: argparse.ArgumentParser) -> None:
         default=60,
         help="how long a silent peer counts as alive: the longest a standby waits to take over (60)",
     )
+    parser.add_argument(
+        "--ledger-namespace",
+        default=None,
+        help="namespace of the arbiter's renewal ledger ConfigMap, shared by peering replicas (default: "
+        "$POD_NAMESPACE, else the first --namespace, else default)",
+    )
 
 
 def _themis_options(group: argparse._ArgumentGroup) -> None:
@@ -71,6 +78,13 @@ def _themis_options(group: argparse._ArgumentGroup) -> None:
         "--admission-threshold", type=float, default=None, help="reject Apps past this × cluster GPUs (off)"
     )
     group.add_argument("--seed", type=int, default=0, help="seed of the leftover allocation's randomness")
+    group.add_argument(
+        "--status-max-staleness-seconds",
+        type=float,
+        default=None,
+        help="an App status is rewritten at least this often (elapsed time, GPU-seconds, and lease expiries "
+        "a round renewed, which until then only the ledger holds); default: the lease period",
+    )
 
 
 def _endpoint_options(group: argparse._ArgumentGroup) -> None:
@@ -123,12 +137,15 @@ FLAGS: Final = {
     "lanes_api": "--lanes-api",
     "pass_deadline_s": "--pass-deadline-seconds",
     "gateway_image": "--gateway-image",
+    "status_max_staleness_s": "--status-max-staleness-seconds",
+    "ledger_namespace": "--ledger-namespace",
 }
 
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     """The parsed flags as settings; pydantic's ValidationError (a ValueError) names the refused field."""
     given = {name: getattr(args, flag[2:].replace("-", "_")) for name, flag in FLAGS.items()}
+    given["ledger_namespace"] = given["ledger_namespace"] or os.environ.get("POD_NAMESPACE") or None
     return OperatorConfig(clusterwide=not args.namespace, **given)
 
 

@@ -302,6 +302,7 @@ class AppRecord:
             finish_time=to_stamp(self.finished_at) if self.finished_at else None,
             active_gpu_seconds=self.active_gpu_seconds,
             elapsed_seconds=max(0.0, now - self.start),
+            updated_at=to_stamp(now),
             jobs=jobs,
             leases=[lease.to_api() for lease in self.leases],
         )

@@ -6,6 +6,12 @@ finished jobs and expired leases, compute the free GPUs from the cluster view, c
 delete pods whose GPUs went away (preemption with a grace period for checkpointing), create pods where the
 new leases say, write status and post events. Only the elected peer runs rounds: they are driven by kopf
 timers and handlers, which kopf pauses on a lower-priority peer.
+
+An App whose leases a round only renewed (the same GPUs for the same jobs, a later expiry) has no status
+written in the round: the round writes one ledger object first (controller/ledger.py) with every such App,
+and their statuses follow between rounds with the age-only refreshes. A round's writes are then the Apps
+whose leases changed, plus one. A starting operator (or a standby taking over) reads the ledger before its
+first round.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from tessera.cluster import Cluster
 from tessera.controller.apps import AppRecord, template_of
 from tessera.controller.concurrency import drain_limited
 from tessera.controller.context import Context
-from tessera.controller.kube import Kind, KubeError
+from tessera.controller.kube import CONFIGMAPS, Kind, KubeError
+from tessera.controller.ledger import Entry, Ledger, fit
 from tessera.controller.liveness import PassClock
 from tessera.controller.pods import Owner, PodPlan
 from tessera.controller.queues import QueueBook
@@ -80,6 +87,12 @@ class Arbiter:
         self.passes = PassClock(config.clock)  # for the liveness probe
         self.status_writes = 0
         self.heartbeats = 0
+        # The renewal ledger (controller/ledger.py): what this operator read at start (None: not yet) or
+        # last wrote; whether its ConfigMap exists; Apps whose leases run later than their written status.
+        self.ledger: Ledger | None = None
+        self._ledger_exists = False
+        self.lagging: set[tuple[str, str]] = set()
+        self.ledger_writes = 0
         self._last_heartbeat = -math.inf
         # The earliest lease expiry, or None to recompute. Every App's timer asks whether a lease has
         # expired (N timers a tick); leases change only in rounds and when an App is tracked, so the
@@ -112,6 +125,9 @@ class Arbiter:
         if old is not None and old.uid == rec.uid:
             old.spec, old.body = rec.spec, rec.body
             return False
+        # Leases recovered from status run until the ledger says, where a round renewed them since.
+        if self.ledger is not None and self.ledger.apply(rec):
+            self.lagging.add(rec.key)
         self.records[rec.key] = rec
         self.dirty = True
         self._earliest_expiry = None
@@ -124,6 +140,7 @@ class Arbiter:
         async with self.lock:
             self.records.pop(key, None)
             self._written.pop(key, None)
+            self.lagging.discard(key)
             self.dirty = True
             self._earliest_expiry = None
             self.metrics.remove_series(namespace=key[0], app=key[1])
@@ -135,6 +152,7 @@ class Arbiter:
         now = self.config.clock() if now is None else now
         if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
             return None
+        await self.load_ledger()
         async with self.lock:
             # A caller that read the clock before waiting for the lock may find a later round already
             # run: rounds never go back in time (N_avg and GPU-seconds integrate forward).
@@ -142,6 +160,34 @@ class Arbiter:
             if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
                 return None
             return await self.run_round(now)
+
+    async def load_ledger(self) -> None:
+        """Read the renewal ledger once, before the first round and the first App is tracked (lazily: a
+        standby reads it when it takes over, not while another peer acts). A missing ledger is empty; any
+        other failure raises, and the handler that asked retries."""
+        if self.ledger is not None:
+            return
+        ns, name = self.config.ledger_ns, contract.LEDGER_CONFIGMAP
+        try:
+            obj = await self.api.get(CONFIGMAPS, ns, name)
+        except KubeError as err:
+            if err.status != 404:
+                raise
+            self.ledger = Ledger()
+            return
+        self._ledger_exists = True
+        self.ledger = Ledger.from_configmap(obj, contract.LEDGER_KEY)
+        log.info(
+            "arbiter ledger %s/%s read: round %d, %d App(s)",
+            ns,
+            name,
+            self.ledger.round,
+            len(self.ledger.apps),
+        )
+        for key, rec in self.records.items():  # tracked before the read (not through reconcile_app)
+            if self.ledger.apply(rec):
+                self.lagging.add(key)
+        self._earliest_expiry = None
 
     def _lease_expired(self, now: float) -> bool:
         if self._earliest_expiry is None:
@@ -178,8 +224,13 @@ class Arbiter:
         if (active and free) or self.queues.active:
             gained = self._auction(now, cluster, active, free, before, report)
             changed |= gained | self.revoked
+        # Renewed: granted again exactly the (job, GPU) pairs held coming in. Their new expiries go to the
+        # ledger, not to status.
+        renewed = {
+            k for k in gained if k not in self.revoked and self.records[k].lease_pairs() == before.get(k)
+        }
         self._export(now, cluster)
-        await self._write_round(now, changed, gained)
+        await self._write_round(now, changed - renewed, gained, renewed)
         await self.write_queues(now, cluster)
         report.seconds = time.perf_counter() - t0
         self.metrics.histogram("tessera_auction_duration_seconds").observe(report.seconds)
@@ -366,13 +417,20 @@ class Arbiter:
             self.metrics.gauge("tessera_app_gpus").labels(**labels).set(len(rec.held()))
 
     async def _write_round(
-        self, now: float, changed: set[tuple[str, str]], gained: set[tuple[str, str]]
+        self,
+        now: float,
+        changed: set[tuple[str, str]],
+        gained: set[tuple[str, str]],
+        renewed: set[tuple[str, str]],
     ) -> None:
-        """Every App's pods, then the statuses the round changed. Each App's writes are independent of the
-        others': sent together, bounded. Statuses of Apps that gained GPUs go last, so a reader never
-        sees a GPU leased to the winner while the loser's status still lists it (sequential writes in
-        name order did not promise even that). Statuses due only to age are left to `refresh_stale`."""
+        """The ledger (if the round renewed leases), every App's pods, then the statuses the round changed.
+        Each App's writes are independent of the others': sent together, bounded. Statuses of Apps that
+        gained GPUs go last, so a reader never sees a GPU leased to the winner while the loser's status
+        still lists it (sequential writes in name order did not promise even that). Statuses due only to
+        age, and renewed leases' new expiries, are left to `refresh_stale`."""
         keys = sorted(self.records)
+        if renewed:
+            changed = changed | await self._write_ledger(now, renewed)
         await self._each(self.sync(self.records[k]) for k in keys)
         for batch in ([k for k in keys if k not in gained], [k for k in keys if k in gained]):
             await self._each(self._due_writes(batch, now, changed))
@@ -384,9 +442,59 @@ class Arbiter:
         when an API slot is free for it, so the rest cost no request and no task."""
         for k in keys:
             rec = self.records[k]
-            status = self.due_status(rec, now, force=k in changed, heartbeat=False)
+            status = self.due_status(rec, now, force=k in changed, heartbeat=False, lagging=k in self.lagging)
             if status is not None:
                 yield self._patch_status(rec, status, now)
+
+    async def _write_ledger(self, now: float, renewed: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Write the ledger: every App whose leases run later than its written status says (this round's
+        renewals and those of earlier rounds not yet followed), before any pod of the round moves. Returns
+        the renewed Apps whose status must be written in the round instead: past the ledger's size limit,
+        or all of them if the ledger could not be written."""
+        lagging = self.lagging | renewed
+        entries, over = fit((k, Entry.of(self.records[k])) for k in sorted(lagging) if k in self.records)
+        ledger = Ledger(self.rounds + 1, now, entries)
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": contract.LEDGER_CONFIGMAP,
+                "namespace": self.config.ledger_ns,
+                "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE},
+            },
+            "data": {contract.LEDGER_KEY: ledger.to_json()},
+        }
+        ns = self.config.ledger_ns
+        try:
+            if self._ledger_exists:
+                try:
+                    await self.api.patch(CONFIGMAPS, ns, contract.LEDGER_CONFIGMAP, {"data": body["data"]})
+                except KubeError as err:
+                    if err.status != 404:
+                        raise
+                    self._ledger_exists = False
+            if not self._ledger_exists:
+                try:
+                    await self.api.create(CONFIGMAPS, ns, body, exists_ok=False)
+                except KubeError as err:
+                    if err.status != 409:
+                        raise
+                    await self.api.patch(CONFIGMAPS, ns, contract.LEDGER_CONFIGMAP, {"data": body["data"]})
+                self._ledger_exists = True
+        except KubeError as err:
+            log.warning("arbiter ledger not written (%s): renewed leases go to status this round", err)
+            self.metrics.counter("tessera_arbiter_ledger_writes_total").labels(result="failed").inc()
+            return set(renewed)
+        self.ledger_writes += 1
+        self.metrics.counter("tessera_arbiter_ledger_writes_total").labels(result="written").inc()
+        self.metrics.gauge("tessera_arbiter_ledger_apps").set(len(entries))
+        self.ledger = ledger
+        self.lagging = set(entries)
+        if over:
+            log.warning(
+                "arbiter ledger full: %d renewed App(s) get their status written this round", len(over)
+            )
+        return set(over)
 
     def _estimate(self, rec: AppRecord, now: float, cluster: Cluster) -> None:
         """ρ = T_sh / T_id from the bid's empty row (what `Themis.current_rho` evaluates, §2.3 Eq. 1):
@@ -470,10 +578,13 @@ class Arbiter:
         staleness = self.config.status_staleness
         # Half the staleness window to catch up with a backlog, at one call per tick.
         budget = max(1, math.ceil(len(self.records) * self.config.tick / (staleness / 2)))
-        due = sorted((w.at, k) for k, w in self._written.items() if now - w.at >= staleness)
+        # Apps whose renewed leases only the ledger holds first, then the oldest.
+        due = sorted(
+            (k not in self.lagging, w.at, k) for k, w in self._written.items() if now - w.at >= staleness
+        )
         async with self.lock:
             now = max(now, self.last_round)
-            keys = [k for _, k in due[:budget] if k in self.records]
+            keys = [k for _, _, k in due[:budget] if k in self.records]
             before = self.status_writes
             await self._each(self.write_status(self.records[k], now) for k in keys)
             wrote = self.status_writes - before
@@ -485,12 +596,18 @@ class Arbiter:
     ) -> None:
         """Patch the App's status when `status_due` says so, or always with `force` (leases changed).
         Without `heartbeat` a status due only to age is left to `refresh_stale`."""
-        status = self.due_status(rec, now, force=force, heartbeat=heartbeat)
+        status = self.due_status(rec, now, force=force, heartbeat=heartbeat, lagging=rec.key in self.lagging)
         if status is not None:
             await self._patch_status(rec, status, now)
 
     def due_status(
-        self, rec: AppRecord, now: float, *, force: bool = False, heartbeat: bool = True
+        self,
+        rec: AppRecord,
+        now: float,
+        *,
+        force: bool = False,
+        heartbeat: bool = True,
+        lagging: bool = False,
     ) -> dict[str, Any] | None:
         """The App's status (wire form) if it is to be written now (see `write_status`), else None."""
         status = rec.status(now).to_wire()
@@ -505,6 +622,7 @@ class Arbiter:
             now,
             rho_tolerance=self.config.status_rho_tolerance,
             max_staleness_s=self.config.status_staleness if heartbeat else math.inf,
+            lagging=lagging,
         )
         return status if force or due else None
 
@@ -513,6 +631,7 @@ class Arbiter:
             await self.api.patch(APPS, rec.namespace, rec.name, {"status": status}, sub="status")
             self.status_writes += 1
             self._written[rec.key] = written(status, now)
+            self.lagging.discard(rec.key)  # the status holds the leases as they are now
         except KubeError as err:
             if err.status == 404:
                 return  # deleted meanwhile; the delete handler cleans up

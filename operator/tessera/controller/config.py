@@ -52,6 +52,9 @@ class OperatorConfig(BaseModel):
     # (None = one lease period). Leases, phase, GPUs, jobs and conditions are written whenever they change.
     status_rho_tolerance: float = Field(default=0.05, ge=0)
     status_max_staleness_s: float | None = Field(default=None, gt=0)
+    # Namespace of the arbiter's renewal ledger (controller/ledger.py): the operator's own (the chart sets
+    # POD_NAMESPACE); replicas that peer must share it. None: the first namespace served, else default.
+    ledger_namespace: str | None = Field(default=None, min_length=1)
     # API requests a round (or one workload's pod sync) keeps in flight at once (controller/concurrency.py).
     api_concurrency: int = Field(default=16, ge=1)
     # ModelDeployment stats (controller/serving_stats.py): the gateway's counters are read at most this
@@ -81,6 +84,12 @@ class OperatorConfig(BaseModel):
     @property
     def status_staleness(self) -> float:
         return self.status_max_staleness_s if self.status_max_staleness_s is not None else self.lease_s
+
+    @property
+    def ledger_ns(self) -> str:
+        if self.ledger_namespace:
+            return self.ledger_namespace
+        return self.namespaces[0] if not self.clusterwide and self.namespaces else "default"
 
     @property
     def tick(self) -> float:

@@ -134,7 +134,13 @@ class Controller:
             ),
         }
         now = self.config.clock()
-        return {g for kind, index in self.claims.items() for g in unloaded(index, loaded[kind], now)}
+        claims = dict(self.claims)
+        ledger = self.arbiter.ledger if self.arbiter is not None else None
+        if ledger is not None and ledger.apps and contract.KIND_APP in claims:
+            # Leases a round renewed after the App's status was written: held until the ledger says.
+            apps = claims[contract.KIND_APP]
+            claims[contract.KIND_APP] = {k: [ledger.claim(k, c) for c in v] for k, v in apps.items()}
+        return {g for kind, index in claims.items() for g in unloaded(index, loaded[kind], now)}
 
     def queue_outside(self) -> dict[str, float]:
         """GPUs each team queue holds in TrialGroup pools and serving replicas (its Apps get the rest of
@@ -480,6 +486,7 @@ async def reconcile_app(ctl: Controller, raw: dict[str, Any], patch: kopf.Patch)
     now = ctl.config.clock()
     rec = _parse_app(ctl, raw, patch, now)
     _admit(ctl, arbiter, rec, raw, patch)
+    await arbiter.load_ledger()  # before the first App is tracked: its leases may run later than status
     # An admitted App's conditions (Admitted, Ready) and observedGeneration are written by the arbiter
     # with its status, so one writer owns the list.
     async with arbiter.lock:

@@ -100,12 +100,17 @@ class KubeApi:
             if not self._in_flight:
                 self.busy_s += t1 - self._busy_since
 
-    async def create(self, kind: Kind, namespace: str, obj: JsonObj) -> JsonObj:
-        """Create; an object of that name already there counts as done (409), so reconciles repeat safely."""
+    async def get(self, kind: Kind, namespace: str, name: str) -> JsonObj:
+        """One object (the arbiter's ledger, read once at start; everything else comes from watches)."""
+        return await self._call("get", kind, "GET", kind.path(namespace, name))
+
+    async def create(self, kind: Kind, namespace: str, obj: JsonObj, *, exists_ok: bool = True) -> JsonObj:
+        """Create; an object of that name already there counts as done (409), so reconciles repeat safely
+        (without `exists_ok` the 409 is raised)."""
         try:
             return await self._call("create", kind, "POST", kind.path(namespace), body=obj)
         except KubeError as err:
-            if err.status == 409:
+            if err.status == 409 and exists_ok:
                 return obj
             raise
 

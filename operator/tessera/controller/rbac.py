@@ -6,7 +6,9 @@ annotations) and their status subresource, lists and watches CRDs (resource disc
 and patches its peering object; with a namespace list rather than --all-namespaces it also lists and
 watches namespaces to learn which of them exist. The controller's own client (`kube.KubeApi`) creates and
 deletes pods, creates, patches and deletes the gateway's Deployment, Services and ConfigMap, patches App
-and Queue status after arbiter rounds and creates events. Neither ever GETs a single object. With
+and Queue status after arbiter rounds and creates events. It GETs one object only: the arbiter's renewal
+ledger (a ConfigMap of a fixed name, `contract.LEDGER_CONFIGMAP`, which it also creates and patches), read
+once before its first round; the grant names that object alone. With
 `--lanes-api dra` it also creates and deletes the ResourceClaimTemplate of each worker pod (`dra.py`).
 
 Watching every namespace, all of it is one ClusterRole. Watching only the release namespace, what lives
@@ -27,13 +29,17 @@ class PolicyRule:
     api_groups: tuple[str, ...]
     resources: tuple[str, ...]
     verbs: tuple[str, ...]
+    resource_names: tuple[str, ...] = ()  # only these objects (none: every object of the resources)
 
     def to_k8s(self) -> dict[str, list[str]]:
-        return {
+        out = {
             "apiGroups": list(self.api_groups),
             "resources": list(self.resources),
             "verbs": list(self.verbs),
         }
+        if self.resource_names:
+            out["resourceNames"] = list(self.resource_names)
+        return out
 
 
 _CRS = (contract.PLURAL_APP, contract.PLURAL_TRIALGROUP, contract.PLURAL_MODELDEPLOYMENT)
@@ -48,6 +54,9 @@ NAMESPACED_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(("apps",), ("deployments",), ("create", "patch", "delete")),
     PolicyRule(("",), ("events",), ("create",)),
 )
+# The arbiter's renewal ledger in the operator's namespace, read before the first round (controller/ledger.py;
+# created and patched under the ConfigMap rule above).
+LEDGER = PolicyRule(("",), ("configmaps",), ("get",), (contract.LEDGER_CONFIGMAP,))
 # DRA mode: each worker pod's ResourceClaimTemplate, created before the pod and deleted with it.
 DRA_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(("resource.k8s.io",), ("resourceclaimtemplates",), ("create", "delete")),
@@ -77,13 +86,21 @@ class OperatorRbac:
 def operator_rbac(clusterwide: bool, lanes_api: str = "devicePlugin") -> OperatorRbac:
     namespaced = (*NAMESPACED_RULES, *(DRA_RULES if lanes_api == "dra" else ()))
     if clusterwide:
-        return OperatorRbac((*namespaced, *CLUSTER_RULES, CLUSTER_PEERING), ())
-    return OperatorRbac(CLUSTER_RULES, (*namespaced, NAMESPACE_PEERING))
+        return OperatorRbac((*namespaced, *CLUSTER_RULES, CLUSTER_PEERING, LEDGER), ())
+    return OperatorRbac(CLUSTER_RULES, (*namespaced, NAMESPACE_PEERING, LEDGER))
 
 
 # The default install (--all-namespaces): one ClusterRole.
 RULES: tuple[PolicyRule, ...] = operator_rbac(clusterwide=True).cluster
 
 
-def allowed(group: str, resource: str, verb: str, rules: tuple[PolicyRule, ...] = RULES) -> bool:
-    return any(group in r.api_groups and resource in r.resources and verb in r.verbs for r in rules)
+def allowed(
+    group: str, resource: str, verb: str, rules: tuple[PolicyRule, ...] = RULES, name: str | None = None
+) -> bool:
+    return any(
+        group in r.api_groups
+        and resource in r.resources
+        and verb in r.verbs
+        and (not r.resource_names or name in r.resource_names)
+        for r in rules
+    )

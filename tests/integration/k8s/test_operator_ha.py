@@ -1,7 +1,8 @@
 """Restarts and two replicas of the operator on a real API server.
 
 A restarted operator rebuilds its state from what the API server holds (leases in App status, pods), so it
-keeps every lease as it was (node, GPUs, expiry) and creates no second pod. Two replicas peer through the
+keeps every lease as it was (node, GPUs, expiry) and creates no second pod; a lease renewed after its
+status was last written is held until the expiry in the arbiter's renewal ledger. Two replicas peer through the
 chart's ClusterKopfPeering: only the higher-priority one acts; when it dies without a word (SIGKILL: no
 keep-alive, no farewell) the other waits out the dead peer's lifetime, takes over and allocates.
 """
@@ -316,3 +317,102 @@ async def test_two_replicas_only_one_allocates_and_the_standby_takes_over_when_i
             assert took < LIFETIME + 60, took
     finally:
         active.stop()
+
+
+# --- the renewal ledger across a kill -------------------------------------------------------------------
+
+
+def ledger_of(cluster: ControlPlane, ns: str) -> dict[str, Any]:
+    """The arbiter's renewal ledger in `ns` (controller/ledger.py), parsed; {} while there is none."""
+    obj = cluster.get(f"/api/v1/namespaces/{ns}/configmaps/{contract.LEDGER_CONFIGMAP}") or {}
+    text = (obj.get("data") or {}).get(contract.LEDGER_KEY)
+    return dict(json.loads(text)) if text else {}
+
+
+def status_expiries(st: dict[str, Any]) -> list[float]:
+    return sorted(
+        datetime.fromisoformat(le["expiresAt"].replace("Z", "+00:00")).timestamp() for le in st["leases"]
+    )
+
+
+def same_times(a: list[float], b: list[float]) -> bool:
+    """Equal to the microsecond status timestamps keep."""
+    return len(a) == len(b) and all(abs(x - y) < 1e-5 for x, y in zip(a, b, strict=True))
+
+
+def ledger_expiries(ledger: dict[str, Any], ns: str, name: str, uid: str) -> list[float] | None:
+    entry = (ledger.get("apps") or {}).get(f"{ns}/{name}")
+    if not entry or entry[0] != uid:
+        return None
+    return sorted(float(le[3]) for le in entry[1])
+
+
+async def test_a_successor_holds_the_leases_renewed_in_the_ledger_after_a_kill(
+    cluster: ControlPlane, chart_rbac: dict[str, Credentials], nodes: Nodes, namespace: str
+) -> None:
+    # An operator process renews a's lease round after round (8 s leases) while a's status keeps the first
+    # expiry (statuses follow only after an hour here): the new expiries are in the ledger alone. It is
+    # killed (SIGKILL) with its ledger written and a's status behind, b arrives wanting a's GPUs, and a
+    # successor starts with its clock past a's status expiry but before the ledger's. Its first round must
+    # hold a's lease until the ledger's expiry: same GPUs, no pod deleted or created, b waits.
+    nodes.add(f"{namespace}-n1", gpus=2)
+    creds = chart_rbac["operator"]
+    argv = ["env", f"KUBECONFIG={creds.kubeconfig}", str(TESSERA), "--log-level", "INFO", "operator",
+            "--standalone", "--lease-seconds", "8", "--status-max-staleness-seconds", "3600",
+            "--ledger-namespace", namespace, "--metrics-port", "0", "--liveness", ""]  # fmt: skip
+    first = cluster.spawn(f"operator-ledger-{os.getpid()}-{time.monotonic_ns()}", argv)
+    try:
+        await create(cluster, namespace, app("a", {"j1": 2}))
+        before = await wait_for(lambda: settled(cluster, namespace, "a", 2), 120, "a on both GPUs")
+        uid = str(
+            cluster.get(f"/apis/{G}/{V}/namespaces/{namespace}/{contract.PLURAL_APP}/a")["metadata"]["uid"]
+        )
+        pods_before = pods_by_job(cluster, namespace, "a")
+        # A renewal whose expiry only the ledger holds: a's status still says the first one.
+        await wait_for(
+            lambda: (
+                (got := ledger_expiries(ledger_of(cluster, namespace), namespace, "a", uid))
+                and got[0] > status_expiries(app_status(cluster, namespace, "a"))[0]
+            ),
+            120,
+            "a renewal of a's lease in the ledger",
+        )
+        await asyncio.to_thread(kill, first)
+    finally:
+        first.stop()
+    st = app_status(cluster, namespace, "a")
+    assert st["leases"] == before["leases"], "the statuses followed before the kill"
+    renewed = ledger_expiries(ledger_of(cluster, namespace), namespace, "a", uid)
+    assert renewed is not None and renewed[0] > status_expiries(st)[-1]
+    # The successor's clock: past a's status expiry, a second before the ledger's.
+    clock = ManualClock(renewed[0] - 1.0)
+    assert status_expiries(st)[-1] < clock.now
+    await create(cluster, namespace, app("b", {"j1": 2}))
+    async with operator(
+        cluster, creds, namespace, clock=clock, lease_s=8.0, status_max_staleness_s=3600.0,
+        ledger_namespace=namespace,
+    ) as ctl:  # fmt: skip
+        await wait_for(
+            lambda: ctl.arbiter is not None and len(ctl.arbiter.records) == 2 and ctl.arbiter.rounds >= 1,
+            120,
+            "both Apps loaded and a round run",
+        )
+        await wait_for(lambda: app_status(cluster, namespace, "b").get("conditions"), 60, "b's status")
+        ctl.arbiter.dirty = True  # one more full round with everything loaded
+        rounds = ctl.arbiter.rounds
+        await wait_for(lambda: ctl.arbiter is not None and ctl.arbiter.rounds > rounds, 60, "a round")
+        after = await wait_for(
+            lambda: (
+                (s := app_status(cluster, namespace, "a")) and same_times(status_expiries(s), renewed) and s
+            ),
+            60,
+            "a's status with the ledger's expiry",
+        )
+        pods_after = pods_by_job(cluster, namespace, "a")
+        b_pods = app_pods(cluster, namespace, "b")
+        b_status = app_status(cluster, namespace, "b")
+    # Same lease: job, node, GPUs and source, held until the ledger's expiry.
+    drop = [{k: v for k, v in le.items() if k != "expiresAt"} for le in before["leases"]]
+    assert [{k: v for k, v in le.items() if k != "expiresAt"} for le in after["leases"]] == drop
+    assert pods_after == pods_before  # the very same pods: none deleted, none made again
+    assert not b_pods and not b_status.get("leases")

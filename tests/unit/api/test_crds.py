@@ -91,7 +91,7 @@ def test_names_columns_and_subresources() -> None:
         for k, c in by_kind.items()
     }
     assert columns == {
-        "App": ["Phase", "Ready", "GPUs", "Rho", "Age"],
+        "App": ["Phase", "Ready", "GPUs", "Rho", "Updated", "Age"],
         "TrialGroup": ["Phase", "Ready", "Running", "Done", "GPUs", "Age"],
         "ModelDeployment": [
             "Phase",

@@ -16,6 +16,7 @@ from tessera.controller.concurrency import drain_limited, gather_limited
 from tessera.controller.config import OperatorConfig
 from tessera.controller.context import Context
 from tessera.controller.kube import KubeApi
+from tessera.controller.ledger import Ledger
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.view import ClusterView
 
@@ -54,6 +55,7 @@ def test_a_caller_with_a_stale_clock_never_runs_a_round_back_in_time() -> None:
     async def run() -> tuple[float, float]:
         api = KubeApi(kopf.ConnectionInfo(server="http://127.0.0.1:9"))
         arbiter = Arbiter(Context(config, ClusterView(), api, operator_metrics(), lambda *_: None))
+        arbiter.ledger = Ledger()  # read (empty): no API here
         await arbiter.run_round(t0 + 601)
         arbiter.dirty = True
         report = await arbiter.maybe_run(t0)
@@ -81,6 +83,7 @@ def test_a_round_starts_when_the_earliest_lease_expires_as_leases_change() -> No
         api = KubeApi(kopf.ConnectionInfo(server="http://127.0.0.1:9"))
         config = OperatorConfig(lease_s=600.0, clock=lambda: t0)
         arbiter = Arbiter(Context(config, ClusterView(), api, operator_metrics(), lambda *_: None))
+        arbiter.ledger = Ledger()  # read (empty): no API here
         rounds: list[float] = []
 
         async def round_(now: float) -> RoundReport:  # what a round does to leases, without the API
@@ -146,6 +149,7 @@ def test_a_round_writes_the_changed_statuses_together_and_queues_no_unchanged_on
         # ρ alone never makes a status due here (it moves a lot in an App's first second).
         config = OperatorConfig(lease_s=600.0, api_concurrency=4, status_rho_tolerance=1e9, clock=lambda: t0)
         arbiter = Arbiter(Context(config, view, api, operator_metrics(), lambda *_: None))
+        arbiter.ledger = Ledger()  # read (empty): no API here
         for i in range(12):
             raw = body([job("j", 1)])
             raw["metadata"] = {"name": f"a{i:02d}", "namespace": "ml", "uid": f"u-{i}"}
@@ -212,6 +216,7 @@ def test_a_round_runs_with_the_cyclic_gc_off_and_restores_it() -> None:
     async def run() -> None:
         api = KubeApi(kopf.ConnectionInfo(server="http://127.0.0.1:9"))
         arbiter = Arbiter(Context(config, ClusterView(), api, operator_metrics(), lambda *_: None))
+        arbiter.ledger = Ledger()  # read (empty): no API here
 
         async def round_(now: float) -> RoundReport:
             seen.append(gc.isenabled())

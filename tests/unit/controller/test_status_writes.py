@@ -3,6 +3,7 @@ beyond the relative tolerance, everything once the last write is older than the 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -78,7 +79,7 @@ def test_the_volatile_fields_are_the_wire_names_of_the_status() -> None:
     """GPU-seconds grow every round an App holds GPUs: they ride along, never make a write due. The list
     once spelled activeGpuSeconds while the wire says activeGPUSeconds, and every App holding GPUs was
     re-written by every round."""
-    wire = AppStatus(rho=1.0).to_wire()
+    wire = AppStatus(rho=1.0, updated_at=datetime(2024, 1, 1, tzinfo=UTC)).to_wire()
     assert set(VOLATILE) <= set(wire)
     before = st(activeGPUSeconds=100.0)
     assert not due(before, st(activeGPUSeconds=160.0))
@@ -89,3 +90,25 @@ def test_gpu_seconds_survive_a_restart() -> None:
     misspelled activeGpuSeconds and started every App's attained service from 0)."""
     raw = body([job("j", 1)], status=AppStatus(active_gpu_seconds=1234.5).to_wire())
     assert record_from_body(raw, T0).active_gpu_seconds == 1234.5
+
+
+def test_an_app_behind_the_ledger_is_due_for_what_a_renewal_does_not_change() -> None:
+    """A renewed App's new expiries are in the arbiter's ledger: a later expiry of the same lease, and ρ,
+    leave it to the refresher (age); anything else a reader acts on is written at once."""
+
+    def leases(expires: str, gpus: list[int] | None = None) -> list[dict[str, Any]]:
+        return [{"node": "n1", "gpuIndices": gpus or [0], "job": "j1", "expiresAt": expires}]
+
+    def lagging_due(new: dict[str, Any], dt: float = 1.0) -> bool:
+        last = written(st(leases=leases("2023-11-14T22:15:00Z")), T0)
+        return status_due(last, new, T0 + dt, rho_tolerance=0.05, max_staleness_s=600.0, lagging=True)
+
+    renewed = leases("2023-11-14T22:25:00Z")
+    assert not lagging_due(st(leases=renewed))
+    assert not lagging_due(st(rho=4.0, leases=renewed))
+    assert lagging_due(st(leases=renewed), dt=600.0)  # by age, as every status
+    assert lagging_due(st(leases=leases("2023-11-14T22:25:00Z", [1])))  # the lease moved
+    assert lagging_due(st(gpus=2, leases=renewed))
+    assert lagging_due(st(phase="Succeeded", leases=renewed))
+    # Not behind the ledger: a new expiry is a change like any other.
+    assert due(st(leases=leases("2023-11-14T22:15:00Z")), st(leases=renewed))
