@@ -40,11 +40,13 @@ import argparse
 import asyncio
 import contextlib
 import csv
+import http.client
 import json
 import math
 import random
 import secrets
 import shutil
+import signal
 import ssl
 import sys
 import time
@@ -94,6 +96,8 @@ SLOTS = 10  # lanes per GPU (agent.slotsPerGpu): tessera.io/gpu slots and the DR
 GPU_MIB = (
     1000  # every GPU declared with 1000 MiB, as the packing replay does: a trace share of m milli is m MiB
 )
+RESULTS: list[Result] = []  # every replay measured so far (reported even when a later step fails)
+MEMORY: list[Memory] = []
 LOGS: Path | None = None  # --logs: where each replay's scheduler and extender logs are kept
 QUIET_S = 60.0  # a replay ends when every pod is bound, or nothing bound for this long after the last create
 
@@ -427,7 +431,20 @@ async def replay_pods(c: Cluster, ns: str, pods: list[dict[str, Any]], rate: flo
 
 
 def clear(cp: ControlPlane, ns: str) -> None:
-    cp.request("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+    """Delete the replay's pods and wait until they are gone. A collection delete of thousands of pods
+    outlasts the API server's 60 s request timeout: it is repeated until one finishes."""
+    req = urllib.request.Request(
+        f"{cp.server}/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0",
+        method="DELETE",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    ctx = ssl.create_default_context(cafile=str(cp.ca_file))
+    for _ in range(30):
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=120):
+                break
+        except (OSError, http.client.HTTPException) as err:
+            say(f"  deleting the pods of {ns}: {err!r}; again")
     wait_until(lambda: not (cp.get(f"/api/v1/namespaces/{ns}/pods?limit=1") or {}).get("items"), 600,
                f"the pods of {ns} to be gone")  # fmt: skip
 
@@ -482,7 +499,7 @@ def run_config(c: Cluster, config: str, arrivals: list[Arrival], full: bool, rat
         if LOGS is not None:
             keep = LOGS / f"{len(c.nodes)}-{config}"
             keep.mkdir(parents=True, exist_ok=True)
-            for k, p in s.procs.items():
+            for k, p in {**s.procs, "kwok": c.kwok}.items():
                 shutil.copy(p.log, keep / f"{k}.log")
     sli = minus(buckets(after_sched, "scheduler_pod_scheduling_sli_duration_seconds"),
                 buckets(before_sched, "scheduler_pod_scheduling_sli_duration_seconds"))  # fmt: skip
@@ -498,6 +515,7 @@ def run_config(c: Cluster, config: str, arrivals: list[Arrival], full: bool, rat
         config, len(c.nodes), len(replay.created), replay, full, unalloc, sli, attempt, ext, usage, took
     )
     say(f"{config}: {len(replay.bound)}/{len(replay.created)} bound in {took:.0f} s; clearing")
+    RESULTS.append(result)
     clear(c.cp, ns)
     c.cp.request("DELETE", f"/api/v1/namespaces/{ns}")
     return result
@@ -582,9 +600,12 @@ def memory_phase(c: Cluster, n_pods: int) -> Memory:
             time.sleep(15)
         took = time.monotonic() - t0
         rss = {k: rss_mib(p) for k, p in pids.items()}
-    clear(c.cp, ns)
-    c.cp.request("DELETE", f"/api/v1/namespaces/{ns}")
-    return Memory(len(c.nodes), len(replay.created), took, rss)
+    row = Memory(len(c.nodes), len(replay.created), took, rss)
+    MEMORY.append(row)
+    say("memory: " + ", ".join(f"{k} {v:.0f} MiB" for k, v in rss.items()))
+    # Not cleared: the last step at this node count, and the control plane goes with its pods (a delete of
+    # 40,000 pods takes the API server minutes).
+    return row
 
 
 async def _create_only(c: Cluster, ns: str, pods: list[dict[str, Any]]) -> Replay:
@@ -741,24 +762,28 @@ def main() -> None:
     unknown = set(configs) - set(CONFIGS)
     if unknown:
         raise SystemExit(f"unknown configs {sorted(unknown)}; expected some of {', '.join(CONFIGS)}")
-    results: list[Result] = []
-    memory: list[Memory] = []
-    for n in (int(x) for x in args.nodes.split(",")):
-        with cluster(n, not args.no_operator) as c:
-            arrivals, full = workload(c.gpus, args.seed, args.max_pods, args.stretch)
-            say(
-                f"{len(arrivals)} pods per replay ({'to' if full else 'short of'} the cluster's {c.gpus} GPUs)"
-            )
-            if "dra" in configs:
-                publish_slices(c.cp, c.nodes)
-            for config in configs:
-                say(f"{n} nodes: {config}")
-                results.append(run_config(c, config, arrivals, full, args.rate))
-            if args.memory_pods:
-                memory.append(memory_phase(c, args.memory_pods))
-    report(results)
-    if memory:
-        report_memory(memory)
+    # SIGTERM (timeout, kill) unwinds like Ctrl-C, so the control plane and kwok are stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    results = RESULTS
+    memory = MEMORY
+    try:
+        for n in (int(x) for x in args.nodes.split(",")):
+            with cluster(n, not args.no_operator) as c:
+                arrivals, full = workload(c.gpus, args.seed, args.max_pods, args.stretch)
+                say(
+                    f"{len(arrivals)} pods per replay ({'to' if full else 'short of'} the cluster's {c.gpus} GPUs)"
+                )
+                if "dra" in configs:
+                    publish_slices(c.cp, c.nodes)
+                for config in configs:
+                    say(f"{n} nodes: {config}")
+                    run_config(c, config, arrivals, full, args.rate)
+                if args.memory_pods:
+                    memory_phase(c, args.memory_pods)
+    finally:  # what was measured before a failure is still reported
+        report(results)
+        if memory:
+            report_memory(memory)
 
 
 if __name__ == "__main__":
