@@ -64,8 +64,10 @@ def foreign(doc: Any) -> str | None:
     return api
 
 
-def validate_file(path: Path) -> list[str]:
-    """Lines to print for one file; lines starting with 'OK ' are good documents, 'SKIP ' other APIs'."""
+def validate_file(path: Path, queue_errors: dict[tuple[str, str], list[str]] | None = None) -> list[str]:
+    """Lines to print for one file; lines starting with 'OK ' are good documents, 'SKIP ' other APIs'.
+    `queue_errors`: the rules over several Queues broken by a Queue of this file ((file, name) → lines,
+    from `queue_lines`), printed in place of its OK line."""
     try:
         docs = load_yaml_documents(read_text(path), str(path))
     except InputError as exc:
@@ -81,16 +83,25 @@ def validate_file(path: Path) -> list[str]:
             )
             continue
         errors = manifest_errors(doc)
-        if not errors:
+        cross = (queue_errors or {}).get((str(path), _queue_name(doc)), []) if not errors else []
+        lines.extend(cross)
+        if not errors and not cross:
             lines.append(f"OK {path}" + (f" ({_describe(doc)})" if len(docs) > 1 else ""))
         for field_path, message in errors:
             lines.append(f"{path}: {_describe(doc)}: {field_path or '<document>'}: {message}")
     return lines
 
 
-def queue_lines(files: list[Path]) -> list[str]:
+def _queue_name(doc: Any) -> str:
+    if isinstance(doc, dict) and doc.get("kind") == "Queue":
+        return str((doc.get("metadata") or {}).get("name", ""))
+    return ""
+
+
+def queue_lines(files: list[Path]) -> dict[tuple[str, str], list[str]]:
     """The rules over several Queues (children's guarantees within the parent's, no cycle) among the
-    valid Queues of all the files; a parent not given is taken to exist on the cluster."""
+    valid Queues of all the files, by (file, Queue name); a parent not given is taken to exist on the
+    cluster."""
     specs: dict[str, QueueSpec] = {}
     where: dict[str, Path] = {}
     for path in files:
@@ -103,12 +114,13 @@ def queue_lines(files: list[Path]) -> list[str]:
                 name = str(doc["metadata"]["name"])
                 specs[name] = QueueSpec.model_validate(doc["spec"])
                 where[name] = path
-    return [
-        f"{where[name]}: Queue/{name}: {field_path}: {message}"
-        for name, errors in sorted(hierarchy_errors(specs).items())
-        for field_path, message in errors
-        if not message.endswith("does not exist")
-    ]
+    out: dict[tuple[str, str], list[str]] = {}
+    for name, errors in sorted(hierarchy_errors(specs).items()):
+        for field_path, message in errors:
+            if not message.endswith("does not exist"):
+                line = f"{where[name]}: Queue/{name}: {field_path}: {message}"
+                out.setdefault((str(where[name]), name), []).append(line)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,12 +129,11 @@ def run(args: argparse.Namespace) -> int:
     if not files:
         print("no manifests found in " + ", ".join(str(p) for p in args.paths))
         return 1
+    # Checked first, so that no Queue the hierarchy rules refuse is printed OK before its errors.
+    cross = queue_lines(files)
     for path in files:
-        for line in validate_file(path):
+        for line in validate_file(path, cross):
             failed |= not line.startswith(("OK ", "SKIP "))
             print(line)
-    for line in queue_lines(files):
-        failed = True
-        print(line)
     log.debug("validated %d file(s)", len(files))
     return 1 if failed else 0

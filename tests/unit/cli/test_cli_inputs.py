@@ -180,3 +180,29 @@ def test_gateway_config_errors_are_one_line_naming_the_file(tmp_path: Path) -> N
         with pytest.raises(ConfigError) as err:
             GatewayConfig.load(path)
         assert str(err.value).startswith(f"gateway configuration {path}: {why}"), str(err.value)
+
+
+def test_validate_prints_no_ok_line_for_a_queue_the_hierarchy_rules_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A child guaranteed more than its parent may hold: `tessera validate` printed "OK" for both Queues,
+    then the errors about them."""
+    queues = tmp_path / "queues.yaml"
+    queues.write_text(
+        "apiVersion: tessera.io/v1alpha1\nkind: Queue\nmetadata: {name: parent}\n"
+        "spec: {guaranteedGPUs: 4, maxGPUs: 6}\n---\n"
+        "apiVersion: tessera.io/v1alpha1\nkind: Queue\nmetadata: {name: child}\n"
+        "spec: {parent: parent, guaranteedGPUs: 8}\n"
+    )
+    fine = tmp_path / "other.yaml"
+    fine.write_text(
+        "apiVersion: tessera.io/v1alpha1\nkind: Queue\nmetadata: {name: other}\nspec: {guaranteedGPUs: 2}\n"
+    )
+    assert main(["validate", str(queues), str(fine)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert not [line for line in lines if line.startswith(f"OK {queues}")], lines
+    assert any(
+        "Queue/child: spec.guaranteedGPUs: must be <= the parent's maxGPUs 6" in line for line in lines
+    )
+    assert any("Queue/parent: spec.guaranteedGPUs: children child are guaranteed 8" in line for line in lines)
+    assert f"OK {fine}" in lines
