@@ -3,7 +3,7 @@
 
 The division itself lives in tessera.policy.queues; this module only keeps the cluster's Queues and
 Namespaces in step and reports. A namespace whose label names no existing Queue — or whose Queue was
-deleted — belongs to `default`.
+deleted — belongs to `default`. A Queue that breaks a rule over several Queues fails closed (`nodes`).
 """
 
 from __future__ import annotations
@@ -68,24 +68,38 @@ class QueueBook:
 
     def queue_of(self, namespace: str) -> str:
         q = self.labels.get(namespace)
-        return q if q is not None and q in self.specs and q not in self.invalid() else DEFAULT_QUEUE
+        return q if q is not None and q in self.specs else DEFAULT_QUEUE
 
     def invalid(self) -> set[str]:
-        """Queues that break a rule over several Queues: left out of the division until fixed."""
+        """Queues that break a rule over several Queues (Valid=False until fixed)."""
         return set(hierarchy_errors(self.specs))
 
     def nodes(self) -> list[QueueNode]:
+        """The queues as the division sees them. An invalid queue fails closed: it stays in the division with
+        no guarantee (one that breaks the rules cannot be honoured) but with its maximum, and its children
+        stay under it, so the subtree never holds more than that maximum. (Dropping it made its children
+        top-level queues with no cap: children of a 6-maximum parent got 9 GPUs of 16.) Only a parent that
+        does not exist, or a link that closes a cycle, is cut: such a queue is divided as a top-level one."""
         bad = self.invalid()
+        parent = {name: s.parent if s.parent in self.specs else None for name, s in self.specs.items()}
+        for name in sorted(parent):  # cut each cycle at the first of its queues met in name order
+            seen = {name}
+            p = parent[name]
+            while p is not None:
+                if p in seen:
+                    parent[name] = None
+                    break
+                seen.add(p)
+                p = parent[p]
         return [
             QueueNode(
                 name,
-                s.guaranteed_gpus,
+                0.0 if name in bad else s.guaranteed_gpus,
                 math.inf if s.max_gpus is None else s.max_gpus,
                 s.weight,
-                s.parent if s.parent not in bad else None,
+                parent[name],
             )
             for name, s in sorted(self.specs.items())
-            if name not in bad
         ]
 
     def rules(self) -> dict[str, ReclaimRule]:
@@ -118,7 +132,12 @@ class QueueBook:
             "type": "Valid",
             "status": "False" if errors else "True",
             "reason": "InvalidHierarchy" if errors else "Valid",
-            "message": "; ".join(f"{p}: {m}" for p, m in errors) or "the queue takes part in the division",
+            "message": (
+                "; ".join(f"{p}: {m}" for p, m in errors)
+                + " (until fixed: no guarantee, its maximum still caps it and its children)"
+                if errors
+                else "the queue takes part in the division"
+            ),
         }
         return QueueStatus.model_validate(
             {

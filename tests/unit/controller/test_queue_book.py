@@ -1,4 +1,4 @@
-"""The operator's QueueBook: namespace → queue, invalid hierarchies left out, status figures, series removal."""
+"""The operator's QueueBook: namespace → queue, invalid hierarchies held capped, status figures, series removal."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from tessera.api import contract
 from tessera.api.queue import QueueSpec
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.queues import QueueBook
+from tessera.policy.queues.division import divide
 from tessera.policy.training import AppState
 
 from tests.unit.queues.test_queue_policies import app
@@ -31,15 +32,42 @@ def test_namespace_label_picks_the_queue_else_default() -> None:
     assert book.queue_of("ns-a") == "default"
 
 
-def test_queues_breaking_the_hierarchy_leave_the_division() -> None:
+def test_a_queue_breaking_the_hierarchy_stays_capped_without_its_guarantee() -> None:
     book = QueueBook()
     book.set_queue("org", spec(guaranteedGPUs=4))
     book.set_queue("a", spec(guaranteedGPUs=2, parent="org"))
-    book.set_queue("b", spec(parent="missing"))
+    book.set_queue("b", spec(guaranteedGPUs=3, maxGPUs=5, parent="missing"))
+    book.set_namespace("ns-b", {contract.LABEL_QUEUE: "b"})
     assert book.invalid() == {"b"}
-    assert [n.name for n in book.nodes()] == ["a", "org"]
+    nodes = {n.name: n for n in book.nodes()}
+    assert (nodes["b"].guaranteed, nodes["b"].max, nodes["b"].parent) == (0.0, 5, None)
+    assert (nodes["a"].guaranteed, nodes["a"].parent) == (2, "org")
+    assert book.queue_of("ns-b") == "b"  # its objects stay under its cap, not moved to default
     st = book.status("b", [], 0.0, {})
     assert st.conditions[0].status == "False" and "spec.parent" in (st.conditions[0].message or "")
+    assert "its maximum still caps it" in (st.conditions[0].message or "")
+
+
+def test_children_of_an_invalid_parent_stay_within_its_maximum() -> None:
+    """The defect: org (guaranteed 4, max 6) became invalid (its own parent is missing) and was dropped from
+    the division; its children became top-level queues with no cap and took 9 of 16 GPUs."""
+    book = QueueBook()
+    book.set_queue("org", spec(guaranteedGPUs=4, maxGPUs=6, parent="missing"))
+    book.set_queue("a", spec(guaranteedGPUs=2, parent="org"))
+    book.set_queue("b", spec(guaranteedGPUs=2, parent="org"))
+    book.set_queue("other", spec(guaranteedGPUs=4))
+    shares = divide(16, book.nodes(), {"a": 16, "b": 16, "other": 4})
+    assert shares["a"] + shares["b"] <= 6 + 1e-9
+    assert shares["other"] == 4
+
+
+def test_a_cycle_is_cut_and_its_queues_stay_capped() -> None:
+    book = QueueBook()
+    book.set_queue("x", spec(maxGPUs=3, parent="y"))
+    book.set_queue("y", spec(maxGPUs=5, parent="x"))
+    assert book.invalid() == {"x", "y"}
+    shares = divide(16, book.nodes(), {"x": 16, "y": 16})  # no DivisionError: the cycle is cut
+    assert shares["x"] <= 3 + 1e-9 and shares["y"] <= 5 + 1e-9
 
 
 def _in(queue: str, a: AppState) -> AppState:
