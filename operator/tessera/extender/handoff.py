@@ -171,6 +171,9 @@ class Handoffs:
     def promise(self, node: str, uid: str) -> None:
         """Prioritize ranked `node` first for `uid`: other pods are steered elsewhere until its bind ends."""
         self.settle(uid)
+        held = self._promised.get(node)
+        if held is not None:  # an older promise of this node (its pod never bound): forget it whole
+            self._promise_of.pop(held[0], None)
         self._promised[node] = (uid, self.clock())
         self._promise_of[uid] = node
 

@@ -240,3 +240,14 @@ async def test_prioritize_ranks_a_node_another_gpu_pod_holds_last(clock: Clock) 
         )
         env.extender.handoffs.settle("uid-c")
         assert top(await ranks("c")) == first
+
+
+def test_promises_are_forgotten_when_their_node_is_promised_again(clock: Clock) -> None:
+    """Pods prioritized but never bound must not pile up in the promise book (one entry per node at most)."""
+    h = Handoffs(stale_s=60.0, clock=clock)
+    for i in range(100):
+        h.promise("gpu-a", f"uid-{i}")
+        clock.now += 10  # past promise_s: the next pod may take the node
+    assert len(h._promise_of) == 1 and len(h._promised) == 1
+    assert h.busy_nodes("uid-x") == set()  # the last promise is past promise_s too: settled on the way
+    assert not h._promise_of and not h._promised
