@@ -59,6 +59,7 @@ from tessera.controller.handlers import Controller, make_registry
 from tessera.progress import Progress
 
 from tests.bench.bench_operator import _trim_request_log
+from tests.bench.scale_measure import cpu_seconds
 from tests.integration.k8s.conftest import (
     RELEASE_NS,
     Credentials,
@@ -129,15 +130,6 @@ class Throttled(logging.Filter):
             Throttled.count += 1
             return False
         return True
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (/proc/<pid>/stat), 0 where /proc cannot say."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --- the measured round, the same on both backends ----------------------------------------------------

@@ -373,6 +373,23 @@ async def _watch(
             await asyncio.sleep(0.5)
 
 
+async def post_pod(
+    session: aiohttp.ClientSession, ns: str, pod: dict[str, Any], replay: Replay
+) -> str | None:
+    """Create one pod (retried while the API server throttles); its creation time goes in `replay`. None
+    once created, else why not."""
+    for _ in range(20):
+        async with session.post(f"/api/v1/namespaces/{ns}/pods", json=pod) as resp:
+            if resp.status == 201:
+                replay.created[pod["metadata"]["name"]] = time.monotonic()
+                return None
+            text = await resp.text()
+            if resp.status != 429:
+                return f"{resp.status}: {text[:200]}"
+        await asyncio.sleep(0.5)
+    return "throttled (HTTP 429) 20 times"
+
+
 async def replay_pods(c: Cluster, ns: str, pods: list[dict[str, Any]], rate: float) -> Replay:
     """Create `pods` at `rate` per second; record when each is created and bound; return once every pod is
     bound or nothing was bound for QUIET_S after the last create."""
@@ -388,16 +405,9 @@ async def replay_pods(c: Cluster, ns: str, pods: list[dict[str, Any]], rate: flo
 
         async def create(pod: dict[str, Any]) -> None:
             async with sem:
-                for _ in range(20):
-                    async with session.post(f"/api/v1/namespaces/{ns}/pods", json=pod) as resp:
-                        if resp.status == 201:
-                            replay.created[pod["metadata"]["name"]] = time.monotonic()
-                            return
-                        text = await resp.text()
-                        if resp.status != 429:
-                            errors.append(f"{resp.status}: {text[:200]}")
-                            return
-                    await asyncio.sleep(0.5)
+                error = await post_pod(session, ns, pod, replay)
+                if error is not None:
+                    errors.append(error)
 
         t0 = time.monotonic()
         tasks = []
@@ -619,18 +629,11 @@ async def _create_only(c: Cluster, ns: str, pods: list[dict[str, Any]]) -> Repla
 
         async def create(pod: dict[str, Any]) -> None:
             async with sem:
-                for _ in range(20):
-                    async with session.post(f"/api/v1/namespaces/{ns}/pods", json=pod) as resp:
-                        if resp.status == 201:
-                            replay.created[pod["metadata"]["name"]] = time.monotonic()
-                            if len(replay.created) % 2000 == 0:
-                                say(f"  {len(replay.created)}/{len(pods)} created")
-                            return
-                        if resp.status != 429:
-                            raise RuntimeError(
-                                f"creating {pod['metadata']['name']}: {resp.status} {await resp.text()}"
-                            )
-                    await asyncio.sleep(0.5)
+                error = await post_pod(session, ns, pod, replay)
+                if error is not None:
+                    raise RuntimeError(f"creating {pod['metadata']['name']}: {error}")
+                if len(replay.created) % 2000 == 0:
+                    say(f"  {len(replay.created)}/{len(pods)} created")
 
         await asyncio.gather(*(create(p) for p in pods))
     return replay
