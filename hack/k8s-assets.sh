@@ -13,7 +13,10 @@
 # Environment: TESSERA_CACHE_DIR (default ~/.cache/tessera), GOFLAGS/GOPROXY as for any Go build. Builds
 # of other keys are left in the cache (other checkouts may use them): rm -rf ~/.cache/tessera/k8s frees them.
 set -euo pipefail
+who=k8s-assets.sh
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=lib/go-assets.sh
+source "$here/lib/go-assets.sh"
 mod="$here/k8s"
 components=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet)
 
@@ -38,7 +41,7 @@ cgo_of() { if [[ "$1" == kubelet ]]; then echo 1; else echo 0; fi; }
 buildflags=(-trimpath -buildvcs=false -ldflags "$ldflags")
 recipe="${components[*]} kubelet-cgo=$(cgo_of kubelet) ${buildflags[*]}"
 # Keyed by everything that decides the binaries: the module, the mains and the build recipe above.
-key=$( (cat "$mod/go.mod" "$mod/go.sum" "$mod"/*/main.go && echo "$recipe") | sha256sum | cut -c1-16)
+key=$(go_assets_key "$mod/go.mod" "$mod/go.sum" "$mod"/*/main.go -- "$recipe")
 cache="${TESSERA_CACHE_DIR:-$HOME/.cache/tessera}/k8s"
 dest="$cache/$version-$key"
 
@@ -48,20 +51,9 @@ if [[ -f "$dest/.complete" ]]; then
   exit 0
 fi
 
-# Go's own installer puts it in /usr/local/go, which a non-login shell may not have on PATH.
-if ! command -v go >/dev/null 2>&1 && [[ -x /usr/local/go/bin/go ]]; then PATH="/usr/local/go/bin:$PATH"; fi
-if ! command -v go >/dev/null 2>&1; then
-  echo "hack/k8s-assets.sh: Go not found on PATH; install Go $(sed -n 's/^go //p' "$mod/go.mod") or later" >&2
-  exit 1
-fi
-
-start=$SECONDS
-say() { printf '[k8s-assets %4ds] %s\n' "$((SECONDS - start))" "$*" >&2; }
+go_assets_need_go "$mod/go.mod"
+go_assets_begin "$cache"
 say "building Kubernetes $version from Go modules into $dest"
-mkdir -p "$cache"
-work=$(mktemp -d "$cache/.build.XXXXXX")
-chmod 755 "$work"
-trap 'rm -rf "$work"' EXIT
 
 cd "$mod"
 say "downloading modules (go mod download)"
@@ -75,23 +67,11 @@ n=0
 for c in "${components[@]}"; do
   n=$((n + 1))
   cgo=$(cgo_of "$c")
-  say "($n/${#components[@]}) go build $c (CGO_ENABLED=$cgo)"
-  (while sleep 60; do say "  ... still compiling $c"; done) &
-  ticker=$!
-  if ! CGO_ENABLED=$cgo go build "${buildflags[@]}" -o "$work/$c" "./$c"; then
-    kill "$ticker" 2>/dev/null || true
-    say "go build $c failed"
-    exit 1
-  fi
-  kill "$ticker" 2>/dev/null || true
-  wait "$ticker" 2>/dev/null || true
+  say "($n/${#components[@]}) $c"
+  go_assets_build "$c" "./$c" "$cgo" "${buildflags[@]}" || exit 1
   say "($n/${#components[@]}) $c: $("$work/$c" --version 2>&1 | head -n1)"
 done
 
 echo "$version" >"$work/VERSION"
-touch "$work/.complete"
-rm -rf "$dest"
-mv "$work" "$dest"
-trap - EXIT
-say "done in $((SECONDS - start)) s"
+go_assets_finish "$dest"
 echo "$dest"
