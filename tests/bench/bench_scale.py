@@ -1,7 +1,8 @@
 """Scheduling at the scale users run: thousands of kwok nodes on the real control plane, side by side.
 
     .venv/bin/python tests/bench/bench_scale.py [--nodes 1000,5000] [--configs kube-scheduler,tessera,dra]
-        [--rate 100] [--max-pods 6000] [--seed 0] [--stretch 1] [--no-operator]
+        [--rate 100] [--max-pods 6000] [--seed 0] [--stretch 1] [--no-operator] [--controller-qps 0]
+        [--quiet 60]
 
 For each node count it starts a fresh control plane (tests/integration/k8s/controlplane.py: etcd,
 kube-apiserver, kube-controller-manager, all built from Go modules), kwok (built from its Go module by
@@ -23,6 +24,8 @@ pods the trace never deleted run on):
 - dra: kube-scheduler's default profile with DRA's structured allocator: one ResourceSlice per node as the
   agent's DRA driver publishes it (memory, computeShare, clients as consumable capacity), the chart's
   DeviceClass, and each pod a ResourceClaimTemplate asking its lane (the chart's `lanes.api: dra`).
+- tessera-adaptive (only when asked for): tessera, but with kube-scheduler's own adaptive
+  `percentageOfNodesToScore` in place of the chart's 100, to show what scoring every node costs.
 
 Per configuration: pods bound per second while a backlog waited (median of 5 s windows; the rate over the
 whole replay beside it), creation → bound latency p50/p99 as this client saw it (the create call answered →
@@ -91,7 +94,10 @@ from tests.integration.kwok import harness as kwok  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"
-CONFIGS = ("kube-scheduler", "tessera", "dra")
+CONFIGS = ("kube-scheduler", "tessera", "dra", "tessera-adaptive")
+# tessera-adaptive: not in the default set; tessera-scheduler with kube-scheduler's own adaptive
+# percentageOfNodesToScore instead of the chart's 100, to show what scoring every node costs at scale.
+DEFAULT_CONFIGS = CONFIGS[:3]
 SLOTS = 10  # lanes per GPU (agent.slotsPerGpu): tessera.io/gpu slots and the DRA `clients` capacity
 GPU_MIB = (
     1000  # every GPU declared with 1000 MiB, as the packing replay does: a trace share of m milli is m MiB
@@ -146,7 +152,7 @@ def pod_for(config: str, i: int, a: Arrival) -> dict[str, Any]:
         base["metadata"].pop(key, None)
     base.pop("status")
     container = base["spec"]["containers"][0]
-    if config == "tessera":
+    if config.startswith("tessera"):
         del base["spec"]["schedulerName"]  # the chart's MutatingAdmissionPolicy routes it
         return _with_duration(base, a)
     base["spec"]["schedulerName"] = "default-scheduler"
@@ -229,8 +235,15 @@ def start_operator(cp: ControlPlane, creds: Credentials) -> Process:
 
 
 @contextlib.contextmanager
-def cluster(n_nodes: int, with_operator: bool) -> Iterator[Cluster]:
-    with kwok.kwok_control_plane() as cp:
+def cluster(n_nodes: int, with_operator: bool, controller_qps: int = 0) -> Iterator[Cluster]:
+    # kube-controller-manager's client (its resourceclaim controller creates each DRA pod's claim) is
+    # limited to 20 requests/s by default; --controller-qps raises it as an admin running DRA at scale would.
+    kcm = (
+        (f"--kube-api-qps={controller_qps}", f"--kube-api-burst={2 * controller_qps}")
+        if controller_qps
+        else ()
+    )
+    with kwok.kwok_control_plane(controller_manager_args=kcm) as cp:
         t0 = time.monotonic()
         apply_crds(cp)
         creds = apply_chart_rbac(cp)
@@ -310,8 +323,9 @@ def scrape(url: str) -> str:
 @contextlib.contextmanager
 def schedulers(c: Cluster, config: str) -> Iterator[Schedulers]:
     creds = c.creds["scheduler"]
-    if config == "tessera":
-        with run_scheduling(c.cp, creds) as s:
+    if config.startswith("tessera"):
+        score = {"percentageOfNodesToScore": 0} if config == "tessera-adaptive" else None
+        with run_scheduling(c.cp, creds, scheduler_config=score) as s:
             procs = {"kube-scheduler": s.scheduler, "extender": s.extender}
             yield Schedulers(procs, s.scheduler_metrics_url, s.metrics_url)
         return
@@ -467,7 +481,7 @@ def unallocated_share(arrivals: list[Arrival], replay: Replay, gpus: int) -> flo
 
 def run_config(c: Cluster, config: str, arrivals: list[Arrival], full: bool, rate: float) -> Result:
     ns = f"{config}-{secrets.token_hex(2)}"
-    labels = {contract.LABEL_GPU_NODES_NAMESPACE: "true"} if config == "tessera" else {}
+    labels = {contract.LABEL_GPU_NODES_NAMESPACE: "true"} if config.startswith("tessera") else {}
     namespace(c.cp, ns, labels)
     pods = [pod_for(config, i, a) for i, a in enumerate(arrivals)]
     if config == "dra":
@@ -475,7 +489,7 @@ def run_config(c: Cluster, config: str, arrivals: list[Arrival], full: bool, rat
             status, body = c.cp.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates",
                                         claim_template(s))  # fmt: skip
             assert status == 201, body
-    if config == "tessera":
+    if config.startswith("tessera"):
         status, probe = c.cp.request("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", pods[0])
         assert status == 201 and routed_to_tessera(probe), probe
     with schedulers(c, config) as s:
@@ -743,14 +757,27 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def main() -> None:
+    global LOGS, QUIET_S
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--nodes", default="1000,5000", help="node counts, comma-separated")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"any of {', '.join(CONFIGS)}")
+    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help=f"any of {', '.join(CONFIGS)}")
     ap.add_argument("--rate", type=float, default=100.0, help="pods created per second")
     ap.add_argument("--max-pods", type=int, default=6000, help="at most this many pods per replay")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stretch", type=float, default=1.0, help="multiplies the trace's pod durations")
     ap.add_argument("--no-operator", action="store_true", help="do not run the operator beside")
+    ap.add_argument(
+        "--controller-qps",
+        type=int,
+        default=0,
+        help="kube-controller-manager's --kube-api-qps (burst twice it); 0 keeps its default of 20",
+    )
+    ap.add_argument(
+        "--quiet",
+        type=float,
+        default=QUIET_S,
+        help="a replay ends once nothing was bound for this many seconds after the last create",
+    )
     ap.add_argument(
         "--memory-pods",
         type=int,
@@ -759,8 +786,8 @@ def main() -> None:
     )
     ap.add_argument("--logs", type=Path, help="keep each replay's kube-scheduler and extender logs here")
     args = ap.parse_args()
-    global LOGS
     LOGS = args.logs
+    QUIET_S = args.quiet
     configs = [c for c in args.configs.split(",") if c]
     unknown = set(configs) - set(CONFIGS)
     if unknown:
@@ -771,7 +798,7 @@ def main() -> None:
     memory = MEMORY
     try:
         for n in (int(x) for x in args.nodes.split(",")):
-            with cluster(n, not args.no_operator) as c:
+            with cluster(n, not args.no_operator, args.controller_qps) as c:
                 arrivals, full = workload(c.gpus, args.seed, args.max_pods, args.stretch)
                 say(
                     f"{len(arrivals)} pods per replay ({'to' if full else 'short of'} the cluster's {c.gpus} GPUs)"

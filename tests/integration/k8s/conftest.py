@@ -339,9 +339,12 @@ def _extender_healthy(url: str) -> bool:
         return bool(resp.status == 200)
 
 
-def _scheduler_config(cluster: ControlPlane, extender_url: str, kubeconfig: Path) -> Path:
+def _scheduler_config(
+    cluster: ControlPlane, extender_url: str, kubeconfig: Path, overrides: dict[str, Any] | None = None
+) -> Path:
     config = yaml.safe_load((ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml").read_text())
     config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    config.update(overrides or {})
     for ext in config["extenders"]:
         ext["urlPrefix"] = extender_url
     path = cluster.workdir / f"scheduler-{secrets.token_hex(3)}.yaml"
@@ -351,9 +354,13 @@ def _scheduler_config(cluster: ControlPlane, extender_url: str, kubeconfig: Path
 
 @contextlib.contextmanager
 def run_scheduling(
-    cluster: ControlPlane, creds: Credentials, extender_args: tuple[str, ...] = ()
+    cluster: ControlPlane,
+    creds: Credentials,
+    extender_args: tuple[str, ...] = (),
+    scheduler_config: dict[str, Any] | None = None,
 ) -> Iterator[Scheduling]:
-    """`tessera extender` (with `extender_args`) and tessera-scheduler, as the chart's `scheduler` account."""
+    """`tessera extender` (with `extender_args`) and tessera-scheduler, as the chart's `scheduler` account;
+    `scheduler_config` replaces top-level fields of its KubeSchedulerConfiguration."""
     port, metrics_port, sched_port = free_port(), free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     ext = cluster.spawn(
@@ -365,7 +372,7 @@ def run_scheduling(
     sched = cluster.spawn(
         f"kube-scheduler-{port}",
         [str(cluster.assets / "kube-scheduler"),
-         f"--config={_scheduler_config(cluster, url, creds.kubeconfig)}",
+         f"--config={_scheduler_config(cluster, url, creds.kubeconfig, scheduler_config)}",
          "--bind-address=127.0.0.1", f"--secure-port={sched_port}", "-v=2",
          "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"],
     )  # fmt: skip

@@ -162,6 +162,7 @@ class ControlPlane:
     bind_address: str = "127.0.0.1"
     controllers: str = API_ONLY_CONTROLLERS
     apiserver_args: tuple[str, ...] = ()  # appended to kube-apiserver's flags
+    controller_manager_args: tuple[str, ...] = ()  # appended to kube-controller-manager's flags
 
     @property
     def server(self) -> str:
@@ -299,7 +300,8 @@ class ControlPlane:
             [str(self.assets / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
              "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
              f"--controllers={self.controllers}", f"--root-ca-file={self.ca_file}",
-             f"--service-account-private-key-file={key}", "--concurrent-gc-syncs=5"],
+             f"--service-account-private-key-file={key}", "--concurrent-gc-syncs=5",
+             *self.controller_manager_args],
         )  # fmt: skip
 
     def write_kubeconfig(
@@ -373,6 +375,7 @@ def control_plane(
     bind_address: str = "127.0.0.1",
     controllers: str = API_ONLY_CONTROLLERS,
     apiserver_args: tuple[str, ...] = (),
+    controller_manager_args: tuple[str, ...] = (),
 ) -> Iterator[ControlPlane]:
     assets, etcd = find_assets()
     workdir = Path(tempfile.mkdtemp(prefix="tessera-k8s-"))
@@ -383,6 +386,7 @@ def control_plane(
         bind_address=bind_address,
         controllers=controllers,
         apiserver_args=apiserver_args,
+        controller_manager_args=controller_manager_args,
     )
     try:
         plane.start()

@@ -72,9 +72,11 @@ KWOK_APISERVER_ARGS = ("--feature-gates=WatchList=false",)
 
 
 @contextlib.contextmanager
-def kwok_control_plane() -> Iterator[ControlPlane]:
+def kwok_control_plane(controller_manager_args: tuple[str, ...] = ()) -> Iterator[ControlPlane]:
     """The real-cluster tests' control plane (controlplane.control_plane) as kwok needs it: see above."""
-    with control_plane(apiserver_args=KWOK_APISERVER_ARGS) as plane:
+    with control_plane(
+        apiserver_args=KWOK_APISERVER_ARGS, controller_manager_args=controller_manager_args
+    ) as plane:
         yield plane
 
 
