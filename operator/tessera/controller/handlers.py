@@ -113,6 +113,7 @@ class Controller:
         self.trialgroups.gave_back = self.deployments.gave_back = self.gave_back
         self.trialgroups.queue_room = self.queue_room
         self.deployments.queue_room = self.queue_room
+        self.trialgroups.queue_condition = self.deployments.queue_condition = self.queues.membership
         self.trialgroups.waiting_changed = self.deployments.waiting_changed = self.redivide
 
     def app_gpus(self) -> set[str]:
