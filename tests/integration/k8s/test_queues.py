@@ -21,6 +21,7 @@ from .conftest import (
     Nodes,
     Scheduling,
     delete_namespace,
+    running_operator,
     wait_for,
 )
 from .controlplane import ControlPlane
@@ -365,6 +366,25 @@ async def more_rounds(ctl: Any, n: int = 3) -> None:
     await wait_for(lambda: arbiter.rounds >= rounds + n, 60, f"{n} more rounds")
 
 
+async def steady_through_a_start(ctl: Any, cluster: ControlPlane, ns: str, status: str) -> None:
+    """From an operator's start through three rounds, the App's QueueResolved condition reads `status`
+    every time it is looked at (a first round that ran before the namespace labels and Queues were loaded
+    dropped it, or turned it False)."""
+    seen: list[dict[str, Any]] = []
+
+    async def watch() -> None:
+        while True:
+            seen.append(queue_resolved(cluster, ns, "train"))
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await more_rounds(ctl)
+    finally:
+        watcher.cancel()
+    assert seen and all(c.get("status") == status for c in seen), seen
+
+
 def queue_resolved(cluster: ControlPlane, ns: str, app: str) -> dict[str, Any]:
     """The App's QueueResolved condition ({} while it has none)."""
     conds = app_status(cluster, ns, app).get("conditions") or []
@@ -376,8 +396,8 @@ async def test_an_app_in_a_namespace_naming_a_missing_queue_says_so_until_the_qu
 ) -> None:
     """The defect: a namespace labelled with a queue that does not exist went to `default` with no event or
     condition. The App says so (QueueResolved=False, QueueNotFound, one Warning event, not repeated by
-    later rounds), and creating the Queue turns the condition True without a restart. No scheduler:
-    status and events only."""
+    later rounds nor by a restarted operator), and creating the Queue turns the condition True without a
+    restart. No scheduler: status and events only."""
     nodes.add(f"{namespace}-n1", gpus=2)
     queue = f"ghost-{secrets.token_hex(3)}"
     await call(
@@ -395,7 +415,7 @@ async def test_an_app_in_a_namespace_naming_a_missing_queue_says_so_until_the_qu
         ]
 
     try:
-        async with operator(cluster, chart_rbac["operator"], namespace) as ctl:
+        async with running_operator(cluster, chart_rbac["operator"]) as ctl:
             missing = await wait_for(
                 lambda: (c := queue_resolved(cluster, namespace, "train")).get("status") == "False" and c,
                 90,
@@ -412,6 +432,11 @@ async def test_an_app_in_a_namespace_naming_a_missing_queue_says_so_until_the_qu
             assert "QueueNotFound" in described and "QueueResolved" in described, described
             assert ctl.queues.queue_of(namespace) == "default"
             await more_rounds(ctl)
+            assert len(warned()) == 1, warned()
+        # A restarted operator (or a standby taking over) finds the condition written: no second event,
+        # and the condition stays as it is while the new operator loads the namespaces and Queues.
+        async with running_operator(cluster, chart_rbac["operator"]) as ctl:
+            await steady_through_a_start(ctl, cluster, namespace, "False")
             assert len(warned()) == 1, warned()
             # The Queue created: the condition turns True, without a restart.
             await call(
@@ -450,5 +475,9 @@ async def test_an_app_in_a_namespace_naming_a_missing_queue_says_so_until_the_qu
                 60,
                 "the QueueResolved event on the App",
             )
+        # Restarted with the Queue there: no Warning for a namespace whose Queue exists.
+        async with operator(cluster, chart_rbac["operator"], namespace) as ctl:
+            await steady_through_a_start(ctl, cluster, namespace, "True")
+            assert len(warned()) == 1, warned()
     finally:
         cluster.request("DELETE", f"{QUEUES}/{queue}")

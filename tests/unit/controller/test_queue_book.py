@@ -3,13 +3,17 @@ hierarchies held capped, status figures, series removal."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
+import kopf
 from tessera.api import contract
 from tessera.api.base import Condition
 from tessera.api.queue import QueueSpec
 from tessera.controller.apps import record_from_body
+from tessera.controller.config import OperatorConfig
+from tessera.controller.handlers import make_registry
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.queues import QUEUE_RESOLVED, QueueBook, membership_news
 from tessera.controller.readiness import app_conditions
@@ -116,6 +120,33 @@ def test_an_apps_conditions_carry_queueresolved_between_admitted_and_ready() -> 
     again = app_conditions(rec, [], previous=old, queue=book.membership("ns"))["conditions"]
     assert again[1]["lastTransitionTime"] == "2026-01-01T00:00:00Z"  # unchanged: nothing new to write
     assert [c["type"] for c in app_conditions(rec, [], previous=[])["conditions"]] == ["Admitted", "Ready"]
+
+
+def test_the_book_is_kept_by_indexers_so_no_handler_runs_before_it_is_loaded() -> None:
+    """kopf runs no handler until every index holds its first listing. Kept by event handlers alone, the
+    book could still lack the Queues or the namespace labels when an operator's first round ran: on a real
+    API server a restarted operator dropped the QueueResolved condition of a labelled namespace's App."""
+    registry, ctl = make_registry(OperatorConfig())
+    indexers = {str(h.id): h for h in registry._indexing.get_all_handlers()}
+    assert {"queue_book", "namespace_book"} <= set(indexers)
+    queue = {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_QUEUE,
+        "metadata": {"name": "team-a", "uid": "u-q"},
+        "spec": {"guaranteedGPUs": 2},
+    }
+    ns = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "ns", "labels": {contract.LABEL_QUEUE: "team-a"}},
+    }
+    asyncio.run(indexers["queue_book"].fn(body=kopf.Body(queue), name="team-a"))
+    asyncio.run(indexers["namespace_book"].fn(body=kopf.Body(ns), name="ns"))
+    assert ctl.queues.queue_of("ns") == "team-a" and ctl.queues.uids["team-a"] == "u-q"
+    alone, _ = make_registry(OperatorConfig(watch_namespaces=False))  # no Namespace watch: no index of them
+    assert {str(h.id) for h in alone._indexing.get_all_handlers()} & {"queue_book", "namespace_book"} == {
+        "queue_book"
+    }
 
 
 def test_a_queue_breaking_the_hierarchy_stays_capped_without_its_guarantee() -> None:
