@@ -205,7 +205,11 @@ class AppStatus(WireModel):
         default_factory=list,
         description=(
             "Admitted (admission control let the App bid), Valid (False for a refused spec, naming every bad "
-            "field) and Ready: True when the App is admitted, holds leases and every pod its leases call for is "
+            "field), "
+            "QueueResolved (only in a namespace with the tessera.io/queue label: True, QueueFound, when the label "
+            "names a Queue that exists; False, QueueNotFound, when it names none, and the object is in the "
+            "default queue until that Queue is created or the label is changed), "
+            "and Ready: True when the App is admitted, holds leases and every pod its leases call for is "
             "created (reason Running), or once all its jobs completed (Succeeded); False while its spec is "
             "refused (InvalidSpec), it is not admitted (NotAdmitted), it bids without a lease (WaitingForGPUs) or"
             " pods its leases call for could not be created (PodsNotCreated; the GangFailed event says why)."

@@ -537,8 +537,11 @@ class ModelDeploymentStatus(WireModel):
         description=(
             "Scaled (whether the replicas wanted for the load are placed), GatewayStats (True: the gateway's "
             "counters were read and the stats fields cover the last window; False: Baseline, a first read, or "
-            "Unreachable, with why), Valid (False for a refused spec) and "
-            "Ready: True when every replica wanted (Symphony's load-proportional count) is placed on GPUs with "
+            "Unreachable, with why), Valid (False for a refused spec), "
+            "QueueResolved (only in a namespace with the tessera.io/queue label: True, QueueFound, when the label "
+            "names a Queue that exists; False, QueueNotFound, when it names none, and the object is in the "
+            "default queue until that Queue is created or the label is changed), "
+            "and Ready: True when every replica wanted (Symphony's load-proportional count) is placed on GPUs with "
             "its worker pod created, and the gateway's ConfigMap, Deployment and Services are applied (reason "
             "Serving); False while its spec is refused (InvalidSpec), wanted replicas wait for free GPUs "
             "(WaitingForGPUs) or worker pods could not be created (PodsNotCreated)."

@@ -194,7 +194,11 @@ class TrialGroupStatus(WireModel):
         default_factory=list,
         description=(
             "Valid (False for a refused spec), GPUsAvailable (False while the group waits for its GPU pool), "
-            "Planned (False when Fluid could not plan) and Ready: True when the group holds its GPU pool, Fluid "
+            "Planned (False when Fluid could not plan), "
+            "QueueResolved (only in a namespace with the tessera.io/queue label: True, QueueFound, when the label "
+            "names a Queue that exists; False, QueueNotFound, when it names none, and the object is in the "
+            "default queue until that Queue is created or the label is changed), "
+            "and Ready: True when the group holds its GPU pool, Fluid "
             "planned its trials and the pods of every planned (not queued) trial are created (reason Running), or"
             " once every trial ended (Succeeded); False while its spec is refused (InvalidSpec), it waits for its"
             " pool (WaitingForGPUs), it has no plan (NotPlanned) or pods of planned trials could not be created "

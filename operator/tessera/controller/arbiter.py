@@ -32,12 +32,13 @@ from tessera.api import contract
 from tessera.cluster import Cluster
 from tessera.controller.apps import AppRecord, template_of
 from tessera.controller.concurrency import drain_limited
+from tessera.controller.conditions import find
 from tessera.controller.context import Context
 from tessera.controller.kube import CONFIGMAPS, Kind, KubeError
 from tessera.controller.ledger import Entry, Ledger, fit
 from tessera.controller.liveness import PassClock
 from tessera.controller.pods import Owner, PodPlan
-from tessera.controller.queues import QueueBook
+from tessera.controller.queues import QUEUE_RESOLVED, QueueBook, membership_news
 from tessera.controller.readiness import app_conditions, missing_pods
 from tessera.controller.status_writes import Written, status_due, written
 from tessera.controller.sync import RecentCreates
@@ -615,7 +616,8 @@ class Arbiter:
         pods = self.view.pods_with(contract.LABEL_APP, rec.name, rec.namespace)
         missing = missing_pods([] if rec.done else rec.pod_plans(), pods, self.recent, rec.namespace)
         last = self._written.get(rec.key)
-        status.update(app_conditions(rec, missing, last.fields.get("conditions") if last else None))
+        queue = self.queues.membership(rec.namespace)
+        status.update(app_conditions(rec, missing, last.fields.get("conditions") if last else None, queue))
         due = status_due(
             last,
             status,
@@ -627,6 +629,8 @@ class Arbiter:
         return status if force or due else None
 
     async def _patch_status(self, rec: AppRecord, status: dict[str, Any], now: float) -> None:
+        last = self._written.get(rec.key)
+        before = last.fields.get("conditions") if last else (rec.body.get("status") or {}).get("conditions")
         try:
             await self.api.patch(APPS, rec.namespace, rec.name, {"status": status}, sub="status")
             self.status_writes += 1
@@ -636,6 +640,12 @@ class Arbiter:
             if err.status == 404:
                 return  # deleted meanwhile; the delete handler cleans up
             log.warning("status of App %s/%s not written: %s", rec.namespace, rec.name, err)
+            return
+        # A change of QueueResolved is news once, when written (not held for the round's folded events:
+        # its reason stays its own).
+        news = membership_news(find(status.get("conditions"), QUEUE_RESOLVED), before)
+        if news is not None:
+            self._post(rec, *news)
 
     def _count_lease(self, rec: AppRecord, change: str, n: int) -> None:
         self.metrics.counter("tessera_lease_changes_total").labels(

@@ -1,7 +1,8 @@
 """Status conditions (metav1.Condition shape), the `Ready` condition, and the "invalid object" report.
 
 Each kind keeps its own conditions (App: Admitted; TrialGroup: GPUsAvailable, Planned; ModelDeployment:
-Scaled; any kind: Valid=False for a refused spec) and carries `Ready` after them, whose meaning per kind is
+Scaled; any kind: Valid=False for a refused spec, and QueueResolved in a namespace with the queue label,
+controller/queues.py) and carries `Ready` after them, whose meaning per kind is
 documented on the status models (tessera.api). Whoever writes a kind's conditions writes its whole list
 (a merge patch replaces lists); `carry` keeps a condition's lastTransitionTime while its status stays the
 same, as meta.SetStatusCondition does, so a rewrite with the same status is a no-op for readers.

@@ -113,6 +113,7 @@ class Controller:
         self.trialgroups.gave_back = self.deployments.gave_back = self.gave_back
         self.trialgroups.queue_room = self.queue_room
         self.deployments.queue_room = self.queue_room
+        self.trialgroups.queue_condition = self.deployments.queue_condition = self.queues.membership
         self.trialgroups.waiting_changed = self.deployments.waiting_changed = self.redivide
 
     def app_gpus(self) -> set[str]:
@@ -447,36 +448,47 @@ def _app_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
 def _queue_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
     """Queues and the namespace label `tessera.io/queue`: kept in the controller's QueueBook, which the
     arbiter's next round divides by. Watch events only: a Queue needs no finalizer, since deleting one just
-    moves its namespaces' objects to `default` at the next round."""
+    moves its namespaces' objects to `default` at the next round.
+
+    The book is kept by index handlers: kopf runs no handler of any kind until every index holds its first
+    listing, so the first round after a start (or a takeover) already knows every Queue and namespace
+    label. Kept by event handlers alone, a round could run before they had all run: it divided without the
+    queues, and wrote the objects of labelled namespaces without their QueueResolved condition (False
+    again, with a second Warning event, once the labels came in). The event handlers take deletions, which
+    kopf's indices only discard, and start a round."""
 
     def dirty() -> None:
         if ctl.arbiter is not None:
             ctl.arbiter.dirty = True
 
+    @kopf.index(G, V, contract.PLURAL_QUEUE, id="queue_book", registry=registry)
+    async def queue_book(body: kopf.Body, name: str, **_: Any) -> None:
+        try:
+            spec = parse_queue(dict(body)).spec
+        except ManifestError as err:  # the CRD's schema normally refuses these first
+            log.warning("Queue %s ignored: %s", name, err)
+            return
+        ctl.queues.set_queue(name, spec, body.metadata.uid or "")
+
     @kopf.on.event(G, V, contract.PLURAL_QUEUE, id="queue_event", registry=registry)
-    async def queue_event(body: kopf.Body, type: str | None, name: str, **_: Any) -> None:
+    async def queue_event(type: str | None, name: str, **_: Any) -> None:
         if type == "DELETED":
             moved = ctl.queues.remove_queue(name, ctl.metrics)
             if moved:
                 log.info("Queue %s deleted: namespaces %s now belong to default", name, ", ".join(moved))
-        else:
-            try:
-                spec = parse_queue(dict(body)).spec
-            except ManifestError as err:  # the CRD's schema normally refuses these first
-                log.warning("Queue %s ignored: %s", name, err)
-                return
-            ctl.queues.set_queue(name, spec, body.metadata.uid or "")
         dirty()
 
     if not ctl.config.watch_namespaces:
         return
 
+    @kopf.index("", "v1", "namespaces", id="namespace_book", registry=registry)
+    async def namespace_book(body: kopf.Body, name: str, **_: Any) -> None:
+        ctl.queues.set_namespace(name, dict(body.metadata.labels or {}))
+
     @kopf.on.event("", "v1", "namespaces", id="namespace_event", registry=registry)
-    async def namespace_event(body: kopf.Body, type: str | None, name: str, **_: Any) -> None:
+    async def namespace_event(type: str | None, name: str, **_: Any) -> None:
         if type == "DELETED":
             ctl.queues.remove_namespace(name)
-        else:
-            ctl.queues.set_namespace(name, dict(body.metadata.labels or {}))
         dirty()
 
 

@@ -3,20 +3,26 @@
 
 The division itself lives in tessera.policy.queues; this module only keeps the cluster's Queues and
 Namespaces in step and reports. A namespace whose label names no existing Queue — or whose Queue was
-deleted — belongs to `default`. A Queue that breaks a rule over several Queues fails closed (`nodes`).
+deleted — belongs to `default`; its App, TrialGroup and ModelDeployment objects say so in their
+QueueResolved condition (`membership`) and get a Warning event when it turns False (`membership_news`).
+A Queue that breaks a rule over several Queues fails closed (`nodes`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tessera.api import contract
 from tessera.api.queue import DEFAULT_QUEUE, QueueSpec, QueueStatus, hierarchy_errors
+from tessera.controller.conditions import Cond, condition, find
 from tessera.metrics import ComponentMetrics
 from tessera.policy.queues import QueueNode, ReclaimRule
 from tessera.policy.training import AppState
+
+QUEUE_RESOLVED = "QueueResolved"  # the condition type on the objects of a namespace with the queue label
 
 _GAUGES = (
     "guaranteed_gpus",
@@ -69,6 +75,28 @@ class QueueBook:
     def queue_of(self, namespace: str) -> str:
         q = self.labels.get(namespace)
         return q if q is not None and q in self.specs else DEFAULT_QUEUE
+
+    def membership(self, namespace: str, generation: int | None = None) -> Cond | None:
+        """The QueueResolved condition of an object of `namespace`: True (QueueFound) when the namespace's
+        label names a Queue that exists (or `default`), False (QueueNotFound) when it names one that does
+        not, so its objects are in `default`; None when the namespace has no label (it asks for no queue).
+        The messages depend on the namespace and its label only, so they do not change between passes."""
+        label = self.labels.get(namespace)
+        if label is None:
+            return None
+        said = f"namespace {namespace} is labelled {contract.LABEL_QUEUE}={label}"
+        if label in self.specs or label == DEFAULT_QUEUE:
+            return condition(
+                QUEUE_RESOLVED, True, "QueueFound", f"{said}: in queue {label}", generation=generation
+            )
+        return condition(
+            QUEUE_RESOLVED,
+            False,
+            "QueueNotFound",
+            f"{said}, but no Queue {label} exists: in queue {DEFAULT_QUEUE} until that Queue is created or "
+            "the label is changed",
+            generation=generation,
+        )
 
     def invalid(self) -> set[str]:
         """Queues that break a rule over several Queues (Valid=False until fixed)."""
@@ -166,6 +194,26 @@ class QueueBook:
         }
         for g in _GAUGES:
             metrics.gauge(f"tessera_queue_{g}").labels(queue=name).set(values[g])
+
+
+def membership_news(
+    new: Mapping[str, Any] | None, previous: Sequence[Mapping[str, Any]] | None
+) -> tuple[str, str, str] | None:
+    """The event (type, reason, message) an object's QueueResolved condition calls for when it goes from
+    what `previous` holds to `new`: a Warning (QueueNotFound) when it turns False or names another missing
+    queue, a Normal one (QueueResolved) when a False one turns True or goes with the label; else None, so
+    passes that find nothing new post nothing."""
+    old = find(previous, QUEUE_RESOLVED)
+    was_missing = old is not None and old.get("status") == "False"
+    if new is not None and new.get("status") == "False":
+        if was_missing and old is not None and old.get("message") == new.get("message"):
+            return None
+        return "Warning", "QueueNotFound", str(new.get("message", ""))
+    if not was_missing:
+        return None
+    if new is None:
+        return "Normal", "QueueResolved", f"the namespace no longer names a queue: in queue {DEFAULT_QUEUE}"
+    return "Normal", "QueueResolved", str(new.get("message", ""))
 
 
 def owner_id(kind: str, namespace: str, name: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from tessera.api import contract
 from tessera.controller.apps import AppRecord
-from tessera.controller.conditions import Readiness, condition, generation_of, with_ready
+from tessera.controller.conditions import Cond, Readiness, condition, generation_of, with_ready
 from tessera.controller.pods import PodPlan
 from tessera.controller.serving import ServingRecord
 from tessera.controller.sync import RecentCreates
@@ -63,15 +63,21 @@ def app_readiness(rec: AppRecord, missing: Sequence[PodPlan]) -> Readiness:
 
 
 def app_conditions(
-    rec: AppRecord, missing: Sequence[PodPlan], previous: Sequence[Mapping[str, Any]] | None
+    rec: AppRecord,
+    missing: Sequence[PodPlan],
+    previous: Sequence[Mapping[str, Any]] | None,
+    queue: Cond | None = None,
 ) -> dict[str, Any]:
-    """observedGeneration and conditions (Admitted, Ready) of an App the arbiter holds. `previous` is what
-    this operator last wrote; without it (first write, or after a restart) what the object holds."""
+    """observedGeneration and conditions (Admitted, QueueResolved when `queue` is given, Ready) of an App
+    the arbiter holds. `previous` is what this operator last wrote; without it (first write, or after a
+    restart) what the object holds."""
     if previous is None:
         previous = (rec.body.get("status") or {}).get("conditions") or []
     gen = generation_of(rec.body)
-    admitted = condition("Admitted", True, "Admitted", ADMITTED_MESSAGE, generation=gen)
-    out: dict[str, Any] = {"conditions": with_ready([admitted], app_readiness(rec, missing), gen, previous)}
+    own = [condition("Admitted", True, "Admitted", ADMITTED_MESSAGE, generation=gen)]
+    if queue is not None:
+        own.append(queue if gen is None else {**queue, "observedGeneration": gen})
+    out: dict[str, Any] = {"conditions": with_ready(own, app_readiness(rec, missing), gen, previous)}
     if gen is not None:
         out["observedGeneration"] = gen
     return out

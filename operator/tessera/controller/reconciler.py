@@ -15,10 +15,19 @@ from typing import Any, Generic, Protocol, TypeVar
 import kopf
 
 from tessera.api.resources import ManifestError
-from tessera.controller.conditions import Readiness, carry, find, generation_of, invalid_status, with_ready
+from tessera.controller.conditions import (
+    Cond,
+    Readiness,
+    carry,
+    find,
+    generation_of,
+    invalid_status,
+    with_ready,
+)
 from tessera.controller.context import Context
 from tessera.controller.liveness import PassClock
 from tessera.controller.pods import Owner, PodPlan, template_errors
+from tessera.controller.queues import QUEUE_RESOLVED, membership_news
 from tessera.controller.readiness import missing_pods
 from tessera.controller.sync import RecentCreates, SyncResult
 
@@ -51,6 +60,10 @@ class KindReconciler(abc.ABC, Generic[R]):
         # Why this pass refused the object (Ready is written with that report); None: not refused.
         self._refused: str | None = None
         self._ready: dict[str, dict[str, Any]] = {}  # uid → the Ready condition last written
+        # The QueueResolved condition of an object of a namespace (None: the namespace names no queue);
+        # set by the Controller from its QueueBook. uid → the one last written (None: none was).
+        self.queue_condition: Callable[[str, int | None], Cond | None] = lambda namespace, gen: None
+        self._queue: dict[str, Cond | None] = {}
         # uid → (message, generation) last reported invalid: the create handler and the timer may both
         # pass over the object before either sees the other's patch.
         self._reported: dict[str, tuple[str, int | None]] = {}
@@ -75,8 +88,10 @@ class KindReconciler(abc.ABC, Generic[R]):
         """Forget the deleted object and remove what it owns."""
 
     def discard(self, uid: str) -> None:
-        """Forget what was reported about a deleted object (its Ready condition, an invalid spec)."""
+        """Forget what was reported about a deleted object (its Ready and QueueResolved conditions, an
+        invalid spec)."""
         self._ready.pop(uid, None)
+        self._queue.pop(uid, None)
         self._reported.pop(uid, None)
 
     @abc.abstractmethod
@@ -88,8 +103,9 @@ class KindReconciler(abc.ABC, Generic[R]):
         return missing_pods(plans, existing, self.recent, rec.namespace)
 
     def _report_ready(self, body: dict[str, Any], patch: kopf.Patch) -> None:
-        """Ready and observedGeneration after a pass, written with the conditions the pass set (a merge
-        patch replaces the list) or, when it set none, with the ones the object holds."""
+        """Ready, QueueResolved and observedGeneration after a pass, written with the conditions the pass
+        set (a merge patch replaces the list) or, when it set none, with the ones the object holds. A change
+        of QueueResolved is posted as an event once (`membership_news`)."""
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         rec = self.records.get(key)
@@ -101,17 +117,35 @@ class KindReconciler(abc.ABC, Generic[R]):
         status_in = body.get("status") or {}
         stored: list[dict[str, Any]] = list(status_in.get("conditions") or [])
         written: list[dict[str, Any]] = patch.status.get("conditions") or []
-        own = list(written if "conditions" in patch.status else stored)
         gen = generation_of(body)
+        queue = self.queue_condition(rec.namespace, gen)
+        own = [
+            c
+            for c in (written if "conditions" in patch.status else stored)
+            if c.get("type") != QUEUE_RESOLVED
+        ]
+        own += [queue] if queue is not None else []
         if gen is not None:  # the pass re-evaluated the kind's own conditions against this generation too
             own = [{**c, "observedGeneration": gen} for c in own]
-        # Ready's transition time from what this operator last wrote: the body may predate that write.
+        # Ready's and QueueResolved's transition times, and whether QueueResolved is news, from what this
+        # operator last wrote: the body may predate that write.
         last = self._ready.get(rec.uid)
-        conditions = with_ready(own, ready, gen, ([last] if last else []) + stored)
-        if len(self._ready) > len(self.records):
+        if rec.uid in self._queue:
+            mine = self._queue[rec.uid]
+            before = [mine] if mine is not None else []
+        else:
+            before = stored
+        conditions = with_ready(own, ready, gen, ([last] if last else []) + before + stored)
+        if len(self._ready) > len(self.records) or len(self._queue) > len(self.records):
             live = {r.uid for r in self.records.values()}
             self._ready = {uid: c for uid, c in self._ready.items() if uid in live}
+            self._queue = {uid: c for uid, c in self._queue.items() if uid in live}
         self._ready[rec.uid] = dict(find(conditions, "Ready") or {})
+        resolved = find(conditions, QUEUE_RESOLVED)
+        self._queue[rec.uid] = dict(resolved) if resolved is not None else None
+        news = membership_news(resolved, before)
+        if news is not None:
+            self._event(rec, *news)
         if "conditions" in patch.status or conditions != stored or status_in.get("observedGeneration") != gen:
             patch.status["conditions"] = conditions
             if gen is not None:

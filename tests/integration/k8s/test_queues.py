@@ -6,6 +6,7 @@ kube-scheduler through the extender."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import secrets
@@ -14,7 +15,15 @@ from typing import Any
 
 from tessera.api import contract
 
-from .conftest import Credentials, ManualClock, Nodes, Scheduling, delete_namespace, wait_for
+from .conftest import (
+    Credentials,
+    ManualClock,
+    Nodes,
+    Scheduling,
+    delete_namespace,
+    running_operator,
+    wait_for,
+)
 from .controlplane import ControlPlane
 from .test_app import app_body, app_path, app_pods, app_status, job
 from .workloads import bound, call, events, kubelet, operator, pods_with, release, scheduling_report
@@ -344,3 +353,131 @@ async def test_a_trialgroup_pool_above_its_queues_share_gives_gpus_back(
         assert kl.grace and set(kl.grace.values()) == {3}, kl.grace  # A's checkpoint grace
         got = await wait_for(lambda: events(cluster, t["a"], "Reclaimed"), 60, "the event on the TrialGroup")
         assert "given back to queue" in got[0]["message"]
+
+
+async def more_rounds(ctl: Any, n: int = 3) -> None:
+    """`n` more arbiter rounds (each App status due is written in its round)."""
+    await wait_for(lambda: ctl.arbiter is not None, 60, "the login")
+    arbiter = ctl.arbiter
+    rounds = arbiter.rounds
+    for _ in range(n):
+        arbiter.dirty = True
+        await wait_for(lambda: not arbiter.dirty, 60, "a round")
+    await wait_for(lambda: arbiter.rounds >= rounds + n, 60, f"{n} more rounds")
+
+
+async def steady_through_a_start(ctl: Any, cluster: ControlPlane, ns: str, status: str) -> None:
+    """From an operator's start through three rounds, the App's QueueResolved condition reads `status`
+    every time it is looked at (a first round that ran before the namespace labels and Queues were loaded
+    dropped it, or turned it False)."""
+    seen: list[dict[str, Any]] = []
+
+    async def watch() -> None:
+        while True:
+            seen.append(queue_resolved(cluster, ns, "train"))
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await more_rounds(ctl)
+    finally:
+        watcher.cancel()
+    assert seen and all(c.get("status") == status for c in seen), seen
+
+
+def queue_resolved(cluster: ControlPlane, ns: str, app: str) -> dict[str, Any]:
+    """The App's QueueResolved condition ({} while it has none)."""
+    conds = app_status(cluster, ns, app).get("conditions") or []
+    return next((c for c in conds if c.get("type") == "QueueResolved"), {})
+
+
+async def test_an_app_in_a_namespace_naming_a_missing_queue_says_so_until_the_queue_exists(
+    cluster: ControlPlane, chart_rbac: dict[str, Credentials], nodes: Nodes, namespace: str
+) -> None:
+    """The defect: a namespace labelled with a queue that does not exist went to `default` with no event or
+    condition. The App says so (QueueResolved=False, QueueNotFound, one Warning event, not repeated by
+    later rounds nor by a restarted operator), and creating the Queue turns the condition True without a
+    restart. No scheduler: status and events only."""
+    nodes.add(f"{namespace}-n1", gpus=2)
+    queue = f"ghost-{secrets.token_hex(3)}"
+    await call(
+        cluster,
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}",
+        {"metadata": {"labels": {contract.LABEL_QUEUE: queue}}},
+        content_type="application/merge-patch+json",
+    )
+    await call(cluster, "POST", app_path(namespace), app_body("train", [job("j0", 1, 10**8)]))
+
+    def warned() -> list[dict[str, Any]]:
+        return [
+            e for e in events(cluster, namespace, "QueueNotFound") if e["involvedObject"]["name"] == "train"
+        ]
+
+    try:
+        async with running_operator(cluster, chart_rbac["operator"]) as ctl:
+            missing = await wait_for(
+                lambda: (c := queue_resolved(cluster, namespace, "train")).get("status") == "False" and c,
+                90,
+                "QueueResolved=False on the App",
+                lambda: json.dumps(app_status(cluster, namespace, "train")),
+            )
+            assert missing["reason"] == "QueueNotFound", missing
+            assert f"{contract.LABEL_QUEUE}={queue}" in missing["message"] and "default" in missing["message"]
+            got = await wait_for(warned, 60, "the QueueNotFound event on the App")
+            assert got[0]["type"] == "Warning" and got[0]["message"] == missing["message"]
+            described = (
+                await asyncio.to_thread(cluster.kubectl, "describe", "-n", namespace, "app/train")
+            ).stdout
+            assert "QueueNotFound" in described and "QueueResolved" in described, described
+            assert ctl.queues.queue_of(namespace) == "default"
+            await more_rounds(ctl)
+            assert len(warned()) == 1, warned()
+        # A restarted operator (or a standby taking over) finds the condition written: no second event,
+        # and the condition stays as it is while the new operator loads the namespaces and Queues.
+        async with running_operator(cluster, chart_rbac["operator"]) as ctl:
+            await steady_through_a_start(ctl, cluster, namespace, "False")
+            assert len(warned()) == 1, warned()
+            # The Queue created: the condition turns True, without a restart.
+            await call(
+                cluster,
+                "POST",
+                QUEUES,
+                {
+                    "apiVersion": contract.API_VERSION,
+                    "kind": "Queue",
+                    "metadata": {"name": queue},
+                    "spec": {},
+                },
+            )
+            # What docs/queues.md tells users to run.
+            waited = await asyncio.to_thread(
+                cluster.kubectl,
+                *("wait", "--for=condition=QueueResolved", "--timeout=90s", "-n", namespace, "app/train"),
+                check=False,
+            )
+            assert waited.returncode == 0, waited.stderr + waited.stdout
+            found = await wait_for(
+                lambda: (c := queue_resolved(cluster, namespace, "train")).get("status") == "True" and c,
+                90,
+                "QueueResolved=True once the Queue exists",
+                lambda: json.dumps(app_status(cluster, namespace, "train")),
+            )
+            assert found["reason"] == "QueueFound" and f"in queue {queue}" in found["message"], found
+            assert ctl.queues.queue_of(namespace) == queue
+            assert len(warned()) == 1, warned()
+            await wait_for(
+                lambda: [
+                    e
+                    for e in events(cluster, namespace, "QueueResolved")
+                    if e["involvedObject"]["name"] == "train" and e["type"] == "Normal"
+                ],
+                60,
+                "the QueueResolved event on the App",
+            )
+        # Restarted with the Queue there: no Warning for a namespace whose Queue exists.
+        async with operator(cluster, chart_rbac["operator"], namespace) as ctl:
+            await steady_through_a_start(ctl, cluster, namespace, "True")
+            assert len(warned()) == 1, warned()
+    finally:
+        cluster.request("DELETE", f"{QUEUES}/{queue}")

@@ -6,6 +6,7 @@ deleted Queue's series go and its namespaces fall back to `default`."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import kmock
@@ -14,6 +15,7 @@ from tessera.api import contract
 from .conftest import (
     ALL,
     APPS,
+    MDS,
     TEMPLATE,
     TGS,
     ManualClock,
@@ -407,3 +409,110 @@ async def test_serving_replicas_above_their_queues_share_are_given_back(
         assert "1 replica(s)" in msg and "team-b" in msg
         # The deployment still wants two replicas, but does not take the GPU back.
         assert ctl.deployments is not None and len(ctl.deployments.records["team-a", "m"].gpus) == 1
+
+
+def condition_of(
+    k: kmock.KubernetesEmulator, resource: str, namespace: str, name: str
+) -> dict[str, Any] | None:
+    """The object's QueueResolved condition (None: it has none)."""
+    try:
+        conds = (dict(k.objects[resource, namespace, name]).get("status") or {}).get("conditions") or []
+    except KeyError:
+        return None
+    return next((c for c in conds if c.get("type") == "QueueResolved"), None)
+
+
+def queue_events(k: kmock.KubernetesEmulator, reason: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in events_any(k, reason) if e["involvedObject"]["name"] == name]
+
+
+async def test_a_namespace_naming_a_missing_queue_is_reported_on_its_objects(
+    api: kmock.KubernetesEmulator,
+) -> None:
+    """The defect: a namespace labelled with a queue that does not exist went to `default` with no event or
+    condition. Its App, TrialGroup and ModelDeployment now say so (QueueResolved=False, QueueNotFound, one
+    Warning event each however many rounds and passes run), turn True once the Queue is created, and drop
+    the condition once the label goes."""
+    add_node(api, "n1", 8)
+    setup_queues(api, **{"team-a": {"guaranteedGPUs": 2}})
+    ns = "ghost-team"
+    tg = tg_body("sweep", [trial("t0", 10**6)], gpus=1)
+    md = md_body("m", 100)
+    for body in (tg, md):
+        body["metadata"]["namespace"] = ns
+    objects = [(APPS, "a"), (TGS, "sweep"), (MDS, "m")]
+    group = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{ns}"
+    async with running_operator(api, queues=True) as ctl:
+        await label_namespaces(ctl, "team-a")
+        await wait_for(lambda: ctl.arbiter and ctl.trialgroups and ctl.deployments, what="the login")
+        arbiter, trialgroups, deployments = ctl.arbiter, ctl.trialgroups, ctl.deployments
+        assert arbiter is not None and trialgroups is not None and deployments is not None
+        ctl.queues.set_namespace(ns, {contract.LABEL_QUEUE: "ghost"})
+        await create_app(api, "a", ns, 1)
+        await api.post(f"{group}/trialgroups", json=tg)
+        await api.post(f"{group}/modeldeployments", json=md)
+
+        def news(reason: str, name: str, count: int) -> list[dict[str, Any]]:
+            got = queue_events(api, reason, name)
+            return got if len(got) == count else []
+
+        def reported(status: str, reason: str | None = None) -> bool:
+            got = [condition_of(api, res, ns, name) for res, name in objects]
+            return all(
+                c is not None and c["status"] == status and (reason is None or c["reason"] == reason)
+                for c in got
+            )
+
+        await wait_for(lambda: reported("False", "QueueNotFound"), what="QueueResolved=False on all three")
+        msg = (condition_of(api, APPS, ns, "a") or {})["message"]
+        assert "ghost" in msg and "default" in msg and contract.LABEL_QUEUE in msg, msg
+        for _, name in objects:
+            await wait_for(partial(queue_events, api, "QueueNotFound", name), what=f"the event on {name}")
+        # More rounds and passes: no repeated event, and no App status write (nothing changed).
+        rounds, passes = arbiter.rounds, (trialgroups.reconciles, deployments.reconciles)
+        writes = arbiter.status_writes
+        for _ in range(3):
+            arbiter.dirty = True
+            await wait_for(lambda: not arbiter.dirty, what="a round")
+        await wait_for(
+            lambda: (
+                arbiter.rounds >= rounds + 3
+                and trialgroups.reconciles >= passes[0] + 3
+                and deployments.reconciles >= passes[1] + 3
+            ),
+            what="more rounds and passes",
+        )
+        for _, name in objects:
+            got = queue_events(api, "QueueNotFound", name)
+            assert len(got) == 1 and got[0]["type"] == "Warning", got
+        assert arbiter.status_writes == writes
+        # The Queue created: True without a restart.
+        await api.post(
+            f"/apis/{QUEUES}",
+            json={
+                "apiVersion": contract.API_VERSION,
+                "kind": "Queue",
+                "metadata": {"name": "ghost"},
+                "spec": {},
+            },
+        )
+        await wait_for(lambda: reported("True", "QueueFound"), what="QueueResolved=True on all three")
+        assert ctl.queues.queue_of(ns) == "ghost"
+        for _, name in objects:
+            got = await wait_for(partial(queue_events, api, "QueueResolved", name), what=f"{name}'s news")
+            assert len(got) == 1 and got[0]["type"] == "Normal" and "in queue ghost" in got[0]["message"]
+        # Relabelled to another missing queue: False again (a new event); the label removed: no condition.
+        ctl.queues.set_namespace(ns, {contract.LABEL_QUEUE: "phantom"})
+        arbiter.dirty = True
+        await wait_for(lambda: reported("False", "QueueNotFound"), what="QueueResolved=False again")
+        for _, name in objects:
+            await wait_for(partial(news, "QueueNotFound", name, 2), what=f"the second event on {name}")
+        ctl.queues.set_namespace(ns, {})
+        arbiter.dirty = True
+        await wait_for(
+            lambda: all(condition_of(api, res, ns, name) is None for res, name in objects),
+            what="no QueueResolved condition without the label",
+        )
+        for _, name in objects:
+            got = await wait_for(partial(news, "QueueResolved", name, 2), what=f"{name}'s label news")
+            assert any("no longer names a queue" in e["message"] for e in got), got

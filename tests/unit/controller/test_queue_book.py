@@ -1,13 +1,22 @@
-"""The operator's QueueBook: namespace → queue, invalid hierarchies held capped, status figures, series removal."""
+"""The operator's QueueBook: namespace → queue, the QueueResolved condition and its events, invalid
+hierarchies held capped, status figures, series removal."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from typing import Any
 
+import kopf
 from tessera.api import contract
+from tessera.api.base import Condition
 from tessera.api.queue import QueueSpec
+from tessera.controller.apps import record_from_body
+from tessera.controller.config import OperatorConfig
+from tessera.controller.handlers import make_registry
 from tessera.controller.metrics import operator_metrics
-from tessera.controller.queues import QueueBook
+from tessera.controller.queues import QUEUE_RESOLVED, QueueBook, membership_news
+from tessera.controller.readiness import app_conditions
 from tessera.policy.queues.division import divide
 from tessera.policy.training import AppState
 
@@ -30,6 +39,114 @@ def test_namespace_label_picks_the_queue_else_default() -> None:
     ]
     assert book.remove_queue("team-a") == ["ns-a"]
     assert book.queue_of("ns-a") == "default"
+
+
+def test_a_label_naming_a_missing_queue_is_a_false_queueresolved_until_the_queue_exists() -> None:
+    """The defect: a namespace labelled with a queue that does not exist went to `default` silently."""
+    book = QueueBook()
+    book.set_queue("team-a", spec(guaranteedGPUs=4))
+    book.set_namespace("ns-x", {contract.LABEL_QUEUE: "ghost"})
+    book.set_namespace("ns-a", {contract.LABEL_QUEUE: "team-a"})
+    book.set_namespace("ns-d", {contract.LABEL_QUEUE: "default"})
+    book.set_namespace("ns-plain", {})
+    missing = book.membership("ns-x", generation=2)
+    assert missing is not None
+    assert (missing["type"], missing["status"], missing["reason"]) == (
+        QUEUE_RESOLVED,
+        "False",
+        "QueueNotFound",
+    )
+    assert missing["observedGeneration"] == 2
+    assert missing["message"] == (
+        "namespace ns-x is labelled tessera.io/queue=ghost, but no Queue ghost exists: in queue default "
+        "until that Queue is created or the label is changed"
+    )
+    Condition.model_validate(missing, by_alias=True)  # the CRD's condition shape (CamelCase reason)
+    for ns, queue in (("ns-a", "team-a"), ("ns-d", "default")):
+        found = book.membership(ns)
+        assert found is not None and (found["status"], found["reason"]) == ("True", "QueueFound")
+        assert found["message"].endswith(f"in queue {queue}")
+    assert book.membership("ns-plain") is None and book.membership("never-seen") is None
+    book.set_queue("ghost", spec())
+    now = book.membership("ns-x")
+    assert now is not None and now["status"] == "True" and book.queue_of("ns-x") == "ghost"
+    book.remove_queue("ghost")  # deleted again: missing again
+    again = book.membership("ns-x")
+    assert again is not None and again["status"] == "False"
+
+
+def _membership(book: QueueBook, namespace: str) -> dict[str, Any]:
+    cond = book.membership(namespace)
+    assert cond is not None
+    return cond
+
+
+def test_membership_news_is_posted_once_per_change() -> None:
+    book = QueueBook()
+    book.set_namespace("ns", {contract.LABEL_QUEUE: "ghost"})
+    missing = _membership(book, "ns")
+    assert membership_news(missing, []) == ("Warning", "QueueNotFound", missing["message"])
+    assert membership_news(missing, [dict(missing)]) is None  # already said
+    book.set_namespace("ns", {contract.LABEL_QUEUE: "phantom"})
+    other = _membership(book, "ns")
+    news = membership_news(other, [missing])  # another missing queue: news again
+    assert news is not None and news[:2] == ("Warning", "QueueNotFound") and "phantom" in news[2]
+    book.set_queue("phantom", spec())
+    found = _membership(book, "ns")
+    assert membership_news(found, [other]) == ("Normal", "QueueResolved", found["message"])
+    assert membership_news(found, [found]) is None and membership_news(found, []) is None
+    gone = membership_news(None, [other])  # the label removed
+    assert gone is not None and gone[:2] == ("Normal", "QueueResolved") and "in queue default" in gone[2]
+    assert membership_news(None, [found]) is None and membership_news(None, None) is None
+
+
+def test_an_apps_conditions_carry_queueresolved_between_admitted_and_ready() -> None:
+    body = {
+        "apiVersion": contract.API_VERSION,
+        "kind": "App",
+        "metadata": {"name": "a", "namespace": "ns", "uid": "u-a", "generation": 4},
+        "spec": {
+            "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
+            "jobs": [{"name": "j", "iterTotal": 10, "iterTimeSerialSeconds": 1.0, "maxGPUs": 1}],
+        },
+    }
+    rec = record_from_body(body, 0.0)
+    book = QueueBook()
+    book.set_namespace("ns", {contract.LABEL_QUEUE: "ghost"})
+    conds = app_conditions(rec, [], previous=[], queue=book.membership("ns"))["conditions"]
+    assert [c["type"] for c in conds] == ["Admitted", QUEUE_RESOLVED, "Ready"]
+    assert conds[1]["status"] == "False" and conds[1]["observedGeneration"] == 4
+    old = [{**conds[1], "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    again = app_conditions(rec, [], previous=old, queue=book.membership("ns"))["conditions"]
+    assert again[1]["lastTransitionTime"] == "2026-01-01T00:00:00Z"  # unchanged: nothing new to write
+    assert [c["type"] for c in app_conditions(rec, [], previous=[])["conditions"]] == ["Admitted", "Ready"]
+
+
+def test_the_book_is_kept_by_indexers_so_no_handler_runs_before_it_is_loaded() -> None:
+    """kopf runs no handler until every index holds its first listing. Kept by event handlers alone, the
+    book could still lack the Queues or the namespace labels when an operator's first round ran: on a real
+    API server a restarted operator dropped the QueueResolved condition of a labelled namespace's App."""
+    registry, ctl = make_registry(OperatorConfig())
+    indexers = {str(h.id): h for h in registry._indexing.get_all_handlers()}
+    assert {"queue_book", "namespace_book"} <= set(indexers)
+    queue = {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_QUEUE,
+        "metadata": {"name": "team-a", "uid": "u-q"},
+        "spec": {"guaranteedGPUs": 2},
+    }
+    ns = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "ns", "labels": {contract.LABEL_QUEUE: "team-a"}},
+    }
+    asyncio.run(indexers["queue_book"].fn(body=kopf.Body(queue), name="team-a"))
+    asyncio.run(indexers["namespace_book"].fn(body=kopf.Body(ns), name="ns"))
+    assert ctl.queues.queue_of("ns") == "team-a" and ctl.queues.uids["team-a"] == "u-q"
+    alone, _ = make_registry(OperatorConfig(watch_namespaces=False))  # no Namespace watch: no index of them
+    assert {str(h.id) for h in alone._indexing.get_all_handlers()} & {"queue_book", "namespace_book"} == {
+        "queue_book"
+    }
 
 
 def test_a_queue_breaking_the_hierarchy_stays_capped_without_its_guarantee() -> None:
