@@ -105,6 +105,7 @@ from tests.bench.bench_arbiter_realcluster import (  # noqa: E402
     measure_rounds,
     median,
     operator_settings,
+    poll,
     populate,
     prepare,
     quiet_logging,
@@ -373,6 +374,11 @@ async def measure(
         aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(ssl=ctx)) as http,
         running_operator(cp, creds, stop_timeout=120 + n / 10, **settings) as ctl,
     ):
+        # kopf has installed its signal handlers once its watches list the nodes: ours replace them
+        await poll(lambda: len(ctl.view.nodes) == row.nodes, 120 + row.nodes / 20, "the node listing", 0.1)
+        task = asyncio.current_task()
+        assert task is not None
+        _cancel_on_signal(task)
 
         async def create(body: dict[str, Any]) -> None:
             async with http.post(f"{base}/{PLURALS[body['kind']]}", json=body) as resp:
@@ -423,16 +429,62 @@ async def measure(
         say(f"{label}: done; stopping the operator")
 
 
+# --- signals: the child tears its cluster down on SIGTERM or SIGINT ------------------------------------
+
+STOPPING = False  # a signal came: the child is unwinding, and ignores any further one
+
+
+def _stop_on_signal() -> None:
+    """Outside the event loop: SIGTERM and SIGINT unwind (the cluster is torn down); a second one during the
+    teardown is ignored, so it cannot cut the teardown short and leave a process behind."""
+
+    def handler(signum: int, _: Any) -> None:
+        global STOPPING
+        STOPPING = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(143)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _cancel_on_signal(task: asyncio.Task[Any]) -> None:
+    """Inside the event loop, once kopf runs: a signal cancels `task` (the measurement), which stops the
+    operator through its stop flag and unwinds. kopf installs handlers of its own for both signals when it
+    starts (these replace them): they stop the operator on a signal and, since that stop did not come
+    through the stop flag, SIGKILL the process shortly after, before any teardown ran."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        global STOPPING
+        STOPPING = True
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: None)
+        task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+
+
 def run_one(n_nodes: int, n_apps: int, repeat: int) -> Row:
     with kwok_cluster(n_nodes) as (cp, creds, kwok_proc, gpus, nodes_s):
         row = Row(n_nodes, n_apps, 0, 0, gpus, nodes_s=nodes_s)
         try:
             with run_scheduling(cp, creds["scheduler"]) as sched:
-                asyncio.run(measure(cp, creds["operator"], sched, kwok_proc, row, repeat))
+                try:
+                    asyncio.run(measure(cp, creds["operator"], sched, kwok_proc, row, repeat))
+                finally:  # closing its loop put the default handlers back
+                    if STOPPING:
+                        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                        signal.signal(signal.SIGINT, signal.SIG_IGN)
+                    else:
+                        _stop_on_signal()
         except Exception as err:  # what was measured before is still reported
             row.error = f"{type(err).__name__}: {err}"[:2000]
             say(f"FAILED: {row.error}")
-        say("tearing the cluster down")
+        finally:
+            say("tearing the cluster down")
     return row
 
 
@@ -466,6 +518,7 @@ def report(rows: list[Row]) -> None:
         if r.error:
             print(f"\n{r.nodes} nodes / {r.apps} Apps FAILED: {r.error}")
     if not ok:
+        print("\nno size was measured")
         return
     print(f"\n## The operator at scale (median of {max(len(r.rounds) for r in ok)} rounds [min–max])\n")
     print(
@@ -578,23 +631,13 @@ def _sizes(args: argparse.Namespace) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in (s.split(":") for s in DEFAULT_SIZES.split(","))]
 
 
-def _stop_on_signal() -> None:
-    """SIGTERM and SIGINT unwind (the cluster is torn down); a second one during the teardown is ignored,
-    so it cannot cut the teardown short and leave a process behind."""
-
-    def handler(signum: int, _: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(143)
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
-
 def child(n_nodes: int, n_apps: int, repeat: int, out: Path) -> None:
     _stop_on_signal()
     quiet_logging()
-    row = run_one(n_nodes, n_apps, repeat)
+    try:
+        row = run_one(n_nodes, n_apps, repeat)
+    except asyncio.CancelledError:  # a signal stopped the measurement; the cluster is torn down
+        sys.exit(143)
     out.write_bytes(pickle.dumps(row))
 
 
