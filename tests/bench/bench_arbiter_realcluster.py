@@ -60,10 +60,10 @@ from tessera.progress import Progress
 
 from tests.bench.bench_operator import _trim_request_log
 from tests.bench.scale_measure import cpu_seconds
+from tests.integration.clock import ManualClock
 from tests.integration.k8s.conftest import (
     RELEASE_NS,
     Credentials,
-    ManualClock,
     Nodes,
     apply_chart_rbac,
     apply_crds,
@@ -87,6 +87,11 @@ def app_jobs(i: int) -> list[dict[str, Any]]:
     if i % 3 == 0:
         jobs.append(kmock_env.job("j2", iters=5_000 + 31 * i, gpus=1 + (i // 3) % 2))
     return jobs
+
+
+def apps(n: int) -> list[dict[str, Any]]:
+    """N Apps of `app_jobs`' shapes, named a0000…"""
+    return [kmock_env.app_body(f"a{i:04d}", app_jobs(i)) for i in range(n)]
 
 
 def n_nodes(n: int) -> int:
@@ -132,6 +137,14 @@ class Throttled(logging.Filter):
         return True
 
 
+def quiet_logging() -> None:
+    """Warnings only; kopf's, aiohttp's and asyncio's errors only, kopf's throttled requests counted."""
+    logging.basicConfig(level=logging.WARNING)
+    for noisy in ("kopf", "aiohttp", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    logging.getLogger("kopf.objects").addFilter(Throttled())
+
+
 # --- the measured round, the same on both backends ----------------------------------------------------
 
 
@@ -148,8 +161,15 @@ async def poll(check: Callable[[], Awaitable[bool] | bool], timeout: float, what
         await asyncio.sleep(every)
 
 
+def tracked(ctl: Controller) -> int:
+    """Objects the operator holds a record of: Apps (the arbiter's), TrialGroups, ModelDeployments."""
+    kinds = (ctl.arbiter, ctl.trialgroups, ctl.deployments)
+    return sum(len(k.records) for k in kinds if k is not None)
+
+
 async def steady(ctl: Controller) -> None:
-    """No round for QUIET_S, no change pending, no event in flight, every planned pod listed by the watch."""
+    """No round for QUIET_S, no change pending, no event in flight, every planned App pod listed by the
+    watch (pods of other owners, TrialGroups' and ModelDeployments', are not the arbiter's to plan)."""
     arbiter = ctl.arbiter
     assert arbiter is not None
     last = (-1, 0.0)
@@ -157,14 +177,16 @@ async def steady(ctl: Controller) -> None:
     def quiet() -> bool:
         nonlocal last
         planned = sum(len(r.pod_plans()) for r in arbiter.records.values() if not r.done)
-        busy = arbiter.dirty or arbiter.lock.locked() or ctl._tasks or len(ctl.view.pods) != planned
+        listed = sum(1 for p in ctl.view.pods.values() if contract.LABEL_APP in p.labels)
+        busy = arbiter.dirty or arbiter.lock.locked() or ctl._tasks or listed != planned
         now = time.monotonic()
         if busy or arbiter.rounds != last[0]:
             last = (arbiter.rounds, now)
             return False
         return now - last[1] >= QUIET_S
 
-    await poll(quiet, 600, "the operator to settle", 0.1)
+    # planning every App's pods is the costly check: less often the more Apps (this process runs them)
+    await poll(quiet, 600, "the operator to settle", max(0.1, len(arbiter.records) / 10_000))
 
 
 @dataclass
@@ -188,7 +210,9 @@ class Server:
         return out
 
 
-def _cpu(servers: dict[str, int]) -> dict[str, float]:
+def cpu_now(servers: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of this process ("operator": the operator runs in it, beside the bench's own
+    client) and of each of `servers` (name → pid)."""
     return {"operator": time.process_time()} | {k: cpu_seconds(pid) for k, pid in servers.items()}
 
 
@@ -198,10 +222,15 @@ def _held(arbiter: Any) -> dict[str, set[tuple[str, str]]]:
 
 
 async def measure_round(
-    ctl: Controller, clock: ManualClock, row: Round, profile: bool, server: Server | None
+    ctl: Controller,
+    clock: ManualClock,
+    row: Round,
+    profile: bool,
+    server: Server | None,
+    timeout_s: float = 900.0,
 ) -> None:
-    """Expire every lease and measure the round the operator's own App timer then starts. `servers`
-    (name → pid) are processes whose CPU time in the round is reported next to the operator's own."""
+    """Expire every lease and measure the round the operator's own App timer then starts (within
+    `timeout_s`). `server`'s processes have their CPU time in the round reported next to the operator's."""
     arbiter, api = ctl.arbiter, ctl.api
     assert arbiter is not None and api is not None
     servers = server.pids if server is not None else {}
@@ -231,14 +260,14 @@ async def measure_round(
             arbiter.ledger_writes,
         )
         hist0 = (samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0)
-        cpu0, throttled0 = _cpu(servers), Throttled.count
+        cpu0, throttled0 = cpu_now(servers), Throttled.count
         held0 = _held(arbiter)
         try:
             report = await run_round(now)
         finally:
             if profiler is not None:
                 profiler.disable()
-        cpu1 = _cpu(servers)
+        cpu1 = cpu_now(servers)
         hist1 = (samples(f"{HIST}_count") or 0.0, samples(f"{HIST}_sum") or 0.0)
         assert hist1[0] == hist0[0] + 1, "a round observes the duration histogram once"
         row.round_s = hist1[1] - hist0[1]  # what the operator exports for this round
@@ -264,9 +293,9 @@ async def measure_round(
         return report
 
     # What the processes burn at steady state, before the round (watch keep-alives, controllers, timers).
-    idle0, t_idle = _cpu(servers), time.perf_counter()
+    idle0, t_idle = cpu_now(servers), time.perf_counter()
     await asyncio.sleep(IDLE_S)
-    idle1 = _cpu(servers)
+    idle1 = cpu_now(servers)
     row.idle_cpu = {k: (idle1[k] - idle0[k]) / (time.perf_counter() - t_idle) for k in idle0}
     arbiter.themis.allocate = timed_allocate  # type: ignore[method-assign]
     arbiter.run_round = traced_round  # type: ignore[method-assign]
@@ -277,8 +306,8 @@ async def measure_round(
             target = clock.advance(LEASE_S + 1)
             if profiler is not None:
                 profiler.enable()
-        await asyncio.wait_for(done, timeout=900)
-        await poll(lambda: not ctl._tasks, 300, "the round's events to be posted", 0.05)
+        await asyncio.wait_for(done, timeout=timeout_s)
+        await poll(lambda: not ctl._tasks, timeout_s / 3, "the round's events to be posted", 0.05)
     finally:
         arbiter.themis.allocate = allocate  # type: ignore[method-assign]
         arbiter.run_round = run_round  # type: ignore[method-assign]
@@ -296,15 +325,23 @@ async def measure_round(
 
 
 async def measure_rounds(
-    ctl: Controller, clock: ManualClock, base: Round, repeat: int, profile: bool, server: Server | None
+    ctl: Controller,
+    clock: ManualClock,
+    base: Round,
+    repeat: int,
+    profile: bool,
+    server: Server | None,
+    settle: Callable[[Controller], Awaitable[None]] = steady,
+    timeout_s: float = 900.0,
 ) -> list[Round]:
-    """`repeat` rounds, each after the operator settled again (the shared machine's load varies)."""
+    """`repeat` rounds, each after the operator settled again (`settle`; the shared machine's load varies),
+    each within `timeout_s`."""
     rows = []
     for i in range(repeat):
         if i:
-            await steady(ctl)
+            await settle(ctl)
         row = dataclasses.replace(base)
-        await measure_round(ctl, clock, row, profile and i == 0, server)
+        await measure_round(ctl, clock, row, profile and i == 0, server, timeout_s)
         print(f"{row.backend} N={row.n}: round {i + 1}/{repeat} {row.round_s:.2f}s", file=sys.stderr)
         rows.append(row)
     return rows
@@ -312,42 +349,44 @@ async def measure_rounds(
 
 async def populate(
     ctl: Controller,
-    n: int,
+    bodies: list[dict[str, Any]],
+    nodes: int,
     create: Callable[[dict[str, Any]], Awaitable[None]],
     statused: Callable[[], Awaitable[int]],
     label: str,
     row: Round,
 ) -> None:
-    """Create the N Apps concurrently (progress on stderr), wait until each has the operator's status and
-    the operator settles; the time until every status is there is the row's setup time."""
+    """Create the objects (`bodies`, any of Tessera's kinds) concurrently once the operator lists the
+    cluster's `nodes`, wait until each has the operator's status (`statused` counts those that do) and the
+    operator settles; progress on stderr. The time until every status is there is the row's setup time."""
+    n = len(bodies)
     throttled0 = Throttled.count
-    await poll(lambda: len(ctl.view.nodes) == n_nodes(n), 120, "the operator to list the nodes", 0.1)
+    await poll(lambda: len(ctl.view.nodes) == nodes, 120 + nodes / 20, "the operator to list the nodes", 0.1)
     t0 = time.perf_counter()
     made = 0
-    with Progress(n, f"{label}: creating Apps", enabled=True) as bar:
+    with Progress(n, f"{label}: creating objects", enabled=True) as bar:
 
-        async def one(i: int) -> None:
+        async def one(body: dict[str, Any]) -> None:
             nonlocal made
-            await create(kmock_env.app_body(f"a{i:04d}", app_jobs(i)))
+            await create(body)
             made += 1
             bar.update(made, f"{made}/{n}")
 
-        for res in await gather_limited((one(i) for i in range(n)), 32):
+        for res in await gather_limited((one(b) for b in bodies), 32):
             if isinstance(res, BaseException):
                 raise res
     with Progress(n, f"{label}: statuses", enabled=True) as bar:
-        arbiter = ctl.arbiter
-        assert arbiter is not None
 
         async def all_statused() -> bool:
-            if len(arbiter.records) < n:  # cheap: the operator has not seen them all yet
-                bar.update(len(arbiter.records) / 2, f"{len(arbiter.records)}/{n} admitted")
+            if (seen := tracked(ctl)) < n:  # cheap: the operator has not seen them all yet
+                bar.update(seen / 2, f"{seen}/{n} tracked")
                 return False
             got = await statused()
             bar.update(n / 2 + got / 2, f"{got}/{n} with status")
             return got == n
 
-        await poll(all_statused, 1800, "every App's status", 1.0)
+        # a list of every object per poll: less often the more there are
+        await poll(all_statused, 1800 + n * 0.5, "every object's status", max(1.0, n / 1000))
     row.setup_s = time.perf_counter() - t0
     row.setup_throttled = Throttled.count - throttled0
     with Progress(1, f"{label}: settling", enabled=True):
@@ -357,8 +396,9 @@ async def populate(
 # --- backends -----------------------------------------------------------------------------------------
 
 
-def start_real(cp: ControlPlane, n: int) -> Credentials:
-    """CRDs, chart RBAC, the namespace (with its default ServiceAccount, which pod admission needs), nodes."""
+def prepare(cp: ControlPlane) -> dict[str, Credentials]:
+    """CRDs, chart RBAC (component → credentials), the namespace NS with its default ServiceAccount (which
+    pod admission needs)."""
     apply_crds(cp)
     creds = apply_chart_rbac(cp)
     status, body = cp.request("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
@@ -368,6 +408,12 @@ def start_real(cp: ControlPlane, n: int) -> Credentials:
         60,
         f"the default ServiceAccount of {NS}",
     )
+    return creds
+
+
+def start_real(cp: ControlPlane, n: int) -> Credentials:
+    """What `prepare` sets up, and N/16 Ready 8-GPU nodes; the operator's credentials."""
+    creds = prepare(cp)
     nodes = Nodes(cp)
     for i in range(n_nodes(n)):
         nodes.add(f"n{i:03d}", 8)
@@ -403,7 +449,7 @@ async def measure_real(
                 items = (await resp.json())["items"]
             return sum(1 for a in items if (a.get("status") or {}).get("phase"))
 
-        await populate(ctl, n, create, statused, f"N={n} real", row)
+        await populate(ctl, apps(n), n_nodes(n), create, statused, f"N={n} real", row)
         server = Server(cp, f"system:serviceaccount:{RELEASE_NS}:{creds.service_account}")
         return await measure_rounds(ctl, clock, row, repeat, profile, server)
 
@@ -455,7 +501,7 @@ async def measure_kmock(n: int, repeat: int, extra: dict[str, Any]) -> list[Roun
                     apps = [o for (res, _, _), o in list(k.objects.items()) if res == kmock_env.APPS]
                     return sum(1 for a in apps if (dict(a).get("status") or {}).get("phase"))
 
-                await populate(ctl, n, create, statused, f"N={n} kmock", row)
+                await populate(ctl, apps(n), n_nodes(n), create, statused, f"N={n} kmock", row)
                 rows = await measure_rounds(ctl, clock, row, repeat, False, None)
         finally:
             stop.set()
@@ -577,10 +623,7 @@ def main() -> None:
     if args.no_events:
         extra["post_events"] = False
     sizes = [100] if args.quick else [int(s) for s in (args.sizes or "100,300,1000").split(",")]
-    logging.basicConfig(level=logging.WARNING)
-    for noisy in ("kopf", "aiohttp", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
-    logging.getLogger("kopf.objects").addFilter(Throttled())
+    quiet_logging()
     rows: list[Round] = []
     for n in sizes:
         print(f"N={n}: starting a control plane", file=sys.stderr)

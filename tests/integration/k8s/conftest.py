@@ -409,11 +409,18 @@ def scheduling(cluster: ControlPlane, chart_rbac: dict[str, Credentials]) -> Ite
 
 @contextlib.asynccontextmanager
 async def running_operator(
-    cluster: ControlPlane, creds: Credentials, *, identity: str | None = None, **overrides: Any
+    cluster: ControlPlane,
+    creds: Credentials,
+    *,
+    identity: str | None = None,
+    stop_timeout: float = 30.0,
+    **overrides: Any,
 ) -> AsyncIterator[Controller]:
     """The real kopf operator against the real API server, with the operator's token and the server's CA.
 
-    `overrides` are OperatorConfig fields; leases run on a ManualClock unless a test passes `clock=`."""
+    `overrides` are OperatorConfig fields; leases run on a ManualClock unless a test passes `clock=`.
+    `stop_timeout`: how long kopf may take to stop (benchmarks with thousands of objects' timers give it
+    longer)."""
     settings: dict[str, Any] = {"lease_s": 1.0, "tick_s": 0.1, "standalone": True, "preemption_grace_s": 5}
     settings.update(overrides)
     settings.setdefault("clock", ManualClock())
@@ -437,7 +444,7 @@ async def running_operator(
         yield ctl
     finally:
         stop.set()
-        await asyncio.wait_for(task, timeout=30)
+        await asyncio.wait_for(task, timeout=stop_timeout)
 
 
 async def wait_for(
