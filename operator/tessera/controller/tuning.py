@@ -144,8 +144,11 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         await self._sync(rec, grace)
         status = rec.status(rec.last_time or _stamp())
         status["conditions"] = [condition("Valid", True, "Planned", "Fluid plans this group")]
-        old = {k: v for k, v in (body.get("status") or {}).items() if k != "conditions"}
-        if {k: v for k, v in status.items() if k != "conditions"} != old:
+        # conditions and observedGeneration are the pass's epilogue's (_report_ready): compared here, the
+        # stored observedGeneration, absent from `status`, made every pass rewrite an unchanged status.
+        epilogue = ("conditions", "observedGeneration")
+        old = {k: v for k, v in (body.get("status") or {}).items() if k not in epilogue}
+        if {k: v for k, v in status.items() if k not in epilogue} != old:
             patch.status.update(status)
         self._metrics(rec)
 

@@ -65,6 +65,10 @@ def status_patches(k: kmock.KubernetesEmulator, plural: str, name: str) -> int:
     )
 
 
+def status_subresource_patches(k: kmock.KubernetesEmulator, plural: str, name: str) -> int:
+    return sum(1 for r in list(k) if r.method == "PATCH" and str(r.url).endswith(f"/{plural}/{name}/status"))
+
+
 def gateway(k: kmock.KubernetesEmulator, md: str) -> dict[str, Any] | None:
     try:
         return dict(k.objects["apps/v1/deployments", NS, f"{md}-gateway"])
@@ -187,3 +191,31 @@ async def test_a_modeldeployment_waiting_for_gpus_is_not_ready_and_not_invalid(
             lambda: ready_is(api, MDS, "m", "True", "Serving"), what="m serving once a is gone"
         )
     assert st["replicas"] == 1 and gateway(api, "m") is not None
+
+
+async def test_a_running_trialgroup_is_not_rewritten_on_every_pass(api: kmock.KubernetesEmulator) -> None:
+    """Every tick re-runs each TrialGroup's pass; once it has written Ready and observedGeneration, a pass
+    that changes nothing must send nothing (before the fix the stored observedGeneration, absent from the
+    pass's own status, made each pass patch the whole status again: 500 patches a minute at 5,000 Apps)."""
+    add_node(api, "n1", 2)
+    api.objects[TGS, NS, "tg"] = with_generation(tg_body("tg", [trial("a", 10**6)], gpus=1), 1)
+    async with running_operator(api) as ctl:
+        await wait_for(lambda: ready_is(api, TGS, "tg", "True", "Running"), what="Ready=True")
+        assert ctl.trialgroups is not None
+        passes = 0
+        reconcile = ctl.trialgroups.reconcile
+
+        async def counted(body: dict[str, Any], patch: Any) -> Any:
+            nonlocal passes
+            try:
+                return await reconcile(body, patch)
+            finally:
+                passes += 1
+
+        ctl.trialgroups.reconcile = counted  # type: ignore[method-assign]
+        # The first passes after Ready may still see a body from before its last write (the watch lags).
+        await wait_for(lambda: passes >= 5, what="five passes after Ready")
+        writes, seen = status_subresource_patches(api, "trialgroups", "tg"), passes
+        await wait_for(lambda: passes >= seen + 10, what="ten more passes")
+        assert status_subresource_patches(api, "trialgroups", "tg") == writes
+        assert status_of(api, TGS, "tg")["observedGeneration"] == 1
