@@ -39,10 +39,10 @@ from tessera.controller.handlers import make_registry
 from tessera.controller.view import healthy_gpus
 from tessera.progress import Progress
 
+from tests.integration.clock import ManualClock
 from tests.integration.operator.conftest import (
     APPS,
     NS,
-    ManualClock,
     add_node,
     app_body,
     job,

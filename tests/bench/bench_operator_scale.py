@@ -3,7 +3,7 @@ kwok GPU nodes, on the real control plane: the time until every object has its s
 (its time, its writes), and the operator's memory.
 
     .venv/bin/python tests/bench/bench_operator_scale.py [--nodes 1000,5000] [--apps 1000,5000]
-        [--repeat 3] [--quick]
+        [--repeat 3] [--quick] [--no-scheduler]
 
 `--nodes` and `--apps` pair by position (default 1,000 nodes with 1,000 Apps, then 5,000 with 5,000);
 `--quick` is one smoke size, 200 nodes with 200 Apps. Each size runs in a child process of its own (this
@@ -234,6 +234,7 @@ class Row:
     servers_rss: dict[str, float] = field(default_factory=dict)  # after arrival
     servers_peak: dict[str, float] = field(default_factory=dict)  # VmHWM at the end
     error: str = ""
+    scheduled: bool = True  # tessera-scheduler ran (False: --no-scheduler, the operator's pods stay Pending)
 
 
 @dataclass
@@ -253,6 +254,11 @@ def self_rss() -> float:
 
 def self_peak() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def pending(ctl: Controller) -> tuple[int, int]:
+    """Without a scheduler: (0, the operator's GPU pods), none of which can run."""
+    return 0, sum(1 for p in ctl.view.pods.values() if p.gpu_indices and not p.deleting and not p.finished)
 
 
 async def running(ctl: Controller, label: str, limit_s: float = math.inf) -> tuple[int, int]:
@@ -346,7 +352,7 @@ def kwok_cluster(n_nodes: int) -> Iterator[tuple[ControlPlane, dict[str, Credent
 
 
 async def measure(
-    cp: ControlPlane, creds: Credentials, sched: Scheduling, kwok_proc: Process, row: Row, repeat: int
+    cp: ControlPlane, creds: Credentials, sched: Scheduling | None, kwok_proc: Process, row: Row, repeat: int
 ) -> None:
     n = row.apps
     label = f"{row.nodes} nodes / {n} Apps"
@@ -356,11 +362,12 @@ async def measure(
     server = Cluster(
         cp,
         f"system:serviceaccount:{RELEASE_NS}:{creds.service_account}",
-        {
-            "kube-scheduler": sched.scheduler.popen.pid,
-            "extender": sched.extender.popen.pid,
-            "kwok": kwok_proc.popen.pid,
-        },
+        {"kwok": kwok_proc.popen.pid}
+        | (
+            {"kube-scheduler": sched.scheduler.popen.pid, "extender": sched.extender.popen.pid}
+            if sched
+            else {}
+        ),
     )
     clock = ManualClock()
     # The chart's lease period and default tick (a tenth of it); no gateway is read.
@@ -404,7 +411,7 @@ async def measure(
         row.setup_s, row.setup_throttled = base_round.setup_s, base_round.setup_throttled
         del bodies
         say(f"{label}: every object has its status after {row.setup_s:.1f} s")
-        row.running, row.pods = await running(ctl, label)
+        row.running, row.pods = await running(ctl, label) if sched else pending(ctl)
         row.running_s = time.perf_counter() - t0
         say(f"{label}: {row.running}/{row.pods} GPU pods Running after {row.running_s:.1f} s")
         await steady(ctl)
@@ -416,7 +423,7 @@ async def measure(
         async def settle(c: Controller) -> None:
             """The previous round's pods bound and Running, for up to a lease period (the next round comes
             then whatever the scheduler got done), and the operator quiet."""
-            row.before_rounds.append(await running(c, label, LEASE_S))
+            row.before_rounds.append(await running(c, label, LEASE_S) if sched else pending(c))
             await steady(c)
 
         row.before_rounds.append((row.running, row.pods))
@@ -467,11 +474,11 @@ def _cancel_on_signal(task: asyncio.Task[Any]) -> None:
         loop.add_signal_handler(sig, on_signal)
 
 
-def run_one(n_nodes: int, n_apps: int, repeat: int) -> Row:
+def run_one(n_nodes: int, n_apps: int, repeat: int, scheduled: bool = True) -> Row:
     with kwok_cluster(n_nodes) as (cp, creds, kwok_proc, gpus, nodes_s):
-        row = Row(n_nodes, n_apps, 0, 0, gpus, nodes_s=nodes_s)
+        row = Row(n_nodes, n_apps, 0, 0, gpus, nodes_s=nodes_s, scheduled=scheduled)
         try:
-            with run_scheduling(cp, creds["scheduler"]) as sched:
+            with run_scheduling(cp, creds["scheduler"]) if scheduled else contextlib.nullcontext() as sched:
                 try:
                     asyncio.run(measure(cp, creds["operator"], sched, kwok_proc, row, repeat))
                 finally:  # closing its loop put the default handlers back
@@ -631,17 +638,17 @@ def _sizes(args: argparse.Namespace) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in (s.split(":") for s in DEFAULT_SIZES.split(","))]
 
 
-def child(n_nodes: int, n_apps: int, repeat: int, out: Path) -> None:
+def child(n_nodes: int, n_apps: int, repeat: int, out: Path, scheduled: bool) -> None:
     _stop_on_signal()
     quiet_logging()
     try:
-        row = run_one(n_nodes, n_apps, repeat)
+        row = run_one(n_nodes, n_apps, repeat, scheduled)
     except asyncio.CancelledError:  # a signal stopped the measurement; the cluster is torn down
         sys.exit(143)
     out.write_bytes(pickle.dumps(row))
 
 
-def parent(sizes: list[tuple[int, int]], repeat: int) -> int:
+def parent(sizes: list[tuple[int, int]], repeat: int, scheduled: bool) -> int:
     """Each size in a child process (this file with --one); the report of every size that returned."""
     rows: list[Row] = []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -652,7 +659,7 @@ def parent(sizes: list[tuple[int, int]], repeat: int) -> int:
             with tempfile.TemporaryDirectory(prefix="bench-operator-scale-") as tmp:
                 out = Path(tmp) / "row.pickle"
                 argv = [sys.executable, __file__, "--one", f"{n_nodes}:{n_apps}", "--repeat", str(repeat),
-                        "--out", str(out)]  # fmt: skip
+                        "--out", str(out), *([] if scheduled else ["--no-scheduler"])]  # fmt: skip
                 proc = subprocess.Popen(argv)
                 try:
                     proc.wait()
@@ -681,15 +688,21 @@ def main() -> None:
     )
     ap.add_argument("--repeat", type=int, default=3, help="rounds measured per size (default 3)")
     ap.add_argument("--quick", action="store_true", help=f"one smoke size: {QUICK[0]} nodes, {QUICK[1]} Apps")
+    ap.add_argument(
+        "--no-scheduler",
+        action="store_true",
+        help="run no scheduler: the operator's pods stay Pending (the rounds measure the operator and the API "
+        "server alone, as bench_arbiter_realcluster does)",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)  # NODES:APPS, run in this process (the child)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         n_nodes, n_apps = (int(x) for x in args.one.split(":"))
         assert args.out is not None
-        child(n_nodes, n_apps, args.repeat, args.out)
+        child(n_nodes, n_apps, args.repeat, args.out, not args.no_scheduler)
         return
-    sys.exit(parent(_sizes(args), args.repeat))
+    sys.exit(parent(_sizes(args), args.repeat, not args.no_scheduler))
 
 
 if __name__ == "__main__":

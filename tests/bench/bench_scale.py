@@ -485,9 +485,9 @@ def run_config(c: Cluster, config: str, arrivals: list[Arrival], full: bool, rat
     namespace(c.cp, ns, labels)
     pods = [pod_for(config, i, a) for i, a in enumerate(arrivals)]
     if config == "dra":
-        for s in {template_name(a.shape): a.shape for a in arrivals if a.shape.gpus}.values():
+        for shape in {template_name(a.shape): a.shape for a in arrivals if a.shape.gpus}.values():
             status, body = c.cp.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates",
-                                        claim_template(s))  # fmt: skip
+                                        claim_template(shape))  # fmt: skip
             assert status == 201, body
     if config.startswith("tessera"):
         status, probe = c.cp.request("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", pods[0])
