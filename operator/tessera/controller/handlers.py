@@ -394,8 +394,9 @@ def _view_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
     @kopf.on.event("", "v1", "nodes", id="node_event", registry=registry)
     async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         ctl.watched = ctl.config.clock()
-        ctl.view.on_node(dict(body), deleted=type == "DELETED")
-        if ctl.arbiter is not None:
+        # Only a change to the node's GPUs (inventory, health, rack) is a Themis resource event: at
+        # thousands of nodes their status heartbeats alone would start a round every tick.
+        if ctl.view.on_node(dict(body), deleted=type == "DELETED") and ctl.arbiter is not None:
             ctl.arbiter.dirty = True
 
     @kopf.on.event("", "v1", "pods", id="pod_event", registry=registry)

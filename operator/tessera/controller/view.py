@@ -161,14 +161,19 @@ class ClusterView:
         default_factory=dict, init=False, repr=False
     )
 
-    def on_node(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+    def on_node(self, body: Mapping[str, Any], deleted: bool = False) -> bool:
+        """Whether the node's GPUs as the policies see them changed. Most node events are status
+        heartbeats (every node, every few minutes), which change nothing here and must not start rounds."""
         name = str((body.get("metadata") or {}).get("name", ""))
         info = None if deleted else node_info(body)
+        if self.nodes.get(name) == info:
+            return False
         if info is None:
             self.nodes.pop(name, None)
         else:
             self.nodes[name] = info
         self.version += 1
+        return True
 
     def on_pod(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         info = pod_info(body)

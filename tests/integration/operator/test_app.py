@@ -241,3 +241,42 @@ async def test_a_lease_renewed_on_the_same_gpus_posts_no_event(api: kmock.Kubern
         (le["node"], le["gpuIndices"]) for le in first
     ]
     assert len(events(api, "LeaseGranted")) == 1
+
+
+async def test_node_heartbeats_start_no_round_and_a_gpu_change_does(api: kmock.KubernetesEmulator) -> None:
+    """A node's status heartbeats (every node, every few minutes: thousands a minute at scale) change none
+    of its GPUs and must not start an arbiter round; a GPU turning unhealthy in the agent's inventory is a
+    resource event and does. Before, every node event set the arbiter dirty: on 1,000 kwok nodes rounds ran
+    back to back and the operator never settled."""
+    add_node(api, "n1", 2)
+    api.objects[APPS, NS, "a"] = app_body("a", [job("j1", gpus=1)])
+    async with running_operator(api) as ctl:
+        await wait_for(lambda: status(api, "a").get("leases"), what="a lease")
+        arbiter = ctl.arbiter
+        assert arbiter is not None
+        seen = 0
+        on_node = ctl.view.on_node
+
+        def counted(body: dict, deleted: bool = False) -> bool:
+            nonlocal seen
+            seen += 1
+            return on_node(body, deleted)
+
+        ctl.view.on_node = counted  # type: ignore[method-assign]
+        await wait_for(lambda: not arbiter.dirty and not arbiter.lock.locked(), what="no round pending")
+        rounds = arbiter.rounds
+        for beat in range(5):
+            stamp = f"2026-01-01T00:00:0{beat}Z"
+            ready = {"type": "Ready", "status": "True", "lastHeartbeatTime": stamp}
+            await api.patch("/api/v1/nodes/n1/status", json={"status": {"conditions": [ready]}})
+        await wait_for(lambda: seen >= 5, what="the heartbeats on the node watch")
+        assert not arbiter.dirty and arbiter.rounds == rounds
+
+        inv = json.loads(
+            dict(api.objects["v1/nodes", None, "n1"])["metadata"]["annotations"][contract.ANN_NODE_GPUS]
+        )
+        inv[1]["healthy"] = False
+        await api.patch(
+            "/api/v1/nodes/n1", json={"metadata": {"annotations": {contract.ANN_NODE_GPUS: json.dumps(inv)}}}
+        )
+        await wait_for(lambda: arbiter.rounds > rounds, what="a round for the GPU that turned unhealthy")
