@@ -3,6 +3,7 @@ agree with a scan of all pods through adds, relabels, updates and deletes."""
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -56,3 +57,22 @@ def test_index_agrees_with_a_full_scan_under_random_events() -> None:
             assert indexed(view, contract.LABEL_APP, owner, ns) == scan(view, contract.LABEL_APP, owner, ns)
         for j in ("j1", "j2"):
             assert indexed(view, contract.LABEL_JOB, j, ns) == scan(view, contract.LABEL_JOB, j, ns)
+
+
+def test_the_cluster_is_built_once_per_change_of_the_nodes() -> None:
+    """cluster() is asked for by every pass of every TrialGroup and ModelDeployment: it is rebuilt only when
+    a node's GPUs change, not on a heartbeat that changes none of them, and a change shows at once."""
+    view = ClusterView()
+    inv = [{"uuid": "GPU-0", "index": 0, "model": "V100", "memoryMiB": 16384, "healthy": True}]
+    node = {"metadata": {"name": "n1", "annotations": {contract.ANN_NODE_GPUS: json.dumps(inv)}}}
+    assert view.on_node(node)
+    first = view.cluster()
+    assert view.cluster() is first and first.gpu_ids == ["n1/0"]
+    beat = {**node, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert not view.on_node(beat) and view.cluster() is first
+    sick = [{**inv[0], "healthy": False}]
+    assert view.on_node(
+        {"metadata": {"name": "n1", "annotations": {contract.ANN_NODE_GPUS: json.dumps(sick)}}}
+    )
+    assert view.cluster() is not first and not view.cluster().gpu("n1/0").healthy
+    assert view.on_node(node, deleted=True) and len(view.cluster()) == 0
