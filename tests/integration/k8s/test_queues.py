@@ -31,6 +31,17 @@ from .workloads import bound, call, events, kubelet, operator, pods_with, releas
 QUEUES = f"/apis/{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_QUEUE}"
 
 
+async def label_namespace(cluster: ControlPlane, namespace: str, queue: str) -> None:
+    """The namespace joins `queue` (the label a team's admin sets)."""
+    await call(
+        cluster,
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}",
+        {"metadata": {"labels": {contract.LABEL_QUEUE: queue}}},
+        content_type="application/merge-patch+json",
+    )
+
+
 @contextlib.asynccontextmanager
 async def teams(cluster: ControlPlane, first: str, **specs: dict[str, Any]) -> AsyncIterator[dict[str, str]]:
     """A Queue per entry of `specs` and a namespace labelled for each (the first is the test's own
@@ -52,13 +63,7 @@ async def teams(cluster: ControlPlane, first: str, **specs: dict[str, Any]) -> A
             if i:
                 await call(cluster, "POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
                 made.append(ns)
-            await call(
-                cluster,
-                "PATCH",
-                f"/api/v1/namespaces/{ns}",
-                {"metadata": {"labels": {contract.LABEL_QUEUE: queue}}},
-                content_type="application/merge-patch+json",
-            )
+            await label_namespace(cluster, ns, queue)
             out[team] = ns
             out[f"{team}.queue"] = queue
         yield out
@@ -400,13 +405,7 @@ async def test_an_app_in_a_namespace_naming_a_missing_queue_says_so_until_the_qu
     restart. No scheduler: status and events only."""
     nodes.add(f"{namespace}-n1", gpus=2)
     queue = f"ghost-{secrets.token_hex(3)}"
-    await call(
-        cluster,
-        "PATCH",
-        f"/api/v1/namespaces/{namespace}",
-        {"metadata": {"labels": {contract.LABEL_QUEUE: queue}}},
-        content_type="application/merge-patch+json",
-    )
+    await label_namespace(cluster, namespace, queue)
     await call(cluster, "POST", app_path(namespace), app_body("train", [job("j0", 1, 10**8)]))
 
     def warned() -> list[dict[str, Any]]:
