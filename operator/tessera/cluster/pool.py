@@ -3,11 +3,15 @@
 Used by every training policy (Themis' auction solver and the greedy baselines) so they all place gangs
 the same way: keep an owner inside the finest region (slot → machine → rack → cluster) that still has
 room, and on an empty owner pick the best-fitting region for its target size (Themis §3.1.2).
+
+An owner whose lease ended at this instant may have a `Home`, the GPUs it held: a take for it goes back to
+them when that places it no worse for its own slowdown, and other owners take them only when nothing as
+good is left. Which GPUs an owner gets then follows what it held; how many stays the policy's call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tessera.cluster.topology import Cluster, Locality
@@ -29,6 +33,16 @@ class _Layout:
 
 
 _LAYOUTS: dict[int, tuple[Cluster, _Layout]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Home:
+    """The GPUs an owner held until its lease ended this instant, and its slowdown by locality (what a
+    placement costs it): moving it elsewhere for no gain would cost it a checkpoint and restart."""
+
+    owner: str
+    gpus: frozenset[str]
+    slowdown: Callable[[Locality], float]
 
 
 def _layout(cluster: Cluster) -> _Layout:
@@ -107,7 +121,7 @@ class Anchor:
 class FreePool:
     """Free GPUs indexed by slot, machine and rack, with free counts kept per region."""
 
-    def __init__(self, cluster: Cluster, gpu_ids: Iterable[str] = ()) -> None:
+    def __init__(self, cluster: Cluster, gpu_ids: Iterable[str] = (), homes: Iterable[Home] = ()) -> None:
         self.cluster = cluster
         lay = self._layout = _layout(cluster)
         self._slot: dict[SlotKey, list[str]] = {k: [] for k in lay.slot_keys}
@@ -116,6 +130,10 @@ class FreePool:
         self._node_slots = lay.node_slots  # shared and read-only
         self._rack_nodes = lay.rack_nodes
         self.size = 0
+        self._homes = {h.owner: h for h in homes if h.gpus}
+        self._claim = {g: o for o, h in self._homes.items() for g in h.gpus}  # GPU → the owner it was home to
+        # Free GPUs that are some owner's home, per slot, machine and rack (kept by put and remove).
+        self._claimed: tuple[dict[SlotKey, int], dict[str, int], dict[str, int]] = ({}, {}, {})
         self.put(gpu_ids)
 
     # --- membership -----------------------------------------------------------------------------
@@ -137,6 +155,8 @@ class FreePool:
             self._node_free[k[1]] += 1
             self._rack_free[k[0]] += 1
             self.size += 1
+            if i in self._claim:
+                self._count_claim(k, 1)
 
     def remove(self, gpu_ids: Iterable[str]) -> None:
         for i in gpu_ids:
@@ -149,6 +169,14 @@ class FreePool:
             self._node_free[k[1]] -= 1
             self._rack_free[k[0]] -= 1
             self.size -= 1
+            if i in self._claim:
+                self._count_claim(k, -1)
+
+    def _count_claim(self, k: SlotKey, n: int) -> None:
+        slot, node, rack = self._claimed
+        slot[k] = slot.get(k, 0) + n
+        node[k[1]] = node.get(k[1], 0) + n
+        rack[k[0]] = rack.get(k[0], 0) + n
 
     def ids(self) -> list[str]:
         return [i for lst in self._slot.values() for i in lst]
@@ -215,34 +243,116 @@ class FreePool:
                 return _LEVEL_LOCALITY[level]
         return Locality.CROSS_RACK
 
-    def take(self, anchor: Anchor, d: int, grow_to: int = 0) -> list[str]:
+    def take(self, anchor: Anchor, d: int, grow_to: int = 0, owner: str | None = None) -> list[str]:
         """Remove and return d GPUs placed as tightly as possible next to the anchor.
 
         An empty anchor picks the best-fitting region with room for `grow_to` (its eventual size) so a
-        gang that grows one GPU at a time does not start on a machine it cannot grow on.
+        gang that grows one GPU at a time does not start on a machine it cannot grow on. The owner's home
+        GPUs come first where they place it as well; other owners' homes come last.
         """
         if d <= 0:
             return []
         if d > self.size:
             raise ValueError(f"asked for {d} GPUs but only {self.size} are free")
+        mine = self._mine(owner)
         if anchor.count == 0:
             want = max(d, grow_to)
-            keys = self._best_fit_region(want)
-            if keys is not None and len({k[1] for k in keys}) == 1:
-                picked = self._take_from(keys, d, prefer=anchor)
+            keys = self._best_fit_region(want, mine)
+            best = _spread(want, _level_of(keys)) if keys else Locality.CROSS_RACK
+            back = self._home_gpus(owner, mine, anchor, want, best)
+            home = None if back is not None else self._home_region(owner, mine, want, keys)
+            if back is not None:
+                picked = back[:d]
+            elif home is not None:
+                picked = self._take_from(home, d, prefer=anchor, mine=mine, owner=owner)
+            elif keys is not None and len({k[1] for k in keys}) == 1:
+                picked = self._take_from(keys, d, prefer=anchor, mine=mine, owner=owner)
             else:
                 # It will span machines anyway: use up the smallest leftovers, keep big machines whole.
                 picked = self._take_from(
-                    keys or self._best_fit_region(d), d, prefer=anchor, smallest_first=True
+                    keys or self._best_fit_region(d, mine),
+                    d,
+                    prefer=anchor,
+                    smallest_first=True,
+                    mine=mine,
+                    owner=owner,
                 )
         else:
             lvl, _ = self._finest(anchor)
             level = lvl
             while level < 4 and self._enclosing_free(anchor, level) < d:
                 level += 1
-            picked = self._take_from(self._region_slots(anchor, level), d, prefer=anchor)
+            back = self._home_gpus(owner, mine, anchor, d, self.predict(anchor, d) or Locality.CROSS_RACK)
+            picked = back or self._take_from(
+                self._region_slots(anchor, level), d, prefer=anchor, mine=mine, owner=owner
+            )
         self.remove(picked)
         return picked
+
+    # --- homes ----------------------------------------------------------------------------------
+
+    def at_home(self, owner: str) -> bool:
+        """Whether some of the owner's home GPUs are still free."""
+        return bool(self._mine(owner))
+
+    def _mine(self, owner: str | None) -> dict[SlotKey, int]:
+        """The owner's free home GPUs per slot (empty without a home)."""
+        h = self._homes.get(owner) if owner is not None else None
+        if h is None:
+            return {}
+        out: dict[SlotKey, int] = {}
+        for g in h.gpus:
+            k = self._layout.where.get(g)
+            if k is not None and g in self._slot[k]:
+                out[k] = out.get(k, 0) + 1
+        return out
+
+    def _home_gpus(
+        self, owner: str | None, mine: dict[SlotKey, int], anchor: Anchor, n: int, than: Locality
+    ) -> list[str] | None:
+        """n of the owner's free home GPUs, nearest the anchor first, if the anchor with them places the
+        owner no worse for its slowdown than `than` (what the region rule would give it); else None."""
+        if owner is None or sum(mine.values()) < n:
+            return None
+        in_node: dict[str, int] = {}
+        in_rack: dict[str, int] = {}
+        for k, c in mine.items():
+            in_node[k[1]] = in_node.get(k[1], 0) + c
+            in_rack[k[0]] = in_rack.get(k[0], 0) + c
+        home = self._homes[owner]
+        order = sorted(
+            (
+                g
+                for g in home.gpus
+                if self._layout.where.get(g) in mine and g in self._slot[self._layout.where[g]]
+            ),
+            key=lambda g: (*_near(self._layout.where[g], anchor, mine, in_node, in_rack), g),
+        )
+        picked = order[:n]
+        after = anchor.copy()
+        after.add(self.cluster, picked)
+        return picked if home.slowdown(after.locality()) <= home.slowdown(than) + 1e-12 else None
+
+    def _home_region(
+        self, owner: str | None, mine: dict[SlotKey, int], want: int, best: list[SlotKey] | None
+    ) -> list[SlotKey] | None:
+        """The region around the owner's home that holds `want` GPUs, if it places the owner no worse for
+        its slowdown than the best fit does; None otherwise."""
+        if not mine or owner is None or want > self.size:
+            return None
+        k0 = max(mine, key=lambda k: (mine[k], k))
+        level = next(
+            lvl
+            for lvl, free in enumerate(
+                (len(self._slot[k0]), self._node_free[k0[1]], self._rack_free[k0[0]], self.size), 1
+            )
+            if free >= want
+        )
+        slow = self._homes[owner].slowdown
+        if best is not None and slow(_spread(want, level)) > slow(_spread(want, _level_of(best))) + 1e-12:
+            return None
+        anchor = Anchor(1, {k0[0]}, {k0[1]}, {k0})
+        return self._region_slots(anchor, level)
 
     def _region_slots(self, anchor: Anchor, level: int) -> list[SlotKey]:
         if level == 1:
@@ -254,41 +364,79 @@ class FreePool:
             return [k for n in self._rack_nodes[rack] for k in self._node_slots[n]]
         return list(self._slot)
 
-    def _best_fit_region(self, want: int) -> list[SlotKey] | None:
+    def _best_fit_region(self, want: int, mine: dict[SlotKey, int] | None = None) -> list[SlotKey] | None:
+        """The smallest slot, else machine, else rack with room for `want`; at each level a region with
+        room outside other owners' homes first (their owners may come back to them at no cost)."""
+        if self._claim and any(self._claimed[0].values()):
+            slot_c, node_c, rack_c = self._claimed
+            own_slot = mine or {}
+            own_node: dict[str, int] = {}
+            own_rack: dict[str, int] = {}
+            for k, n in own_slot.items():
+                own_node[k[1]] = own_node.get(k[1], 0) + n
+                own_rack[k[0]] = own_rack.get(k[0], 0) + n
+            return self._fit(
+                want,
+                lambda k: len(self._slot[k]) - slot_c.get(k, 0) + own_slot.get(k, 0),
+                lambda n: self._node_free[n] - node_c.get(n, 0) + own_node.get(n, 0),
+                lambda r: self._rack_free[r] - rack_c.get(r, 0) + own_rack.get(r, 0),
+            )
+        return self._fit(want, None, None, None)
+
+    def _fit(
+        self,
+        want: int,
+        slot_room: Callable[[SlotKey], int] | None,
+        node_room: Callable[[str], int] | None,
+        rack_room: Callable[[str], int] | None,
+    ) -> list[SlotKey] | None:
+        """Best fit by free count; with room functions, a region whose room fits is preferred at its level."""
         best: SlotKey | None = None
+        best_rank: tuple[bool, int] = (True, 0)
         for k, lst in self._slot.items():
-            if len(lst) >= want and (best is None or len(lst) < len(self._slot[best])):
-                best = k
+            if len(lst) >= want:
+                rank = (slot_room is not None and slot_room(k) < want, len(lst))
+                if best is None or rank < best_rank:
+                    best, best_rank = k, rank
         if best is not None:
             return [best]
-        node = min(
-            (n for n, f in self._node_free.items() if f >= want),
-            key=self._node_free.__getitem__,
-            default=None,
-        )
-        if node is not None:
+        nodes = [n for n, f in self._node_free.items() if f >= want]
+        if nodes:
+            node = min(
+                nodes, key=lambda n: (node_room is not None and node_room(n) < want, self._node_free[n])
+            )
             return list(self._node_slots[node])
-        rack = min(
-            (r for r, f in self._rack_free.items() if f >= want),
-            key=self._rack_free.__getitem__,
-            default=None,
-        )
-        if rack is not None:
+        racks = [r for r, f in self._rack_free.items() if f >= want]
+        if racks:
+            rack = min(
+                racks, key=lambda r: (rack_room is not None and rack_room(r) < want, self._rack_free[r])
+            )
             return [k for n in self._rack_nodes[rack] for k in self._node_slots[n]]
         return None if want > self.size else list(self._slot)
 
     def _take_from(
-        self, keys: list[SlotKey] | None, d: int, prefer: Anchor, smallest_first: bool = False
+        self,
+        keys: list[SlotKey] | None,
+        d: int,
+        prefer: Anchor,
+        smallest_first: bool = False,
+        mine: dict[SlotKey, int] | None = None,
+        owner: str | None = None,
     ) -> list[str]:
-        """d GPUs from these slots: the anchor's own slots/machines/racks first, then the fullest."""
+        """d GPUs from these slots: the anchor's own slots/machines/racks first, then the slots holding
+        the owner's home, then the fullest. In a slot: the owner's home, then unclaimed GPUs, then others'
+        homes."""
         if keys is None:
             keys = list(self._slot)
+        mine = mine or {}
+        claimed = self._claimed[0]
 
-        def rank(k: SlotKey) -> tuple[int, int, int, int, int]:
+        def rank(k: SlotKey) -> tuple[int, int, int, int, int, int]:
             return (
                 k not in prefer.slots,
                 k[1] not in prefer.nodes,
                 k[0] not in prefer.racks,
+                -mine.get(k, 0),
                 -self._rack_free[k[0]] if len(keys) > 1 else 0,
                 (self._node_free[k[1]] if smallest_first else -self._node_free[k[1]]) * 1000
                 - len(self._slot[k]),
@@ -296,11 +444,47 @@ class FreePool:
 
         out: list[str] = []
         for k in sorted(keys, key=rank):
-            for i in self._slot[k]:
+            gpus = self._slot[k]
+            if mine.get(k) or claimed.get(k):
+                gpus = sorted(gpus, key=lambda g: self._claim_rank(g, owner))
+            for i in gpus:
                 out.append(i)
                 if len(out) == d:
                     return out
         raise ValueError(f"region has fewer than {d} free GPUs")
 
+    def _claim_rank(self, gpu: str, owner: str | None) -> int:
+        """0: the owner's home, 1: nobody's, 2: another owner's home."""
+        who = self._claim.get(gpu)
+        return 1 if who is None else (0 if who == owner else 2)
+
 
 _LEVEL_LOCALITY = {1: Locality.SLOT, 2: Locality.MACHINE, 3: Locality.RACK, 4: Locality.CROSS_RACK}
+
+
+def _near(
+    k: SlotKey, anchor: Anchor, mine: dict[SlotKey, int], in_node: dict[str, int], in_rack: dict[str, int]
+) -> tuple[int, int, int, int, int, int]:
+    """Sort key of a home GPU in slot k: inside the anchor's slot, machine, rack first, then where most of
+    the home is (rack, machine, slot)."""
+    return (
+        k not in anchor.slots,
+        k[1] not in anchor.nodes,
+        k[0] not in anchor.racks,
+        -in_rack[k[0]],
+        -in_node[k[1]],
+        -mine[k],
+    )
+
+
+def _spread(n: int, level: int) -> Locality:
+    """Locality of n GPUs taken inside one region of this level (the same reading as `predict`)."""
+    return Locality.GPU if n <= 1 else _LEVEL_LOCALITY[level]
+
+
+def _level_of(keys: list[SlotKey]) -> int:
+    if len(keys) == 1:
+        return 1
+    if len({k[1] for k in keys}) == 1:
+        return 2
+    return 3 if len({k[0] for k in keys}) == 1 else 4

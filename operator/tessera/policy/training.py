@@ -59,6 +59,8 @@ class AppState:
     peak_demand: int = 0  # app_demand_max over its whole life (T_cluster); 0 = demand_max
     queue: str = "default"  # the team queue it belongs to (tessera.policy.queues)
     since: float = 0.0  # when its GPU set last changed (a queue's minimum runtime counts from here)
+    # GPUs whose lease ended at this instant: a round may hand them back (ThemisConfig.renew_in_place).
+    previous: frozenset[str] = frozenset()
 
     @property
     def app_demand_max(self) -> int:

@@ -19,8 +19,10 @@ from tessera.sim.training.simulator import SimConfig, simulate
 from tessera.sim.training.trace import GeneratorConfig, generate
 
 # The arbiter rules of that commit (filter over apps with unmet demand, unclaimed GPUs as random leftover,
-# apps holding nothing ranked first by arrival).
-OLD_RULES = ThemisConfig(filter_over="hungry", unclaimed="leftover", starving_rank="cap")
+# apps holding nothing ranked first by arrival, an App back at lease end placed as a newcomer).
+OLD_RULES = ThemisConfig(
+    filter_over="hungry", unclaimed="leftover", starving_rank="cap", renew_in_place=False
+)
 # policy: (max ρ, GPU-hours, makespan h, avg JCT h, rounds, events), 8 apps, seed 5, testbed-64
 RECORDED = {
     "themis": (1.6106890425113534, 2653.45962687839, 46.58694861656342, 9.307164399288206, 1324, 3835),

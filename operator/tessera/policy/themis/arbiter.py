@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.cluster import Cluster
-from tessera.cluster.pool import Anchor, FreePool
+from tessera.cluster.pool import Anchor, FreePool, Home
 from tessera.policy.themis.auction import SolverName, run_auction
 from tessera.policy.themis.bids import Bid, make_bid
 from tessera.policy.themis.estimate import TidMode
@@ -49,6 +49,10 @@ class ThemisConfig:
     # scale; "cap" ranks every such app first, ties by arrival (Themis §3.3.2 read literally: under contention
     # the filter turns FIFO among starving apps and an app holding a sliver never bids again).
     starving_rank: str = "fair_share"
+    # At lease end an App holds nothing and bids afresh (Themis §3.3.2); the paper does not say which GPUs
+    # it then gets. true: the GPUs it held, wherever they place it no worse for its slowdown than the best
+    # fit (no checkpoint and restart for nothing); false: placed as a newcomer would be.
+    renew_in_place: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fairness_knob <= 1.0:
@@ -91,6 +95,7 @@ def allocate_leftover(
     second: Sequence[AppState],
     already: dict[str, list[str]],
     rng: random.Random,
+    homes: Sequence[Home] = (),
 ) -> dict[str, list[str]]:
     """Hand leftover GPUs to apps at random (Themis Pseudocode 1 line 21; order: Tessera's).
 
@@ -98,7 +103,7 @@ def allocate_leftover(
     packed next to its GPUs; then `second` (the filtered) the same way. A GPU stays idle only when no app
     has unmet demand, so the round is work-conserving (invariant §6.6-4).
     """
-    pool = FreePool(cluster, leftover)
+    pool = FreePool(cluster, leftover, homes)
     out: dict[str, list[str]] = {}
     for group in (first, second):
         order = list(group)
@@ -111,7 +116,7 @@ def allocate_leftover(
             if want <= 0:
                 continue
             anchor = Anchor.of(cluster, [*a.held, *have])
-            got = pool.take(anchor, min(want, pool.size))
+            got = pool.take(anchor, min(want, pool.size), owner=a.app_id)
             out[a.app_id] = got
     return out
 
@@ -164,6 +169,7 @@ class Themis:
         if not free or not hungry:
             return decision
         population = hungry if c.filter_over == "hungry" else list(apps)
+        homes = renewal_homes(apps) if c.renew_in_place else []
         ranked = [(self.rank_rho(a, now, cluster), a) for a in population]
         offer = list(free)
         won: dict[str, list[str]] = {}
@@ -177,7 +183,13 @@ class Themis:
             chosen.update(a.app_id for a in filter_apps(candidates, c.fairness_knob))
             bids = [self._bid(a, now, cluster, len(offer)) for a in filtered]
             result = run_auction(
-                bids, cluster, offer, solver=c.solver, exact_limit=c.exact_limit, min_keep=c.min_keep
+                bids,
+                cluster,
+                offer,
+                solver=c.solver,
+                exact_limit=c.exact_limit,
+                min_keep=c.min_keep,
+                homes=homes,
             )
             won.update(result.won)
             in_pf = {g for gs in result.pf.values() for g in gs}
@@ -191,7 +203,7 @@ class Themis:
         leftover = cluster.sorted(leftover)
         unfiltered = [a for a in hungry if a.app_id not in chosen]
         bidders = [a for a in hungry if a.app_id in chosen]
-        extra = allocate_leftover(cluster, leftover, unfiltered, bidders, won, rng)
+        extra = allocate_leftover(cluster, leftover, unfiltered, bidders, won, rng, homes)
         expiry = lease_expiry(now, c.lease_s)
         for app_id, gpus in won.items():
             if gpus:
@@ -209,6 +221,11 @@ class Themis:
             len(leftover),
         )
         return decision
+
+
+def renewal_homes(apps: Sequence[AppState]) -> list[Home]:
+    """The GPUs each App held until its lease ended this instant, with its slowdown by locality."""
+    return [Home(a.app_id, a.previous, a.sensitivity.slowdown) for a in apps if a.previous and a.unmet > 0]
 
 
 def _record(

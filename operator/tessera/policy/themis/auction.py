@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tessera.cluster import Cluster, Locality
-from tessera.cluster.pool import FreePool
+from tessera.cluster.pool import FreePool, Home
 from tessera.policy.themis.bids import Bid
 from tessera.policy.themis.nsw import Solution, WarmStart, exact_nsw, exact_size, greedy_nsw, objective
 
@@ -37,14 +37,16 @@ def solve_pf(
     solver: SolverName = "auto",
     exact_limit: int = 20_000,
     start: Mapping[str, Sequence[str]] | WarmStart | None = None,
+    homes: Sequence[Home] = (),
 ) -> tuple[Solution, str]:
-    """One NSW solve. `start` (greedy only) warm-starts from a partial allocation outside `offer`."""
+    """One NSW solve. `start` (greedy only) warm-starts from a partial allocation outside `offer`; `homes`
+    are the GPUs bidders held until their lease ended (placement only: equal solutions give them back)."""
     use_exact = solver == "exact" or (
         solver == "auto" and start is None and exact_size(len(bids), len(offer)) <= exact_limit
     )
     if use_exact:
-        return exact_nsw(bids, cluster, offer), "exact"
-    return greedy_nsw(bids, cluster, FreePool(cluster, offer), start), "greedy"
+        return exact_nsw(bids, cluster, offer, homes), "exact"
+    return greedy_nsw(bids, cluster, FreePool(cluster, offer, homes), start), "greedy"
 
 
 def run_auction(
@@ -55,13 +57,15 @@ def run_auction(
     solver: SolverName = "auto",
     exact_limit: int = 20_000,
     min_keep: int = 1,
+    homes: Sequence[Home] = (),
 ) -> AuctionResult:
     """Partial allocation over the offer. `min_keep` GPUs of a non-empty PF bundle always stay with the
     winner (Tessera's choice, configurable; 0 = the literal floor): with indivisible GPUs and starving bidders
     (ρ_old = ρ_cap) the literal floor(c_i·k) strips every winner to zero under contention."""
     if len(set(offer)) != len(offer):
         raise ValueError("offer lists a GPU twice")
-    pf, used = solve_pf(bids, cluster, offer, solver, exact_limit)
+    # The solves without each bidder only price it (their placements are not granted): no homes there.
+    pf, used = solve_pf(bids, cluster, offer, solver, exact_limit, homes=homes)
     payment: dict[str, float] = {}
     without: dict[str, Solution] = {}
     logs_pf = {b.app_id: b.log_rho(len(pf[b.app_id]), _loc(b, cluster, pf[b.app_id])) for b in bids}
@@ -97,12 +101,13 @@ def run_auction(
         payment[b.app_id] = min(1.0, math.exp(log_c))
     won: Solution = {}
     taken: set[str] = set()
+    home = {h.owner: h.gpus for h in homes}
     for b in bids:
         bundle = pf[b.app_id]
         n = math.floor(payment[b.app_id] * len(bundle) + 1e-9)
         if bundle:
             n = max(n, min(min_keep, len(bundle)))
-        won[b.app_id] = _tightest(cluster, b, bundle, n)
+        won[b.app_id] = _tightest(cluster, b, bundle, n, home.get(b.app_id, frozenset()))
         taken.update(won[b.app_id])
     leftover = [g for g in offer if g not in taken]
     return AuctionResult(pf=pf, payment=payment, won=won, leftover=leftover, solver=used, without=without)
@@ -114,16 +119,18 @@ def _loc(b: Bid, cluster: Cluster, gpus: Sequence[str]) -> Locality:
     return a.locality()
 
 
-def _tightest(cluster: Cluster, b: Bid, bundle: Sequence[str], n: int) -> list[str]:
+def _tightest(
+    cluster: Cluster, b: Bid, bundle: Sequence[str], n: int, home: frozenset[str] = frozenset()
+) -> list[str]:
     """n GPUs of the bundle packed as tightly as possible with what the app holds (machines it is on
-    first, then the machines where the bundle is densest)."""
+    first, then the machines where the bundle is densest); on a machine, GPUs it held before first."""
     if n >= len(bundle):
         return list(bundle)
     by_machine = cluster.by_machine(bundle)
     order = sorted(by_machine, key=lambda m: (m not in b.held.nodes, -len(by_machine[m]), m))
     out: list[str] = []
     for m in order:
-        for g in by_machine[m]:
+        for g in sorted(by_machine[m], key=lambda g: g not in home):
             if len(out) == n:
                 return out
             out.append(g)

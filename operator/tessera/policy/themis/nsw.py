@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tessera.cluster import Cluster, Locality
-from tessera.cluster.pool import Anchor, FreePool
+from tessera.cluster.pool import Anchor, FreePool, Home
 from tessera.policy.themis.bids import Bid
 
 Solution = dict[str, list[str]]
@@ -38,11 +38,16 @@ def objective(bids: Sequence[Bid], cluster: Cluster, sol: Mapping[str, Sequence[
     return total
 
 
-def exact_nsw(bids: Sequence[Bid], cluster: Cluster, offer: Sequence[str]) -> Solution:
-    """Brute force over all (len(bids)+1)^len(offer) assignments; ties keep the first found."""
+def exact_nsw(
+    bids: Sequence[Bid], cluster: Cluster, offer: Sequence[str], homes: Sequence[Home] = ()
+) -> Solution:
+    """Brute force over all (len(bids)+1)^len(offer) assignments; of equal ones, the one that gives
+    most bidders' GPUs back to them (their homes), then the first found."""
     m = len(bids)
+    home = {h.owner: h.gpus for h in homes}
     best: Solution = {b.app_id: [] for b in bids}
     best_val = objective(bids, cluster, best)
+    best_back = 0
     for assign in itertools.product(range(m + 1), repeat=len(offer)):
         sol: Solution = {b.app_id: [] for b in bids}
         ok = True
@@ -56,8 +61,11 @@ def exact_nsw(bids: Sequence[Bid], cluster: Cluster, offer: Sequence[str]) -> So
         if not ok:
             continue
         val = objective(bids, cluster, sol)
-        if val < best_val - 1e-12:
-            best, best_val = sol, val
+        if val > best_val + 1e-12:
+            continue
+        back = sum(len(home[i].intersection(gs)) for i, gs in sol.items() if i in home) if home else 0
+        if val < best_val - 1e-12 or back > best_back:
+            best, best_val, best_back = sol, val, back
     return best
 
 
@@ -147,17 +155,18 @@ class _Greedy:
         anchor = self._grown.get(b.app_id)
         if anchor is None:
             anchor = self._grown[b.app_id] = self.anchor(b).copy()
-        got = self.pool.take(anchor, d, grow_to=grow_to)
+        got = self.pool.take(anchor, d, grow_to=grow_to, owner=b.app_id)
         self.alloc[b.app_id].extend(got)
         anchor.add(self.cluster, got)
 
     def seat_entrants(self) -> None:
         """Entrants (holding nothing, ρ_old = ρ_cap) all win a first GPU before anyone grows, because that
         step's gain dwarfs every other. Seat them first, the most placement-sensitive first, so the app
-        that would lose most on a spread placement picks its region before the others (Figure 5, inst. 2)."""
+        that would lose most on a spread placement picks its region before the others (Figure 5, inst. 2).
+        An App back at lease end whose GPUs are free goes before them all: its region is the one it held."""
         entrants = [b for b in self.bids if b.held.count == 0 and not self.alloc[b.app_id] and b.cap > 0]
         if 0 < len(entrants) <= self.pool.size:
-            for b in sorted(entrants, key=lambda b: -_regret(b)):
+            for b in sorted(entrants, key=lambda b: (not self.pool.at_home(b.app_id), -_regret(b))):
                 self.take(b, 1, b.cap)
             self.maxima = self.pool.max_free()
 

@@ -109,6 +109,7 @@ class _Live:
     since: float = 0.0  # when `held` last changed (for attained service)
     version: int = 0
     error: AppError | None = None  # the app's estimation error (SimConfig.estimate_error > 0)
+    previous: frozenset[str] = frozenset()  # GPUs whose lease ended since the last round (AppState.previous)
 
 
 RuntimeFactory = Callable[[TraceApp, Cluster, "SimConfig"], AppRuntime]
@@ -313,6 +314,7 @@ class _Simulation:
         gone = {g for g in app.held if self.expiry.get(g, math.inf) <= now + 1e-9}
         if gone:
             new = self.pending.get(app_id, set(app.held)) - gone
+            app.previous = app.previous | gone
             self._free_gpus(gone)
             self.pending[app_id] = new
             self._set_held(app, now, set(new))
@@ -412,6 +414,8 @@ class _Simulation:
             rho = make_bid(st, now, self.cluster, 0).rho_old
             self.timeline.append((now, st.app_id, rho, len(st.held)))
         check_decision(decision, states, free_list)
+        for a in self.live.values():
+            a.previous = frozenset()  # this round saw them: given back, or to others
         if self.keep_records and decision.record:
             self.records.append(decision.record)
         for app_id, gpus in decision.revoke.items():
@@ -437,6 +441,7 @@ class _Simulation:
             peak_demand=a.runtime.peak_demand(),
             queue=a.spec.queue,
             since=a.since,
+            previous=a.previous,
         )
 
     def _revoke(self, now: float, app_id: str, gpus: Iterable[str]) -> None:
