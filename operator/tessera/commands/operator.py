@@ -72,6 +72,13 @@ def _themis_options(group: argparse._ArgumentGroup) -> None:
         "(fair_share, default) or ahead of every App holding GPUs, by arrival (cap: the paper's literal rule)",
     )
     group.add_argument(
+        "--renew-in-place",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="at lease end, give an App back the GPUs it held when that places it no worse for its slowdown "
+        "(default); --no-renew-in-place places it as a newcomer would be",
+    )
+    group.add_argument(
         "--preemption-grace-seconds", type=int, default=30, help="SIGTERM→SIGKILL window on lease loss (30)"
     )
     group.add_argument(
@@ -125,6 +132,7 @@ FLAGS: Final = {
     "lease_s": "--lease-seconds",
     "fairness_knob": "--fairness-knob",
     "starving_rank": "--starving-rank",
+    "renew_in_place": "--renew-in-place",
     "preemption_grace_s": "--preemption-grace-seconds",
     "admission_threshold": "--admission-threshold",
     "seed": "--seed",

@@ -78,6 +78,9 @@ class AppRecord:
     t_shared: float | None = None  # ρ's numerator (elapsed + remaining), seconds; inf while holding nothing
     t_independent: float | None = None  # ρ's denominator T_id, seconds
     finished_at: float | None = None
+    # GPU → job of the leases that ended in this round: the policy may hand them back (renewal in place),
+    # and a job gets back the GPUs it ran on, so its pods stay where they are.
+    previous: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -170,6 +173,7 @@ class AppRecord:
             attained_service=self.active_gpu_seconds,
             n_avg=max(1.0, n_avg),
             estimator=estimator_for(jobs, self.halving_plan()),
+            previous=frozenset(g for g in self.previous if known is None or g in known),
         )
 
     # --- progress ---------------------------------------------------------------------------------
@@ -232,17 +236,29 @@ class AppRecord:
     def expire(self, now: float) -> list[LeaseRec]:
         gone = [lease for lease in self.leases if lease.expires <= now]
         self.leases = [lease for lease in self.leases if lease.expires > now]
+        self.previous.update((g, lease.job) for lease in gone for g in lease.gpus)
         return gone
 
     def grant(self, gpus: Sequence[str], expires: float, source: str, cluster: Cluster) -> list[LeaseRec]:
         """Hand new GPUs to the App's jobs (the App's own scheduler, Themis' two-level split §1.7):
+        each job first gets back the GPUs it ran on until its lease ended this round (its pods stay), then
         jobs that already run first, then in spec order, each up to its maxGPUs; one lease per job and node.
         GPUs no job can use are not leased (the policy never grants beyond demand, so that is rare)."""
         have = self.job_gpus()
         live = self.live_jobs()
-        order = sorted(range(len(live)), key=lambda i: (not have.get(live[i].name), i))
         pool = cluster.sorted(gpus)
         new: dict[str, list[str]] = {}
+        if self.previous:
+            room = {j.name: j.max_gpus - len(have.get(j.name, [])) for j in live}
+            for g in list(pool):
+                job = self.previous.get(g)
+                if job is not None and room.get(job, 0) > 0:
+                    new.setdefault(job, []).append(g)
+                    room[job] -= 1
+                    pool.remove(g)
+            for job, gs in new.items():
+                have[job] = [*have.get(job, []), *gs]
+        order = sorted(range(len(live)), key=lambda i: (not have.get(live[i].name), i))
         for i in order:
             j = live[i]
             want = j.max_gpus - len(have.get(j.name, []))
@@ -250,7 +266,7 @@ class AppRecord:
                 # Prefer GPUs on the nodes the job already uses (locality, Eq. 1's slowdown S).
                 nodes = {split_gpu_id(g)[0] for g in have.get(j.name, [])}
                 pool.sort(key=lambda g: (split_gpu_id(g)[0] not in nodes, cluster.order(g)))
-                new[j.name], pool = pool[:want], pool[want:]
+                new[j.name], pool = [*new.get(j.name, []), *pool[:want]], pool[want:]
         out: list[LeaseRec] = []
         for job, gs in new.items():
             for node, idx in group_by_node(gs).items():

@@ -74,7 +74,10 @@ class Arbiter:
         self.metrics = ctx.metrics
         self.themis = Themis(
             ThemisConfig(
-                fairness_knob=config.fairness_knob, lease_s=config.lease_s, starving_rank=config.starving_rank
+                fairness_knob=config.fairness_knob,
+                lease_s=config.lease_s,
+                starving_rank=config.starving_rank,
+                renew_in_place=config.renew_in_place,
             )
         )
         self.rng = random.Random(config.seed)
@@ -230,6 +233,8 @@ class Arbiter:
         renewed = {
             k for k in gained if k not in self.revoked and self.records[k].lease_pairs() == before.get(k)
         }
+        for rec in self.records.values():
+            rec.previous = {}  # this round saw them: handed back, or to others
         self._export(now, cluster)
         await self._write_round(now, changed - renewed, gained, renewed)
         await self.write_queues(now, cluster)

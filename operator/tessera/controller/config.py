@@ -23,6 +23,7 @@ class OperatorConfig(BaseModel):
     fairness_knob: float = Field(default=0.8, ge=0, le=1)  # Themis f
     # ThemisConfig.starving_rank: how Apps holding nothing are ranked
     starving_rank: Literal["fair_share", "cap"] = "fair_share"
+    renew_in_place: bool = True  # ThemisConfig.renew_in_place: an App back at lease end gets its GPUs back
     # SIGTERM → SIGKILL window for checkpointing on lease loss
     preemption_grace_s: int = Field(default=30, ge=0)
     admission_threshold: float | None = Field(default=None, gt=0)  # Themis footnote 2; None admits everything

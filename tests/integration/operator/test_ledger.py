@@ -155,3 +155,35 @@ async def test_a_restart_holds_renewed_leases_until_the_ledger_says(api: kmock.K
     assert not status(api, "b").get("leases")
     assert set(pods(api)) == names
     assert not [w for w in writes(api)[seen:] if w.split()[1] == "pods"]
+
+
+async def test_leases_that_end_on_a_cluster_with_room_are_renewed_where_they_were(
+    api: kmock.KubernetesEmulator,
+) -> None:
+    """Twelve Apps placed in one round, so their leases end together; the cluster has room and nobody else
+    wants GPUs, so each App gets back the GPUs its jobs ran on: no pod moves, and the round records the
+    renewals in the ledger and writes no lease to status (ThemisConfig.renew_in_place). Placed afresh
+    (`renew_in_place: false`), Apps returning together land on one another's GPUs."""
+    clock = ManualClock()
+    for node in ("n1", "n2", "n3", "n4"):
+        add_node(api, node, 8)
+    shapes = {f"app{i}": [job("j1", iters=10**6, gpus=1 + i % 3)] for i in range(12)}
+    shapes["app0"].append(job("j2", iters=10**6, gpus=1))
+    for n, jobs in shapes.items():
+        api.objects[APPS, NS, n] = app_body(n, jobs)
+    async with running_operator(api, lease_s=100.0, clock=clock, status_max_staleness_s=STALE) as ctl:
+        await wait_for(lambda: all(status(api, n).get("leases") for n in shapes), what="every lease")
+        await settle(ctl)
+        arbiter = ctl.arbiter
+        assert arbiter is not None
+        where = {k: v["spec"].get("nodeName") for k, v in pods(api).items()}
+        held = {k: r.lease_pairs() for k, r in arbiter.records.items()}
+        for round_ in (1, 2):
+            seen, rounds = len(writes(api)), arbiter.rounds
+            clock.advance(150.0)  # every lease ends
+            await wait_for(lambda r=rounds: arbiter.rounds > r, what=f"round {round_}")
+            await settle(ctl)
+            assert {k: r.lease_pairs() for k, r in arbiter.records.items()} == held
+            assert {k: v["spec"].get("nodeName") for k, v in pods(api).items()} == where
+            assert not [w for w in writes(api)[seen:] if "pods" in w or "leases" in w]
+            assert set(ledger(api)["apps"]) == {f"{NS}/{n}" for n in shapes}

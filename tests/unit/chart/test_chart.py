@@ -35,6 +35,7 @@ NON_DEFAULT: dict[str, Any] = {
             "leaseSeconds": 300,
             "fairnessKnob": 0.5,
             "starvingRank": "cap",
+            "renewInPlace": False,
             "admissionThreshold": 1.5,
             "preemptionGraceSeconds": 60,
         },
@@ -458,6 +459,7 @@ def test_non_default_values_take_effect() -> None:
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"][0]
     assert "--namespace tessera-system" in args and '"--pass-deadline-seconds" "90"' in args
     assert "--lease-seconds 300 --preemption-grace-seconds 60 --fairness-knob 0.5 --starving-rank cap" in args
+    assert "--no-renew-in-place" in args
     assert "--admission-threshold 1.5" in args
     # The gateways of ModelDeployments run the chart's own image.
     assert "--gateway-image registry.example.com/ml/tessera:0.1.0-rc1" in args
@@ -501,6 +503,7 @@ def test_service_monitors_need_the_crd_unless_told_otherwise() -> None:
         ({"logLevel": "verbose"}, "at '/logLevel': value must be one of"),
         ({"operator": {"themis": {"fairnessKnob": 1.5}}}, "at '/operator/themis/fairnessKnob': maximum"),
         ({"operator": {"themis": {"starvingRank": "fifo"}}}, "at '/operator/themis/starvingRank'"),
+        ({"operator": {"themis": {"renewInPlace": "no"}}}, "at '/operator/themis/renewInPlace'"),
         ({"operator": {"themis": {"leaseSeconds": 0}}}, "at '/operator/themis/leaseSeconds'"),
         ({"gpuNodes": {"reserve": "yes"}}, "at '/gpuNodes/reserve': got string, want boolean"),
         # An empty value would be a label no namespace is meant to carry by accident.

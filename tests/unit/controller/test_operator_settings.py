@@ -10,13 +10,15 @@ from tessera.controller.context import Context
 
 def test_themis_flags_reach_the_arbiter() -> None:
     argv = ["operator", "--lease-seconds", "300", "--fairness-knob", "0.5", "--starving-rank", "cap"]
-    config = config_from_args(cli.build_parser().parse_args(argv))
+    config = config_from_args(cli.build_parser().parse_args([*argv, "--no-renew-in-place"]))
     arbiter = Arbiter(Context(config, None, None, None, None))  # type: ignore[arg-type]  # only the config is read here
     themis = arbiter.themis.config
     assert (themis.lease_s, themis.fairness_knob, themis.starving_rank) == (300.0, 0.5, "cap")
+    assert themis.renew_in_place is False
     defaults = config_from_args(cli.build_parser().parse_args(["operator"]))
     default = Arbiter(Context(defaults, None, None, None, None))  # type: ignore[arg-type]
     assert default.themis.config.starving_rank == "fair_share"
+    assert default.themis.config.renew_in_place is True
 
 
 def test_bad_starving_rank_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
