@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up what the tests need (.venv, etcd and Prometheus from Debian, the Kubernetes components, the node's
-# containerd, the admin CLIs — Helm 4 and kubectl — and kwok, built from their Go modules), then lint,
+# containerd, the admin CLIs — Helm 4 and kubectl — kwok and Kueue, built from their Go modules), then lint,
 # type-check and run the whole test suite — real control plane included.
 # Extra arguments go to pytest.
 set -euo pipefail
@@ -21,6 +21,10 @@ export TESSERA_CLI_DIR
 # the Kubernetes build, for the same reason).
 TESSERA_KWOK_DIR="$(bash hack/kwok-assets.sh | tail -n1)"
 export TESSERA_KWOK_DIR
+# The real Kueue with its own CRDs and webhook manifests, which tests/integration/kueue runs beside the
+# control plane on kwok nodes (Tessera's team queues are compared with it).
+TESSERA_KUEUE_DIR="$(bash hack/kueue-assets.sh | tail -n1)"
+export TESSERA_KUEUE_DIR
 V=.venv/bin
 $V/ruff check .
 $V/ruff format --check .

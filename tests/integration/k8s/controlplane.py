@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import ssl
@@ -368,6 +369,24 @@ class ControlPlane:
         for proc in reversed(self.processes):
             proc.stop()
         self.processes.clear()
+
+
+@contextlib.contextmanager
+def default_scheduler(cluster: ControlPlane) -> Iterator[Process]:
+    """kube-scheduler with its default profile (DRA's allocator included), as cluster-admin: it binds the pods
+    that name no scheduler and allocates their claims, as in any cluster. Stopped on exit."""
+    sched = cluster.spawn(
+        f"kube-scheduler-default-{secrets.token_hex(3)}",
+        [str(cluster.assets / "kube-scheduler"), f"--kubeconfig={cluster.kubeconfig}", "--leader-elect=false",
+         "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2"],
+    )  # fmt: skip
+    try:
+        wait_until(
+            lambda: "Starting Kubernetes Scheduler" in sched.log.read_text(), 60, "kube-scheduler", sched
+        )
+        yield sched
+    finally:
+        sched.stop()
 
 
 @contextlib.contextmanager

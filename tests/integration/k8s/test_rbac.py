@@ -9,7 +9,6 @@ request used, so a missing permission and a needless one both show up here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import secrets
@@ -57,7 +56,7 @@ from .conftest import (
     running_operator,
     wait_for,
 )
-from .controlplane import ControlPlane, Process, wait_until
+from .controlplane import ControlPlane, default_scheduler, wait_until
 from .test_scheduling import fractional_pod
 
 Call = tuple[str, str, str]  # (API group, resource[/subresource], verb): what an RBAC rule grants
@@ -805,24 +804,6 @@ def dra_rbac(crds: ControlPlane) -> tuple[list[dict[str, Any]], dict[str, Creden
             path = crds.write_kubeconfig(crds.workdir / f"{component}-dra.kubeconfig", token=token)
             out[component] = Credentials(d["metadata"]["name"], token, path)
     return objs, out
-
-
-@contextlib.contextmanager
-def default_scheduler(cluster: ControlPlane) -> Iterator[Process]:
-    """kube-scheduler with its default profile (DRA's allocator included), as cluster-admin: it allocates the
-    claims of pods that name no scheduler, as in any cluster."""
-    sched = cluster.spawn(
-        f"kube-scheduler-default-{secrets.token_hex(3)}",
-        [str(cluster.assets / "kube-scheduler"), f"--kubeconfig={cluster.kubeconfig}", "--leader-elect=false",
-         "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2"],
-    )  # fmt: skip
-    try:
-        wait_until(
-            lambda: "Starting Kubernetes Scheduler" in sched.log.read_text(), 60, "kube-scheduler", sched
-        )
-        yield sched
-    finally:
-        sched.stop()
 
 
 def lane_claim_pod(name: str, node: str) -> dict[str, Any]:
