@@ -271,7 +271,7 @@ class AppRecord:
         for job, gs in new.items():
             for node, idx in group_by_node(gs).items():
                 out.append(LeaseRec(tuple(gpu_id(node, i) for i in idx), job, expires, source))
-        self.leases.extend(out)
+        self.leases = merged(self.leases + out)
         return out
 
     # --- pods and status --------------------------------------------------------------------------
@@ -322,6 +322,21 @@ class AppRecord:
             jobs=jobs,
             leases=[lease.to_api() for lease in self.leases],
         )
+
+
+def merged(leases: Iterable[LeaseRec]) -> list[LeaseRec]:
+    """One lease per job, node and expiry, in (job, node) order; "auction" if any part came from it.
+    A round may grant an App its GPUs in two grants (auction, then leftover) and the next round the same
+    GPUs split the other way: without this the status and the ledger's keys would differ for a renewal."""
+    groups: dict[tuple[str, str, float], list[LeaseRec]] = {}
+    for lease in leases:
+        groups.setdefault((lease.job, split_gpu_id(lease.gpus[0])[0], lease.expires), []).append(lease)
+    out = []
+    for (job, _, expires), parts in sorted(groups.items(), key=lambda kv: kv[0]):
+        gpus = sorted({g for p in parts for g in p.gpus}, key=lambda g: split_gpu_id(g)[1])
+        source = "auction" if any(p.source != "leftover" for p in parts) else "leftover"
+        out.append(LeaseRec(tuple(gpus), job, expires, source))
+    return out
 
 
 def manifest_of(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -75,11 +75,13 @@ def status_due(
 
 
 def without_expiries(fields: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields with each lease's expiry left out (what a renewal changes)."""
+    """The fields with each lease's expiry and source left out (what a renewal changes: the same GPUs may
+    come back through the auction or as leftovers)."""
     leases = fields.get("leases")
     if not leases:
         return dict(fields)
-    return {**fields, "leases": [{k: v for k, v in le.items() if k != "expiresAt"} for le in leases]}
+    drop = ("expiresAt", "source")
+    return {**fields, "leases": [{k: v for k, v in le.items() if k not in drop} for le in leases]}
 
 
 def written(status: Mapping[str, Any], now: float) -> Written:

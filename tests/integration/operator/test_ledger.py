@@ -185,5 +185,5 @@ async def test_leases_that_end_on_a_cluster_with_room_are_renewed_where_they_wer
             await settle(ctl)
             assert {k: r.lease_pairs() for k, r in arbiter.records.items()} == held
             assert {k: v["spec"].get("nodeName") for k, v in pods(api).items()} == where
-            assert not [w for w in writes(api)[seen:] if "pods" in w or "leases" in w]
+            assert not [w for w in writes(api)[seen:] if "pods" in w or "apps/status" in w]
             assert set(ledger(api)["apps"]) == {f"{NS}/{n}" for n in shapes}

@@ -109,3 +109,30 @@ def test_recovery_skips_leases_of_jobs_no_longer_in_the_spec() -> None:
 def test_bad_spec_is_a_manifest_error_naming_the_field() -> None:
     with pytest.raises(ManifestError, match="maxGPUs"):
         record_from_body(body([job("j1", 0)]), T0)
+
+
+def test_a_renewal_split_differently_over_grants_leaves_the_status_leases_and_the_ledger_key_alone() -> None:
+    """Seen at 1,000 nodes: a round granted an App its GPUs in two grants (auction, then leftover), the
+    next round the same (job, GPU) pairs split the other way. The status then differed in its lease
+    grouping only, so a renewal was written to status, and the ledger's (job, GPUs) keys no longer
+    matched the grouping a restart reads back. Leases of one job on one node with one expiry are one."""
+    from tessera.controller.ledger import Entry, Ledger
+    from tessera.controller.status_writes import stable_fields, without_expiries
+
+    c = cluster_of({"n1": 8})
+    rec = record_from_body(body([job("j1", 2), job("j2", 2)]), T0)
+    rec.grant(["n1/0", "n1/1", "n1/2"], T0 + 600, "auction", c)
+    rec.grant(["n1/5"], T0 + 600, "leftover", c)
+    first = rec.status(T0).to_wire()
+    pairs = rec.lease_pairs()
+    rec.expire(T0 + 600)
+    rec.grant(["n1/0", "n1/1"], T0 + 1200, "auction", c)  # the same pairs, split the other way
+    rec.grant(["n1/2", "n1/5"], T0 + 1200, "leftover", c)
+    assert rec.lease_pairs() == pairs
+    later = rec.status(T0 + 600).to_wire()
+    assert without_expiries(stable_fields(later)) == without_expiries(stable_fields(first))
+    # A restart reads the first status back; the ledger written for the renewal extends every lease.
+    ledger = Ledger(2, T0 + 600, {rec.key: Entry.of(rec)})
+    back = record_from_body(body([job("j1", 2), job("j2", 2)], first), T0)
+    assert ledger.apply(back)
+    assert {le.expires for le in back.leases} == {T0 + 1200}
