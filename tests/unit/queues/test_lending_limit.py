@@ -289,3 +289,21 @@ def test_the_scenario_refuses_a_lending_limit_above_the_guarantee() -> None:
     raw = {"kind": "training", "queues": [{"name": "a", "guaranteed": 2, "lending_limit": 3}]}
     with pytest.raises(ScenarioError, match=r"queues\[0\]\.lending_limit.*must be <= guaranteed"):
         training.load(raw, "lending.yaml")
+
+
+def test_the_worked_example_of_docs_queues_md() -> None:
+    # docs/queues.md, "Keeping GPUs ready for a team": 16 GPUs, inference (g 4, lending 1) idle; vision and
+    # platform hungry, speech wants 1. Research and platform share 13, inference keeps 3.
+    qs = [
+        QueueNode("research", guaranteed=8),
+        QueueNode("vision", guaranteed=4, parent="research"),
+        QueueNode("speech", guaranteed=2, parent="research"),
+        QueueNode("platform", guaranteed=4, max=8),
+        QueueNode("inference", guaranteed=4, lending_limit=1),
+    ]
+    demand = {"vision": BIG, "speech": 1, "platform": BIG}
+    d = divide_with_reserves(16, qs, demand)
+    assert d.shares["research"] + d.shares["platform"] == pytest.approx(13)
+    assert d.reserved["inference"] == pytest.approx(3)
+    # Its App asking for 3 gets them in that division.
+    assert divide_with_reserves(16, qs, {**demand, "inference": 3}).shares["inference"] == pytest.approx(3)
