@@ -1,7 +1,8 @@
 """`Queue`: a team's share of the cluster's GPUs (cluster-scoped).
 
 A Queue guarantees GPUs to the namespaces labelled `tessera.io/queue: <name>`, caps what they may take, and
-shares what is left over by weight; queues nest through `parent`. Every round the GPUs are divided among
+shares what is left over by weight; queues nest through `parent`. `lendingLimitGPUs` keeps part of the
+guarantee out of other queues' reach while the queue does not use it. Every round the GPUs are divided among
 queues first (tessera.policy.queues.division), then Themis, Fluid and the serving planner share each queue's
 GPUs among its Apps, TrialGroups and ModelDeployments. Objects in namespaces no queue serves belong to the
 `default` queue. Rules over several Queues (a parent that exists, no cycle, children's guarantees within
@@ -58,6 +59,14 @@ class QueueSpec(WireModel):
         le=MAX_GPUS,
         description="Most GPUs the queue may hold, borrowed ones included; unset: no limit.",
     )
+    lending_limit_gpus: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_GPUS,
+        description="Most of its guaranteed GPUs other queues may borrow while it does not use them; the "
+        "rest of the guarantee stays reserved for it, idle if need be (Kueue's lendingLimit). On a parent: "
+        "the most its whole subtree lends outside it. Unset: it may lend all of its unused guarantee.",
+    )
     weight: float = Field(
         default=1.0, gt=0, le=1e6, description="Share of the GPUs left over after guarantees, by weight."
     )
@@ -77,6 +86,12 @@ class QueueSpec(WireModel):
             check=lambda s: s.max_gpus is None or s.max_gpus >= s.guaranteed_gpus,
             field_path=".maxGPUs",
         ),
+        CrossFieldRule(
+            cel="!has(self.lendingLimitGPUs) || double(self.lendingLimitGPUs) <= double(self.guaranteedGPUs)",
+            message="lendingLimitGPUs must be <= guaranteedGPUs",
+            check=lambda s: s.lending_limit_gpus is None or s.lending_limit_gpus <= s.guaranteed_gpus,
+            field_path=".lendingLimitGPUs",
+        ),
     )
 
 
@@ -90,7 +105,10 @@ class QueueStatus(WireModel):
     allocated_gpus: float = Field(default=0.0, ge=0, description="GPUs its objects hold now.")
     borrowed_gpus: float = Field(default=0.0, ge=0, description="GPUs held above its guarantee.")
     lent_gpus: float = Field(
-        default=0.0, ge=0, description="Guaranteed GPUs it does not use now, which other queues may borrow."
+        default=0.0,
+        ge=0,
+        description="Guaranteed GPUs it does not use now, which other queues may borrow (at most "
+        "lendingLimitGPUs).",
     )
     waiting: int = Field(default=0, ge=0, description="Objects of the queue waiting for GPUs.")
     max_rho: float | None = Field(default=None, ge=0, description="Largest ρ among its Apps now.")

@@ -107,7 +107,8 @@ class QueueBook:
         no guarantee (one that breaks the rules cannot be honoured) but with its maximum, and its children
         stay under it, so the subtree never holds more than that maximum. (Dropping it made its children
         top-level queues with no cap: children of a 6-maximum parent got 9 GPUs of 16.) Only a parent that
-        does not exist, or a link that closes a cycle, is cut: such a queue is divided as a top-level one."""
+        does not exist, or a link that closes a cycle, is cut: such a queue is divided as a top-level one.
+        A queue's lending limit goes with its guarantee (an invalid queue reserves nothing)."""
         bad = self.invalid()
         parent = {name: s.parent if s.parent in self.specs else None for name, s in self.specs.items()}
         for name in sorted(parent):  # cut each cycle at the first of its queues met in name order
@@ -126,6 +127,7 @@ class QueueBook:
                 math.inf if s.max_gpus is None else s.max_gpus,
                 s.weight,
                 parent[name],
+                math.inf if name in bad or s.lending_limit_gpus is None else s.lending_limit_gpus,
             )
             for name, s in sorted(self.specs.items())
         ]
@@ -173,7 +175,10 @@ class QueueBook:
                 "shareGPUs": share,
                 "allocatedGPUs": held,
                 "borrowedGPUs": max(0.0, held - spec.guaranteed_gpus),
-                "lentGPUs": max(0.0, spec.guaranteed_gpus - max(held, float(demand))),
+                "lentGPUs": min(
+                    max(0.0, spec.guaranteed_gpus - max(held, float(demand))),
+                    math.inf if spec.lending_limit_gpus is None else spec.lending_limit_gpus,
+                ),
                 "waiting": sum(1 for a in mine if len(a.held) < a.demand_max),
                 "maxRho": max(rhos) if rhos else None,
                 "namespaces": self.namespaces(name),

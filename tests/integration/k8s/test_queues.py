@@ -153,6 +153,53 @@ async def test_borrow_up_to_max_then_reclaim_at_lease_end(
         )
 
 
+async def test_a_lending_limit_keeps_part_of_an_idle_guarantee_for_its_team(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    # 4 GPUs; A is guaranteed 3 and lends at most 1 of them: 2 stay reserved for A while it is idle.
+    clock = ManualClock()
+    nodes.add(f"{namespace}-n1", gpus=4)
+    specs = {"a": {"guaranteedGPUs": 3, "lendingLimitGPUs": 1}, "b": {"guaranteedGPUs": 1}}
+    async with (
+        teams(cluster, namespace, **specs) as t,
+        kubelet(cluster, t["a"]),
+        kubelet(cluster, t["b"]),
+        operator(cluster, chart_rbac["operator"], t["a"], lease_s=100.0, clock=clock) as ctl,
+    ):
+        await seen(ctl, t, "a", "b")
+        await call(
+            cluster, "POST", app_path(t["b"]), app_body("burst", [job(f"j{i}", 1, 10**8) for i in range(4)])
+        )
+        # B borrows only A's lendable GPU: 1 + 1, not all 4.
+        await wait_for(
+            lambda: (p := app_pods(cluster, t["b"], "burst")) and len(p) == 2 and bound(p),
+            120,
+            "2 pods of B",
+            lambda: scheduling_report(cluster, t["b"], scheduling=scheduling),
+        )
+        await wait_for(lambda: gpus(cluster, t["b"], "burst") == 2, 60, "B's status")
+        st = await wait_for(
+            lambda: (s := queue_status(cluster, t["a.queue"])).get("lentGPUs") == 1 and s, 60, "A's status"
+        )
+        assert st["allocatedGPUs"] == 0
+        assert len(app_pods(cluster, t["b"], "burst")) == 2 and gpus(cluster, t["b"], "burst") == 2
+        # A's App gets the 2 reserved GPUs at once: no lease has to end (the clock does not move).
+        await call(
+            cluster, "POST", app_path(t["a"]), app_body("ready", [job("j0", 1, 10**8), job("j1", 1, 10**8)])
+        )
+        await wait_for(
+            lambda: (p := app_pods(cluster, t["a"], "ready")) and len(p) == 2 and bound(p),
+            120,
+            "A's pods on the reserved GPUs",
+            lambda: scheduling_report(cluster, t["a"], t["b"], scheduling=scheduling),
+        )
+        assert gpus(cluster, t["b"], "burst") == 2 and len(app_pods(cluster, t["b"], "burst")) == 2
+
+
 async def test_immediate_reclaim_and_deleting_a_queue(
     cluster: ControlPlane,
     chart_rbac: dict[str, Credentials],

@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from tessera.api import manifest_errors, parse_queue
+from tessera.api.crd import openapi_schema
 from tessera.api.queue import QueueSpec, hierarchy_errors
+from tessera.api.resources import KINDS
+
+from tests.unit.api.apiserver import cel_errors, openapi_errors
 
 
 def queue(**spec: Any) -> dict[str, Any]:
@@ -31,6 +35,33 @@ def test_field_paths() -> None:
         ("spec.reclaim.mode", "must be one of 'atLeaseEnd' or 'immediate'")
     ]
     assert manifest_errors(queue(guaranteedGPUs=0.5)) == []  # lanes count
+
+
+def test_lending_limit_within_the_guarantee() -> None:
+    assert parse_queue(queue()).spec.lending_limit_gpus is None  # unset: lends all its unused guarantee
+    assert manifest_errors(queue(guaranteedGPUs=4, lendingLimitGPUs=4)) == []
+    assert manifest_errors(queue(guaranteedGPUs=4, lendingLimitGPUs=1.5)) == []
+    assert manifest_errors(queue(guaranteedGPUs=4, lendingLimitGPUs=4.5)) == [
+        ("spec.lendingLimitGPUs", "lendingLimitGPUs must be <= guaranteedGPUs")
+    ]
+    assert manifest_errors(queue(lendingLimitGPUs=1)) == [
+        ("spec.lendingLimitGPUs", "lendingLimitGPUs must be <= guaranteedGPUs")
+    ]
+    assert manifest_errors(queue(guaranteedGPUs=4, lendingLimitGPUs=-1)) == [
+        ("spec.lendingLimitGPUs", "must be >= 0")
+    ]
+
+
+def test_the_crd_refuses_a_lending_limit_above_the_guarantee_with_the_models_message() -> None:
+    schema = openapi_schema(KINDS["Queue"])
+    for ok in (queue(guaranteedGPUs=4, lendingLimitGPUs=4), queue(guaranteedGPUs=2.5, lendingLimitGPUs=0)):
+        assert openapi_errors(ok, schema) == [] and cel_errors(ok, schema) == []
+    bad = queue(guaranteedGPUs=4, lendingLimitGPUs=4.5)
+    assert cel_errors(bad, schema) == [
+        ("spec.lendingLimitGPUs", "lendingLimitGPUs must be <= guaranteedGPUs")
+    ]
+    assert cel_errors(queue(lendingLimitGPUs=1), schema) == cel_errors(bad, schema)  # guaranteedGPUs: 0
+    assert {p for p, _ in openapi_errors(queue(lendingLimitGPUs=-1), schema)} == {"spec.lendingLimitGPUs"}
 
 
 def spec(**kw: Any) -> QueueSpec:

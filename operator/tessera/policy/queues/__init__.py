@@ -1,10 +1,12 @@
 """Team queues: guaranteed shares, borrowing and reclaim (the division every caller shares)."""
 
 from tessera.policy.queues.division import (
+    Division,
     DivisionError,
     QueueNode,
     children_of,
     divide,
+    divide_with_reserves,
     own_share,
     quantize,
     water_fill,
@@ -12,6 +14,7 @@ from tessera.policy.queues.division import (
 from tessera.policy.queues.reclaim import Holding, Reclaim, ReclaimRule, plan_reclaim
 
 __all__ = [
+    "Division",
     "DivisionError",
     "Holding",
     "QueueNode",
@@ -19,6 +22,7 @@ __all__ = [
     "ReclaimRule",
     "children_of",
     "divide",
+    "divide_with_reserves",
     "own_share",
     "plan_reclaim",
     "quantize",

@@ -12,6 +12,13 @@ fraction of a GPU); `quantize` rounds a division to whole GPUs or lanes without 
 
 Demand is what a queue's objects could use now (GPUs held plus GPUs waited for). A queue's own objects sit
 beside its children as an implicit child with no guarantee and weight 1.
+
+Lending limit (Kueue's `lendingLimit`): a queue lends at most `lending_limit` of its unused guarantee, so
+`guaranteed − lending_limit` (its reserve) is held for it even while idle. The division counts a queue's
+need as at least its reserve; what of the amount given to its subtree its objects and children do not use
+(up to the reserve) is held back idle (`Division.reserved`), never handed to siblings. A child's reserve is
+part of its parent's subtree, so it is kept from the child's siblings and from everything outside the
+parent; a parent's reserve bounds what its whole subtree lends outside it, and any queue inside may use it.
 """
 
 from __future__ import annotations
@@ -36,6 +43,22 @@ class QueueNode:
     max: float = math.inf
     weight: float = 1.0
     parent: str | None = None
+    lending_limit: float = math.inf  # most of the unused guarantee others may borrow; inf: all of it
+
+    @property
+    def reserve(self) -> float:
+        """The part of the guarantee never lent: guaranteed − lending limit (0 with no limit)."""
+        return max(0.0, self.guaranteed - self.lending_limit)
+
+
+@dataclass(frozen=True, slots=True)
+class Division:
+    """A division: `shares` as `divide` returns them (what each queue's subtree's objects get), and
+    `reserved`, the GPUs held back idle for each queue's own reserve (its subtree's included in no other
+    queue's). Shares and reserves together sum to at most the capacity."""
+
+    shares: dict[str, float]
+    reserved: dict[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,34 +130,50 @@ def divide(capacity: float, queues: Sequence[QueueNode], demand: Mapping[str, fl
     """GPUs each queue is entitled to now (every queue named, interior ones with their subtree's total).
 
     `demand[name]` is what the queue's own objects could use; a name absent means none. The result never
-    exceeds a queue's demand (subtree) nor its maximum, and sums to at most `capacity`.
+    exceeds a queue's demand (subtree) nor its maximum, and sums to at most `capacity` (less what lending
+    limits hold back: `divide_with_reserves`).
     """
+    return divide_with_reserves(capacity, queues, demand).shares
+
+
+def divide_with_reserves(
+    capacity: float, queues: Sequence[QueueNode], demand: Mapping[str, float]
+) -> Division:
+    """`divide`, with the GPUs each queue's lending limit holds back idle (see the module's docstring)."""
     kids = children_of(queues)
-    subtree: dict[str, float] = {}
+    subtree: dict[str, float] = {}  # what a queue's subtree claims: its demand, at least its reserve
 
     def need(q: QueueNode) -> float:
         total = demand.get(q.name, 0.0) + sum(need(c) for c in kids.get(q.name, []))
-        subtree[q.name] = min(total, q.max)
+        subtree[q.name] = min(max(total, q.reserve), q.max)
         return subtree[q.name]
 
     for q in kids[None]:
         need(q)
+    by_name = {q.name: q for q in queues}
     out: dict[str, float] = {}
-    own: dict[str, float] = {}  # what a queue keeps for its own objects (its implicit child)
+    reserved: dict[str, float] = {}
 
-    def give(parent: str | None, amount: float) -> None:
+    def give(parent: str | None, amount: float) -> float:
+        """Divide `amount` inside `parent`; returns what its subtree holds back idle."""
         claims = [_Claim(c.name, c.guaranteed, subtree[c.name], c.weight) for c in kids.get(parent, [])]
-        if parent is not None and kids.get(parent):
+        if parent is not None:  # its own objects, beside its children
             claims.append(_Claim("", 0.0, min(demand.get(parent, 0.0), amount), 1.0))
         shares = _split(amount, claims)
-        if parent is not None:
-            own[parent] = shares.pop("", amount if not kids.get(parent) else 0.0)
+        held_back = 0.0
         for c in kids.get(parent, []):
-            out[c.name] = shares[c.name]
-            give(c.name, shares[c.name])
+            r = give(c.name, shares[c.name])
+            out[c.name] = max(0.0, shares[c.name] - r)
+            held_back += r
+        if parent is not None:
+            # What the subtree leaves unused of its amount is the queue's idle reserve (never more).
+            mine = min(max(0.0, amount - sum(shares.values())), by_name[parent].reserve)
+            reserved[parent] = mine if mine > _EPS else 0.0
+            held_back += reserved[parent]
+        return held_back
 
     give(None, capacity)
-    return out
+    return Division(out, {q.name: reserved.get(q.name, 0.0) for q in queues})
 
 
 def own_share(queues: Sequence[QueueNode], shares: Mapping[str, float]) -> dict[str, float]:

@@ -6,7 +6,9 @@ admission) when its queue's usage plus its request fits the queue's nominal quot
 cohort's unused quota within the borrowing limit; `queueingStrategy: StrictFIFO` (the oldest pending workload
 of a queue blocks the ones behind it); `reclaimWithinCohort: Any` (a queue that stays within its nominal quota
 preempts workloads of queues borrowing, the most recently admitted first); no preemption within a queue.
-Admitted workloads keep their GPUs until they finish (no leases).
+Admitted workloads keep their GPUs until they finish (no leases). A queue's `lending_limit` (Kueue's
+`lendingLimit`) keeps guaranteed − lending limit of its nominal quota out of the cohort: only that queue
+uses it, and the others borrow from what is left.
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ class KueueStyle:
         for a in apps:
             usage[q_of(a)] += len(a.held)
         nominal_total = sum(q.guaranteed for q in self.queues.values())
+        reserve = {n: q.reserve for n, q in self.queues.items()}
+        # The cohort's pool: what no queue's lending limit keeps for itself. Usage within a queue's own
+        # reserve is drawn from the reserve, the rest from the pool.
+        pool_size = max(nominal_total, len(cluster)) - sum(reserve.values())
+
+        def from_pool(name: str, extra: int) -> float:
+            return sum(max(0.0, usage[n] + (extra if n == name else 0) - reserve[n]) for n in usage)
+
         pool = FreePool(cluster, free)
         decision = RoundDecision()
         admitted_at = {a.app_id: a.since for a in apps if a.held}
@@ -62,9 +72,7 @@ class KueueStyle:
                 if d <= 0:
                     continue
                 within_nominal = usage[name] + d <= q.guaranteed
-                borrow_ok = usage[name] + d <= q.max and sum(usage.values()) + d <= max(
-                    nominal_total, len(cluster)
-                )
+                borrow_ok = usage[name] + d <= q.max and from_pool(name, d) <= pool_size + 1e-9
                 if not (within_nominal or borrow_ok):
                     break
                 if pool.size < d and within_nominal:

@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 
 from tessera.cluster import Cluster
-from tessera.policy.queues.division import QueueNode, divide, own_share, quantize
+from tessera.policy.queues.division import QueueNode, divide_with_reserves, own_share, quantize
 from tessera.policy.queues.reclaim import Holding, Reclaim, ReclaimRule, plan_reclaim
 from tessera.policy.training import AppState, Grant, RoundDecision, TrainingPolicy
 
@@ -29,8 +29,25 @@ def with_default(queues: Sequence[QueueNode]) -> list[QueueNode]:
 
 def entitled(capacity: int, queues: Sequence[QueueNode], demand: Mapping[str, float]) -> dict[str, float]:
     """Whole GPUs each queue's own apps are entitled to now."""
-    own = own_share(queues, divide(capacity, queues, demand))
-    return quantize(own, 1.0, capacity, caps={q.name: q.max for q in queues})
+    return entitled_and_reserved(capacity, queues, demand)[0]
+
+
+_RESERVE = "\0reserve:"  # prefix of the reserves' keys when they are rounded with the shares
+
+
+def entitled_and_reserved(
+    capacity: int, queues: Sequence[QueueNode], demand: Mapping[str, float]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Whole GPUs each queue's own apps are entitled to now, and whole GPUs held back idle for each queue's
+    reserve (`lending_limit`), rounded together so that both fit the capacity."""
+    d = divide_with_reserves(capacity, queues, demand)
+    own = own_share(queues, d.shares)
+    both = {**own, **{_RESERVE + k: v for k, v in d.reserved.items()}}
+    rounded = quantize(both, 1.0, capacity, caps={q.name: q.max for q in queues})
+    return (
+        {k: v for k, v in rounded.items() if not k.startswith(_RESERVE)},
+        {k.removeprefix(_RESERVE): v for k, v in rounded.items() if k.startswith(_RESERVE)},
+    )
 
 
 class QueuedPolicy:
@@ -118,7 +135,7 @@ class QueuedPolicy:
         waits = {q: int(self.outside_waiting.get(q, 0.0)) for q in members}
         demand = {q: float(sum(a.demand_max for a in m) + extra[q] + waits[q]) for q, m in members.items()}
         held = {q: sum(len(a.held) for a in m) + extra[q] for q, m in members.items()}
-        share = entitled(len(cluster), self.queues, demand)
+        share, reserve = entitled_and_reserved(len(cluster), self.queues, demand)
         revoke, outside_reclaims = self._reclaim(now, apps, members, share, held, demand, len(free))
         avail = [*free, *(g for gpus in revoke.values() for g in gpus)]
         decision = RoundDecision(revoke=revoke)
@@ -130,8 +147,10 @@ class QueuedPolicy:
                     a2 if x.app_id == a.app_id else x for x in members[self.queue_of(a)]
                 ]
                 held[self.queue_of(a)] -= len(lost)
-        # The part of each queue's share its other objects wait for stays free for them.
+        # The part of each queue's share its other objects wait for stays free for them, and so do the
+        # GPUs its lending limit holds back while it does not use them (`reserve`, outside every share).
         keep = {q: max(0, min(waits[q], int(share[q]) - held[q])) for q in members}
+        reserved = int(sum(reserve.values()))
         # First pass: each queue's share; second: GPUs a queue's policy left unused go to queues with
         # unmet demand below their maximum (work-conserving), all but those kept.
         order = sorted(members, key=lambda q: (held[q] - share[q], q))
@@ -142,13 +161,15 @@ class QueuedPolicy:
         cap = {n.name: n.max for n in self.queues}
         for q in order:
             room = min(cap[q] - held[q], sum(a.unmet for a in members[q]) - _granted(decision, members[q]))
-            spare = len(avail) - sum(keep.values())
+            spare = len(avail) - sum(keep.values()) - reserved
             if spare >= 1 and room >= 1 and members[q]:
                 avail = self._run(
                     now, q, members[q], int(min(room, spare)), cluster, avail, rng, decision, held
                 )
         decision.record = {
-            "queues": {q: {"share": share[q], "held": held[q]} for q in members},
+            "queues": {
+                q: {"share": share[q], "held": held[q], "reserved": reserve.get(q, 0.0)} for q in members
+            },
             "outside_reclaims": outside_reclaims,
         }
         return decision
@@ -243,4 +264,4 @@ def _granted(decision: RoundDecision, apps: Sequence[AppState]) -> int:
     return sum(len(g.gpus) for g in decision.grants if g.app_id in ids)
 
 
-__all__ = ["DEFAULT_QUEUE", "Grant", "QueuedPolicy", "entitled", "with_default"]
+__all__ = ["DEFAULT_QUEUE", "Grant", "QueuedPolicy", "entitled", "entitled_and_reserved", "with_default"]

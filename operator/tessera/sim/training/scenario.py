@@ -14,7 +14,7 @@
     lease_s: 600                                  # baselines' lease (drf never preempts unless given one)
     sim: {restart_s: 30, admission_threshold: null, halving_rule: median}
     queues:                                       # team queues; apps name theirs (`queue:`), else `default`
-      - {name: team-a, guaranteed: 16, max: 48, weight: 1, reclaim: atLeaseEnd, min_runtime_s: 0}
+      - {name: team-a, guaranteed: 16, max: 48, lending_limit: 8, weight: 1, reclaim: atLeaseEnd, min_runtime_s: 0}
 
 Every error names the file, the field and what is wrong (tessera.sim.scenario.ScenarioError).
 """
@@ -161,6 +161,8 @@ class QueueInput(Input):
     name: str
     guaranteed: NonNegative = 0.0
     max: NonNegative | None = None
+    lending_limit: NonNegative | None = None
+    """Most of the unused guarantee other queues may borrow (the rest stays reserved); unset: all of it."""
     weight: Positive = 1.0
     parent: str | None = None
     reclaim: Literal["atLeaseEnd", "immediate"] = "atLeaseEnd"
@@ -222,8 +224,17 @@ def _queues(
     for i, q in enumerate(d.queues):
         if q.max is not None and q.max < q.guaranteed:
             raise ScenarioError(source, f"queues[{i}].max", "must be >= guaranteed")
+        if q.lending_limit is not None and q.lending_limit > q.guaranteed:
+            raise ScenarioError(source, f"queues[{i}].lending_limit", "must be <= guaranteed")
         nodes.append(
-            QueueNode(q.name, q.guaranteed, math.inf if q.max is None else q.max, q.weight, q.parent)
+            QueueNode(
+                q.name,
+                q.guaranteed,
+                math.inf if q.max is None else q.max,
+                q.weight,
+                q.parent,
+                math.inf if q.lending_limit is None else q.lending_limit,
+            )
         )
         rules.append((q.name, ReclaimRule(q.reclaim, q.min_runtime_s, q.grace_s)))
     names = [n.name for n in nodes]
