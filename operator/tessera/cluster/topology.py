@@ -5,7 +5,7 @@ Plain frozen data. Policies take a `Cluster` and sets of GPU ids; nothing here t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -98,6 +98,13 @@ class Cluster:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+    def __contains__(self, gpu_id: object) -> bool:
+        return gpu_id in self._by_id
+
+    def iter_gpu_ids(self) -> Iterator[str]:
+        """The GPU ids in cluster order, without copying them (`gpu_ids` is a fresh list)."""
+        return iter(self._by_id)
 
     def gpu(self, gpu_id: str) -> GPU:
         try:

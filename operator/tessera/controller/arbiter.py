@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import itertools
 import logging
 import math
 import random
@@ -409,7 +410,7 @@ class Arbiter:
     def _export(self, now: float, cluster: Cluster) -> None:
         """ρ and its parts for every App that holds only GPUs the cluster knows, as status and gauges."""
         for rec in self.records.values():
-            if len(cluster) and not rec.done and set(rec.held()) <= set(cluster.gpu_ids):
+            if len(cluster) and not rec.done and all(g in cluster for g in rec.held()):
                 self._estimate(rec, now, cluster)
             labels = {"namespace": rec.namespace, "app": rec.name}
             if rec.rho is not None and math.isfinite(rec.rho):
@@ -521,8 +522,10 @@ class Arbiter:
         if not self.queues.active:
             return cluster
         share = max(1, round(self.queue_share.get(self.queues.queue_of(rec.namespace), 0.0)))
-        held = set(rec.held()) & set(cluster.gpu_ids)
-        others = [g for g in cluster.gpu_ids if g not in held][: max(0, share - len(held))]
+        held = {g for g in rec.held() if g in cluster}
+        others = list(
+            itertools.islice((g for g in cluster.iter_gpu_ids() if g not in held), max(0, share - len(held)))
+        )
         return cluster.subset(held | set(others))
 
     # --- writing ----------------------------------------------------------------------------------

@@ -128,7 +128,7 @@ class TrialGroupRecord:
         if not live:
             self.placement = TrialGroupPlacement(widths={})
             return self.placement
-        pool = [g for g in self.pool if g in set(cluster.gpu_ids)]
+        pool = [g for g in self.pool if g in cluster]
         if not pool:
             raise ValueError("none of the group's GPUs is in the cluster")
         config = fluid_config(self.spec, len(pool))
@@ -347,7 +347,7 @@ def recover_placement(rec: TrialGroupRecord, cluster: Cluster) -> None:
     """After a restart: re-place the running trials at their recorded widths (same inputs, same GPUs), so
     the pods already there keep their names and nothing is recreated."""
     live = [t for t in rec.live() if rec.trials[t.name].width is not None]
-    if not live or not rec.pool or not set(rec.pool) <= set(cluster.gpu_ids):
+    if not live or not rec.pool or not all(g in cluster for g in rec.pool):
         return
     config = fluid_config(rec.spec, len(rec.pool))
     widths = [rec.trials[t.name].width or Fraction(0) for t in live]
