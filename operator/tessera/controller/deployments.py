@@ -214,16 +214,25 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         for g in cluster.gpus:
             if g.healthy and g.id not in taken and (not models or g.model in models):
                 by_node.setdefault(g.id.rpartition("/")[0], []).append(g.id)
-        # Spread replicas over nodes (one failure domain per replica where possible).
+        # Spread replicas over nodes (one failure domain per replica where possible): the node with the
+        # fewest of this deployment's replicas, then by name. Counted once, not per node and replica
+        # (that was a quarter of the operator's time with 5,000 nodes).
+        on_node: dict[str, int] = {}
+        for r in rec.gpus:
+            if r:
+                node = r[0].rpartition("/")[0]
+                on_node[node] = on_node.get(node, 0) + 1
         while len(rec.gpus) < replicas:
-            nodes = sorted(
+            best = min(
                 (n for n, gs in by_node.items() if len(gs) >= per),
-                key=lambda n: (sum(1 for r in rec.gpus if r[0].startswith(n + "/")), n),
+                key=lambda n: (on_node.get(n, 0), n),
+                default=None,
             )
-            if not nodes:
+            if best is None:
                 break
-            rec.gpus.append(by_node[nodes[0]][:per])
-            by_node[nodes[0]] = by_node[nodes[0]][per:]
+            rec.gpus.append(by_node[best][:per])
+            by_node[best] = by_node[best][per:]
+            on_node[best] = on_node.get(best, 0) + 1
             rec.since = self.config.clock()
         if room is not None and not models:
             # Replicas within the queue's share that found no free GPU: other queues owe them. (With
