@@ -11,33 +11,18 @@ the tests skip with the reason, except under CI=true.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .controlplane import ROOT, NoBinaries
+from .controlplane import ROOT, go_assets
 
-CLI_SCRIPT = ROOT / "hack" / "cli-assets.sh"
 TOOLS = ("helm", "kubectl")
 
 
 def find_cli() -> Path:
     """The directory holding `helm` and `kubectl`, built on first use; NoBinaries saying what is missing."""
-    named = os.environ.get("TESSERA_CLI_DIR")
-    if named:
-        path = Path(named)
-        missing = [t for t in TOOLS if not (path / t).exists()]
-        if missing:
-            raise NoBinaries(f"TESSERA_CLI_DIR={path} lacks {', '.join(missing)}")
-        return path
-    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
-        raise NoBinaries("no Helm CLI and no Go to build it: install Go, or set TESSERA_CLI_DIR")
-    proc = subprocess.run(["bash", str(CLI_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise NoBinaries(f"hack/cli-assets.sh failed (exit {proc.returncode}); run it to see why")
-    return Path(lines[-1])
+    return go_assets("TESSERA_CLI_DIR", "cli-assets.sh", "Helm CLI", TOOLS)
 
 
 @dataclass

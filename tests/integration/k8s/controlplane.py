@@ -58,6 +58,28 @@ class NoBinaries(RuntimeError):
     """The control plane's binaries are not on this machine (the tests skip, except in CI)."""
 
 
+def go_assets(env: str, script: str, what: str, tools: tuple[str, ...]) -> Path:
+    """The directory a `hack/*-assets.sh` script prints as its last line, holding `tools`: `$env` when set
+    (hack/test.sh exports it), else the script's build (from its cache once built). NoBinaries saying what
+    is missing, or where there is no Go to build it."""
+    named = os.environ.get(env)
+    if named:
+        path = Path(named)
+        missing = [t for t in tools if not (path / t).exists()]
+        if missing:
+            raise NoBinaries(f"{env}={path} lacks {', '.join(missing)}")
+        return path
+    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
+        raise NoBinaries(f"no {what} and no Go to build it: install Go, or set {env}")
+    proc = subprocess.run(
+        ["bash", str(ROOT / "hack" / script)], stdout=subprocess.PIPE, text=True, check=False
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise NoBinaries(f"hack/{script} failed (exit {proc.returncode}); run it to see why")
+    return Path(lines[-1])
+
+
 def build_assets() -> Path:
     """The directory `hack/k8s-assets.sh` prints: built from Go modules on first use, then from its cache.
 

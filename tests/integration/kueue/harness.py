@@ -34,9 +34,6 @@ import base64
 import contextlib
 import copy
 import http.client
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,10 +41,9 @@ from typing import Any
 
 import yaml
 
-from tests.integration.k8s.controlplane import ROOT, ControlPlane, NoBinaries, Process, wait_until
+from tests.integration.k8s.controlplane import ControlPlane, Process, go_assets, wait_until
 from tests.ports import free_port
 
-KUEUE_SCRIPT = ROOT / "hack" / "kueue-assets.sh"
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 API = f"/apis/{GROUP}/{VERSION}"
 QUEUE_LABEL = f"{GROUP}/queue-name"  # a Job's or Pod's LocalQueue
@@ -70,18 +66,7 @@ MANAGED_SELECTOR: dict[str, Any] = {"matchLabels": {MANAGED_LABEL: "true"}}
 def kueue_dir() -> Path:
     """The directory `hack/kueue-assets.sh` prints: `$TESSERA_KUEUE_DIR` (hack/test.sh exports it), else what
     the script builds (from its cache once built). NoBinaries where there is no Go to build it."""
-    if os.environ.get("TESSERA_KUEUE_DIR"):
-        path = Path(os.environ["TESSERA_KUEUE_DIR"])
-        if not (path / "kueue").exists():
-            raise NoBinaries(f"TESSERA_KUEUE_DIR={path} holds no kueue")
-        return path
-    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
-        raise NoBinaries("no Kueue and no Go to build it: install Go, or set TESSERA_KUEUE_DIR")
-    proc = subprocess.run(["bash", str(KUEUE_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise NoBinaries(f"hack/kueue-assets.sh failed (exit {proc.returncode}); run it to see why")
-    return Path(lines[-1])
+    return go_assets("TESSERA_KUEUE_DIR", "kueue-assets.sh", "Kueue", ("kueue",))
 
 
 def manage_namespace(cluster: ControlPlane, namespace: str) -> None:

@@ -19,10 +19,7 @@ import contextlib
 import http.client
 import json
 import math
-import os
-import shutil
 import ssl
-import subprocess
 import sys
 import threading
 import time
@@ -43,14 +40,13 @@ from tests.integration.k8s.controlplane import (
     ADMIN_TOKEN,
     ROOT,
     ControlPlane,
-    NoBinaries,
     Process,
     control_plane,
+    go_assets,
     wait_until,
 )
 from tests.ports import free_port
 
-KWOK_SCRIPT = ROOT / "hack" / "kwok-assets.sh"
 STAGES = Path(__file__).with_name("stages.yaml")
 TRACE = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"
 NODE_LIST = TRACE / "openb_node_list_gpu_node.csv"
@@ -83,18 +79,7 @@ def kwok_control_plane(controller_manager_args: tuple[str, ...] = ()) -> Iterato
 def kwok_binary() -> Path:
     """kwok: `$TESSERA_KWOK_DIR/kwok` (hack/test.sh exports it), else what `hack/kwok-assets.sh` builds (from
     its cache once built). NoBinaries where there is no Go to build it, as for the Kubernetes components."""
-    if os.environ.get("TESSERA_KWOK_DIR"):
-        path = Path(os.environ["TESSERA_KWOK_DIR"]) / "kwok"
-        if not path.exists():
-            raise NoBinaries(f"TESSERA_KWOK_DIR={path.parent} holds no kwok")
-        return path
-    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
-        raise NoBinaries("no kwok and no Go to build it: install Go, or set TESSERA_KWOK_DIR")
-    proc = subprocess.run(["bash", str(KWOK_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise NoBinaries(f"hack/kwok-assets.sh failed (exit {proc.returncode}); run it to see why")
-    return Path(lines[-1]) / "kwok"
+    return go_assets("TESSERA_KWOK_DIR", "kwok-assets.sh", "kwok", ("kwok",)) / "kwok"
 
 
 def _healthy(url: str) -> bool:
