@@ -84,11 +84,27 @@ class Controller:
             self._tasks.add(task := asyncio.ensure_future(self.api.post_event(body, type_, reason, message)))
             task.add_done_callback(self._tasks.discard)
 
-    async def stop(self, drain_s: float = 5.0) -> None:
-        """Let the events still being posted finish (for up to `drain_s`), cancel the rest, then close the
-        API client. An event task left running past the close used the closed session and failed, and kopf
-        re-raises the failure of any task the operator leaves behind."""
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    async def stop(self, drain_s: float = 5.0, work_drain_s: float = 15.0) -> None:
+        """Let a round, status refresh or pass in flight finish its writes (for up to `work_drain_s`: the
+        pod's default 30 s grace leaves room for the rest), and the events still being posted (up to
+        `drain_s`), cancel the rest, then close the API client. kopf runs this cleanup while timers may be
+        mid-write: a write on the closed session failed with a traceback on every stop, and an event task
+        left running past the close failed the same way (kopf re-raises the failure of any task the
+        operator leaves behind). Timers that fire once the stop began start nothing (`stopping`)."""
         self._stopping = True
+        deadline = asyncio.get_running_loop().time() + work_drain_s
+        for owner in (self.arbiter, self.trialgroups, self.deployments):
+            if owner is None:
+                continue
+            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            try:  # held from now on: nothing else writes through the client about to close
+                await asyncio.wait_for(owner.lock.acquire(), timeout=left)
+            except TimeoutError:
+                log.warning("operator stopping with a %s pass still writing", type(owner).__name__)
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=drain_s)
             for task in late:
@@ -431,7 +447,7 @@ def _app_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         # Every App's timer drives the one shared arbiter; a round runs only when due, so N timers make
         # one round per lease period. kopf stops timers on a paused (lower-priority) peer. Between rounds
         # the stale statuses are refreshed a tick's share at a time.
-        if ctl.arbiter is not None:
+        if ctl.arbiter is not None and not ctl.stopping:
             await ctl.arbiter.maybe_run()
             await ctl.arbiter.refresh_stale()
 
@@ -580,6 +596,8 @@ def _kind_handlers(
     async def tick(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         # Pods end, GPUs free up, gateways report: the timer folds that in (a refused object stays refused).
         rec = reconciler()
+        if ctl.stopping:
+            return
         if rec is not None and not body.metadata.get("deletionTimestamp"):
             await rec.reconcile(dict(body), patch)
         # Under team queues what these objects hold and wait for takes part in the division, so their
