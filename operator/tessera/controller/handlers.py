@@ -43,6 +43,7 @@ from tessera.controller.tuning import TrialGroups
 from tessera.controller.usage import UsageMetrics
 from tessera.controller.view import ClusterView, healthy_gpus
 from tessera.metrics import ComponentMetrics
+from tessera.policy.queues.division import headroom
 from tessera.policy.queues.reclaim import Holding, Reclaim
 from tessera.policy.queues.training import entitled, with_default
 from tessera.policy.themis import admit
@@ -238,8 +239,11 @@ class Controller:
         q = self.queues.queue_of(namespace)
         demand[q] = demand.get(q, 0.0) + want
         capacity = len(healthy_gpus(self.view.cluster()))
-        share = entitled(capacity, with_default(self.queues.nodes()), demand)
-        return max(0.0, share.get(q, 0.0) - held.get(q, 0.0))
+        nodes = with_default(self.queues.nodes())
+        share = entitled(capacity, nodes, demand)
+        # Within the ancestors' maxima too: a sibling may hold above its share until its lease ends.
+        room = headroom(nodes, held).get(q, math.inf)
+        return max(0.0, min(share.get(q, 0.0) - held.get(q, 0.0), room))
 
     def reserved_by_others(self) -> set[str]:
         """GPUs Themis must not auction: TrialGroup pools, serving replicas, and what objects not loaded
