@@ -211,3 +211,14 @@ def test_a_sibling_waits_for_the_lease_end_while_the_parent_is_at_its_maximum() 
         2.0, [app("x1", "x", 8), app("y1", "y", 2)], CLUSTER, CLUSTER.gpu_ids, random.Random(0)
     )
     assert granted(d) == {"x1": 4, "y1": 2}
+
+
+def test_under_immediate_a_sibling_gets_its_guarantee_back_at_once_within_the_parents_maximum() -> None:
+    # As above, x lending under `immediate`: 2 of x's GPUs are taken now, and y gets 2 while org holds 6.
+    rules = {"x": ReclaimRule(mode="immediate", grace_s=0)}
+    x1 = app("x1", "x", 8, held=tuple(CLUSTER.gpu_ids[:6]))
+    d = QueuedPolicy(Themis(), HIERARCHY, rules).allocate(
+        1.0, [x1, app("y1", "y", 2)], CLUSTER, CLUSTER.gpu_ids[6:], random.Random(0)
+    )
+    check_decision(d, [x1, app("y1", "y", 2)], CLUSTER.gpu_ids[6:])
+    assert {k: len(v) for k, v in d.revoke.items()} == {"x1": 2} and granted(d) == {"y1": 2}
