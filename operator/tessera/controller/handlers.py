@@ -43,6 +43,7 @@ from tessera.controller.tuning import TrialGroups
 from tessera.controller.usage import UsageMetrics
 from tessera.controller.view import ClusterView, healthy_gpus
 from tessera.metrics import ComponentMetrics
+from tessera.policy.queues.division import headroom
 from tessera.policy.queues.reclaim import Holding, Reclaim
 from tessera.policy.queues.training import entitled, with_default
 from tessera.policy.themis import admit
@@ -254,8 +255,11 @@ class Controller:
         q = self.queues.queue_of(namespace)
         demand[q] = demand.get(q, 0.0) + want
         capacity = len(healthy_gpus(self.view.cluster()))
-        share = entitled(capacity, with_default(self.queues.nodes()), demand)
-        return max(0.0, share.get(q, 0.0) - held.get(q, 0.0))
+        nodes = with_default(self.queues.nodes())
+        share = entitled(capacity, nodes, demand)
+        # Within the ancestors' maxima too: a sibling may hold above its share until its lease ends.
+        room = headroom(nodes, held).get(q, math.inf)
+        return max(0.0, min(share.get(q, 0.0) - held.get(q, 0.0), room))
 
     def reserved_by_others(self) -> set[str]:
         """GPUs Themis must not auction: TrialGroup pools, serving replicas, and what objects not loaded
@@ -478,6 +482,8 @@ def _queue_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         if ctl.arbiter is not None:
             ctl.arbiter.dirty = True
 
+    specs: dict[str, Any] = {}  # each Queue's spec as its last event had it
+
     @kopf.index(G, V, contract.PLURAL_QUEUE, id="queue_book", registry=registry)
     async def queue_book(body: kopf.Body, name: str, **_: Any) -> None:
         try:
@@ -488,12 +494,23 @@ def _queue_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         ctl.queues.set_queue(name, spec, body.metadata.uid or "")
 
     @kopf.on.event(G, V, contract.PLURAL_QUEUE, id="queue_event", registry=registry)
-    async def queue_event(type: str | None, name: str, **_: Any) -> None:
+    async def queue_event(type: str | None, name: str, body: kopf.Body, **_: Any) -> None:
         if type == "DELETED":
             moved = ctl.queues.remove_queue(name, ctl.metrics)
             if moved:
                 log.info("Queue %s deleted: namespaces %s now belong to default", name, ", ".join(moved))
+        spec = None if type == "DELETED" else dict(body.get("spec") or {})
+        new = specs.get(name) != spec
+        if spec is None:
+            specs.pop(name, None)
+        else:
+            specs[name] = spec
         dirty()
+        # A Queue created, changed or deleted: a round now. Rounds write the Queues' status (Valid among
+        # it) and the objects' timers drive them, so with no App, TrialGroup or ModelDeployment a new or
+        # broken Queue got no status. Not for the status writes' own events: those would drive rounds.
+        if new and ctl.arbiter is not None and ctl.queues.active:
+            await ctl.arbiter.maybe_run()
 
     if not ctl.config.watch_namespaces:
         return

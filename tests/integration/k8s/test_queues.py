@@ -45,13 +45,16 @@ async def label_namespace(cluster: ControlPlane, namespace: str, queue: str) -> 
 @contextlib.asynccontextmanager
 async def teams(cluster: ControlPlane, first: str, **specs: dict[str, Any]) -> AsyncIterator[dict[str, str]]:
     """A Queue per entry of `specs` and a namespace labelled for each (the first is the test's own
-    `first`, the others made here); queue name → namespace. All removed afterwards."""
+    `first`, the others made here); queue name → namespace. A `parent` names another entry of `specs`
+    (or a Queue that never exists). All removed afterwards."""
     tag = secrets.token_hex(3)
     out: dict[str, str] = {}
     made: list[str] = []
     try:
         for i, (team, spec) in enumerate(specs.items()):
             queue = f"{team}-{tag}"
+            if spec.get("parent"):  # the parent's name carries the tag too
+                spec = {**spec, "parent": f"{spec['parent']}-{tag}"}
             body = {
                 "apiVersion": contract.API_VERSION,
                 "kind": "Queue",

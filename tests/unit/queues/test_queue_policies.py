@@ -221,3 +221,43 @@ def test_a_pool_held_outside_the_policy_is_asked_to_give_back_what_another_queue
             7.0,
         )
         assert d.revoke == {} and d.grants == []  # nothing free yet: the owner gives the GPUs back
+
+
+HIERARCHY = [
+    QueueNode("org", guaranteed=4, max=6),
+    QueueNode("x", guaranteed=2, parent="org"),
+    QueueNode("y", guaranteed=2, parent="org"),
+]
+
+
+def test_a_parents_maximum_caps_a_childs_burst() -> None:
+    # x (no maximum of its own) is entitled to org's 6; the work-conserving pass gave it all 8 GPUs.
+    d = QueuedPolicy(Themis(), HIERARCHY).allocate(
+        0.0, [app("x1", "x", 8)], CLUSTER, CLUSTER.gpu_ids, random.Random(0)
+    )
+    check_decision(d, [app("x1", "x", 8)], CLUSTER.gpu_ids)
+    assert granted(d) == {"x1": 6}
+
+
+def test_a_sibling_waits_for_the_lease_end_while_the_parent_is_at_its_maximum() -> None:
+    # x holds org's 6 (its lease runs); y arrives, entitled to 2: the 2 free GPUs would take org to 8.
+    x1 = app("x1", "x", 8, held=tuple(CLUSTER.gpu_ids[:6]))
+    policy = QueuedPolicy(Themis(), HIERARCHY)
+    d = policy.allocate(1.0, [x1, app("y1", "y", 2)], CLUSTER, CLUSTER.gpu_ids[6:], random.Random(0))
+    assert d.grants == []
+    # x's lease ends: org's 6 are divided 4 and 2.
+    d = policy.allocate(
+        2.0, [app("x1", "x", 8), app("y1", "y", 2)], CLUSTER, CLUSTER.gpu_ids, random.Random(0)
+    )
+    assert granted(d) == {"x1": 4, "y1": 2}
+
+
+def test_under_immediate_a_sibling_gets_its_guarantee_back_at_once_within_the_parents_maximum() -> None:
+    # As above, x lending under `immediate`: 2 of x's GPUs are taken now, and y gets 2 while org holds 6.
+    rules = {"x": ReclaimRule(mode="immediate", grace_s=0)}
+    x1 = app("x1", "x", 8, held=tuple(CLUSTER.gpu_ids[:6]))
+    d = QueuedPolicy(Themis(), HIERARCHY, rules).allocate(
+        1.0, [x1, app("y1", "y", 2)], CLUSTER, CLUSTER.gpu_ids[6:], random.Random(0)
+    )
+    check_decision(d, [x1, app("y1", "y", 2)], CLUSTER.gpu_ids[6:])
+    assert {k: len(v) for k, v in d.revoke.items()} == {"x1": 2} and granted(d) == {"y1": 2}

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tessera.policy.queues.division import QueueNode
+from tessera.policy.queues.division import QueueNode, headroom
 
 ReclaimMode = Literal["atLeaseEnd", "immediate"]
 _EPS = 1e-9
@@ -75,11 +75,15 @@ def plan_reclaim(
         target = min(q.guaranteed, shares.get(q.name, 0.0), have + waiting.get(q.name, 0.0))
         if target - have > _EPS:
             need[q.name] = target - have
-    # Free GPUs go to the neediest first; reclaim covers only the rest.
+    # Free GPUs go to the neediest first; reclaim covers only the rest. Neither takes a claimant's
+    # ancestor past its maximum (`headroom`): free GPUs a full parent leaves idle cover no need, and GPUs
+    # help only when they come from inside every full ancestor. `now_held` follows the plan.
+    now_held = dict(held)
     for name in sorted(need, key=lambda n: -need[n]):
-        use = min(free, need[name])
+        use = max(0.0, min(free, need[name], headroom(queues, now_held)[name]))
         free -= use
         need[name] -= use
+        now_held[name] = now_held.get(name, 0.0) + use
     need = {k: v for k, v in need.items() if v > _EPS}
     if not need:
         return []
@@ -101,9 +105,12 @@ def plan_reclaim(
             if now - h.since < rule.min_runtime_s - _EPS:
                 continue
             taken = sum(r.gpus for r in out if r.owner == h.owner)
-            take = min(h.gpus - taken, lendable[h.queue], need[claimant])
+            room = headroom(queues, now_held, moving_from=h.queue)[claimant]
+            take = min(h.gpus - taken, lendable[h.queue], need[claimant], room)
             if take <= _EPS:
                 continue
+            now_held[claimant] = now_held.get(claimant, 0.0) + take
+            now_held[h.queue] -= take
             at = now + rule.grace_s if rule.mode == "immediate" else max(now, h.lease_end)
             reason = (
                 f"queue {claimant} is below its guarantee of {node[claimant].guaranteed:g} GPUs with work "

@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 
 from tessera.cluster import Cluster
-from tessera.policy.queues.division import QueueNode, divide_with_reserves, own_share, quantize
+from tessera.policy.queues.division import QueueNode, divide_with_reserves, headroom, own_share, quantize
 from tessera.policy.queues.reclaim import Holding, Reclaim, ReclaimRule, plan_reclaim
 from tessera.policy.training import AppState, Grant, RoundDecision, TrainingPolicy
 
@@ -153,14 +153,21 @@ class QueuedPolicy:
         reserved = int(sum(reserve.values()))
         # First pass: each queue's share; second: GPUs a queue's policy left unused go to queues with
         # unmet demand below their maximum (work-conserving), all but those kept.
+        # Both passes stay within every ancestor's maximum (`headroom`): a sibling holding above its share
+        # until its lease ends keeps the subtree's room, so a queue's share alone could take the subtree
+        # past its parent's maximum (the work-conserving pass did, with no maximum of its own).
         order = sorted(members, key=lambda q: (held[q] - share[q], q))
         for q in order:
-            want = int(share[q]) - held[q] - keep[q]
+            want = min(int(share[q]) - held[q] - keep[q], _whole(headroom(self.queues, held)[q]))
             if want > 0 and members[q]:
                 avail = self._run(now, q, members[q], want, cluster, avail, rng, decision, held)
         cap = {n.name: n.max for n in self.queues}
         for q in order:
-            room = min(cap[q] - held[q], sum(a.unmet for a in members[q]) - _granted(decision, members[q]))
+            room = min(
+                cap[q] - held[q],
+                headroom(self.queues, held)[q],
+                sum(a.unmet for a in members[q]) - _granted(decision, members[q]),
+            )
             spare = len(avail) - sum(keep.values()) - reserved
             if spare >= 1 and room >= 1 and members[q]:
                 avail = self._run(
@@ -253,6 +260,11 @@ class QueuedPolicy:
             left = [g for g in sorted(a.held) if g not in out.get(r.owner, [])]
             out.setdefault(r.owner, []).extend(left[-math.ceil(r.gpus - 1e-9) :])
         return {k: tuple(v) for k, v in out.items() if v}, [r for r in plan if r.owner in outside_ids]
+
+
+def _whole(gpus: float) -> int:
+    """Whole GPUs within `gpus` (a large number for no bound)."""
+    return math.floor(gpus + 1e-9) if math.isfinite(gpus) else 1 << 62
 
 
 def _grants_of(decision: RoundDecision, app_id: str) -> frozenset[str]:
