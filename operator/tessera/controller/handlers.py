@@ -37,6 +37,7 @@ from tessera.controller.essence import LeanDiffBaseStorage, LeanProgressStorage
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
+from tessera.controller.queue_status import Workload
 from tessera.controller.queues import QueueBook, owner_id
 from tessera.controller.reconciler import KindReconciler
 from tessera.controller.tuning import TrialGroups
@@ -125,6 +126,7 @@ class Controller:
         self.arbiter.outside = self.queue_outside
         self.arbiter.outside_waiting = self.queue_outside_waiting
         self.arbiter.outside_holdings = self.queue_outside_holdings
+        self.arbiter.outside_workloads = self.queue_outside_workloads
         self.trialgroups.reclaim_request = self.deployments.reclaim_request = self.reclaim_request
         self.trialgroups.gave_back = self.deployments.gave_back = self.gave_back
         self.trialgroups.queue_room = self.queue_room
@@ -206,6 +208,41 @@ class Controller:
                 owner = owner_id(contract.KIND_MODELDEPLOYMENT, srv.namespace, srv.name)
                 q = self.queues.queue_of(srv.namespace)
                 out.append(Holding(q, owner, float(len(srv.held())), srv.since, math.inf))
+        return out
+
+    def queue_outside_workloads(self) -> list[tuple[str, Workload]]:
+        """Each TrialGroup not done and each ModelDeployment outside a shared serving pool, with its queue,
+        as the Queue's status counts them: GPUs of its pool or replicas, and what it waits for and why."""
+        out: list[tuple[str, Workload]] = []
+        for rec in self.trialgroups.records.values() if self.trialgroups is not None else ():
+            if not rec.done:
+                wants = 0 if rec.pool else rec.wants
+                since = rec.waiting_since if rec.waiting_since is not None else self.config.clock()
+                w = Workload(
+                    contract.KIND_TRIALGROUP,
+                    rec.namespace,
+                    rec.name,
+                    float(len(rec.pool)),
+                    float(wants),
+                    since,
+                    rec.wait_reason,
+                    rec.wait_message,
+                )
+                out.append((self.queues.queue_of(rec.namespace), w))
+        for srv in self.deployments.records.values() if self.deployments is not None else ():
+            if not srv.spec.placement.pool:
+                since = srv.waiting_since if srv.waiting_since is not None else self.config.clock()
+                w = Workload(
+                    contract.KIND_MODELDEPLOYMENT,
+                    srv.namespace,
+                    srv.name,
+                    float(len(srv.held())),
+                    float(srv.wants),
+                    since,
+                    srv.wait_reason,
+                    srv.wait_message,
+                )
+                out.append((self.queues.queue_of(srv.namespace), w))
         return out
 
     def reclaim_request(self, owner: str) -> Reclaim | None:
