@@ -218,6 +218,19 @@ async def test_serving_replicas_stay_within_the_queues_share(api: kmock.Kubernet
         assert "0 → 1 replicas" in scaled[0]["message"] and "only 1 placed" in scaled[0]["message"]
         workers = pods_of(api, **{contract.LABEL_MODELDEPLOYMENT: "m", contract.LABEL_ROLE: "worker"})
         assert len(workers) <= 1
+        # The replica counts for team-a; the second one waits, the queue being at its maximum.
+        st = await wait_for(
+            lambda: (q := queue_status(api, "team-a")).get("pending") and q, what="team-a's pending list"
+        )
+        assert st["allocatedByKind"] == {"apps": 0, "trialGroups": 0, "modelDeployments": 1}
+        assert st["waitingByKind"] == {"apps": 0, "trialGroups": 0, "modelDeployments": 1}
+        (entry,) = st["pending"]
+        assert (entry["kind"], entry["name"], entry["gpus"], entry["reason"]) == (
+            "ModelDeployment",
+            "m",
+            1,
+            "QueueAtMax",
+        )
 
 
 def events_any(k: kmock.KubernetesEmulator, reason: str) -> list[dict[str, Any]]:
