@@ -178,7 +178,10 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             self._place_replicas(rec, cluster, decision.replicas)
         if rec.waiting_gpus != waited:
             self.waiting_changed()
-        rec.waiting_since = (rec.waiting_since or self.config.clock()) if rec.wants else None
+        if not rec.wants:
+            rec.waiting_since = None
+        elif rec.waiting_since is None:
+            rec.waiting_since = self.config.clock()
         if len(rec.gpus) == before:
             return
         short = (

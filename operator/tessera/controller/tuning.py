@@ -179,7 +179,10 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
             self.waiting_changed()
         rec.wants = max(asked, n, 1) if msg else 0
         rec.wait_reason, rec.wait_message = (why, msg) if msg else ("", "")
-        rec.waiting_since = (rec.waiting_since or self.config.clock()) if msg else None
+        if not msg:
+            rec.waiting_since = None
+        elif rec.waiting_since is None:
+            rec.waiting_since = self.config.clock()
         if msg:
             conds = (rec.body.get("status") or {}).get("conditions") or []
             if not any(c.get("reason") == "WaitingForGPUs" for c in conds):
