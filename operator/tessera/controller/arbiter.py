@@ -129,6 +129,10 @@ class Arbiter:
         self.reclaim_blocked: dict[str, float] = {}
         self.waiting_since: dict[tuple[str, str], float] = {}  # Apps waiting for GPUs → since when
         self._queue_written: dict[str, tuple[str, dict[str, Any]]] = {}  # Queue → (uid, status written)
+        # A TrialGroup or ModelDeployment changed what it holds or waits for since the Queues' status was
+        # worked out (`refresh_queues`), and when that was (time.monotonic).
+        self.queues_stale = False
+        self._queues_at = -math.inf
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -410,6 +414,7 @@ class Arbiter:
         a status is patched only when it differs from the one last written."""
         if not self.queues.active:
             return
+        self.queues_stale, self._queues_at = False, time.monotonic()
         by_queue, max_rho = self._queue_workloads(now, cluster)
         facts = self._round_facts(now, cluster)
         for name in sorted(self.queues.specs):
@@ -428,6 +433,22 @@ class Arbiter:
                     log.warning("status of Queue %s not written: %s", name, err)
         for name in set(self._queue_written) - set(self.queues.specs):
             del self._queue_written[name]
+
+    async def refresh_queues(self, now: float | None = None) -> None:
+        """The Queues' status between rounds, once a TrialGroup or ModelDeployment changed what it holds or
+        waits for (a round works it out anyway): at most once a tick, with the last round's division and
+        reclaim plan. Without it a group waiting beyond its queue's share (which starts no round) showed in
+        no pending list until the next lease period's round."""
+        # At most once a tick of real time: it costs CPU, whatever the operator's clock says.
+        if (
+            not self.queues_stale
+            or self.lock.locked()
+            or time.monotonic() - self._queues_at < self.config.tick
+        ):
+            return
+        now = self.config.clock() if now is None else now
+        async with self.lock:
+            await self.write_queues(max(now, self.last_round), self.view.cluster())
 
     def _queue_workloads(
         self, now: float, cluster: Cluster

@@ -78,6 +78,8 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         self.queue_room: Callable[[str, int], float | None] = lambda namespace, want: None
         # Called when what a deployment waits for within its queue's share changes (the arbiter re-divides).
         self.waiting_changed: Callable[[], None] = lambda: None
+        # Called when what a deployment holds or waits for changed: its Queue's status is refreshed.
+        self.queue_changed: Callable[[], None] = lambda: None
         # What the arbiter's last round asks a deployment to give back to another queue (by owner id),
         # and the Controller's hook once it has (set by the Controller).
         self.reclaim_request: Callable[[str], Reclaim | None] = lambda owner: None
@@ -169,6 +171,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
     def _scale(self, rec: ServingRecord, cluster: Cluster, decision: ScaleDecision) -> None:
         """Replicas to the decided count: the first ones keep their GPUs, the last go on scale-down, new
         ones take free GPUs; an event when the count moved (saying why fewer were placed)."""
+        was = (len(rec.gpus), rec.wants, rec.wait_reason)
         self._give_back(rec)
         before, waited = len(rec.gpus), rec.waiting_gpus
         rec.waiting_gpus, rec.wants, rec.wait_reason, rec.wait_message = 0, 0, "", ""
@@ -182,6 +185,8 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             rec.waiting_since = None
         elif rec.waiting_since is None:
             rec.waiting_since = self.config.clock()
+        if (len(rec.gpus), rec.wants, rec.wait_reason) != was:
+            self.queue_changed()
         if len(rec.gpus) == before:
             return
         short = (

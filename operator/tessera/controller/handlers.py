@@ -133,6 +133,7 @@ class Controller:
         self.deployments.queue_room = self.queue_room
         self.trialgroups.queue_condition = self.deployments.queue_condition = self.queues.membership
         self.trialgroups.waiting_changed = self.deployments.waiting_changed = self.redivide
+        self.trialgroups.queue_changed = self.deployments.queue_changed = self.queue_news
 
     def app_gpus(self) -> set[str]:
         """GPUs that App leases hold (TrialGroup pools and serving are drawn from the rest)."""
@@ -271,6 +272,12 @@ class Controller:
         """What other objects wait for changed: the next round divides (and reclaims) with it."""
         if self.arbiter is not None and self.queues.active:
             self.arbiter.dirty = True
+
+    def queue_news(self) -> None:
+        """What a TrialGroup or ModelDeployment holds or waits for changed: the Queues' status is refreshed
+        at the next tick, without waiting for a round."""
+        if self.arbiter is not None and self.queues.active:
+            self.arbiter.queues_stale = True
 
     def queue_room(self, namespace: str, want: int) -> float | None:
         """GPUs an object of `namespace` wanting `want` may take now: its queue's entitlement in a division
@@ -638,9 +645,10 @@ def _kind_handlers(
         if rec is not None and not body.metadata.get("deletionTimestamp"):
             await rec.reconcile(dict(body), patch)
         # Under team queues what these objects hold and wait for takes part in the division, so their
-        # timers drive the arbiter's rounds too (with no App, nothing else would).
+        # timers drive the arbiter's rounds too (with no App, nothing else would), and the Queues' status.
         if ctl.arbiter is not None and ctl.queues.active:
             await ctl.arbiter.maybe_run()
+            await ctl.arbiter.refresh_queues()
 
     @kopf.on.delete(G, V, plural, id=f"{prefix}_delete", registry=registry)
     async def delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:

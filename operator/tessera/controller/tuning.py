@@ -61,6 +61,8 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         self.queue_room: Callable[[str, int], float | None] = lambda namespace, want: None
         # Called when what a group waits for within its queue's share changes (the arbiter re-divides).
         self.waiting_changed: Callable[[], None] = lambda: None
+        # Called when what the group holds or waits for changed: its Queue's status is refreshed.
+        self.queue_changed: Callable[[], None] = lambda: None
         # What the arbiter's last round asks a group to give back to another queue (by owner id), and
         # the Controller's hook once it has (set by the Controller).
         self.reclaim_request: Callable[[str], Reclaim | None] = lambda owner: None
@@ -155,6 +157,7 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
 
     async def _acquire(self, rec: TrialGroupRecord, cluster: Cluster, patch: kopf.Patch) -> bool:
         waited, rec.waiting_gpus = rec.waiting_gpus, 0
+        was = (rec.wants, rec.wait_reason)
         free = self.free_gpus(cluster)
         asked = n = pool_size_wanted(rec.spec, len(free))
         room = self.queue_room(rec.namespace, n)
@@ -183,6 +186,8 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
             rec.waiting_since = None
         elif rec.waiting_since is None:
             rec.waiting_since = self.config.clock()
+        if (rec.wants, rec.wait_reason) != was:
+            self.queue_changed()
         if msg:
             conds = (rec.body.get("status") or {}).get("conditions") or []
             if not any(c.get("reason") == "WaitingForGPUs" for c in conds):
@@ -206,6 +211,7 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         msg = f"{n} GPU(s) of the pool ({', '.join(given)}) given back to queue {request.for_queue}: {request.reason}"
         self._event(rec, "Warning", "Reclaimed", msg)
         self.gave_back(owner_id(self.kind, rec.namespace, rec.name), request, n)
+        self.queue_changed()
 
     async def _sync(self, rec: TrialGroupRecord, grace: int | None = None) -> None:
         ended = {name for name, st in rec.trials.items() if st.phase in ENDED}
