@@ -39,6 +39,7 @@ from tessera.controller.kube import CONFIGMAPS, Kind, KubeError
 from tessera.controller.ledger import Entry, Ledger, fit
 from tessera.controller.liveness import PassClock
 from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.queue_status import RoundFacts, Workload
 from tessera.controller.queues import QUEUE_RESOLVED, QueueBook, membership_news
 from tessera.controller.readiness import app_conditions, missing_pods
 from tessera.controller.status_writes import Written, status_due, written
@@ -120,6 +121,18 @@ class Arbiter:
         # (by owner id "Kind/namespace/name"; the owner acts on it and takes it out).
         self.outside_holdings: Callable[[], list[Holding]] = list
         self.outside_reclaims: dict[str, Reclaim] = {}
+        # TrialGroups and ModelDeployments with their queues, for the Queues' status (set by the Controller).
+        self.outside_workloads: Callable[[], list[tuple[str, Workload]]] = list
+        # The last round's whole reclaim plan, and queues whose reclaim waits for a lender's minimum runtime
+        # (queue → when it ends): why objects wait, in the Queues' status.
+        self.round_reclaims: list[Reclaim] = []
+        self.reclaim_blocked: dict[str, float] = {}
+        self.waiting_since: dict[tuple[str, str], float] = {}  # Apps waiting for GPUs → since when
+        self._queue_written: dict[str, tuple[str, dict[str, Any]]] = {}  # Queue → (uid, status written)
+        # A TrialGroup or ModelDeployment changed what it holds or waits for since the Queues' status was
+        # worked out (`refresh_queues`), and when that was (time.monotonic).
+        self.queues_stale = False
+        self._queues_at = -math.inf
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -146,6 +159,7 @@ class Arbiter:
             self.records.pop(key, None)
             self._written.pop(key, None)
             self.lagging.discard(key)
+            self.waiting_since.pop(key, None)
             self.dirty = True
             self._earliest_expiry = None
             self.metrics.remove_series(namespace=key[0], app=key[1])
@@ -316,6 +330,8 @@ class Arbiter:
             q: float(v["share"]) for q, v in decision.record.get("queues", {}).items() if isinstance(v, dict)
         }
         self.outside_reclaims = {r.owner: r for r in decision.record.get("outside_reclaims", [])}
+        self.round_reclaims = list(decision.record.get("reclaims", []))
+        self.reclaim_blocked = dict(decision.record.get("reclaim_blocked", {}))
         for grant in decision.grants:
             rec = by_id[grant.app_id]
             leases = rec.grant(grant.gpus, grant.expiry, grant.source, cluster)
@@ -348,6 +364,7 @@ class Arbiter:
             outside=self.outside(),
             outside_waiting=self.outside_waiting(),
             outside_holdings=self.outside_holdings(),
+            explain=True,
         )
 
     def queued_state(self, rec: AppRecord, now: float, known: set[str] | None = None) -> AppState:
@@ -392,20 +409,98 @@ class Arbiter:
                     )
 
     async def write_queues(self, now: float, cluster: Cluster) -> None:
-        """Each Queue's status (share, allocated, borrowed, lent, waiting, max ρ) and its gauges."""
+        """Each Queue's status (share; allocated, borrowed, lent and waiting over Apps, TrialGroups and
+        ModelDeployments; the pending list; max ρ) and its gauges. One pass over the objects for all queues;
+        a status is patched only when it differs from the one last written."""
         if not self.queues.active:
             return
-        known = set(cluster.gpu_ids)
-        states = [self.queued_state(r, now, known) for r in self.records.values() if not r.done]
-        rho = {f"{r.namespace}/{r.name}": r.rho for r in self.records.values() if r.rho is not None}
+        self.queues_stale, self._queues_at = False, time.monotonic()
+        by_queue, max_rho = self._queue_workloads(now, cluster)
+        facts = self._round_facts(now, cluster)
         for name in sorted(self.queues.specs):
-            status = self.queues.status(name, states, self.queue_share.get(name, 0.0), rho)
+            status = self.queues.status(
+                name, by_queue.get(name, []), self.queue_share.get(name, 0.0), facts, max_rho.get(name)
+            )
             self.queues.export(self.metrics, name, status)
+            wire, uid = status.to_wire(), self.queues.uids.get(name, "")
+            if self._queue_written.get(name) == (uid, wire):
+                continue
             try:
-                await self.api.patch(QUEUES, "", name, {"status": status.to_wire()}, sub="status")
+                await self.api.patch(QUEUES, "", name, {"status": wire}, sub="status")
+                self._queue_written[name] = (uid, wire)
             except KubeError as err:
                 if err.status != 404:  # a Queue deleted since: its delete handler cleans up
                     log.warning("status of Queue %s not written: %s", name, err)
+        for name in set(self._queue_written) - set(self.queues.specs):
+            del self._queue_written[name]
+
+    async def refresh_queues(self, now: float | None = None) -> None:
+        """The Queues' status between rounds, once a TrialGroup or ModelDeployment changed what it holds or
+        waits for (a round works it out anyway): at most once a tick, with the last round's division and
+        reclaim plan. Without it a group waiting beyond its queue's share (which starts no round) showed in
+        no pending list until the next lease period's round."""
+        # At most once a tick of real time: it costs CPU, whatever the operator's clock says.
+        if (
+            not self.queues_stale
+            or self.lock.locked()
+            or time.monotonic() - self._queues_at < self.config.tick
+        ):
+            return
+        now = self.config.clock() if now is None else now
+        async with self.lock:
+            await self.write_queues(max(now, self.last_round), self.view.cluster())
+
+    def _queue_workloads(
+        self, now: float, cluster: Cluster
+    ) -> tuple[dict[str, list[Workload]], dict[str, float]]:
+        """Every queue's objects (Apps from the records, the others from the Controller), and the largest
+        finite ρ among each queue's Apps. An App waits while it holds fewer GPUs the cluster knows than its
+        demand: since its start if it never held any, else since the first round that saw it short."""
+        by_queue: dict[str, list[Workload]] = {}
+        max_rho: dict[str, float] = {}
+        since: dict[tuple[str, str], float] = {}
+        for rec in self.records.values():
+            if rec.done:
+                continue
+            q = self.queues.queue_of(rec.namespace)
+            held = sum(1 for g in rec.held() if g in cluster)
+            wants = float(max(0, rec.demand() - held))
+            if wants:
+                fresh = rec.start if rec.active_gpu_seconds <= 0 and not rec.leases else now
+                since[rec.key] = self.waiting_since.get(rec.key, fresh)
+            w = Workload(
+                contract.KIND_APP, rec.namespace, rec.name, float(held), wants, since.get(rec.key, now)
+            )
+            by_queue.setdefault(q, []).append(w)
+            if rec.rho is not None and math.isfinite(rec.rho):
+                max_rho[q] = max(max_rho.get(q, rec.rho), rec.rho)
+        self.waiting_since = since
+        for q, w in self.outside_workloads():
+            by_queue.setdefault(q, []).append(w)
+        return by_queue, max_rho
+
+    def _round_facts(self, now: float, cluster: Cluster) -> RoundFacts:
+        """The free GPUs left after the round, the next lease end and round, and the round's reclaim plan
+        with each App's lease-end reclaim dated by that App's lease."""
+        active = [r for r in self.records.values() if not r.done]
+        ends = {
+            f"{r.namespace}/{r.name}": min((lease.expires for lease in r.leases), default=math.inf)
+            for r in active
+        }
+        reclaims = [
+            dataclasses.replace(r, at=max(now, ends[r.owner]))
+            if not math.isfinite(r.at) and r.owner in ends
+            else r
+            for r in self.round_reclaims
+        ]
+        return RoundFacts(
+            now=now,
+            free=len(self._free_gpus(cluster, active)),
+            next_lease_end=min(ends.values(), default=math.inf),
+            next_round=self.last_round + self.config.lease_s,
+            reclaims=reclaims,
+            blocked=self.reclaim_blocked,
+        )
 
     def _export(self, now: float, cluster: Cluster) -> None:
         """ρ and its parts for every App that holds only GPUs the cluster knows, as status and gauges."""

@@ -37,6 +37,7 @@ from tessera.controller.essence import LeanDiffBaseStorage, LeanProgressStorage
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
+from tessera.controller.queue_status import Workload
 from tessera.controller.queues import QueueBook, owner_id
 from tessera.controller.reconciler import KindReconciler
 from tessera.controller.tuning import TrialGroups
@@ -126,12 +127,14 @@ class Controller:
         self.arbiter.outside = self.queue_outside
         self.arbiter.outside_waiting = self.queue_outside_waiting
         self.arbiter.outside_holdings = self.queue_outside_holdings
+        self.arbiter.outside_workloads = self.queue_outside_workloads
         self.trialgroups.reclaim_request = self.deployments.reclaim_request = self.reclaim_request
         self.trialgroups.gave_back = self.deployments.gave_back = self.gave_back
         self.trialgroups.queue_room = self.queue_room
         self.deployments.queue_room = self.queue_room
         self.trialgroups.queue_condition = self.deployments.queue_condition = self.queues.membership
         self.trialgroups.waiting_changed = self.deployments.waiting_changed = self.redivide
+        self.trialgroups.queue_changed = self.deployments.queue_changed = self.queue_news
 
     def app_gpus(self) -> set[str]:
         """GPUs that App leases hold (TrialGroup pools and serving are drawn from the rest)."""
@@ -209,6 +212,41 @@ class Controller:
                 out.append(Holding(q, owner, float(len(srv.held())), srv.since, math.inf))
         return out
 
+    def queue_outside_workloads(self) -> list[tuple[str, Workload]]:
+        """Each TrialGroup not done and each ModelDeployment outside a shared serving pool, with its queue,
+        as the Queue's status counts them: GPUs of its pool or replicas, and what it waits for and why."""
+        out: list[tuple[str, Workload]] = []
+        for rec in self.trialgroups.records.values() if self.trialgroups is not None else ():
+            if not rec.done:
+                wants = 0 if rec.pool else rec.wants
+                since = rec.waiting_since if rec.waiting_since is not None else self.config.clock()
+                w = Workload(
+                    contract.KIND_TRIALGROUP,
+                    rec.namespace,
+                    rec.name,
+                    float(len(rec.pool)),
+                    float(wants),
+                    since,
+                    rec.wait_reason,
+                    rec.wait_message,
+                )
+                out.append((self.queues.queue_of(rec.namespace), w))
+        for srv in self.deployments.records.values() if self.deployments is not None else ():
+            if not srv.spec.placement.pool:
+                since = srv.waiting_since if srv.waiting_since is not None else self.config.clock()
+                w = Workload(
+                    contract.KIND_MODELDEPLOYMENT,
+                    srv.namespace,
+                    srv.name,
+                    float(len(srv.held())),
+                    float(srv.wants),
+                    since,
+                    srv.wait_reason,
+                    srv.wait_message,
+                )
+                out.append((self.queues.queue_of(srv.namespace), w))
+        return out
+
     def reclaim_request(self, owner: str) -> Reclaim | None:
         """What the last round asked this TrialGroup or ModelDeployment to give back (None: nothing)."""
         return None if self.arbiter is None else self.arbiter.outside_reclaims.get(owner)
@@ -235,6 +273,12 @@ class Controller:
         """What other objects wait for changed: the next round divides (and reclaims) with it."""
         if self.arbiter is not None and self.queues.active:
             self.arbiter.dirty = True
+
+    def queue_news(self) -> None:
+        """What a TrialGroup or ModelDeployment holds or waits for changed: the Queues' status is refreshed
+        at the next tick, without waiting for a round."""
+        if self.arbiter is not None and self.queues.active:
+            self.arbiter.queues_stale = True
 
     def queue_room(self, namespace: str, want: int) -> float | None:
         """GPUs an object of `namespace` wanting `want` may take now: its queue's entitlement in a division
@@ -618,9 +662,10 @@ def _kind_handlers(
         if rec is not None and not body.metadata.get("deletionTimestamp"):
             await rec.reconcile(dict(body), patch)
         # Under team queues what these objects hold and wait for takes part in the division, so their
-        # timers drive the arbiter's rounds too (with no App, nothing else would).
+        # timers drive the arbiter's rounds too (with no App, nothing else would), and the Queues' status.
         if ctl.arbiter is not None and ctl.queues.active:
             await ctl.arbiter.maybe_run()
+            await ctl.arbiter.refresh_queues()
 
     @kopf.on.delete(G, V, plural, id=f"{prefix}_delete", registry=registry)
     async def delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:

@@ -12,6 +12,7 @@ Rules (one place, for the operator's events and the simulator alike):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -62,9 +63,12 @@ def plan_reclaim(
     holdings: Sequence[Holding],
     waiting: Mapping[str, float],
     free: float,
+    blocked: dict[str, float] | None = None,
 ) -> list[Reclaim]:
     """What to take back, from whom, for whom and when. `shares` are the queues' entitled GPUs (own
-    shares), `waiting` the GPUs each queue's objects wait for, `free` the GPUs nobody holds."""
+    shares), `waiting` the GPUs each queue's objects wait for, `free` the GPUs nobody holds. `blocked`, if
+    given, receives each queue still owed GPUs after the plan only because holdings were within their
+    lender's minimum runtime, with when the first of them may be taken (what a Queue's status reports)."""
     node = {q.name: q for q in queues}
     held: dict[str, float] = {}
     for h in holdings:
@@ -98,11 +102,14 @@ def plan_reclaim(
         key=lambda h: (-lendable[h.queue], -h.since, h.owner),
     )
     for claimant in sorted(need, key=lambda n: (-need[n], n)):
+        young = math.inf  # when the first holding skipped for its minimum runtime may be taken
         for h in victims:
             rule = rules.get(h.queue, ReclaimRule())
             if need[claimant] <= _EPS:
                 break
             if now - h.since < rule.min_runtime_s - _EPS:
+                if lendable[h.queue] > _EPS:
+                    young = min(young, h.since + rule.min_runtime_s)
                 continue
             taken = sum(r.gpus for r in out if r.owner == h.owner)
             room = headroom(queues, now_held, moving_from=h.queue)[claimant]
@@ -119,4 +126,6 @@ def plan_reclaim(
             out.append(Reclaim(h.owner, h.queue, claimant, take, at, rule.mode, reason, rule.grace_s))
             lendable[h.queue] -= take
             need[claimant] -= take
+        if blocked is not None and need[claimant] > _EPS and math.isfinite(young):
+            blocked[claimant] = young
     return out

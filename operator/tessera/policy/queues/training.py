@@ -62,6 +62,7 @@ class QueuedPolicy:
         outside: Mapping[str, float] | None = None,
         outside_waiting: Mapping[str, float] | None = None,
         outside_holdings: Sequence[Holding] = (),
+        explain: bool = False,
     ) -> None:
         self.inner = inner
         self.queues = with_default(queues)
@@ -78,6 +79,9 @@ class QueuedPolicy:
         # what it takes is listed in `decision.record["outside_reclaims"]` for the owners to act on.
         # Without them, what a queue holds outside is never taken.
         self.outside_holdings = list(outside_holdings)
+        # Also plan the reclaims that need no action now (apps' lease-end ones) and record the whole plan,
+        # with the queues whose reclaim waits for a minimum runtime: what the operator's Queue status says.
+        self.explain = explain
         self.name: str = name or str(getattr(inner, "name", "queued"))
         # The simulator runs rounds with no GPU free only for a policy that may take GPUs back.
         self.preempts = any(r.mode == "immediate" for r in self.rules.values())
@@ -136,7 +140,9 @@ class QueuedPolicy:
         demand = {q: float(sum(a.demand_max for a in m) + extra[q] + waits[q]) for q, m in members.items()}
         held = {q: sum(len(a.held) for a in m) + extra[q] for q, m in members.items()}
         share, reserve = entitled_and_reserved(len(cluster), self.queues, demand)
-        revoke, outside_reclaims = self._reclaim(now, apps, members, share, held, demand, len(free))
+        blocked: dict[str, float] = {}
+        revoke, plan = self._reclaim(now, apps, members, share, held, demand, len(free), blocked)
+        outside_ids = {h.owner for h in self.outside_holdings}
         avail = [*free, *(g for gpus in revoke.values() for g in gpus)]
         decision = RoundDecision(revoke=revoke)
         for a in apps:  # the inner policy sees each app without what it just lost
@@ -177,7 +183,9 @@ class QueuedPolicy:
             "queues": {
                 q: {"share": share[q], "held": held[q], "reserved": reserve.get(q, 0.0)} for q in members
             },
-            "outside_reclaims": outside_reclaims,
+            "outside_reclaims": [r for r in plan if r.owner in outside_ids],
+            "reclaims": plan,
+            "reclaim_blocked": blocked,
         }
         return decision
 
@@ -226,11 +234,13 @@ class QueuedPolicy:
         held: Mapping[str, int],
         demand: Mapping[str, float],
         n_free: int,
+        blocked: dict[str, float],
     ) -> tuple[dict[str, tuple[str, ...]], list[Reclaim]]:
         """GPUs taken now from apps of queues lending under `immediate` (lease-end reclaim needs no action
         here: a lease that ends frees its GPUs and the next division hands them to the queue owed them),
-        and what other objects' owners are to give back (either mode: they act on it themselves)."""
-        if not self.preempts and not self.outside_holdings:
+        and the reclaim plan, in which other objects' owners find what to give back (either mode: they act
+        on it themselves)."""
+        if not self.preempts and not self.outside_holdings and not self.explain:
             return {}, []
         holdings = [
             Holding(self.queue_of(a), a.app_id, float(len(a.held)), a.since, math.inf) for a in apps if a.held
@@ -249,9 +259,8 @@ class QueuedPolicy:
             if n > 0 and q not in listed
         ]
         waiting = {q: max(0.0, demand[q] - held[q]) for q in members}
-        plan = plan_reclaim(now, self.queues, self.rules, share, holdings, waiting, float(n_free))
+        plan = plan_reclaim(now, self.queues, self.rules, share, holdings, waiting, float(n_free), blocked)
         by_id = {a.app_id: a for a in apps}
-        outside_ids = {h.owner for h in self.outside_holdings}
         out: dict[str, list[str]] = {}
         for r in plan:
             if r.owner not in by_id or r.mode != "immediate":
@@ -259,7 +268,7 @@ class QueuedPolicy:
             a = by_id[r.owner]
             left = [g for g in sorted(a.held) if g not in out.get(r.owner, [])]
             out.setdefault(r.owner, []).extend(left[-math.ceil(r.gpus - 1e-9) :])
-        return {k: tuple(v) for k, v in out.items() if v}, [r for r in plan if r.owner in outside_ids]
+        return {k: tuple(v) for k, v in out.items() if v}, plan
 
 
 def _whole(gpus: float) -> int:
