@@ -31,7 +31,7 @@ from typing import Any
 
 from tessera.api import contract
 from tessera.cluster import Cluster
-from tessera.controller.apps import AppRecord, template_of
+from tessera.controller.apps import AppRecord, template_of, with_priority_class
 from tessera.controller.concurrency import drain_limited
 from tessera.controller.conditions import find
 from tessera.controller.context import Context
@@ -120,6 +120,9 @@ class Arbiter:
         # (by owner id "Kind/namespace/name"; the owner acts on it and takes it out).
         self.outside_holdings: Callable[[], list[Holding]] = list
         self.outside_reclaims: dict[str, Reclaim] = {}
+        # PriorityClass name → value, kept by the controller's watch (None: not watched, priorities unused).
+        self.priority_classes: dict[str, int] | None = None
+        self._priority_warned: dict[tuple[str, str], str] = {}  # App → the unknown class it was told of
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -146,6 +149,7 @@ class Arbiter:
             self.records.pop(key, None)
             self._written.pop(key, None)
             self.lagging.discard(key)
+            self._priority_warned.pop(key, None)
             self.dirty = True
             self._earliest_expiry = None
             self.metrics.remove_series(namespace=key[0], app=key[1])
@@ -235,6 +239,7 @@ class Arbiter:
             k for k in gained if k not in self.revoked and self.records[k].lease_pairs() == before.get(k)
         }
         for rec in self.records.values():
+            rec.note_holding(now)
             rec.previous = {}  # this round saw them: handed back, or to others
         self._export(now, cluster)
         await self._write_round(now, changed - renewed, gained, renewed)
@@ -307,7 +312,7 @@ class Arbiter:
         # yet) is kept to its expiry but is not part of the App's holding in a bid.
         known = set(cluster.gpu_ids)
         states = [self.queued_state(r, now, known) for r in active]
-        decision = self.policy().allocate(now, states, cluster, free, self.rng)
+        decision = self.policy(states).allocate(now, states, cluster, free, self.rng)
         check_decision(decision, states, free)
         by_id = {f"{r.namespace}/{r.name}": r for r in active}
         gained: set[tuple[str, str]] = set()
@@ -336,9 +341,11 @@ class Arbiter:
         self.metrics.counter("tessera_auction_rounds_total").inc()
         return gained
 
-    def policy(self) -> TrainingPolicy:
-        """Themis on the whole cluster, or inside each team queue's share once Queues exist."""
-        if not self.queues.active:
+    def policy(self, states: Iterable[AppState] = ()) -> TrainingPolicy:
+        """Themis on the whole cluster, or inside each team queue's share once Queues exist (or an App has
+        a priority or is non-preemptible: all of them then share the `default` queue)."""
+        ranked = any(s.priority != 0 or not s.preemptible for s in states)
+        if not self.queues.active and not ranked:
             return self.themis
         return QueuedPolicy(
             self.themis,
@@ -351,10 +358,46 @@ class Arbiter:
         )
 
     def queued_state(self, rec: AppRecord, now: float, known: set[str] | None = None) -> AppState:
-        # The minimum runtime counts from the App's start.
+        # The minimum runtime counts from the start of the App's current holding.
         return dataclasses.replace(
-            rec.state(now, known), queue=self.queues.queue_of(rec.namespace), since=rec.start
+            rec.state(now, known),
+            queue=self.queues.queue_of(rec.namespace),
+            since=rec.held_since if rec.held_since is not None else now,
+            priority=self.priority_of(rec),
+            preemptible=rec.spec.preemptible,
         )
+
+    def priority_of(self, rec: AppRecord) -> int:
+        """The value of the App's PriorityClass; 0 without one, or while it names a class that does not
+        exist (a Warning event says so, once per App and class name)."""
+        name = rec.spec.priority_class_name
+        if name is None or self.priority_classes is None:
+            return 0
+        value = self.priority_classes.get(name)
+        if value is not None:
+            if self._priority_warned.pop(rec.key, None) is not None:
+                self._post(
+                    rec, "Normal", "PriorityClassFound", f"PriorityClass {name} found: priority {value}"
+                )
+            return value
+        if self._priority_warned.get(rec.key) != name:
+            self._priority_warned[rec.key] = name
+            self._post(
+                rec,
+                "Warning",
+                "PriorityClassNotFound",
+                f"no PriorityClass {name} exists: the App has priority 0 in its queue, and its pods are created "
+                "without it, until the class is created",
+            )
+        return 0
+
+    def pod_priority_class(self, rec: AppRecord) -> str | None:
+        """The PriorityClass the App's pods get: its own, once it exists (the API server refuses a pod naming
+        one that does not)."""
+        name = rec.spec.priority_class_name
+        if name is None or self.priority_classes is None or name not in self.priority_classes:
+            return None
+        return name
 
     def _reclaimed(
         self, decision: RoundDecision, by_id: dict[str, AppRecord], states: list[AppState]
@@ -364,6 +407,7 @@ class Arbiter:
         queue_of = {s.app_id: s.queue for s in states}
         # Queues whose Apps won GPUs, or whose TrialGroups and ModelDeployments wait for some.
         gainers = sorted({queue_of[g.app_id] for g in decision.grants} | set(self.outside_waiting()))
+        within = set(decision.record.get("within_queue", ()))
         self.revoked = set()
         for app_id, gpus in decision.revoke.items():
             rec = by_id[app_id]
@@ -375,6 +419,15 @@ class Arbiter:
             if spec is not None:
                 self.reclaim_grace[rec.key] = math.ceil(spec.reclaim.checkpoint_grace_seconds)
             self._count_lease(rec, "revoked", n)
+            if app_id in within:
+                self._event(
+                    rec,
+                    "Warning",
+                    "Preempted",
+                    f"{n} GPU(s) taken for higher-priority Apps of queue {queue_of[app_id]} "
+                    "(its preemption.withinQueue is LowerPriority)",
+                )
+                continue
             to = ", ".join(q for q in gainers if q != queue_of[app_id]) or "another queue"
             why = (
                 f"queue {queue_of[app_id]} is above its share and {to} below its guarantee with work waiting"
@@ -558,7 +611,9 @@ class Arbiter:
             plans,
             existing,
             gang_of=gang,
-            template_of=lambda p: template_of(rec, gang(p)),
+            template_of=lambda p: with_priority_class(
+                template_of(rec, gang(p)), self.pod_priority_class(rec)
+            ),
             workload_class=contract.CLASS_BEST_EFFORT,
             recent=self.recent,
             concurrency=self.config.api_concurrency,

@@ -107,6 +107,10 @@ class _Live:
     held: set[str] = field(default_factory=set)
     attained: float = 0.0
     since: float = 0.0  # when `held` last changed (for attained service)
+    # When the current holding began, the minimum runtime's start: GPUs got after holding none for a while
+    # (a lease renewed at the instant it ended continues the holding).
+    held_since: float = 0.0
+    emptied_at: float = -math.inf  # when it last came to hold no GPU
     version: int = 0
     error: AppError | None = None  # the app's estimation error (SimConfig.estimate_error > 0)
     previous: frozenset[str] = frozenset()  # GPUs whose lease ended since the last round (AppState.previous)
@@ -330,6 +334,10 @@ class _Simulation:
     def _set_held(self, app: _Live, now: float, new: set[str]) -> None:
         app.attained += len(app.held) * (now - app.since)
         app.since = now
+        if new and not app.held and now > app.emptied_at + 1e-9:
+            app.held_since = now
+        if app.held and not new:
+            app.emptied_at = now
         app.held = new
 
     def _reschedule(self, app: _Live) -> None:
@@ -440,8 +448,10 @@ class _Simulation:
             network_intensive=a.spec.network_intensive,
             peak_demand=a.runtime.peak_demand(),
             queue=a.spec.queue,
-            since=a.since,
+            since=a.held_since,
             previous=a.previous,
+            priority=a.spec.priority,
+            preemptible=a.spec.preemptible,
         )
 
     def _revoke(self, now: float, app_id: str, gpus: Iterable[str]) -> None:
