@@ -123,6 +123,9 @@ class Arbiter:
         # PriorityClass name → value, kept by the controller's watch (None: not watched, priorities unused).
         self.priority_classes: dict[str, int] | None = None
         self._priority_warned: dict[tuple[str, str], str] = {}  # App → the unknown class it was told of
+        # When a holding that its queue's minimum runtime protects may be taken, while work waits: a round
+        # is due then (nothing else would run one before the next lease ends).
+        self._wake_at = math.inf
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -159,16 +162,24 @@ class Arbiter:
     async def maybe_run(self, now: float | None = None) -> RoundReport | None:
         """Run a round if one is due (lease period passed) or something changed since the last one."""
         now = self.config.clock() if now is None else now
-        if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
+        if not self._due(now):
             return None
         await self.load_ledger()
         async with self.lock:
             # A caller that read the clock before waiting for the lock may find a later round already
             # run: rounds never go back in time (N_avg and GPU-seconds integrate forward).
             now = max(now, self.last_round)
-            if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
+            if not self._due(now):
                 return None
             return await self.run_round(now)
+
+    def _due(self, now: float) -> bool:
+        return (
+            self.dirty
+            or now - self.last_round >= self.config.lease_s
+            or self._lease_expired(now)
+            or now >= self._wake_at
+        )
 
     async def load_ledger(self) -> None:
         """Read the renewal ledger once, before the first round and the first App is tracked (lazily: a
@@ -241,6 +252,7 @@ class Arbiter:
         for rec in self.records.values():
             rec.note_holding(now)
             rec.previous = {}  # this round saw them: handed back, or to others
+        self._wake_at = self._protected_until(now, cluster, active)
         self._export(now, cluster)
         await self._write_round(now, changed - renewed, gained, renewed)
         await self.write_queues(now, cluster)
@@ -340,6 +352,21 @@ class Arbiter:
                 )
         self.metrics.counter("tessera_auction_rounds_total").inc()
         return gained
+
+    def _protected_until(self, now: float, cluster: Cluster, active: list[AppRecord]) -> float:
+        """When a holding its queue's minimum runtime protects may be taken while work waits (a round is
+        due then); math.inf if none."""
+        policy = self.policy()
+        if not isinstance(policy, QueuedPolicy):
+            return math.inf
+        known = set(cluster.gpu_ids)
+        rows = []
+        for r in active:
+            if r.done:
+                continue
+            s = self.queued_state(r, now, known)
+            rows.append((s.queue, len(s.held), s.unmet, s.since, s.preemptible))
+        return policy.protected_until(now, rows)
 
     def policy(self, states: Iterable[AppState] = ()) -> TrainingPolicy:
         """Themis on the whole cluster, or inside each team queue's share once Queues exist (or an App has

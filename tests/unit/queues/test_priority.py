@@ -12,6 +12,7 @@ from tessera.policy.queues import Holding, QueueNode, ReclaimRule, plan_reclaim
 from tessera.policy.queues.training import QueuedPolicy
 from tessera.policy.themis import Themis
 from tessera.policy.training import AppState, RoundDecision, check_decision
+
 from tests.unit.queues.test_queue_policies import app
 
 CLUSTER = Cluster.homogeneous(2, 4)  # m000/0..3, m001/0..3

@@ -123,6 +123,26 @@ class QueuedPolicy:
             for q in self.queues
         )
 
+    def protected_until(self, now: float, apps: Iterable[tuple[str, int, int, float, bool]]) -> float:
+        """The earliest moment after `now` a holding that its queue's minimum runtime protects may be taken
+        at once (`immediate` reclaim, or `within_queue` LowerPriority), while some app waits for GPUs;
+        math.inf if none. A round is due then: no lease need end, nor any app arrive, for the GPUs to move.
+        `apps` gives each app's queue name, GPUs held, GPUs wanted beyond them, holding start and whether
+        it is preemptible."""
+        rows = list(apps)
+        if not any(unmet > 0 for _, _, unmet, _, _ in rows) and not self.outside_waiting:
+            return math.inf
+        at = math.inf
+        for name, has, _, since, preemptible in rows:
+            rule = self.rules.get(self.queue_of_name(name), ReclaimRule())
+            if has <= 0 or not preemptible or rule.min_runtime_s <= 0:
+                continue
+            if rule.mode == "immediate" or rule.within_queue == "LowerPriority":
+                t = since + rule.min_runtime_s
+                if t > now + 1e-9:
+                    at = min(at, t)
+        return at
+
     def queue_of(self, app: AppState) -> str:
         return self.queue_of_name(app.queue)
 

@@ -430,6 +430,27 @@ class _Simulation:
             self._revoke(now, app_id, gpus)
         for grant in decision.grants:
             self._lease(now, grant)
+        self._wake_for_min_runtime(now)
+
+    def _wake_for_min_runtime(self, now: float) -> None:
+        """A tick when a holding that a queue's minimum runtime protects may be taken while an app waits
+        (QueuedPolicy.protected_until): nothing else would run a round before a lease ends."""
+        until = getattr(self.policy, "protected_until", None)
+        if until is None or not self.preempts:
+            return
+        rows = (
+            (
+                a.spec.queue,
+                len(a.held),
+                max(0, a.runtime.demand() - len(a.held)),
+                a.held_since,
+                a.spec.preemptible,
+            )
+            for a in self.live.values()
+        )
+        t = until(now, rows)
+        if math.isfinite(t):
+            self.push(t, _TICK, "")
 
     def _app_state(self, a: _Live, now: float) -> AppState:
         """What the policy sees of an app: its estimates scaled by its misestimation, if any."""
