@@ -212,3 +212,14 @@ def test_min_runtime_counts_from_the_holding_start_not_the_last_renewal() -> Non
     assert len(plan_reclaim(NOW, [A, B], rules, {"a": 4, "b": 4}, held, {"a": 4}, 0)) == 1
     fresh = [Holding("b", "x", 8, since=NOW - 10, lease_end=math.inf)]
     assert plan_reclaim(NOW, [A, B], rules, {"a": 4, "b": 4}, fresh, {"a": 4}, 0) == []
+
+
+def test_a_renewed_non_preemptible_app_is_not_short_of_gpus() -> None:
+    # The priority-10 App is non-preemptible and its lease on m000 just ended: it gets m000 back, so it
+    # wants nothing more, and the lower-priority App on m001 keeps its GPUs under withinQueue LowerPriority.
+    qs = [QueueNode("a", guaranteed=8)]
+    rules = {"a": ReclaimRule(within_queue="LowerPriority")}
+    pinned = ranked(dataclasses.replace(app("pinned", "a", 4), previous=frozenset(M0)), 10, preemptible=False)
+    d = allocate(QueuedPolicy(Themis(), qs, rules), [pinned, app("low", "a", 8, held=M1)], list(M0))
+    assert d.revoke == {}
+    assert granted(d) == {"pinned": 4}

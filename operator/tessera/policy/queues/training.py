@@ -167,8 +167,9 @@ class QueuedPolicy:
         share, reserve = entitled_and_reserved(len(cluster), self.queues, demand)
         decision = RoundDecision()
         free = self._renew_pinned(now, apps, free, decision, held)
-        revoke, outside_reclaims = self._reclaim(now, apps, members, share, held, demand, len(free))
-        within = self._within_queue(now, members, share, held, len(free), revoke)
+        renewed = {a.app_id: len(_grants_of(decision, a.app_id)) for a in apps if not a.preemptible}
+        revoke, outside_reclaims = self._reclaim(now, apps, members, share, held, demand, len(free), renewed)
+        within = self._within_queue(now, members, share, held, len(free), revoke, renewed)
         for app_id, gpus in within.items():
             revoke[app_id] = (*revoke.get(app_id, ()), *gpus)
         avail = [*free, *(g for gpus in revoke.values() for g in gpus)]
@@ -243,6 +244,7 @@ class QueuedPolicy:
         held: Mapping[str, int],
         n_free: int,
         revoked: Mapping[str, tuple[str, ...]],
+        renewed: Mapping[str, int],
     ) -> dict[str, tuple[str, ...]]:
         """GPUs taken now from lower-priority apps of a queue whose `within_queue` is `LowerPriority`, for
         its higher-priority apps that the queue's GPUs do not cover: the queue's GPUs (its share, or what
@@ -255,7 +257,10 @@ class QueuedPolicy:
             tiers = _tiers(apps)
             if rule.within_queue != "LowerPriority" or len(tiers) < 2:
                 continue
-            have = {a.app_id: len(a.held) - len(revoked.get(a.app_id, ())) for a in apps}
+            have = {
+                a.app_id: len(a.held) + renewed.get(a.app_id, 0) - len(revoked.get(a.app_id, ()))
+                for a in apps
+            }
             budget = max(int(share.get(q, 0.0)), held[q])
             room = min(n_free, max(0, int(share.get(q, 0.0)) - held[q]))
             victims = sorted(
@@ -333,6 +338,7 @@ class QueuedPolicy:
         held: Mapping[str, int],
         demand: Mapping[str, float],
         n_free: int,
+        renewed: Mapping[str, int],
     ) -> tuple[dict[str, tuple[str, ...]], list[Reclaim]]:
         """GPUs taken now from apps of queues lending under `immediate` (lease-end reclaim needs no action
         here: a lease that ends frees its GPUs and the next division hands them to the queue owed them),
@@ -341,10 +347,16 @@ class QueuedPolicy:
             return {}, []
         holdings = [
             Holding(
-                self.queue_of(a), a.app_id, float(len(a.held)), a.since, math.inf, a.priority, a.preemptible
+                self.queue_of(a),
+                a.app_id,
+                float(len(a.held) + renewed.get(a.app_id, 0)),
+                a.since,
+                math.inf,
+                a.priority,
+                a.preemptible,
             )
             for a in apps
-            if a.held
+            if a.held or renewed.get(a.app_id, 0)
         ]
         holdings += [
             dataclasses.replace(h, queue=self.queue_of_name(h.queue))
