@@ -152,7 +152,8 @@ class AppSpec(WireModel):
         max_length=253,
         pattern=DNS_SUBDOMAIN,
         description="A scheduling.k8s.io PriorityClass: its value is the App's priority inside its team queue "
-        "(higher is served first; unset: 0), and the App's pods get it unless their template names one.",
+        "(higher is served first; unset: 0). The App's pods do not get it (kube-scheduler would preempt pods "
+        "whose GPUs the operator still leases); a template may name one for them.",
     )
     preemptible: bool = Field(
         default=True,

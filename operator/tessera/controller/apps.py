@@ -423,11 +423,3 @@ def template_of(rec: AppRecord, job: str) -> Mapping[str, Any]:
         if j.get("name") == job and j.get("template"):
             return dict(j["template"])
     return dict(spec.get("template") or {})
-
-
-def with_priority_class(template: Mapping[str, Any], name: str | None) -> Mapping[str, Any]:
-    """The template with `spec.priorityClassName` set to `name`, unless it names one itself."""
-    spec = dict(template.get("spec") or {})
-    if name is None or spec.get("priorityClassName"):
-        return template
-    return {**template, "spec": {**spec, "priorityClassName": name}}

@@ -31,7 +31,7 @@ from typing import Any
 
 from tessera.api import contract
 from tessera.cluster import Cluster
-from tessera.controller.apps import AppRecord, template_of, with_priority_class
+from tessera.controller.apps import AppRecord, template_of
 from tessera.controller.concurrency import drain_limited
 from tessera.controller.conditions import find
 from tessera.controller.context import Context
@@ -413,18 +413,9 @@ class Arbiter:
                 rec,
                 "Warning",
                 "PriorityClassNotFound",
-                f"no PriorityClass {name} exists: the App has priority 0 in its queue, and its pods are created "
-                "without it, until the class is created",
+                f"no PriorityClass {name} exists: the App has priority 0 in its queue until the class is created",
             )
         return 0
-
-    def pod_priority_class(self, rec: AppRecord) -> str | None:
-        """The PriorityClass the App's pods get: its own, once it exists (the API server refuses a pod naming
-        one that does not)."""
-        name = rec.spec.priority_class_name
-        if name is None or self.priority_classes is None or name not in self.priority_classes:
-            return None
-        return name
 
     def _reclaimed(
         self, decision: RoundDecision, by_id: dict[str, AppRecord], states: list[AppState]
@@ -638,9 +629,7 @@ class Arbiter:
             plans,
             existing,
             gang_of=gang,
-            template_of=lambda p: with_priority_class(
-                template_of(rec, gang(p)), self.pod_priority_class(rec)
-            ),
+            template_of=lambda p: template_of(rec, gang(p)),
             workload_class=contract.CLASS_BEST_EFFORT,
             recent=self.recent,
             concurrency=self.config.api_concurrency,

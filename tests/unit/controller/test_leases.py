@@ -174,13 +174,3 @@ def test_the_holding_start_is_recovered_from_status() -> None:
     # Leases but no holdingSince (a status written before the field): the holding counts from now.
     status.pop("holdingSince")
     assert record_from_body(body([job("j1", 2)], status), T0 + 60).held_since == T0 + 60
-
-
-def test_pods_get_the_apps_priority_class_unless_their_template_names_one() -> None:
-    from tessera.controller.apps import with_priority_class
-
-    assert with_priority_class(TEMPLATE, "high")["spec"]["priorityClassName"] == "high"
-    assert with_priority_class(TEMPLATE, None) == TEMPLATE
-    own = {"spec": {**TEMPLATE["spec"], "priorityClassName": "mine"}}
-    assert with_priority_class(own, "high")["spec"]["priorityClassName"] == "mine"
-    assert "priorityClassName" not in TEMPLATE["spec"]  # the App's own template is not changed
