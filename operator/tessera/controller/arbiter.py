@@ -134,6 +134,9 @@ class Arbiter:
         is refreshed. Returns True for an App not seen before."""
         old = self.records.get(rec.key)
         if old is not None and old.uid == rec.uid:
+            ranked = (old.spec.priority_class_name, old.spec.preemptible)
+            if ranked != (rec.spec.priority_class_name, rec.spec.preemptible):
+                self.dirty = True  # its rank in its queue changed: a round now, not at the next lease end
             old.spec, old.body = rec.spec, rec.body
             return False
         # Leases recovered from status run until the ledger says, where a round renewed them since.
