@@ -100,13 +100,17 @@ async def test_a_high_priority_app_in_a_full_queue_takes_gpus_from_a_low_priorit
             lambda: scheduling_report(cluster, t["a"], scheduling=scheduling),
         )
         await wait_for(lambda: gpus(cluster, t["a"], "bulk") == 2, 60, "the low-priority App down to 2")
+        # The App says why (the pod sync's own Preempted event lists the pods it deleted).
         preempted = await wait_for(
-            lambda: [e for e in events(cluster, t["a"], "Preempted") if e["involvedObject"]["kind"] == "App"],
+            lambda: [
+                e
+                for e in events(cluster, t["a"], "Preempted")
+                if e["involvedObject"]["kind"] == "App" and "higher-priority" in e["message"]
+            ],
             60,
             "the event on bulk",
         )
         assert {e["involvedObject"]["name"] for e in preempted} == {"bulk"}, preempted
-        assert "higher-priority" in preempted[0]["message"]
         # Tessera, not kube-scheduler, chose what to preempt: the pods carry no PriorityClass of the App's.
         assert [e for e in events(cluster, t["a"], "Preempted") if e["involvedObject"]["kind"] == "Pod"] == []
         await wait_for(lambda: set(kl.grace) - earlier, 60, "bulk's preempted pods deleted")
