@@ -237,3 +237,52 @@ async def test_an_immediate_reclaim_waits_for_min_runtime_from_the_holdings_star
         )
         await wait_for(lambda: gpus(cluster, t["a"], "burst") == 2, 60, "A down to its guarantee")
         await wait_for(lambda: events(cluster, t["a"], "Reclaimed"), 60, "the event on A's App")
+
+
+async def test_a_non_preemptible_app_keeps_its_gpus_past_its_lease_ends(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    # The low-priority App is non-preemptible: neither the high-priority App (withinQueue LowerPriority)
+    # nor its lease ending takes its GPUs; the high-priority App gets them once it is deleted.
+    clock = ManualClock()
+    nodes.add(f"{namespace}-n1", gpus=4)
+    spec = {"guaranteedGPUs": 4, "maxGPUs": 4, "preemption": {"withinQueue": "LowerPriority"}}
+    async with (
+        priority_classes(cluster, high=1000, low=10) as pc,
+        teams(cluster, namespace, a=spec) as t,
+        kubelet(cluster, t["a"]),
+        operator(cluster, chart_rbac["operator"], t["a"], lease_s=100.0, clock=clock) as ctl,
+    ):
+        await seen(ctl, t, "a")
+        await wait_for(
+            lambda: ctl.priority_classes is not None and pc["high"] in ctl.priority_classes,
+            60,
+            "classes seen",
+        )
+        pinned = ranked_app("pinned", [job(f"j{i}", 1, 10**8) for i in range(4)], pc["low"])
+        pinned["spec"]["preemptible"] = False
+        await call(cluster, "POST", app_path(t["a"]), pinned)
+        await wait_for(lambda: gpus(cluster, t["a"], "pinned") == 4, 90, "the pinned App on all 4 GPUs")
+        await call(cluster, "POST", app_path(t["a"]), ranked_app("vip", [job("j0", 2, 10**8)], pc["high"]))
+        await wait_for(lambda: (t["a"], "vip") in ctl.need(ctl.arbiter).records, 60, "vip tracked")
+        arbiter = ctl.need(ctl.arbiter)
+        for _ in range(2):  # two lease ends: each time the pinned App's leases are renewed, not handed on
+            before = arbiter.rounds
+            clock.advance(101)
+            await wait_for(lambda b=before: arbiter.rounds > b, 60, "a round past the lease end")
+            assert gpus(cluster, t["a"], "vip") == 0
+            assert sum(len(le.gpus) for le in arbiter.records[(t["a"], "pinned")].leases) == 4
+        assert not events(cluster, t["a"], "Reclaimed")
+        assert not [
+            e for e in events(cluster, t["a"], "Preempted") if e["involvedObject"]["name"] == "pinned"
+        ]
+        await call(cluster, "DELETE", app_path(t["a"], "pinned"))
+        await wait_for(
+            lambda: cluster.request("GET", app_path(t["a"], "pinned"))[0] == 404, 60, "the pinned App gone"
+        )
+        clock.advance(101)  # the next lease end brings a round
+        await wait_for(lambda: gpus(cluster, t["a"], "vip") == 2, 90, "vip on the GPUs the pinned App left")
