@@ -46,6 +46,23 @@ class ReclaimSpec(WireModel):
     )
 
 
+class PreemptionSpec(WireModel):
+    """What this queue's waiting work may take before a lease ends (Kueue's ClusterQueue preemption)."""
+
+    reclaim_within_cohort: Literal["Any", "LowerPriority", "Never"] = Field(
+        default="Any",
+        description="While below its guarantee: what it may take at once from queues lending under "
+        "reclaim.mode immediate: Any holding, only those of LowerPriority than its highest-priority waiting "
+        "App, or Never (it waits for their leases to end).",
+    )
+    within_queue: Literal["Never", "LowerPriority"] = Field(
+        default="Never",
+        description="LowerPriority: a higher-priority App of this queue takes GPUs from its lower-priority Apps "
+        "at once (after reclaim.minRuntimeSeconds and with reclaim.checkpointGraceSeconds); Never: as their "
+        "leases end.",
+    )
+
+
 class QueueSpec(WireModel):
     """A team's guaranteed GPUs, its maximum, its weight for what is left over, and its parent."""
 
@@ -80,6 +97,7 @@ class QueueSpec(WireModel):
         description="Parent queue; this queue's guarantee comes out of the parent's.",
     )
     reclaim: ReclaimSpec = Field(default_factory=ReclaimSpec)
+    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
 
     cross_field_rules = (
         CrossFieldRule(

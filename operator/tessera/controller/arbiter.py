@@ -133,6 +133,12 @@ class Arbiter:
         # worked out (`refresh_queues`), and when that was (time.monotonic).
         self.queues_stale = False
         self._queues_at = -math.inf
+        # PriorityClass name → value, kept by the controller's watch (None: not watched, priorities unused).
+        self.priority_classes: dict[str, int] | None = None
+        self._priority_warned: dict[tuple[str, str], str] = {}  # App → the unknown class it was told of
+        # When a holding that its queue's minimum runtime protects may be taken, while work waits: a round
+        # is due then (nothing else would run one before the next lease ends).
+        self._wake_at = math.inf
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -141,6 +147,9 @@ class Arbiter:
         is refreshed. Returns True for an App not seen before."""
         old = self.records.get(rec.key)
         if old is not None and old.uid == rec.uid:
+            ranked = (old.spec.priority_class_name, old.spec.preemptible)
+            if ranked != (rec.spec.priority_class_name, rec.spec.preemptible):
+                self.dirty = True  # its rank in its queue changed: a round now, not at the next lease end
             old.spec, old.body = rec.spec, rec.body
             return False
         # Leases recovered from status run until the ledger says, where a round renewed them since.
@@ -160,6 +169,7 @@ class Arbiter:
             self._written.pop(key, None)
             self.lagging.discard(key)
             self.waiting_since.pop(key, None)
+            self._priority_warned.pop(key, None)
             self.dirty = True
             self._earliest_expiry = None
             self.metrics.remove_series(namespace=key[0], app=key[1])
@@ -169,16 +179,24 @@ class Arbiter:
     async def maybe_run(self, now: float | None = None) -> RoundReport | None:
         """Run a round if one is due (lease period passed) or something changed since the last one."""
         now = self.config.clock() if now is None else now
-        if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
+        if not self._due(now):
             return None
         await self.load_ledger()
         async with self.lock:
             # A caller that read the clock before waiting for the lock may find a later round already
             # run: rounds never go back in time (N_avg and GPU-seconds integrate forward).
             now = max(now, self.last_round)
-            if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
+            if not self._due(now):
                 return None
             return await self.run_round(now)
+
+    def _due(self, now: float) -> bool:
+        return (
+            self.dirty
+            or now - self.last_round >= self.config.lease_s
+            or self._lease_expired(now)
+            or now >= self._wake_at
+        )
 
     async def load_ledger(self) -> None:
         """Read the renewal ledger once, before the first round and the first App is tracked (lazily: a
@@ -249,7 +267,9 @@ class Arbiter:
             k for k in gained if k not in self.revoked and self.records[k].lease_pairs() == before.get(k)
         }
         for rec in self.records.values():
+            rec.note_holding(now)
             rec.previous = {}  # this round saw them: handed back, or to others
+        self._wake_at = self._protected_until(now, cluster, active)
         self._export(now, cluster)
         await self._write_round(now, changed - renewed, gained, renewed)
         await self.write_queues(now, cluster)
@@ -321,7 +341,7 @@ class Arbiter:
         # yet) is kept to its expiry but is not part of the App's holding in a bid.
         known = set(cluster.gpu_ids)
         states = [self.queued_state(r, now, known) for r in active]
-        decision = self.policy().allocate(now, states, cluster, free, self.rng)
+        decision = self.policy(states).allocate(now, states, cluster, free, self.rng)
         check_decision(decision, states, free)
         by_id = {f"{r.namespace}/{r.name}": r for r in active}
         gained: set[tuple[str, str]] = set()
@@ -352,9 +372,26 @@ class Arbiter:
         self.metrics.counter("tessera_auction_rounds_total").inc()
         return gained
 
-    def policy(self) -> TrainingPolicy:
-        """Themis on the whole cluster, or inside each team queue's share once Queues exist."""
-        if not self.queues.active:
+    def _protected_until(self, now: float, cluster: Cluster, active: list[AppRecord]) -> float:
+        """When a holding its queue's minimum runtime protects may be taken while work waits (a round is
+        due then); math.inf if none."""
+        policy = self.policy()
+        if not isinstance(policy, QueuedPolicy):
+            return math.inf
+        known = set(cluster.gpu_ids)
+        rows = []
+        for r in active:
+            if r.done:
+                continue
+            s = self.queued_state(r, now, known)
+            rows.append((s.queue, len(s.held), s.unmet, s.since, s.preemptible))
+        return policy.protected_until(now, rows)
+
+    def policy(self, states: Iterable[AppState] = ()) -> TrainingPolicy:
+        """Themis on the whole cluster, or inside each team queue's share once Queues exist (or an App has
+        a priority or is non-preemptible: all of them then share the `default` queue)."""
+        ranked = any(s.priority != 0 or not s.preemptible for s in states)
+        if not self.queues.active and not ranked:
             return self.themis
         return QueuedPolicy(
             self.themis,
@@ -368,10 +405,37 @@ class Arbiter:
         )
 
     def queued_state(self, rec: AppRecord, now: float, known: set[str] | None = None) -> AppState:
-        # The minimum runtime counts from the App's start.
+        # The minimum runtime counts from the start of the App's current holding.
         return dataclasses.replace(
-            rec.state(now, known), queue=self.queues.queue_of(rec.namespace), since=rec.start
+            rec.state(now, known),
+            queue=self.queues.queue_of(rec.namespace),
+            since=rec.held_since if rec.held_since is not None else now,
+            priority=self.priority_of(rec),
+            preemptible=rec.spec.preemptible,
         )
+
+    def priority_of(self, rec: AppRecord) -> int:
+        """The value of the App's PriorityClass; 0 without one, or while it names a class that does not
+        exist (a Warning event says so, once per App and class name)."""
+        name = rec.spec.priority_class_name
+        if name is None or self.priority_classes is None:
+            return 0
+        value = self.priority_classes.get(name)
+        if value is not None:
+            if self._priority_warned.pop(rec.key, None) is not None:
+                self._post(
+                    rec, "Normal", "PriorityClassFound", f"PriorityClass {name} found: priority {value}"
+                )
+            return value
+        if self._priority_warned.get(rec.key) != name:
+            self._priority_warned[rec.key] = name
+            self._post(
+                rec,
+                "Warning",
+                "PriorityClassNotFound",
+                f"no PriorityClass {name} exists: the App has priority 0 in its queue until the class is created",
+            )
+        return 0
 
     def _reclaimed(
         self, decision: RoundDecision, by_id: dict[str, AppRecord], states: list[AppState]
@@ -381,6 +445,7 @@ class Arbiter:
         queue_of = {s.app_id: s.queue for s in states}
         # Queues whose Apps won GPUs, or whose TrialGroups and ModelDeployments wait for some.
         gainers = sorted({queue_of[g.app_id] for g in decision.grants} | set(self.outside_waiting()))
+        within = set(decision.record.get("within_queue", ()))
         self.revoked = set()
         for app_id, gpus in decision.revoke.items():
             rec = by_id[app_id]
@@ -392,6 +457,15 @@ class Arbiter:
             if spec is not None:
                 self.reclaim_grace[rec.key] = math.ceil(spec.reclaim.checkpoint_grace_seconds)
             self._count_lease(rec, "revoked", n)
+            if app_id in within:
+                self._event(
+                    rec,
+                    "Warning",
+                    "Preempted",
+                    f"{n} GPU(s) taken for higher-priority Apps of queue {queue_of[app_id]} "
+                    "(its preemption.withinQueue is LowerPriority)",
+                )
+                continue
             to = ", ".join(q for q in gainers if q != queue_of[app_id]) or "another queue"
             why = (
                 f"queue {queue_of[app_id]} is above its share and {to} below its guarantee with work waiting"

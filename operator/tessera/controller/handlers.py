@@ -77,6 +77,9 @@ class Controller:
     _stopping: bool = False
     usage: UsageMetrics = field(init=False)
     queues: QueueBook = field(default_factory=QueueBook)  # Queues and namespace labels, watched
+    # PriorityClass name → value, watched with the queues (an App's priority inside its queue); None: not
+    # watched (queues off), and priorities are not used.
+    priority_classes: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         self.usage = UsageMetrics(self.metrics)
@@ -124,6 +127,7 @@ class Controller:
         self.deployments = ModelDeployments(ctx, self.app_and_pool_gpus)
         self.arbiter.reserved = self.reserved_by_others
         self.arbiter.queues = self.queues
+        self.arbiter.priority_classes = self.priority_classes
         self.arbiter.outside = self.queue_outside
         self.arbiter.outside_waiting = self.queue_outside_waiting
         self.arbiter.outside_holdings = self.queue_outside_holdings
@@ -527,6 +531,22 @@ def _queue_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
             ctl.arbiter.dirty = True
 
     specs: dict[str, Any] = {}  # each Queue's spec as its last event had it
+    # PriorityClasses: an App's priority inside its queue is its class's value. Kept the same way (an index
+    # for the first listing, events for deletions), so the first round knows every class.
+    classes: dict[str, int] = {}
+    ctl.priority_classes = classes
+
+    @kopf.index("scheduling.k8s.io", "v1", "priorityclasses", id="priority_book", registry=registry)
+    async def priority_book(body: kopf.Body, name: str, **_: Any) -> None:
+        value = body.get("value")
+        if isinstance(value, int):
+            classes[name] = value
+
+    @kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses", id="priority_event", registry=registry)
+    async def priority_event(type: str | None, name: str, **_: Any) -> None:
+        if type == "DELETED":
+            classes.pop(name, None)
+        dirty()
 
     @kopf.index(G, V, contract.PLURAL_QUEUE, id="queue_book", registry=registry)
     async def queue_book(body: kopf.Body, name: str, **_: Any) -> None:

@@ -135,7 +135,11 @@ class QueueBook:
     def rules(self) -> dict[str, ReclaimRule]:
         return {
             name: ReclaimRule(
-                s.reclaim.mode, s.reclaim.min_runtime_seconds, s.reclaim.checkpoint_grace_seconds
+                s.reclaim.mode,
+                s.reclaim.min_runtime_seconds,
+                s.reclaim.checkpoint_grace_seconds,
+                s.preemption.reclaim_within_cohort,
+                s.preemption.within_queue,
             )
             for name, s in self.specs.items()
         }

@@ -176,6 +176,12 @@ class QueueInput(Input):
     reclaim: Literal["atLeaseEnd", "immediate"] = "atLeaseEnd"
     min_runtime_s: NonNegative = 0.0
     grace_s: NonNegative = 30.0
+    reclaim_within_cohort: Literal["Any", "LowerPriority", "Never"] = "Any"
+    """What this queue may take from `immediate` lenders before their leases end: any holding, only
+    those of lower priority than its highest-priority waiting app, or none (it waits for leases to end)."""
+    within_queue: Literal["Never", "LowerPriority"] = "Never"
+    """LowerPriority: its higher-priority apps take GPUs from its lower-priority ones at once (after
+    `min_runtime_s`); Never: as their leases end."""
 
 
 class MachinesInput(Input):
@@ -244,7 +250,12 @@ def _queues(
                 math.inf if q.lending_limit is None else q.lending_limit,
             )
         )
-        rules.append((q.name, ReclaimRule(q.reclaim, q.min_runtime_s, q.grace_s)))
+        rules.append(
+            (
+                q.name,
+                ReclaimRule(q.reclaim, q.min_runtime_s, q.grace_s, q.reclaim_within_cohort, q.within_queue),
+            )
+        )
     names = [n.name for n in nodes]
     if len(set(names)) != len(names):
         raise ScenarioError(source, "queues", f"queue names must be unique, got {names}")
