@@ -1,9 +1,9 @@
 """From an allocated ResourceClaim to the lane a container runs in: the CDI spec NodePrepareResources writes.
 
 The kubelet names only the claim (namespace, name, UID); its allocation (which devices of this node's pool,
-what share of each one's capacity) is in the claim's status, read from the API server. Every device the claim
-got from this driver becomes one CDI device `gpu.tessera.io/lane=<claim UID>-<device>`, and each carries the
-env of the whole claim: a container that names only one of the claim's requests still sees all its GPUs in
+what share of each one's capacity) is in the claim's status, read from the API server. Every result the claim
+got from this driver becomes one CDI device `gpu.tessera.io/lane=<claim UID>-<device>` (`…-<shareID>` after
+it for a device the claim has several shares of), and each carries the env of the whole claim: a container that names only one of the claim's requests still sees all its GPUs in
 CUDA_VISIBLE_DEVICES, and the same env and mounts injected twice are applied once (CDI replaces an env
 variable or a mount at the same container path).
 
