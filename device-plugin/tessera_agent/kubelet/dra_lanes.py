@@ -1,16 +1,25 @@
 """From an allocated ResourceClaim to the lane a container runs in: the CDI spec NodePrepareResources writes.
 
 The kubelet names only the claim (namespace, name, UID); its allocation (which devices of this node's pool,
-what share of each one's capacity) is in the claim's status, read from the API server. Every device the claim
-got from this driver becomes one CDI device `gpu.tessera.io/lane=<claim UID>-<device>`, and each carries the
-env of the whole claim: a container that names only one of the claim's requests still sees all its GPUs in
+what share of each one's capacity) is in the claim's status, read from the API server. Every result the claim
+got from this driver becomes one CDI device `gpu.tessera.io/lane=<claim UID>-<device>` (`…-<shareID>` after
+it for a device the claim has several shares of), and each carries the env of the whole claim: a container that names only one of the claim's requests still sees all its GPUs in
 CUDA_VISIBLE_DEVICES, and the same env and mounts injected twice are applied once (CDI replaces an env
 variable or a mount at the same container path).
 
 The env is the device-plugin path's (`allocate.container_allocation`): the claim's GPUs, its own MPS pipe, the
-active thread percentage (the smallest compute share the claim got, since one process has one percentage),
-the pinned memory limit per GPU, `TESSERA_LANE_ID` (the claim's UID) and the progress endpoint of the pod the
-claim is reserved for.
+active thread percentage (the smallest compute share the claim got on any of its GPUs, since one process has
+one percentage), the pinned memory limit per GPU, `TESSERA_LANE_ID` (the claim's UID) and the progress
+endpoint of the pod the claim is reserved for.
+
+A claim is one lane per GPU. Several results of one claim on the same GPU (two requests, or one request of
+count 2, each a share with its own shareID: KEP-5075 lets one claim take several shares of a device) are
+charged separately by the allocator, and the lane gets their sum: memory added up, compute added up (at most
+100). Each share keeps its own CDI device and its own entry in the kubelet's answer.
+
+A result with `adminAccess` (KEP-4381 admin access, DRAAdminAccess) is an observer: the allocator does not
+count it against the device, so neither does the driver. Its container sees the GPU (visible devices and the
+device nodes) and nothing else: no lane, no limits, no MPS pipe.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ class DeviceResult(_Loose):
     device: str
     share_id: str | None = Field(None, alias="shareID")
     consumed_capacity: dict[str, str | int] = Field(default_factory=dict, alias="consumedCapacity")
+    admin_access: bool | None = Field(None, alias="adminAccess")
 
 
 class OpaqueConfig(_Loose):
@@ -105,7 +115,8 @@ class ResourceClaim(_Loose):
 
 
 class LaneDevice(BaseModel):
-    """One device of a claim on this node, and the share of it the claim got."""
+    """One result of a claim on this node: a device and the share of it the claim got (none for an observer,
+    a result with admin access)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -115,6 +126,7 @@ class LaneDevice(BaseModel):
     memory_mib: int
     compute_percent: int
     share_id: str | None = None
+    observer: bool = False
 
 
 def _quantity(value: str | int) -> Decimal:
@@ -141,6 +153,20 @@ def lane_devices(
             raise ClaimError(
                 f"claim {claim.metadata.uid} was allocated {r.device!r}, which node {node} does not have"
             )
+        if r.admin_access:
+            # The allocator wrote a consumed capacity for it too, but counts none of it: neither do we.
+            out.append(
+                LaneDevice(
+                    request=r.request,
+                    device=r.device,
+                    uuid=gpu.uuid,
+                    memory_mib=0,
+                    compute_percent=0,
+                    share_id=r.share_id,
+                    observer=True,
+                )
+            )
+            continue
         consumed = r.consumed_capacity
         memory = consumed.get(contract.DRA_CAPACITY_MEMORY)
         compute = consumed.get(contract.DRA_CAPACITY_COMPUTE)
@@ -161,7 +187,38 @@ def lane_devices(
         )
     if not out:
         raise ClaimError(f"claim {claim.metadata.uid} has no {contract.DRA_DRIVER} device on node {node}")
+    if any(d.observer for d in out) and not all(d.observer for d in out):
+        # An observer's container must not hold a lane's MPS pipe, and a lane's must: one container cannot
+        # be both, and the kubelet hands every container of the claim the same CDI edits.
+        raise ClaimError(
+            f"claim {claim.metadata.uid} mixes admin-access results with ordinary ones on node {node}; "
+            "an observer and a lane need two claims"
+        )
+    by_uuid = {g.uuid: g for g in gpus}
+    for uuid, (mib, _) in gpu_shares(out).items():
+        if mib > usable_mib[uuid]:
+            raise ClaimError(
+                f"claim {claim.metadata.uid}: its shares of {device_name(by_uuid[uuid])} add up to {mib} MiB, "
+                f"more than the {usable_mib[uuid]} MiB it has usable"
+            )
     return out
+
+
+def gpu_shares(devices: list[LaneDevice]) -> dict[str, tuple[int, int]]:
+    """The claim's lane on each of its GPUs (UUID, in allocation order): (memory MiB, compute %) summed over
+    the claim's shares of that GPU, compute at most 100. Observers hold no share."""
+    out: dict[str, tuple[int, int]] = {}
+    for d in devices:
+        if d.observer:
+            continue
+        mib, pct = out.get(d.uuid, (0, 0))
+        out[d.uuid] = (mib + d.memory_mib, min(100, pct + d.compute_percent))
+    return out
+
+
+def is_observer(devices: list[LaneDevice]) -> bool:
+    """Whether the claim only observes its GPUs (admin access): prepared with no lane."""
+    return all(d.observer for d in devices)
 
 
 LANE_CONFIG_API = f"{contract.DRA_DRIVER}/v1alpha1"
@@ -199,14 +256,16 @@ def claim_lane_class(claim: ResourceClaim) -> LaneClass:
 
 
 def lane_limits(devices: list[LaneDevice], class_limits: tuple[int, int] | None = None) -> LaneLimits:
-    """What the claim's own MPS daemon holds: each GPU's memory, the smallest compute share (one process has
-    one percentage); with HP/BE lanes, the (active-thread percentage, client priority) of the claim's class
-    (`LaneBook.class_limits`)."""
-    uuids = list(dict.fromkeys(d.uuid for d in devices))
-    pct, priority = class_limits if class_limits else (min(d.compute_percent for d in devices), None)
+    """What the claim's own MPS daemon holds: each GPU's memory (the sum of the claim's shares of it), the
+    smallest of its GPUs' compute shares (one process has one percentage); with HP/BE lanes, the
+    (active-thread percentage, client priority) of the claim's class (`LaneBook.class_limits`)."""
+    shares = gpu_shares(devices)
+    if not shares:
+        raise ValueError("an observer claim has no lane limits")
+    pct, priority = class_limits if class_limits else (min(p for _, p in shares.values()), None)
     return LaneLimits(
-        gpus=tuple(uuids),
-        memory_mib=tuple(max(d.memory_mib for d in devices if d.uuid == u) for u in uuids),
+        gpus=tuple(shares),
+        memory_mib=tuple(m for m, _ in shares.values()),
         thread_percent=pct,
         client_priority=priority,
     )
@@ -215,11 +274,13 @@ def lane_limits(devices: list[LaneDevice], class_limits: tuple[int, int] | None 
 def lane_env(
     claim: ResourceClaim, devices: list[LaneDevice], cfg: AgentConfig, limits: LaneLimits | None = None
 ) -> dict[str, str]:
-    limits = limits or lane_limits(devices)
     uuids = list(dict.fromkeys(d.uuid for d in devices))
-    keys = [str(i) for i in range(len(uuids))] if cfg.mem_limit_key == "ordinal" else uuids
-    memory = {u: max(d.memory_mib for d in devices if d.uuid == u) for u in uuids}
     visible = ",".join(uuids)
+    if is_observer(devices):
+        return {contract.ENV_CUDA_VISIBLE_DEVICES: visible, ENV_NVIDIA_VISIBLE_DEVICES: visible}
+    limits = limits or lane_limits(devices)
+    keys = [str(i) for i in range(len(uuids))] if cfg.mem_limit_key == "ordinal" else uuids
+    memory = dict(zip(limits.gpus, limits.memory_mib, strict=True))
     env = {
         contract.ENV_CUDA_VISIBLE_DEVICES: visible,
         ENV_NVIDIA_VISIBLE_DEVICES: visible,
@@ -253,8 +314,26 @@ def lane_mounts(claim_uid: str, cfg: AgentConfig) -> list[dict[str, Any]]:
     ]
 
 
-def cdi_device_id(claim_uid: str, device: str) -> str:
-    return f"{contract.DRA_CDI_KIND}={claim_uid}-{device}"
+def cdi_device_names(claim_uid: str, devices: list[LaneDevice]) -> list[str]:
+    """One CDI device name per result, distinct within the spec (CDI refuses a spec that names a device
+    twice): `<claim UID>-<device>`, and for a device the claim has several shares of, the share's ID (or its
+    place among them) after it."""
+    counts: dict[str, int] = {}
+    for d in devices:
+        counts[d.device] = counts.get(d.device, 0) + 1
+    seen: dict[str, int] = {}
+    names = []
+    for d in devices:
+        seen[d.device] = seen.get(d.device, 0) + 1
+        if counts[d.device] == 1:
+            names.append(f"{claim_uid}-{d.device}")
+        else:
+            names.append(f"{claim_uid}-{d.device}-{d.share_id or seen[d.device]}")
+    return names
+
+
+def cdi_device_id(name: str) -> str:
+    return f"{contract.DRA_CDI_KIND}={name}"
 
 
 def cdi_spec(
@@ -267,7 +346,9 @@ def cdi_spec(
     """The claim's CDI devices; with `nodes` (`enforce.device_nodes.lane_device_nodes` of the claim's GPUs)
     each also carries the device nodes, so plain runc gives the container its GPUs and no other."""
     env = [f"{k}={v}" for k, v in lane_env(claim, devices, cfg, limits).items()]
-    edits: dict[str, Any] = {"env": env, "mounts": lane_mounts(claim.metadata.uid, cfg)}
+    edits: dict[str, Any] = {"env": env}
+    if not is_observer(devices):
+        edits["mounts"] = lane_mounts(claim.metadata.uid, cfg)
     if nodes:
         edits["deviceNodes"] = [
             {"path": n.container_path, "hostPath": n.host_path, "permissions": n.permissions} for n in nodes
@@ -275,7 +356,9 @@ def cdi_spec(
     return {
         "cdiVersion": CDI_VERSION,
         "kind": contract.DRA_CDI_KIND,
-        "devices": [{"name": f"{claim.metadata.uid}-{d.device}", "containerEdits": edits} for d in devices],
+        "devices": [
+            {"name": name, "containerEdits": edits} for name in cdi_device_names(claim.metadata.uid, devices)
+        ],
     }
 
 

@@ -43,8 +43,10 @@ from tessera_agent.kubelet.dra_lanes import (
     LaneDevice,
     ResourceClaim,
     cdi_device_id,
+    cdi_device_names,
     cdi_spec_path,
     claim_lane_class,
+    is_observer,
     lane_devices,
     lane_limits,
     write_atomically,
@@ -140,6 +142,8 @@ class PreparedClaim(BaseModel):
     pod_uids: list[str] = Field(default_factory=list)
     # The lane's limits as enforced, per GPU UUID: (memory MiB, active-thread %), for per-lane telemetry.
     limits: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    # Admin access only: the GPUs made visible, no lane (nothing in the lane book, no daemon, no limits).
+    observer: bool = False
 
 
 class Checkpoint(BaseModel):
@@ -254,18 +258,24 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         usable = {g.uuid: usable_memory_mib(g, self.cfg.extra_reserve_mib) for g in gpus}
         lanes = lane_devices(claim, self.cfg.node_name, gpus, usable)
         by_uuid = {g.uuid: g for g in gpus}
-        limits = self._admit(claim, lanes)
+        observer = is_observer(lanes)
+        # An observer (admin access) is charged nothing: no lane book entry, no daemon, no limits.
+        limits = None if observer else self._admit(claim, lanes)
+        seen = list(dict.fromkeys(d.uuid for d in lanes))
         try:
-            nodes = lane_device_nodes([by_uuid[u] for u in limits.gpus], self.cfg.dev_root)
+            nodes = lane_device_nodes([by_uuid[u] for u in seen], self.cfg.dev_root)
         except DeviceNodeError as err:
-            raise ClaimError(f"claim {uid}: {err}") from None
-        try:
-            await self.daemons.ensure(uid, limits)  # CDI mounts' sources must exist: the lane's dirs too
-        except MpsError as err:
-            await self.daemons.release(uid)
             if self.lanes is not None:
                 self.lanes.forget(uid)
-            raise ClaimError(f"claim {uid}: its lane's MPS daemon did not start: {err}") from None
+            raise ClaimError(f"claim {uid}: {err}") from None
+        if limits is not None:
+            try:
+                await self.daemons.ensure(uid, limits)  # CDI mounts' sources must exist: the lane's dirs too
+            except MpsError as err:
+                await self.daemons.release(uid)
+                if self.lanes is not None:
+                    self.lanes.forget(uid)
+                raise ClaimError(f"claim {uid}: its lane's MPS daemon did not start: {err}") from None
         async with self._lock:
             write_cdi_spec(self.cfg.cdi_dir, claim, lanes, self.cfg, nodes, limits)
             devices = [
@@ -273,10 +283,10 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
                     request_names=[d.request],
                     pool=self.cfg.node_name,
                     device=d.device,
-                    cdi_device_ids=[cdi_device_id(uid, d.device)],
+                    cdi_device_ids=[cdi_device_id(cdi_name)],
                     share_id=d.share_id,
                 )
-                for d in lanes
+                for d, cdi_name in zip(lanes, cdi_device_names(uid, lanes), strict=True)
             ]
             self.checkpoint.claims[uid] = PreparedClaim(
                 namespace=namespace,
@@ -284,17 +294,25 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
                 state="prepared",
                 devices=devices,
                 pod_uids=reserved_pod_uids(claim),
-                limits={
+                limits={}
+                if limits is None
+                else {
                     g: (mib, limits.thread_percent)
                     for g, mib in zip(limits.gpus, limits.memory_mib, strict=True)
                 },
+                observer=observer,
             )
             self._save()
         log.info(
             "prepared claim %s/%s: %s",
             namespace,
             name,
-            ", ".join(f"{d.device} {d.memory_mib} MiB {d.compute_percent}%" for d in lanes),
+            ", ".join(
+                f"{d.device} observed (admin access)"
+                if d.observer
+                else f"{d.device} {d.memory_mib} MiB {d.compute_percent}%"
+                for d in lanes
+            ),
         )
         return devices
 
@@ -304,7 +322,7 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         by_uid = {p.uid: p for p in pods}
         out = []
         for uid, c in self.checkpoint.claims.items():
-            if c.state != "prepared":
+            if c.state != "prepared" or c.observer:
                 continue
             for pod_uid in c.pod_uids:
                 pod = by_uid.get(pod_uid)
@@ -323,10 +341,10 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         The kubelet prepares a claim once, for the first of its pods; a pod that shares it later is only in
         the claim's status.reservedFor, so claims of the pod's namespace that do not name it are read again
         (a claim is namespaced: no other namespace's claim can be the pod's)."""
-        prepared = {
+        prepared = {  # an observer's claim is no lane: its pods report no progress and join no lane
             uid: c
             for uid, c in self.checkpoint.claims.items()
-            if c.state == "prepared" and c.namespace == namespace
+            if c.state == "prepared" and c.namespace == namespace and not c.observer
         }
         held = {uid for uid, c in prepared.items() if pod_uid in c.pod_uids}
         if held:
@@ -386,7 +404,7 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         if self.lanes is None and not self.daemons.mps:
             return
         for uid, known in list(self.checkpoint.claims.items()):
-            if known.state != "prepared":
+            if known.state != "prepared" or known.observer:
                 continue
             try:
                 claim = ResourceClaim.model_validate(await self.api.get_claim(known.namespace, known.name))

@@ -331,6 +331,138 @@ def test_an_hp_claim_runs_with_all_threads_at_normal_priority_beside_a_be_one(
         node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
 
 
+def claim_template(node: Node, namespace: str, name: str, requests: list[dict[str, Any]]) -> None:
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": requests}}},
+    }
+    status, got = node.plane.request(
+        "POST", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates", body
+    )
+    assert status == 201, got
+
+
+def gpu_request(name: str, capacity: dict[str, str] | None = None, admin: bool = False) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": contract.DRA_DEVICE_CLASS}
+    if capacity is not None:
+        exactly["capacity"] = {"requests": capacity}
+    if admin:
+        exactly["adminAccess"] = True
+    return {"name": name, "exactly": exactly}
+
+
+def test_two_requests_of_one_claim_on_the_gpu_run_with_their_sum(
+    node: Node, namespace: str, agent: Agent
+) -> None:
+    """Issue 40: the allocator puts both requests on the node's one GPU, two shares charged separately; the
+    container's lane is their sum, and the pod runs (each share its own CDI device: a spec naming one device
+    twice is dropped by containerd's CDI cache, and the container with it)."""
+    share = {"memory": "10Gi", "computeShare": "20"}  # 40 % in all: under the BE cap of 50 % of this node
+    claim_template(node, namespace, "pair", [gpu_request("a", share), gpu_request("b", share)])
+    lane_pod(node, namespace, "pair", "pair", sleep_s=3600)
+    try:
+        wait_until(
+            lambda: phase(node, namespace, "pair") == "Running" and logged(node, namespace, "pair"),
+            DEADLINE_S,
+            "the two-request pod to run",
+        )
+    except TimeoutError:
+        raise AssertionError(describe(node, namespace)) from None
+    claim = pod_claim(node, namespace, "pair")
+    assert claim is not None
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert [(r["request"], r["device"]) for r in results] == [("a", "gpu-0"), ("b", "gpu-0")]
+    assert all(r["consumedCapacity"] == {**share, "clients": "1"} for r in results)
+    assert len({r["shareID"] for r in results}) == 2
+    env = lane_env(node, namespace, "pair")
+    assert env["CUDA_VISIBLE_DEVICES"] == GPU0
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M", env
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40", env
+    uid = claim["metadata"]["uid"]
+    assert agent.checkpoint[uid]["limits"] == {GPU0: [20480, 40]}
+    node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/pair")
+    wait_until(
+        lambda: uid not in agent.checkpoint and not cdi_specs(node, uid), DEADLINE_S, "the claim unprepared"
+    )
+
+
+def unschedulable(node: Node, namespace: str, name: str) -> str | None:
+    conds = {c["type"]: c for c in pod(node, namespace, name).get("status", {}).get("conditions", [])}
+    cond = conds.get("PodScheduled")
+    if cond and cond["status"] == "False" and cond.get("reason") == "Unschedulable":
+        return str(cond.get("message", ""))
+    return None
+
+
+def test_an_admin_access_claim_observes_the_gpu_and_is_charged_nothing(
+    node: Node, namespace: str, agent: Agent
+) -> None:
+    """Issue 40: a monitoring pod's admin-access claim (DRAAdminAccess, GA and locked on in 1.37; the namespace
+    labelled for it) sees the GPU beside a lane and holds no lane of its own: no MPS env or pipe, nothing in
+    the agent's lane book, and the allocator leaves its share uncounted (a 30 % and a 70 % lane fit beside it).
+    """
+    status, got = node.plane.request(
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}",
+        {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}},
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, got
+    lane_template(node, namespace, "lane-30", "4Gi", "30")
+    lane_pod(node, namespace, "train", "lane-30", sleep_s=3600)
+    wait_until(lambda: logged(node, namespace, "train"), DEADLINE_S, "the 30 % lane to run")
+
+    # Named no capacity, the admin request asks for the defaults (the whole GPU), which the allocator checks
+    # against what the lanes hold even though it will count none of it: Pending beside any lane.
+    claim_template(node, namespace, "watch-all", [gpu_request("gpu", admin=True)])
+    lane_pod(node, namespace, "watch-all", "watch-all")
+    message = wait_until(
+        lambda: unschedulable(node, namespace, "watch-all"), DEADLINE_S, "the whole-GPU admin"
+    )
+    assert "cannot allocate all claims" in message, message
+    node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/watch-all")
+
+    # Asking the least there is, it is allocated beside the lane and runs as an observer.
+    least = {"memory": "1Mi", "computeShare": "1"}
+    claim_template(node, namespace, "watch", [gpu_request("gpu", least, admin=True)])
+    lane_pod(node, namespace, "watch", "watch", sleep_s=3600)
+    try:
+        wait_until(lambda: logged(node, namespace, "watch"), DEADLINE_S, "the observer to run")
+    except TimeoutError:
+        raise AssertionError(describe(node, namespace)) from None
+    claim = pod_claim(node, namespace, "watch")
+    assert claim is not None
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["device"], result["adminAccess"]) == ("gpu-0", True)
+    env = lane_env(node, namespace, "watch")
+    assert (env["CUDA_VISIBLE_DEVICES"], env["NVIDIA_VISIBLE_DEVICES"], env["pipe-mounted"]) == (
+        GPU0,
+        GPU0,
+        "False",
+    )
+    assert not [k for k in env if k.startswith(("CUDA_MPS_", "TESSERA_"))], env
+    uid = claim["metadata"]["uid"]
+    assert agent.checkpoint[uid]["observer"] is True and agent.checkpoint[uid]["limits"] == {}
+    assert not (agent.state / "mps" / "lanes" / uid).exists()
+
+    # 30 % + 70 % is the whole GPU: the 70 % lane fits only if the observer's 1 % is not counted.
+    lane_template(node, namespace, "lane-70", "4Gi", "70")
+    lane_pod(node, namespace, "serve", "lane-70", sleep_s=0)
+    try:
+        wait_until(lambda: phase(node, namespace, "serve") == "Succeeded", DEADLINE_S, "the 70 % lane to run")
+    except TimeoutError:
+        raise AssertionError(describe(node, namespace)) from None
+    for name in ("train", "watch", "serve"):
+        node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+    wait_until(
+        lambda: not claims_of(agent, namespace) and not cdi_specs(node, uid),
+        DEADLINE_S,
+        "the claims unprepared",
+    )
+
+
 def pod_claim_gone(node: Node, namespace: str, claim: dict[str, Any]) -> bool:
     status, _ = node.plane.request(
         "GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{claim['metadata']['name']}"
