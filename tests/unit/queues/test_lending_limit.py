@@ -167,10 +167,16 @@ def test_whole_gpu_reserves_are_rounded_with_the_shares() -> None:
 
 def test_tessera_and_kai_style_leave_the_reserve_free_while_the_lender_is_idle() -> None:
     apps = [app("b1", "b", 8)]
-    for policy in (QueuedPolicy(Themis(), LENDER), kai_style(LENDER)):
-        d = policy.allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
-        check_decision(d, apps, CLUSTER.gpu_ids)
-        assert granted(d) == {"b1": 5}, policy.name  # not 8: the second pass keeps a's 3 too
+    d = QueuedPolicy(Themis(), LENDER).allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
+    check_decision(d, apps, CLUSTER.gpu_ids)
+    assert granted(d) == {"b1": 5}  # not 8: the second pass keeps a's 3 too
+    # KAI-style admits a job whole: the 8-GPU one does not fit the 5 left beside a's reserve, a 5-GPU one does.
+    d = kai_style(LENDER).allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
+    assert granted(d) == {}
+    apps = [app("b1", "b", 5)]
+    d = kai_style(LENDER).allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
+    check_decision(d, apps, CLUSTER.gpu_ids)
+    assert granted(d) == {"b1": 5}
 
 
 def test_the_lenders_app_gets_the_reserve_in_the_round_it_arrives() -> None:

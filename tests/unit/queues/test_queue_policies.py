@@ -3,6 +3,7 @@ Kueue-style baselines, on rounds small enough to work out by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -98,13 +99,27 @@ def test_at_lease_end_reclaim_takes_nothing_before_the_lease_ends() -> None:
     assert d.revoke == {} and d.grants == []
 
 
-def test_kai_style_is_drf_inside_a_queue() -> None:
-    # One queue of 8 GPUs, two apps: DRF gives one GPU at a time to the smaller share → 4 and 4.
+def test_kai_style_admits_whole_jobs_by_priority_then_arrival() -> None:
+    # One queue of 8 GPUs. KAI takes jobs by priority, then creation time, each whole or not at all, and
+    # skips one that does not fit: a1 (6) first, a2 (4) does not fit the 2 left, a3 (2) does.
     qs = [QueueNode("a", guaranteed=8)]
-    apps = [app("a1", "a", 8), app("a2", "a", 8, arrival=1.0)]
+    apps = [app("a1", "a", 6), app("a2", "a", 4, arrival=1.0), app("a3", "a", 2, arrival=2.0)]
     d = kai_style(qs).allocate(0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0))
-    assert granted(d) == {"a1": 4, "a2": 4}
+    check_decision(d, apps, CLUSTER.gpu_ids)
+    assert granted(d) == {"a1": 6, "a3": 2}
     assert all(g.expiry == math.inf for g in d.grants)  # held until done
+    # A higher priority goes first, whatever its arrival.
+    urgent = dataclasses.replace(apps[1], priority=10)
+    d = kai_style(qs).allocate(0.0, [apps[0], urgent, apps[2]], CLUSTER, CLUSTER.gpu_ids, random.Random(0))
+    assert granted(d) == {"a2": 4, "a3": 2}
+
+
+def test_kai_style_preempts_a_lower_priority_inside_the_queue() -> None:
+    qs = [QueueNode("a", guaranteed=8)]
+    low = app("low", "a", 8, held=tuple(CLUSTER.gpu_ids), since=0.0)
+    high = dataclasses.replace(app("high", "a", 4, arrival=50.0), priority=10)
+    d = kai_style(qs).allocate(100.0, [low, high], CLUSTER, [], random.Random(0))
+    assert len(d.revoke.get("low", ())) == 4
 
 
 def test_kueue_style_strict_fifo_admits_whole_workloads_and_borrows() -> None:
