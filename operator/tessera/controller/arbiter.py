@@ -120,6 +120,8 @@ class Arbiter:
         # (by owner id "Kind/namespace/name"; the owner acts on it and takes it out).
         self.outside_holdings: Callable[[], list[Holding]] = list
         self.outside_reclaims: dict[str, Reclaim] = {}
+        # Told after each round (the Controller's admission pass for gated pods: shares and leases moved).
+        self.after_round: Callable[[], None] = _nothing
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -243,6 +245,7 @@ class Arbiter:
         self.metrics.histogram("tessera_auction_duration_seconds").observe(report.seconds)
         self.rounds += 1
         log.debug("arbiter round: %s", report)
+        self.after_round()
         return report
 
     def _advance(self, now: float, report: RoundReport) -> set[tuple[str, str]]:
@@ -682,6 +685,10 @@ class Arbiter:
 
     def _post(self, rec: AppRecord, type_: str, reason: str, message: str) -> None:
         self.ctx.event(app_owner(rec), type_, reason, message)
+
+
+def _nothing() -> None:
+    return None
 
 
 @contextlib.contextmanager
