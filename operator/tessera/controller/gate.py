@@ -322,10 +322,14 @@ class QueueGate:
         """One pass: read the waiting Jobs' sizes, decide, take the gates off; returns the admitted groups."""
         async with self.lock:
             self.passes += 1
-            waiting = [g for g in self.book.groups() if g.gated]
-            for g in waiting:
-                if g.key.startswith("Job/"):
+            groups = self.book.groups()
+            # A Job is read while it looks incomplete (it may have changed), not again once complete.
+            for g in groups:
+                if g.gated and g.key.startswith("Job/") and (g.expected is None or not g.complete):
                     await self._size(api, g)
+            known = {(g.namespace, g.key) for g in groups}
+            self.book.sizes = {k: v for k, v in self.book.sizes.items() if k in known}
+            self.warned &= {p.uid for p in self.book.pods.values()}
             by_queue = fifo(self.book.groups(), self.queue_of)
 
             def room(g: Group) -> float | None:
@@ -339,10 +343,12 @@ class QueueGate:
                         self.post_event(_pod_ref(p), "Warning", "QueueTooSmall", f"never admitted: {why}")
             admitted = []
             for g in decision.admit:
-                pods = [p for p in g.pods if p.gated]
+                # The decision marked the group admitted in the book: its pods as they were read.
+                pods = g.gated
+                what = f"{sum(p.gpus for p in pods)} GPU(s) of {_group_name(g.key)}"
                 ok = True
                 for p in pods:
-                    ok = await self._ungate(api, p) and ok
+                    ok = await self._ungate(api, p, what) and ok
                 if ok:
                     admitted.append(g)
             return admitted
@@ -358,7 +364,7 @@ class QueueGate:
             size = None
         self.book.sizes[(g.namespace, g.key)] = size
 
-    async def _ungate(self, api: Any, p: QueuedPod) -> bool:
+    async def _ungate(self, api: Any, p: QueuedPod, what: str) -> bool:
         try:
             await api.patch(PODS, p.namespace, p.name, gate_patch(p))
         except KubeError as err:
@@ -371,13 +377,12 @@ class QueueGate:
                 self.book.pods[p.key] = p  # still gated, as far as this operator knows
             return False
         q = self.queue_of(p.namespace)
-        what = f"{p.gpus} GPU(s) of {_group_name(p)}"
         self.post_event(_pod_ref(p), "Normal", "Admitted", f"queue {q} has room for {what}")
         return True
 
 
-def _group_name(p: QueuedPod) -> str:
-    kind, _, name = p.group.partition("/")
+def _group_name(group: str) -> str:
+    kind, _, name = group.partition("/")
     return f"Job {name}" if kind == "Job" else "the pod"
 
 
