@@ -197,6 +197,7 @@ def _whole(g: Group) -> int:
 class Decision:
     admit: list[Group]
     never: list[tuple[Group, str]]  # groups that can never fit their queue, and why
+    waits: list[tuple[Group, str]] = field(default_factory=list)  # groups left waiting, and why
 
 
 def decide(
@@ -216,11 +217,14 @@ def decide(
                 out.never.append((g, why))
                 continue
             if not g.complete:
+                out.waits.append((g, f"{len(g.live)} of its {g.expected} pods exist"))
                 continue
             left = room(g)
             if left is None or left >= g.waiting_gpus - _EPS:
                 out.admit.append(g)
                 admitted(g)
+            else:
+                out.waits.append((g, f"its queue has room for {left:g} of its {g.waiting_gpus} GPUs"))
     return out
 
 
@@ -317,6 +321,9 @@ class QueueGate:
         self.warned: set[str] = set()  # pods told their group can never fit (one event each)
         self.lock = asyncio.Lock()
         self.passes = 0
+        # After each pass: queue → (owner id, GPUs waited for, why) of each group still waiting, oldest
+        # first (for a Queue's status: its pending workloads and why each waits).
+        self.pending: dict[str, list[tuple[str, int, str]]] = {}
 
     async def run(self, api: Any) -> list[Group]:
         """One pass: read the waiting Jobs' sizes, decide, take the gates off; returns the admitted groups."""
@@ -336,6 +343,11 @@ class QueueGate:
                 return self.room(g.namespace, g.waiting_gpus, g)
 
             decision = decide(by_queue, self.max_of, room, self.book.mark_admitted)
+            pending: dict[str, list[tuple[str, int, str]]] = {}
+            for g, why in [*decision.waits, *decision.never]:
+                q = self.queue_of(g.namespace)
+                pending.setdefault(q, []).append((g.owner, g.waiting_gpus, why))
+            self.pending = pending
             for g, why in decision.never:
                 for p in g.gated:
                     if p.uid not in self.warned:

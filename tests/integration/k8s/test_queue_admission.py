@@ -131,6 +131,10 @@ async def test_a_plain_pod_waits_while_its_queue_is_full_and_runs_once_room_free
         assert [e["involvedObject"]["name"] for e in too_big] == ["huge"]
         assert "maxGPUs of 2" in too_big[0]["message"]
         assert ctl.queue_outside_waiting().get(queue) == 2.0
+        assert sorted(ctl.gate.pending[queue]) == [
+            (f"Pod/{namespace}/huge", 3, "Pod/huge asks for 3 GPUs, more than its queue's maxGPUs of 2"),
+            (f"Pod/{namespace}/train", 2, "its queue has room for 0 of its 2 GPUs"),
+        ]
         pod = await wait_for(
             lambda: scheduling_gated(p := get_pod(cluster, namespace, "train")) and p, 60, "gated"
         )

@@ -115,6 +115,13 @@ def test_oldest_group_first_per_queue_and_a_jobs_pods_together() -> None:
 def run(
     b: QueuedPods, rooms: dict[str, float], max_gpus: dict[str, float] | None = None
 ) -> tuple[list[str], list[str]]:
+    admitted, never, _ = decision(b, rooms, max_gpus)
+    return admitted, never
+
+
+def decision(
+    b: QueuedPods, rooms: dict[str, float], max_gpus: dict[str, float] | None = None
+) -> tuple[list[str], list[str], list[tuple[str, str]]]:
     """decide() with each queue's room as a number the admitted groups use up."""
     left = dict(rooms)
 
@@ -126,7 +133,7 @@ def run(
         b.mark_admitted(g)
 
     d = decide(fifo(b.groups(), queue_of), lambda q: (max_gpus or {}).get(q), room, admitted)
-    return [g.key for g in d.admit], [why for _, why in d.never]
+    return [g.key for g in d.admit], [why for _, why in d.never], [(g.key, why) for g, why in d.waits]
 
 
 def test_best_effort_fifo_a_group_that_does_not_fit_holds_no_smaller_one_back() -> None:
@@ -135,8 +142,9 @@ def test_best_effort_fifo_a_group_that_does_not_fit_holds_no_smaller_one_back() 
         pod("small", 1, created="2026-01-01T00:01:00Z"),
         pod("small2", 1, created="2026-01-01T00:02:00Z"),
     )
-    admitted, never = run(b, {"a": 2})
+    admitted, never, waits = decision(b, {"a": 2})
     assert admitted == ["Pod/small", "Pod/small2"] and never == []
+    assert waits == [("Pod/big", "its queue has room for 2 of its 3 GPUs")]
     # Admitted pods are the queue's holdings now, the big one still its waiting demand.
     assert b.held(queue_of) == {"a": 2.0}
     assert b.waiting(queue_of, lambda q: None) == {"a": 3.0}
@@ -146,7 +154,7 @@ def test_a_job_is_admitted_whole_or_not_at_all() -> None:
     sizes: dict[tuple[str, str], int | None] = {("team", "Job/train"): 2}
     one = book(pod("w0", job="train"), sizes=sizes)
     # Its second pod does not exist yet: nothing is admitted, however much room.
-    assert run(one, {"a": 8}) == ([], [])
+    assert decision(one, {"a": 8}) == ([], [], [("Job/train", "1 of its 2 pods exist")])
     both = book(pod("w0", job="train"), pod("w1", job="train"), sizes=sizes)
     assert run(both, {"a": 1}) == ([], [])  # room for one pod of two: none
     assert run(both, {"a": 2}) == (["Job/train"], [])
