@@ -107,7 +107,12 @@ class Controller:
         self._admit_due = asyncio.get_running_loop().call_later(delay_s, fire)
 
     async def admit(self) -> None:
-        """One admission pass over the gated pods (normally run by `admit_soon`)."""
+        """One admission pass over the gated pods (normally run by `admit_soon`). Not while objects hold
+        GPUs their handlers have not loaded yet (just started, or taken over): the queues' room would
+        leave their holdings out, so the pass waits for them."""
+        if self.unloaded_gpus():
+            self.admit_soon(delay_s=1.0)
+            return
         try:
             admitted = await self.gate.run(self.api)
         except Exception:  # a pass that failed is retried at the next event; it must not stop the operator

@@ -94,7 +94,9 @@ async def known(ctl: Any, *names: str) -> None:
     """The operator's pod watch has the pods; then one admission pass (what their events start anyway)
     runs with all of them known."""
     await wait_for(lambda: {k[1] for k in ctl.queued.pods} >= set(names), 60, f"pods {names} seen")
+    n = ctl.gate.passes
     await ctl.admit()
+    await wait_for(lambda: ctl.gate.passes > n, 60, "an admission pass")
 
 
 async def test_a_plain_pod_waits_while_its_queue_is_full_and_runs_once_room_frees(
