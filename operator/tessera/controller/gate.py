@@ -46,6 +46,7 @@ class QueuedPod:
     gates: tuple[str, ...] = ()  # every scheduling gate it carries (others' are kept when ours goes)
     resource_version: str = ""
     done: bool = False  # finished or being deleted: holds nothing, waits for nothing
+    bound: bool = False  # spec.nodeName set: its GPUs show in the view's (the extender's assignment)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -101,6 +102,7 @@ def queued_pod(body: Mapping[str, Any]) -> QueuedPod | None:
         gates=gates,
         resource_version=str(meta.get("resourceVersion") or ""),
         done=phase in _DONE_PHASES or bool(meta.get("deletionTimestamp")),
+        bound=bool(spec.get("nodeName")),
     )
 
 
@@ -256,7 +258,16 @@ class QueuedPods:
             self.pods.pop(key, None)
             return old is not None
         self.pods[key] = info
-        return old is None or (old.gated, old.done, old.gpus) != (info.gated, info.done, info.gpus)
+        return old is None or (old.gated, old.done, old.gpus, old.bound) != (
+            info.gated,
+            info.done,
+            info.gpus,
+            info.bound,
+        )
+
+    def admitted_unbound(self) -> int:
+        """GPUs admitted pods will take once bound (not in the view's GPUs held by pods yet)."""
+        return sum(p.gpus for p in self.pods.values() if not p.gated and not p.done and not p.bound)
 
     def groups(self) -> list[Group]:
         out = groups_of(self.pods.values())

@@ -84,8 +84,19 @@ class Controller:
     def __post_init__(self) -> None:
         self.usage = UsageMetrics(self.metrics)
         self.gate = QueueGate(
-            self.queued, self.queues.queue_of, self.max_gpus, self.queue_room, self.post_event
+            self.queued, self.queues.queue_of, self.max_gpus, self.pod_room, self.post_event
         )
+
+    def pod_room(self, namespace: str, want: int, group: Group) -> float | None:
+        """GPUs a gated group may take now: its queue's room, and no more than the GPUs free now (an
+        admitted pod counts as its queue's holding; admitted onto GPUs another queue still holds, it would
+        wait in the scheduler while nothing reclaims for it). None: no queues."""
+        room = self.queue_room(namespace, want, group)
+        if room is None:
+            return None
+        taken = self.app_gpus() | self.reserved_by_others() | self.view.used_by_pods(contract.LABEL_APP)
+        free = sum(1 for g in healthy_gpus(self.view.cluster()) if g not in taken)
+        return min(room, float(free - self.queued.admitted_unbound()))
 
     def max_gpus(self, queue: str) -> float | None:
         spec = self.queues.specs.get(queue)

@@ -272,3 +272,41 @@ def test_pods_of_namespaces_without_a_queue_and_the_operators_own_are_not_gated(
         assert out["metadata"]["labels"] == {"team": "vision", contract.LABEL_QUEUED: "true"}
     finally:
         cluster.request("DELETE", f"/api/v1/namespaces/{labelled}")
+
+
+async def test_a_gated_pod_within_its_guarantee_gets_gpus_back_from_a_borrower(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+    queue_admission: list[dict[str, Any]],
+) -> None:
+    """A gated pod is work waiting in its queue like a TrialGroup: B, lending under `immediate`, gives the
+    GPUs it borrowed from A back at once (no lease ends: the clock stands still), and they go to the pod,
+    not to B's App again. The pod stays gated until they are free."""
+    nodes.add(f"{namespace}-n1", gpus=4)
+    lender = {"guaranteedGPUs": 2, "reclaim": {"mode": "immediate", "checkpointGraceSeconds": 1}}
+    async with (
+        teams(cluster, namespace, a={"guaranteedGPUs": 2}, b=lender) as t,
+        kubelet(cluster, t["a"]),
+        kubelet(cluster, t["b"]),
+        operator(cluster, chart_rbac["operator"], t["a"], lease_s=1000.0, clock=ManualClock()) as ctl,
+    ):
+        await seen(ctl, t, "a", "b")
+        burst = app_body("burst", [job(f"j{i}", 1, 10**8) for i in range(4)])
+        await call(cluster, "POST", app_path(t["b"]), burst)
+        await wait_for(
+            lambda: len(p := app_pods(cluster, t["b"], "burst")) == 4 and bound(p), 120, "B on all 4 GPUs"
+        )
+        await call(cluster, "POST", f"/api/v1/namespaces/{t['a']}/pods", gpu_pod("train", 2))
+        await wait_for(
+            lambda: bound([get_pod(cluster, t["a"], "train")]),
+            120,
+            "the pod admitted and bound on GPUs taken back from B",
+            lambda: scheduling_report(cluster, t["a"], t["b"], scheduling=scheduling),
+        )
+        assert len(app_pods(cluster, t["b"], "burst")) == 2
+        assert events(cluster, t["b"], "Reclaimed")
+        await call(cluster, "DELETE", f"/api/v1/namespaces/{t['a']}/pods/train")
+        await wait_for(lambda: not ctl.queued.pods, 60, "the pod gone")
