@@ -14,6 +14,7 @@ from pydantic import Field
 
 from tessera.api.base import (
     DNS_LABEL,
+    DNS_SUBDOMAIN,
     MAX_GPUS,
     MAX_ITERATIONS,
     MAX_SECONDS,
@@ -145,6 +146,20 @@ class AppSpec(WireModel):
     )
     tuning: Tuning = Field(default_factory=Tuning)
     gpu: GPUUsage = Field(default_factory=GPUUsage)
+    priority_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="A scheduling.k8s.io PriorityClass: its value is the App's priority inside its team queue "
+        "(higher is served first; unset: 0). The App's pods do not get it (kube-scheduler would preempt pods "
+        "whose GPUs the operator still leases); a template may name one for them.",
+    )
+    preemptible: bool = Field(
+        default=True,
+        description="false: once the App holds GPUs it keeps them until it is done (its leases are renewed); "
+        "neither a queue's reclaim nor a higher priority takes them. They still count against its queue.",
+    )
 
     cross_field_rules = (unique_by("jobs", "name", "job names must be unique"),)
 
@@ -188,6 +203,11 @@ class AppStatus(WireModel):
     rho: float | None = Field(default=None, ge=0, description="Current finish-time fairness ρ estimate.")
     rho_final: float | None = Field(default=None, ge=0, description="(T_finish - T_start) / T_id at the end.")
     start_time: Timestamp | None = None
+    holding_since: Timestamp | None = Field(
+        default=None,
+        description="When the App's current holding of GPUs began (it last went from none to some; a lease "
+        "renewed when it ends continues it): its queue's minRuntimeSeconds counts from here.",
+    )
     finish_time: Timestamp | None = None
     active_gpu_seconds: float = Field(default=0.0, ge=0, description="∫ N_active dt, for N_avg.")
     elapsed_seconds: float = Field(default=0.0, ge=0)

@@ -22,6 +22,7 @@ _ACRONYMS = {"Gpu": "GPU", "Gpus": "GPUs", "Mib": "MiB", "Slo": "SLO", "Uri": "U
 _ACRONYM_RE = re.compile(r"(Gpus|Gpu|Mib|Slo|Uri|Mps)(?=[A-Z]|$)")
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 """RFC 1123 label: names of jobs and trials become parts of pod names."""
 
 # Upper bounds of sizes and durations, carried into the CRDs as `maximum`: far past any real workload, small

@@ -123,12 +123,29 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         for name, help_ in (
             ("guaranteed_gpus", "GPUs a Queue is guaranteed (spec.guaranteedGPUs)."),
             ("share_gpus", "GPUs the division entitles a Queue to this round."),
-            ("allocated_gpus", "GPUs the objects of a Queue hold now."),
+            (
+                "allocated_gpus",
+                "GPUs the objects of a Queue hold now (Apps, TrialGroup pools, serving replicas).",
+            ),
             ("borrowed_gpus", "GPUs a Queue holds above its guarantee."),
             ("lent_gpus", "Guaranteed GPUs of a Queue it leaves to other queues now."),
-            ("waiting", "Objects of a Queue waiting for GPUs."),
+            ("waiting", "Objects of a Queue waiting for GPUs, of every kind."),
             ("max_rho", "Largest finish-time fairness rho among a Queue's Apps, against the Queue's share."),
         )
+    ),
+    MetricSpec(
+        "tessera_queue_kind_allocated_gpus",
+        MetricType.GAUGE,
+        "GPUs the objects of one kind (App, TrialGroup, ModelDeployment) of a Queue hold now.",
+        ("queue", "kind"),
+        frozenset({_OP}),
+    ),
+    MetricSpec(
+        "tessera_queue_pending",
+        MetricType.GAUGE,
+        "Objects of one kind (App, TrialGroup, ModelDeployment) of a Queue waiting for GPUs.",
+        ("queue", "kind"),
+        frozenset({_OP}),
     ),
     # --- fairness: Themis (Mahajan et al., NSDI'20) ---------------------------------------------------------
     MetricSpec(

@@ -20,6 +20,8 @@ from tessera.api.base import MAX_GPUS, MAX_SECONDS, Condition, CrossFieldRule, W
 
 DEFAULT_QUEUE = "default"
 QUEUE_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+PENDING_LIMIT = 50  # pending workloads listed in a Queue's status (the longest waiting); `waiting` counts all
+WorkloadKind = Literal["App", "TrialGroup", "ModelDeployment"]
 
 
 class ReclaimSpec(WireModel):
@@ -41,6 +43,23 @@ class ReclaimSpec(WireModel):
         ge=0,
         le=MAX_SECONDS,
         description="With immediate: seconds a reclaimed workload gets to checkpoint before its GPUs go.",
+    )
+
+
+class PreemptionSpec(WireModel):
+    """What this queue's waiting work may take before a lease ends (Kueue's ClusterQueue preemption)."""
+
+    reclaim_within_cohort: Literal["Any", "LowerPriority", "Never"] = Field(
+        default="Any",
+        description="While below its guarantee: what it may take at once from queues lending under "
+        "reclaim.mode immediate: Any holding, only those of LowerPriority than its highest-priority waiting "
+        "App, or Never (it waits for their leases to end).",
+    )
+    within_queue: Literal["Never", "LowerPriority"] = Field(
+        default="Never",
+        description="LowerPriority: a higher-priority App of this queue takes GPUs from its lower-priority Apps "
+        "at once (after reclaim.minRuntimeSeconds and with reclaim.checkpointGraceSeconds); Never: as their "
+        "leases end.",
     )
 
 
@@ -78,6 +97,7 @@ class QueueSpec(WireModel):
         description="Parent queue; this queue's guarantee comes out of the parent's.",
     )
     reclaim: ReclaimSpec = Field(default_factory=ReclaimSpec)
+    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
 
     cross_field_rules = (
         CrossFieldRule(
@@ -95,6 +115,43 @@ class QueueSpec(WireModel):
     )
 
 
+class GPUsByKind(WireModel):
+    """GPUs of a queue by the kind of object that holds them."""
+
+    apps: float = Field(default=0.0, ge=0, description="GPUs its Apps' leases hold.")
+    trial_groups: float = Field(default=0.0, ge=0, description="GPUs its TrialGroups' pools hold.")
+    model_deployments: float = Field(
+        default=0.0,
+        ge=0,
+        description="GPUs its ModelDeployments' replicas hold (replicas in a shared serving pool count for no "
+        "queue).",
+    )
+
+
+class WorkloadsByKind(WireModel):
+    """Objects of a queue by kind."""
+
+    apps: int = Field(default=0, ge=0)
+    trial_groups: int = Field(default=0, ge=0)
+    model_deployments: int = Field(default=0, ge=0)
+
+
+class PendingWorkload(WireModel):
+    """One object of the queue waiting for GPUs, and why."""
+
+    kind: WorkloadKind
+    namespace: str
+    name: str
+    gpus: float = Field(ge=0, description="GPUs it waits for (beyond those it holds).")
+    since: str = Field(description="RFC 3339 time it began waiting, as far as this operator has seen.")
+    reason: str = Field(
+        pattern=r"^[A-Za-z][A-Za-z0-9]*$",
+        description="Why it waits: QueueAtMax, NoGPUOfType, Reclaiming, LenderMinRuntime, QueueAtShare, "
+        "QueueRoom, NoFreeGPUs or NextRound (docs/queues.md).",
+    )
+    message: str = Field(description="The reason in words, with the numbers and times behind it.")
+
+
 class QueueStatus(WireModel):
     """What the operator reports for a Queue every round."""
 
@@ -102,7 +159,14 @@ class QueueStatus(WireModel):
         default=None, ge=0, description="metadata.generation of the spec this status reflects."
     )
     share_gpus: float = Field(default=0.0, ge=0, description="GPUs the division entitles the queue to now.")
-    allocated_gpus: float = Field(default=0.0, ge=0, description="GPUs its objects hold now.")
+    allocated_gpus: float = Field(
+        default=0.0,
+        ge=0,
+        description="GPUs its objects hold now: Apps' leases, TrialGroups' pools, ModelDeployments' replicas.",
+    )
+    allocated_by_kind: GPUsByKind = Field(
+        default_factory=GPUsByKind, description="allocatedGPUs by the kind of object holding them."
+    )
     borrowed_gpus: float = Field(default=0.0, ge=0, description="GPUs held above its guarantee.")
     lent_gpus: float = Field(
         default=0.0,
@@ -110,7 +174,20 @@ class QueueStatus(WireModel):
         description="Guaranteed GPUs it does not use now, which other queues may borrow (at most "
         "lendingLimitGPUs).",
     )
-    waiting: int = Field(default=0, ge=0, description="Objects of the queue waiting for GPUs.")
+    waiting: int = Field(
+        default=0,
+        ge=0,
+        description="Objects of the queue waiting for GPUs, of every kind (kubectl's Pending).",
+    )
+    waiting_by_kind: WorkloadsByKind = Field(
+        default_factory=WorkloadsByKind, description="waiting by the kind of object."
+    )
+    pending: list[PendingWorkload] = Field(
+        default_factory=list,
+        max_length=PENDING_LIMIT,
+        description=f"The waiting objects that have waited longest (at most {PENDING_LIMIT}; waiting counts "
+        "them all), longest first, each with what it waits for and why.",
+    )
     max_rho: float | None = Field(default=None, ge=0, description="Largest ρ among its Apps now.")
     namespaces: list[str] = Field(default_factory=list, description="Namespaces the queue serves.")
     conditions: list[Condition] = Field(

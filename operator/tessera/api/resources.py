@@ -167,9 +167,19 @@ KINDS: dict[str, ResourceKind] = {
         columns=(
             PrinterColumn("Guaranteed", "number", ".spec.guaranteedGPUs", "GPUs guaranteed."),
             PrinterColumn("Max", "number", ".spec.maxGPUs", "Most GPUs it may hold."),
-            PrinterColumn("Allocated", "number", ".status.allocatedGPUs", "GPUs its objects hold now."),
+            PrinterColumn(
+                "Allocated",
+                "number",
+                ".status.allocatedGPUs",
+                "GPUs its Apps, TrialGroups and ModelDeployments hold now.",
+            ),
             PrinterColumn("Borrowed", "number", ".status.borrowedGPUs", "GPUs held above the guarantee."),
-            PrinterColumn("Waiting", "integer", ".status.waiting", "Objects waiting for GPUs."),
+            PrinterColumn(
+                "Pending",
+                "integer",
+                ".status.waiting",
+                "Objects of every kind waiting for GPUs (status.pending says why).",
+            ),
             _AGE,
         ),
     ),

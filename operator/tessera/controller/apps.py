@@ -81,6 +81,10 @@ class AppRecord:
     # GPU → job of the leases that ended in this round: the policy may hand them back (renewal in place),
     # and a job gets back the GPUs it ran on, so its pods stay where they are.
     previous: dict[str, str] = field(default_factory=dict)
+    # When the current holding began (status holdingSince): set by the round that first leaves the App
+    # holding GPUs after it held none, cleared by one that leaves it none. A round that expires a lease
+    # and renews it keeps it: the App never stopped. A queue's minimum runtime counts from here.
+    held_since: float | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -175,6 +179,13 @@ class AppRecord:
             estimator=estimator_for(jobs, self.halving_plan()),
             previous=frozenset(g for g in self.previous if known is None or g in known),
         )
+
+    def note_holding(self, now: float) -> None:
+        """After a round (or a reclaim): start or end the current holding."""
+        if not self.leases:
+            self.held_since = None
+        elif self.held_since is None:
+            self.held_since = now
 
     # --- progress ---------------------------------------------------------------------------------
 
@@ -315,6 +326,7 @@ class AppRecord:
             gpus=len(self.held()),
             rho=rho,
             start_time=to_stamp(self.start),
+            holding_since=to_stamp(self.held_since) if self.held_since is not None and self.leases else None,
             finish_time=to_stamp(self.finished_at) if self.finished_at else None,
             active_gpu_seconds=self.active_gpu_seconds,
             elapsed_seconds=max(0.0, now - self.start),
@@ -399,6 +411,8 @@ def record_from_body(body: Mapping[str, Any], now: float) -> AppRecord:
             continue
         gpus = tuple(gpu_id(str(lease["node"]), int(i)) for i in lease["gpuIndices"])
         rec.leases.append(LeaseRec(gpus, str(job), expires, str(lease.get("source", "auction"))))
+    if rec.leases:  # the holding the status recorded goes on (without it: from now)
+        rec.held_since = min(now, to_time(status.get(wire_name("holding_since"))) or now)
     return rec
 
 

@@ -39,6 +39,7 @@ from tessera.controller.kube import CONFIGMAPS, Kind, KubeError
 from tessera.controller.ledger import Entry, Ledger, fit
 from tessera.controller.liveness import PassClock
 from tessera.controller.pods import Owner, PodPlan
+from tessera.controller.queue_status import RoundFacts, Workload
 from tessera.controller.queues import QUEUE_RESOLVED, QueueBook, membership_news
 from tessera.controller.readiness import app_conditions, missing_pods
 from tessera.controller.status_writes import Written, status_due, written
@@ -120,6 +121,24 @@ class Arbiter:
         # (by owner id "Kind/namespace/name"; the owner acts on it and takes it out).
         self.outside_holdings: Callable[[], list[Holding]] = list
         self.outside_reclaims: dict[str, Reclaim] = {}
+        # TrialGroups and ModelDeployments with their queues, for the Queues' status (set by the Controller).
+        self.outside_workloads: Callable[[], list[tuple[str, Workload]]] = list
+        # The last round's whole reclaim plan, and queues whose reclaim waits for a lender's minimum runtime
+        # (queue → when it ends): why objects wait, in the Queues' status.
+        self.round_reclaims: list[Reclaim] = []
+        self.reclaim_blocked: dict[str, float] = {}
+        self.waiting_since: dict[tuple[str, str], float] = {}  # Apps waiting for GPUs → since when
+        self._queue_written: dict[str, tuple[str, dict[str, Any]]] = {}  # Queue → (uid, status written)
+        # A TrialGroup or ModelDeployment changed what it holds or waits for since the Queues' status was
+        # worked out (`refresh_queues`), and when that was (time.monotonic).
+        self.queues_stale = False
+        self._queues_at = -math.inf
+        # PriorityClass name → value, kept by the controller's watch (None: not watched, priorities unused).
+        self.priority_classes: dict[str, int] | None = None
+        self._priority_warned: dict[tuple[str, str], str] = {}  # App → the unknown class it was told of
+        # When a holding that its queue's minimum runtime protects may be taken, while work waits: a round
+        # is due then (nothing else would run one before the next lease ends).
+        self._wake_at = math.inf
         # Told after each round (the Controller's admission pass for gated pods: shares and leases moved).
         self.after_round: Callable[[], None] = _nothing
 
@@ -130,6 +149,9 @@ class Arbiter:
         is refreshed. Returns True for an App not seen before."""
         old = self.records.get(rec.key)
         if old is not None and old.uid == rec.uid:
+            ranked = (old.spec.priority_class_name, old.spec.preemptible)
+            if ranked != (rec.spec.priority_class_name, rec.spec.preemptible):
+                self.dirty = True  # its rank in its queue changed: a round now, not at the next lease end
             old.spec, old.body = rec.spec, rec.body
             return False
         # Leases recovered from status run until the ledger says, where a round renewed them since.
@@ -148,6 +170,8 @@ class Arbiter:
             self.records.pop(key, None)
             self._written.pop(key, None)
             self.lagging.discard(key)
+            self.waiting_since.pop(key, None)
+            self._priority_warned.pop(key, None)
             self.dirty = True
             self._earliest_expiry = None
             self.metrics.remove_series(namespace=key[0], app=key[1])
@@ -157,16 +181,24 @@ class Arbiter:
     async def maybe_run(self, now: float | None = None) -> RoundReport | None:
         """Run a round if one is due (lease period passed) or something changed since the last one."""
         now = self.config.clock() if now is None else now
-        if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
+        if not self._due(now):
             return None
         await self.load_ledger()
         async with self.lock:
             # A caller that read the clock before waiting for the lock may find a later round already
             # run: rounds never go back in time (N_avg and GPU-seconds integrate forward).
             now = max(now, self.last_round)
-            if not (self.dirty or now - self.last_round >= self.config.lease_s or self._lease_expired(now)):
+            if not self._due(now):
                 return None
             return await self.run_round(now)
+
+    def _due(self, now: float) -> bool:
+        return (
+            self.dirty
+            or now - self.last_round >= self.config.lease_s
+            or self._lease_expired(now)
+            or now >= self._wake_at
+        )
 
     async def load_ledger(self) -> None:
         """Read the renewal ledger once, before the first round and the first App is tracked (lazily: a
@@ -237,7 +269,9 @@ class Arbiter:
             k for k in gained if k not in self.revoked and self.records[k].lease_pairs() == before.get(k)
         }
         for rec in self.records.values():
+            rec.note_holding(now)
             rec.previous = {}  # this round saw them: handed back, or to others
+        self._wake_at = self._protected_until(now, cluster, active)
         self._export(now, cluster)
         await self._write_round(now, changed - renewed, gained, renewed)
         await self.write_queues(now, cluster)
@@ -310,7 +344,7 @@ class Arbiter:
         # yet) is kept to its expiry but is not part of the App's holding in a bid.
         known = set(cluster.gpu_ids)
         states = [self.queued_state(r, now, known) for r in active]
-        decision = self.policy().allocate(now, states, cluster, free, self.rng)
+        decision = self.policy(states).allocate(now, states, cluster, free, self.rng)
         check_decision(decision, states, free)
         by_id = {f"{r.namespace}/{r.name}": r for r in active}
         gained: set[tuple[str, str]] = set()
@@ -319,6 +353,8 @@ class Arbiter:
             q: float(v["share"]) for q, v in decision.record.get("queues", {}).items() if isinstance(v, dict)
         }
         self.outside_reclaims = {r.owner: r for r in decision.record.get("outside_reclaims", [])}
+        self.round_reclaims = list(decision.record.get("reclaims", []))
+        self.reclaim_blocked = dict(decision.record.get("reclaim_blocked", {}))
         for grant in decision.grants:
             rec = by_id[grant.app_id]
             leases = rec.grant(grant.gpus, grant.expiry, grant.source, cluster)
@@ -339,9 +375,26 @@ class Arbiter:
         self.metrics.counter("tessera_auction_rounds_total").inc()
         return gained
 
-    def policy(self) -> TrainingPolicy:
-        """Themis on the whole cluster, or inside each team queue's share once Queues exist."""
-        if not self.queues.active:
+    def _protected_until(self, now: float, cluster: Cluster, active: list[AppRecord]) -> float:
+        """When a holding its queue's minimum runtime protects may be taken while work waits (a round is
+        due then); math.inf if none."""
+        policy = self.policy()
+        if not isinstance(policy, QueuedPolicy):
+            return math.inf
+        known = set(cluster.gpu_ids)
+        rows = []
+        for r in active:
+            if r.done:
+                continue
+            s = self.queued_state(r, now, known)
+            rows.append((s.queue, len(s.held), s.unmet, s.since, s.preemptible))
+        return policy.protected_until(now, rows)
+
+    def policy(self, states: Iterable[AppState] = ()) -> TrainingPolicy:
+        """Themis on the whole cluster, or inside each team queue's share once Queues exist (or an App has
+        a priority or is non-preemptible: all of them then share the `default` queue)."""
+        ranked = any(s.priority != 0 or not s.preemptible for s in states)
+        if not self.queues.active and not ranked:
             return self.themis
         return QueuedPolicy(
             self.themis,
@@ -351,13 +404,41 @@ class Arbiter:
             outside=self.outside(),
             outside_waiting=self.outside_waiting(),
             outside_holdings=self.outside_holdings(),
+            explain=True,
         )
 
     def queued_state(self, rec: AppRecord, now: float, known: set[str] | None = None) -> AppState:
-        # The minimum runtime counts from the App's start.
+        # The minimum runtime counts from the start of the App's current holding.
         return dataclasses.replace(
-            rec.state(now, known), queue=self.queues.queue_of(rec.namespace), since=rec.start
+            rec.state(now, known),
+            queue=self.queues.queue_of(rec.namespace),
+            since=rec.held_since if rec.held_since is not None else now,
+            priority=self.priority_of(rec),
+            preemptible=rec.spec.preemptible,
         )
+
+    def priority_of(self, rec: AppRecord) -> int:
+        """The value of the App's PriorityClass; 0 without one, or while it names a class that does not
+        exist (a Warning event says so, once per App and class name)."""
+        name = rec.spec.priority_class_name
+        if name is None or self.priority_classes is None:
+            return 0
+        value = self.priority_classes.get(name)
+        if value is not None:
+            if self._priority_warned.pop(rec.key, None) is not None:
+                self._post(
+                    rec, "Normal", "PriorityClassFound", f"PriorityClass {name} found: priority {value}"
+                )
+            return value
+        if self._priority_warned.get(rec.key) != name:
+            self._priority_warned[rec.key] = name
+            self._post(
+                rec,
+                "Warning",
+                "PriorityClassNotFound",
+                f"no PriorityClass {name} exists: the App has priority 0 in its queue until the class is created",
+            )
+        return 0
 
     def _reclaimed(
         self, decision: RoundDecision, by_id: dict[str, AppRecord], states: list[AppState]
@@ -367,6 +448,7 @@ class Arbiter:
         queue_of = {s.app_id: s.queue for s in states}
         # Queues whose Apps won GPUs, or whose TrialGroups and ModelDeployments wait for some.
         gainers = sorted({queue_of[g.app_id] for g in decision.grants} | set(self.outside_waiting()))
+        within = set(decision.record.get("within_queue", ()))
         self.revoked = set()
         for app_id, gpus in decision.revoke.items():
             rec = by_id[app_id]
@@ -378,6 +460,15 @@ class Arbiter:
             if spec is not None:
                 self.reclaim_grace[rec.key] = math.ceil(spec.reclaim.checkpoint_grace_seconds)
             self._count_lease(rec, "revoked", n)
+            if app_id in within:
+                self._event(
+                    rec,
+                    "Warning",
+                    "Preempted",
+                    f"{n} GPU(s) taken for higher-priority Apps of queue {queue_of[app_id]} "
+                    "(its preemption.withinQueue is LowerPriority)",
+                )
+                continue
             to = ", ".join(q for q in gainers if q != queue_of[app_id]) or "another queue"
             why = (
                 f"queue {queue_of[app_id]} is above its share and {to} below its guarantee with work waiting"
@@ -395,20 +486,98 @@ class Arbiter:
                     )
 
     async def write_queues(self, now: float, cluster: Cluster) -> None:
-        """Each Queue's status (share, allocated, borrowed, lent, waiting, max ρ) and its gauges."""
+        """Each Queue's status (share; allocated, borrowed, lent and waiting over Apps, TrialGroups and
+        ModelDeployments; the pending list; max ρ) and its gauges. One pass over the objects for all queues;
+        a status is patched only when it differs from the one last written."""
         if not self.queues.active:
             return
-        known = set(cluster.gpu_ids)
-        states = [self.queued_state(r, now, known) for r in self.records.values() if not r.done]
-        rho = {f"{r.namespace}/{r.name}": r.rho for r in self.records.values() if r.rho is not None}
+        self.queues_stale, self._queues_at = False, time.monotonic()
+        by_queue, max_rho = self._queue_workloads(now, cluster)
+        facts = self._round_facts(now, cluster)
         for name in sorted(self.queues.specs):
-            status = self.queues.status(name, states, self.queue_share.get(name, 0.0), rho)
+            status = self.queues.status(
+                name, by_queue.get(name, []), self.queue_share.get(name, 0.0), facts, max_rho.get(name)
+            )
             self.queues.export(self.metrics, name, status)
+            wire, uid = status.to_wire(), self.queues.uids.get(name, "")
+            if self._queue_written.get(name) == (uid, wire):
+                continue
             try:
-                await self.api.patch(QUEUES, "", name, {"status": status.to_wire()}, sub="status")
+                await self.api.patch(QUEUES, "", name, {"status": wire}, sub="status")
+                self._queue_written[name] = (uid, wire)
             except KubeError as err:
                 if err.status != 404:  # a Queue deleted since: its delete handler cleans up
                     log.warning("status of Queue %s not written: %s", name, err)
+        for name in set(self._queue_written) - set(self.queues.specs):
+            del self._queue_written[name]
+
+    async def refresh_queues(self, now: float | None = None) -> None:
+        """The Queues' status between rounds, once a TrialGroup or ModelDeployment changed what it holds or
+        waits for (a round works it out anyway): at most once a tick, with the last round's division and
+        reclaim plan. Without it a group waiting beyond its queue's share (which starts no round) showed in
+        no pending list until the next lease period's round."""
+        # At most once a tick of real time: it costs CPU, whatever the operator's clock says.
+        if (
+            not self.queues_stale
+            or self.lock.locked()
+            or time.monotonic() - self._queues_at < self.config.tick
+        ):
+            return
+        now = self.config.clock() if now is None else now
+        async with self.lock:
+            await self.write_queues(max(now, self.last_round), self.view.cluster())
+
+    def _queue_workloads(
+        self, now: float, cluster: Cluster
+    ) -> tuple[dict[str, list[Workload]], dict[str, float]]:
+        """Every queue's objects (Apps from the records, the others from the Controller), and the largest
+        finite ρ among each queue's Apps. An App waits while it holds fewer GPUs the cluster knows than its
+        demand: since its start if it never held any, else since the first round that saw it short."""
+        by_queue: dict[str, list[Workload]] = {}
+        max_rho: dict[str, float] = {}
+        since: dict[tuple[str, str], float] = {}
+        for rec in self.records.values():
+            if rec.done:
+                continue
+            q = self.queues.queue_of(rec.namespace)
+            held = sum(1 for g in rec.held() if g in cluster)
+            wants = float(max(0, rec.demand() - held))
+            if wants:
+                fresh = rec.start if rec.active_gpu_seconds <= 0 and not rec.leases else now
+                since[rec.key] = self.waiting_since.get(rec.key, fresh)
+            w = Workload(
+                contract.KIND_APP, rec.namespace, rec.name, float(held), wants, since.get(rec.key, now)
+            )
+            by_queue.setdefault(q, []).append(w)
+            if rec.rho is not None and math.isfinite(rec.rho):
+                max_rho[q] = max(max_rho.get(q, rec.rho), rec.rho)
+        self.waiting_since = since
+        for q, w in self.outside_workloads():
+            by_queue.setdefault(q, []).append(w)
+        return by_queue, max_rho
+
+    def _round_facts(self, now: float, cluster: Cluster) -> RoundFacts:
+        """The free GPUs left after the round, the next lease end and round, and the round's reclaim plan
+        with each App's lease-end reclaim dated by that App's lease."""
+        active = [r for r in self.records.values() if not r.done]
+        ends = {
+            f"{r.namespace}/{r.name}": min((lease.expires for lease in r.leases), default=math.inf)
+            for r in active
+        }
+        reclaims = [
+            dataclasses.replace(r, at=max(now, ends[r.owner]))
+            if not math.isfinite(r.at) and r.owner in ends
+            else r
+            for r in self.round_reclaims
+        ]
+        return RoundFacts(
+            now=now,
+            free=len(self._free_gpus(cluster, active)),
+            next_lease_end=min(ends.values(), default=math.inf),
+            next_round=self.last_round + self.config.lease_s,
+            reclaims=reclaims,
+            blocked=self.reclaim_blocked,
+        )
 
     def _export(self, now: float, cluster: Cluster) -> None:
         """ρ and its parts for every App that holds only GPUs the cluster knows, as status and gauges."""

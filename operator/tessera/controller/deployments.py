@@ -40,6 +40,7 @@ from tessera.controller.pools import (
     pool_gateway_url,
     replan_reason,
 )
+from tessera.controller.queue_status import NO_FREE_GPUS, NO_GPU_OF_TYPE, QUEUE_ROOM
 from tessera.controller.queues import owner_id
 from tessera.controller.readiness import deployment_readiness
 from tessera.controller.reconciler import KindReconciler
@@ -77,6 +78,8 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         self.queue_room: Callable[[str, int], float | None] = lambda namespace, want: None
         # Called when what a deployment waits for within its queue's share changes (the arbiter re-divides).
         self.waiting_changed: Callable[[], None] = lambda: None
+        # Called when what a deployment holds or waits for changed: its Queue's status is refreshed.
+        self.queue_changed: Callable[[], None] = lambda: None
         # What the arbiter's last round asks a deployment to give back to another queue (by owner id),
         # and the Controller's hook once it has (set by the Controller).
         self.reclaim_request: Callable[[str], Reclaim | None] = lambda owner: None
@@ -168,15 +171,22 @@ class ModelDeployments(KindReconciler[ServingRecord]):
     def _scale(self, rec: ServingRecord, cluster: Cluster, decision: ScaleDecision) -> None:
         """Replicas to the decided count: the first ones keep their GPUs, the last go on scale-down, new
         ones take free GPUs; an event when the count moved (saying why fewer were placed)."""
+        was = (len(rec.gpus), rec.wants, rec.wait_reason)
         self._give_back(rec)
         before, waited = len(rec.gpus), rec.waiting_gpus
-        rec.waiting_gpus = 0
+        rec.waiting_gpus, rec.wants, rec.wait_reason, rec.wait_message = 0, 0, "", ""
         if decision.replicas < before:
             rec.gpus = rec.gpus[: decision.replicas]
         elif decision.replicas > before:
             self._place_replicas(rec, cluster, decision.replicas)
         if rec.waiting_gpus != waited:
             self.waiting_changed()
+        if not rec.wants:
+            rec.waiting_since = None
+        elif rec.waiting_since is None:
+            rec.waiting_since = self.config.clock()
+        if (len(rec.gpus), rec.wants, rec.wait_reason) != was:
+            self.queue_changed()
         if len(rec.gpus) == before:
             return
         short = (
@@ -207,6 +217,7 @@ class ModelDeployments(KindReconciler[ServingRecord]):
         taken = self.reserved() | self.held_elsewhere() | self.view.used_by_pods()
         per = rec.spec.gpus_per_replica
         room = self.queue_room(rec.namespace, (replicas - len(rec.gpus)) * per)
+        wanted = replicas
         if room is not None:  # team queues: new replicas only within the queue's share
             replicas = min(replicas, len(rec.gpus) + int(room + 1e-9) // per)
         models = set(rec.spec.placement.gpu_types)  # empty: any GPU model
@@ -238,6 +249,18 @@ class ModelDeployments(KindReconciler[ServingRecord]):
             # Replicas within the queue's share that found no free GPU: other queues owe them. (With
             # gpuTypes, GPUs given back might be of another model and would sit idle: not counted.)
             rec.waiting_gpus = (replicas - len(rec.gpus)) * per
+        rec.wants = (wanted - len(rec.gpus)) * per
+        if len(rec.gpus) < replicas:  # some within the queue's share found no free GPU
+            rec.wait_reason, rec.wait_message = (
+                (NO_GPU_OF_TYPE, f"no free GPU of {', '.join(sorted(models))}")
+                if models
+                else (NO_FREE_GPUS, "no free GPUs")
+            )
+        elif rec.wants:
+            rec.wait_reason = QUEUE_ROOM
+            rec.wait_message = (
+                f"{rec.wants} GPU(s) wanted for more replicas, {room or 0:g} within its queue's share"
+            )
 
     async def _apply_gateway(
         self, rec: ServingRecord, owner: Owner, body: dict[str, Any], patch: kopf.Patch

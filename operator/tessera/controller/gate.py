@@ -279,13 +279,14 @@ class QueuedPods:
         for p in g.gated:
             self.pods[p.key] = ungated(p)
 
-    def held(self, queue_of: Callable[[str], str]) -> dict[str, float]:
-        """GPUs each queue's admitted pods hold (asked for, whether bound yet or not)."""
+    def held(self, queue_of: Callable[[str], str], *, bound_only: bool = False) -> dict[str, float]:
+        """GPUs each queue's admitted pods hold (asked for, whether bound yet or not; `bound_only`: only
+        those bound)."""
         out: dict[str, float] = {}
-        for g in self.groups():
-            if g.held_gpus:
-                q = queue_of(g.namespace)
-                out[q] = out.get(q, 0.0) + g.held_gpus
+        for p in self.pods.values():
+            if not p.gated and not p.done and p.gpus and (p.bound or not bound_only):
+                q = queue_of(p.namespace)
+                out[q] = out.get(q, 0.0) + p.gpus
         return out
 
     def waiting(
@@ -304,12 +305,18 @@ class QueuedPods:
         return out
 
     def holdings(self, queue_of: Callable[[str], str]) -> list[Holding]:
-        """Each group's admitted GPUs as a holding its queue has "since forever": counted, never taken."""
-        return [
-            Holding(queue_of(g.namespace), g.owner, float(g.held_gpus), math.inf, math.inf)
-            for g in self.groups()
-            if g.held_gpus
-        ]
+        """Each group's bound GPUs as a holding of its queue: counted, never taken (not preemptible, and
+        held "since forever", so no minimum runtime ever passes)."""
+        out = []
+        for g in self.groups():
+            gpus = sum(p.gpus for p in g.live if not p.gated and p.bound)
+            if gpus:
+                out.append(
+                    Holding(
+                        queue_of(g.namespace), g.owner, float(gpus), math.inf, math.inf, preemptible=False
+                    )
+                )
+        return out
 
 
 RoomFn = Callable[[str, int, "Group"], float | None]

@@ -38,12 +38,14 @@ from tessera.controller.gate import Group, QueuedPods, QueueGate
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
+from tessera.controller.queue_status import Workload
 from tessera.controller.queues import QueueBook, owner_id
 from tessera.controller.reconciler import KindReconciler
 from tessera.controller.tuning import TrialGroups
 from tessera.controller.usage import UsageMetrics
 from tessera.controller.view import ClusterView, healthy_gpus
 from tessera.metrics import ComponentMetrics
+from tessera.policy.queues.division import headroom
 from tessera.policy.queues.reclaim import Holding, Reclaim
 from tessera.policy.queues.training import entitled, with_default
 from tessera.policy.themis import admit
@@ -76,6 +78,9 @@ class Controller:
     _stopping: bool = False
     usage: UsageMetrics = field(init=False)
     queues: QueueBook = field(default_factory=QueueBook)  # Queues and namespace labels, watched
+    # PriorityClass name → value, watched with the queues (an App's priority inside its queue); None: not
+    # watched (queues off), and priorities are not used.
+    priority_classes: dict[str, int] | None = None
     # Pods of other kinds waiting in (or admitted by) their namespace's queue (controller/gate.py).
     queued: QueuedPods = field(default_factory=QueuedPods)
     gate: QueueGate = field(init=False)
@@ -137,13 +142,35 @@ class Controller:
             self._tasks.add(task := asyncio.ensure_future(self.api.post_event(body, type_, reason, message)))
             task.add_done_callback(self._tasks.discard)
 
-    async def stop(self, drain_s: float = 5.0) -> None:
-        """Let the events still being posted finish (for up to `drain_s`), cancel the rest, then close the
-        API client. An event task left running past the close used the closed session and failed, and kopf
-        re-raises the failure of any task the operator leaves behind."""
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    async def stop(self, drain_s: float = 5.0, work_drain_s: float = 15.0) -> None:
+        """Let a round, status refresh or pass in flight finish its writes (for up to `work_drain_s`: the
+        pod's default 30 s grace leaves room for the rest), and the events still being posted (up to
+        `drain_s`), cancel the rest, then close the API client. kopf runs this cleanup while timers may be
+        mid-write: a write on the closed session failed with a traceback on every stop, and an event task
+        left running past the close failed the same way (kopf re-raises the failure of any task the
+        operator leaves behind). Timers that fire once the stop began start nothing (`stopping`)."""
         self._stopping = True
         if self._admit_due is not None:
             self._admit_due.cancel()
+        deadline = asyncio.get_running_loop().time() + work_drain_s
+        owners: tuple[Arbiter | TrialGroups | ModelDeployments | QueueGate | None, ...] = (
+            self.arbiter,
+            self.trialgroups,
+            self.deployments,
+            self.gate,
+        )
+        for owner in owners:
+            if owner is None:
+                continue
+            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            try:  # held from now on: nothing else writes through the client about to close
+                await asyncio.wait_for(owner.lock.acquire(), timeout=left)
+            except TimeoutError:
+                log.warning("operator stopping with a %s pass still writing", type(owner).__name__)
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=drain_s)
             for task in late:
@@ -161,15 +188,18 @@ class Controller:
         self.deployments = ModelDeployments(ctx, self.app_and_pool_gpus)
         self.arbiter.reserved = self.reserved_by_others
         self.arbiter.queues = self.queues
-        self.arbiter.outside = self.queue_outside
-        self.arbiter.outside_waiting = self.queue_outside_waiting
+        self.arbiter.priority_classes = self.priority_classes
+        self.arbiter.outside = self.division_outside
+        self.arbiter.outside_waiting = self.division_waiting
         self.arbiter.outside_holdings = self.queue_outside_holdings
+        self.arbiter.outside_workloads = self.queue_outside_workloads
         self.trialgroups.reclaim_request = self.deployments.reclaim_request = self.reclaim_request
         self.trialgroups.gave_back = self.deployments.gave_back = self.gave_back
         self.trialgroups.queue_room = self.queue_room
         self.deployments.queue_room = self.queue_room
         self.trialgroups.queue_condition = self.deployments.queue_condition = self.queues.membership
         self.trialgroups.waiting_changed = self.deployments.waiting_changed = self.redivide
+        self.trialgroups.queue_changed = self.deployments.queue_changed = self.queue_news
         self.arbiter.after_round = self.admit_soon
 
     def app_gpus(self) -> set[str]:
@@ -198,6 +228,25 @@ class Controller:
             apps = claims[contract.KIND_APP]
             claims[contract.KIND_APP] = {k: [ledger.claim(k, c) for c in v] for k, v in apps.items()}
         return {g for kind, index in claims.items() for g in unloaded(index, loaded[kind], now)}
+
+    def division_outside(self) -> dict[str, float]:
+        """`queue_outside` as the rounds' division sees it: admitted pods hold GPUs once bound; until then
+        they are waiting work (`division_waiting`), so the GPUs they are about to take stay free for them
+        rather than go to an App in the round between their admission and their binding."""
+        out = self.queue_outside()
+        for q, n in self.queued.held(self.queues.queue_of).items():
+            out[q] -= n
+        for q, n in self.queued.held(self.queues.queue_of, bound_only=True).items():
+            out[q] += n
+        return {q: n for q, n in out.items() if n > 1e-9}
+
+    def division_waiting(self) -> dict[str, float]:
+        out = self.queue_outside_waiting()
+        bound = self.queued.held(self.queues.queue_of, bound_only=True)
+        for q, n in self.queued.held(self.queues.queue_of).items():
+            if n - bound.get(q, 0.0) > 1e-9:
+                out[q] = out.get(q, 0.0) + n - bound.get(q, 0.0)
+        return out
 
     def queue_outside(self) -> dict[str, float]:
         """GPUs each team queue holds in TrialGroup pools, serving replicas and admitted pods of other kinds
@@ -250,6 +299,41 @@ class Controller:
                 out.append(Holding(q, owner, float(len(srv.held())), srv.since, math.inf))
         return out
 
+    def queue_outside_workloads(self) -> list[tuple[str, Workload]]:
+        """Each TrialGroup not done and each ModelDeployment outside a shared serving pool, with its queue,
+        as the Queue's status counts them: GPUs of its pool or replicas, and what it waits for and why."""
+        out: list[tuple[str, Workload]] = []
+        for rec in self.trialgroups.records.values() if self.trialgroups is not None else ():
+            if not rec.done:
+                wants = 0 if rec.pool else rec.wants
+                since = rec.waiting_since if rec.waiting_since is not None else self.config.clock()
+                w = Workload(
+                    contract.KIND_TRIALGROUP,
+                    rec.namespace,
+                    rec.name,
+                    float(len(rec.pool)),
+                    float(wants),
+                    since,
+                    rec.wait_reason,
+                    rec.wait_message,
+                )
+                out.append((self.queues.queue_of(rec.namespace), w))
+        for srv in self.deployments.records.values() if self.deployments is not None else ():
+            if not srv.spec.placement.pool:
+                since = srv.waiting_since if srv.waiting_since is not None else self.config.clock()
+                w = Workload(
+                    contract.KIND_MODELDEPLOYMENT,
+                    srv.namespace,
+                    srv.name,
+                    float(len(srv.held())),
+                    float(srv.wants),
+                    since,
+                    srv.wait_reason,
+                    srv.wait_message,
+                )
+                out.append((self.queues.queue_of(srv.namespace), w))
+        return out
+
     def reclaim_request(self, owner: str) -> Reclaim | None:
         """What the last round asked this TrialGroup or ModelDeployment to give back (None: nothing)."""
         return None if self.arbiter is None else self.arbiter.outside_reclaims.get(owner)
@@ -277,6 +361,12 @@ class Controller:
         if self.arbiter is not None and self.queues.active:
             self.arbiter.dirty = True
 
+    def queue_news(self) -> None:
+        """What a TrialGroup or ModelDeployment holds or waits for changed: the Queues' status is refreshed
+        at the next tick, without waiting for a round."""
+        if self.arbiter is not None and self.queues.active:
+            self.arbiter.queues_stale = True
+
     def queue_room(self, namespace: str, want: int, skip: Group | None = None) -> float | None:
         """GPUs an object of `namespace` wanting `want` may take now: its queue's entitlement in a division
         counting every queue's Apps, pools, replicas, admitted pods and what other objects wait for (the
@@ -296,8 +386,11 @@ class Controller:
         q = self.queues.queue_of(namespace)
         demand[q] = demand.get(q, 0.0) + want
         capacity = len(healthy_gpus(self.view.cluster()))
-        share = entitled(capacity, with_default(self.queues.nodes()), demand)
-        return max(0.0, share.get(q, 0.0) - held.get(q, 0.0))
+        nodes = with_default(self.queues.nodes())
+        share = entitled(capacity, nodes, demand)
+        # Within the ancestors' maxima too: a sibling may hold above its share until its lease ends.
+        room = headroom(nodes, held).get(q, math.inf)
+        return max(0.0, min(share.get(q, 0.0) - held.get(q, 0.0), room))
 
     def reserved_by_others(self) -> set[str]:
         """GPUs Themis must not auction: TrialGroup pools, serving replicas, and what objects not loaded
@@ -494,7 +587,7 @@ def _app_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         # Every App's timer drives the one shared arbiter; a round runs only when due, so N timers make
         # one round per lease period. kopf stops timers on a paused (lower-priority) peer. Between rounds
         # the stale statuses are refreshed a tick's share at a time.
-        if ctl.arbiter is not None:
+        if ctl.arbiter is not None and not ctl.stopping:
             await ctl.arbiter.maybe_run()
             await ctl.arbiter.refresh_stale()
 
@@ -527,6 +620,24 @@ def _queue_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
             ctl.arbiter.dirty = True
         ctl.admit_soon()  # a queue's room may have changed
 
+    specs: dict[str, Any] = {}  # each Queue's spec as its last event had it
+    # PriorityClasses: an App's priority inside its queue is its class's value. Kept the same way (an index
+    # for the first listing, events for deletions), so the first round knows every class.
+    classes: dict[str, int] = {}
+    ctl.priority_classes = classes
+
+    @kopf.index("scheduling.k8s.io", "v1", "priorityclasses", id="priority_book", registry=registry)
+    async def priority_book(body: kopf.Body, name: str, **_: Any) -> None:
+        value = body.get("value")
+        if isinstance(value, int):
+            classes[name] = value
+
+    @kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses", id="priority_event", registry=registry)
+    async def priority_event(type: str | None, name: str, **_: Any) -> None:
+        if type == "DELETED":
+            classes.pop(name, None)
+        dirty()
+
     @kopf.index(G, V, contract.PLURAL_QUEUE, id="queue_book", registry=registry)
     async def queue_book(body: kopf.Body, name: str, **_: Any) -> None:
         try:
@@ -537,12 +648,23 @@ def _queue_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         ctl.queues.set_queue(name, spec, body.metadata.uid or "")
 
     @kopf.on.event(G, V, contract.PLURAL_QUEUE, id="queue_event", registry=registry)
-    async def queue_event(type: str | None, name: str, **_: Any) -> None:
+    async def queue_event(type: str | None, name: str, body: kopf.Body, **_: Any) -> None:
         if type == "DELETED":
             moved = ctl.queues.remove_queue(name, ctl.metrics)
             if moved:
                 log.info("Queue %s deleted: namespaces %s now belong to default", name, ", ".join(moved))
+        spec = None if type == "DELETED" else dict(body.get("spec") or {})
+        new = specs.get(name) != spec
+        if spec is None:
+            specs.pop(name, None)
+        else:
+            specs[name] = spec
         dirty()
+        # A Queue created, changed or deleted: a round now. Rounds write the Queues' status (Valid among
+        # it) and the objects' timers drive them, so with no App, TrialGroup or ModelDeployment a new or
+        # broken Queue got no status. Not for the status writes' own events: those would drive rounds.
+        if new and ctl.arbiter is not None and ctl.queues.active:
+            await ctl.arbiter.maybe_run()
 
     if not ctl.config.watch_namespaces:
         return
@@ -645,12 +767,15 @@ def _kind_handlers(
     async def tick(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         # Pods end, GPUs free up, gateways report: the timer folds that in (a refused object stays refused).
         rec = reconciler()
+        if ctl.stopping:
+            return
         if rec is not None and not body.metadata.get("deletionTimestamp"):
             await rec.reconcile(dict(body), patch)
         # Under team queues what these objects hold and wait for takes part in the division, so their
-        # timers drive the arbiter's rounds too (with no App, nothing else would).
+        # timers drive the arbiter's rounds too (with no App, nothing else would), and the Queues' status.
         if ctl.arbiter is not None and ctl.queues.active:
             await ctl.arbiter.maybe_run()
+            await ctl.arbiter.refresh_queues()
 
     @kopf.on.delete(G, V, plural, id=f"{prefix}_delete", registry=registry)
     async def delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:

@@ -18,9 +18,9 @@ from typing import Any
 from tessera.api import contract
 from tessera.api.queue import DEFAULT_QUEUE, QueueSpec, QueueStatus, hierarchy_errors
 from tessera.controller.conditions import Cond, condition, find
+from tessera.controller.queue_status import KIND_FIELDS, RoundFacts, Workload, summary
 from tessera.metrics import ComponentMetrics
 from tessera.policy.queues import QueueNode, ReclaimRule
-from tessera.policy.training import AppState
 
 QUEUE_RESOLVED = "QueueResolved"  # the condition type on the objects of a namespace with the queue label
 
@@ -135,7 +135,11 @@ class QueueBook:
     def rules(self) -> dict[str, ReclaimRule]:
         return {
             name: ReclaimRule(
-                s.reclaim.mode, s.reclaim.min_runtime_seconds, s.reclaim.checkpoint_grace_seconds
+                s.reclaim.mode,
+                s.reclaim.min_runtime_seconds,
+                s.reclaim.checkpoint_grace_seconds,
+                s.preemption.reclaim_within_cohort,
+                s.preemption.within_queue,
             )
             for name, s in self.specs.items()
         }
@@ -146,17 +150,15 @@ class QueueBook:
     def status(
         self,
         name: str,
-        apps: Iterable[AppState],
+        workloads: Iterable[Workload],
         share: float,
-        rho: Mapping[str, float],
+        facts: RoundFacts | None = None,
+        max_rho: float | None = None,
         generation: int | None = None,
     ) -> QueueStatus:
-        """A Queue's status from the App states of its namespaces, its share and their ρ."""
+        """A Queue's status from its objects of every kind (`workloads`: those of its namespaces), its
+        share, what the round knows about waits (`facts`) and the largest ρ among its Apps."""
         spec = self.specs.get(name, QueueSpec())
-        mine = [a for a in apps if a.queue == name]
-        held = float(sum(len(a.held) for a in mine))
-        rhos = [rho[a.app_id] for a in mine if a.app_id in rho and math.isfinite(rho[a.app_id])]
-        demand = sum(a.demand_max for a in mine)
         errors = hierarchy_errors(self.specs).get(name, [])
         cond = {
             "type": "Valid",
@@ -173,14 +175,8 @@ class QueueBook:
             {
                 "observedGeneration": generation,
                 "shareGPUs": share,
-                "allocatedGPUs": held,
-                "borrowedGPUs": max(0.0, held - spec.guaranteed_gpus),
-                "lentGPUs": min(
-                    max(0.0, spec.guaranteed_gpus - max(held, float(demand))),
-                    math.inf if spec.lending_limit_gpus is None else spec.lending_limit_gpus,
-                ),
-                "waiting": sum(1 for a in mine if len(a.held) < a.demand_max),
-                "maxRho": max(rhos) if rhos else None,
+                **summary(name, spec, workloads, share, facts),
+                "maxRho": max_rho,
                 "namespaces": self.namespaces(name),
                 "conditions": [cond],
             }
@@ -199,6 +195,13 @@ class QueueBook:
         }
         for g in _GAUGES:
             metrics.gauge(f"tessera_queue_{g}").labels(queue=name).set(values[g])
+        allocated = status.allocated_by_kind.model_dump(by_alias=True)
+        waiting = status.waiting_by_kind.model_dump(by_alias=True)
+        for kind, key in KIND_FIELDS.items():
+            metrics.gauge("tessera_queue_kind_allocated_gpus").labels(queue=name, kind=kind).set(
+                allocated[key]
+            )
+            metrics.gauge("tessera_queue_pending").labels(queue=name, kind=kind).set(waiting[key])
 
 
 def membership_news(

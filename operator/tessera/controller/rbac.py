@@ -1,7 +1,7 @@
 """The least RBAC the operator needs, as data; the Helm chart's operator roles equal it.
 
 Every grant is a call the operator makes, and nothing else: kopf lists and watches the resources it
-handles (the three custom resources, team Queues, namespaces, nodes, pods), patches the custom resources (finalizers, progress
+handles (the three custom resources, team Queues, namespaces, PriorityClasses, nodes, pods), patches the custom resources (finalizers, progress
 annotations) and their status subresource, lists and watches CRDs (resource discovery), and lists, watches
 and patches its peering object; with a namespace list rather than --all-namespaces it also lists and
 watches namespaces to learn which of them exist. The controller's own client (`kube.KubeApi`) creates and
@@ -65,13 +65,15 @@ DRA_RULES: tuple[PolicyRule, ...] = (
 )
 NAMESPACES = PolicyRule(("",), ("namespaces",), ("list", "watch"))
 # Cluster-scoped resources, read whichever namespaces it serves: nodes, CRDs, team Queues (status written
-# each round) and Namespaces (their tessera.io/queue label; kopf also checks the namespaces it serves).
+# each round), Namespaces (their tessera.io/queue label; kopf also checks the namespaces it serves) and
+# PriorityClasses (an App's priority inside its queue).
 CLUSTER_RULES: tuple[PolicyRule, ...] = (
     PolicyRule(("",), ("nodes",), ("list", "watch")),
     PolicyRule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch")),
     PolicyRule((contract.GROUP,), (contract.PLURAL_QUEUE,), ("list", "watch")),
     PolicyRule((contract.GROUP,), (f"{contract.PLURAL_QUEUE}/status",), ("patch",)),
     NAMESPACES,
+    PolicyRule(("scheduling.k8s.io",), ("priorityclasses",), ("list", "watch")),
 )
 CLUSTER_PEERING = PolicyRule((_KOPF,), ("clusterkopfpeerings",), ("list", "watch", "patch"))
 NAMESPACE_PEERING = PolicyRule((_KOPF,), ("kopfpeerings",), ("list", "watch", "patch"))

@@ -276,6 +276,12 @@ class ServingRecord:
     # GPUs of replicas the queue's share has room for but that no free GPU could take (see TrialGroupRecord).
     waiting_gpus: int = 0
     since: float = 0.0  # when replicas were last placed (a queue's minimum runtime counts from here)
+    # Replicas' GPUs it waits for (for the Queue's status, whatever the cause), why (queue_status' reasons)
+    # and since when.
+    wants: int = 0
+    wait_reason: str = ""
+    wait_message: str = ""
+    waiting_since: float | None = None
 
     @property
     def key(self) -> tuple[str, str]:

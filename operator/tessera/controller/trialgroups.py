@@ -95,6 +95,12 @@ class TrialGroupRecord:
     # its queue, which the arbiter counts (and reclaims for) like an App's unmet demand.
     waiting_gpus: int = 0
     since: float = 0.0  # when the pool was taken (a queue's minimum runtime counts from here)
+    # Waiting for a pool (for the Queue's status, whatever the cause): GPUs wanted, why (queue_status'
+    # reasons), and since when.
+    wants: int = 0
+    wait_reason: str = ""
+    wait_message: str = ""
+    waiting_since: float | None = None
 
     @property
     def key(self) -> tuple[str, str]:

@@ -23,6 +23,7 @@ from tessera.controller.conditions import Readiness, condition
 from tessera.controller.context import Context
 from tessera.controller.kube import PODS
 from tessera.controller.pods import PodPlan
+from tessera.controller.queue_status import NO_FREE_GPUS, QUEUE_ROOM
 from tessera.controller.queues import owner_id
 from tessera.controller.readiness import trialgroup_readiness
 from tessera.controller.reconciler import KindReconciler
@@ -60,6 +61,8 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         self.queue_room: Callable[[str, int], float | None] = lambda namespace, want: None
         # Called when what a group waits for within its queue's share changes (the arbiter re-divides).
         self.waiting_changed: Callable[[], None] = lambda: None
+        # Called when what the group holds or waits for changed: its Queue's status is refreshed.
+        self.queue_changed: Callable[[], None] = lambda: None
         # What the arbiter's last round asks a group to give back to another queue (by owner id), and
         # the Controller's hook once it has (set by the Controller).
         self.reclaim_request: Callable[[str], Reclaim | None] = lambda owner: None
@@ -93,7 +96,7 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
             rec = self.records[key] = fresh
             rec.since = self.config.clock()  # a recovered pool's minimum runtime counts from now
         elif rec.spec != fresh.spec:
-            fresh.pool, fresh.placement = rec.pool, rec.placement
+            fresh.pool, fresh.placement, fresh.waiting_since = rec.pool, rec.placement, rec.waiting_since
             for name, st in rec.trials.items():
                 if name in fresh.trials:
                     fresh.trials[name] = st
@@ -154,21 +157,37 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
 
     async def _acquire(self, rec: TrialGroupRecord, cluster: Cluster, patch: kopf.Patch) -> bool:
         waited, rec.waiting_gpus = rec.waiting_gpus, 0
+        was = (rec.wants, rec.wait_reason)
         free = self.free_gpus(cluster)
-        n = pool_size_wanted(rec.spec, len(free))
+        asked = n = pool_size_wanted(rec.spec, len(free))
         room = self.queue_room(rec.namespace, n)
         if room is not None and rec.spec.gpus is None:
             n = min(n, int(room + 1e-9))  # Fluid packs the trials into the queue's share
+        why = NO_FREE_GPUS
         if room is not None and n > room + 1e-9:
             msg = f"waiting for room in its queue: {n} GPUs wanted, {room:g} within the queue's share"
+            why = QUEUE_ROOM
         elif n < 1 or len(free) < n:
             msg = f"waiting for {max(n, 1)} free GPUs ({len(free)} free)"
             if room is not None and n >= 1:  # within its queue's share: other queues owe it these GPUs
                 rec.waiting_gpus = n
+            elif room is not None and asked >= 1:  # GPUs are free, but its queue's share has no room
+                msg, why = (
+                    f"waiting for room in its queue: {asked} GPU(s) free, none within its share",
+                    QUEUE_ROOM,
+                )
         else:
             msg = ""
         if rec.waiting_gpus != waited:
             self.waiting_changed()
+        rec.wants = max(asked, n, 1) if msg else 0
+        rec.wait_reason, rec.wait_message = (why, msg) if msg else ("", "")
+        if not msg:
+            rec.waiting_since = None
+        elif rec.waiting_since is None:
+            rec.waiting_since = self.config.clock()
+        if (rec.wants, rec.wait_reason) != was:
+            self.queue_changed()
         if msg:
             conds = (rec.body.get("status") or {}).get("conditions") or []
             if not any(c.get("reason") == "WaitingForGPUs" for c in conds):
@@ -192,6 +211,7 @@ class TrialGroups(KindReconciler[TrialGroupRecord]):
         msg = f"{n} GPU(s) of the pool ({', '.join(given)}) given back to queue {request.for_queue}: {request.reason}"
         self._event(rec, "Warning", "Reclaimed", msg)
         self.gave_back(owner_id(self.kind, rec.namespace, rec.name), request, n)
+        self.queue_changed()
 
     async def _sync(self, rec: TrialGroupRecord, grace: int | None = None) -> None:
         ended = {name for name, st in rec.trials.items() if st.phase in ENDED}

@@ -58,7 +58,11 @@ class AppState:
     network_intensive: bool = False
     peak_demand: int = 0  # app_demand_max over its whole life (T_cluster); 0 = demand_max
     queue: str = "default"  # the team queue it belongs to (tessera.policy.queues)
-    since: float = 0.0  # when its GPU set last changed (a queue's minimum runtime counts from here)
+    # When its current holding began: it last went from no GPU to some (a renewal or a further grant
+    # continues the holding). A queue's minimum runtime counts from here.
+    since: float = 0.0
+    priority: int = 0  # inside its queue, higher priorities are served first (a PriorityClass's value)
+    preemptible: bool = True  # False: its GPUs are renewed until it is done, and never reclaimed
     # GPUs whose lease ended at this instant: a round may hand them back (ThemisConfig.renew_in_place).
     previous: frozenset[str] = frozenset()
 

@@ -1,5 +1,6 @@
 """Team queues on a real control plane: two Queues serving two labelled namespaces; team A's burst borrows
-team B's idle GPUs up to A's maximum; B's arrival gets them back when A's lease ends, or at once under
+team B's idle GPUs up to A's maximum (the Queue's status and `kubectl get tq` show A's App and TrialGroup
+waiting, and why); B's arrival gets them back when A's lease ends, or at once under
 `immediate` (A's pods deleted with A's checkpoint grace, events on both sides); deleting a Queue moves its
 namespace's Apps to `default`. The operator runs as the chart's ServiceAccount, pods are bound by the real
 kube-scheduler through the extender."""
@@ -45,13 +46,16 @@ async def label_namespace(cluster: ControlPlane, namespace: str, queue: str) -> 
 @contextlib.asynccontextmanager
 async def teams(cluster: ControlPlane, first: str, **specs: dict[str, Any]) -> AsyncIterator[dict[str, str]]:
     """A Queue per entry of `specs` and a namespace labelled for each (the first is the test's own
-    `first`, the others made here); queue name → namespace. All removed afterwards."""
+    `first`, the others made here); queue name → namespace. A `parent` names another entry of `specs`
+    (or a Queue that never exists). All removed afterwards."""
     tag = secrets.token_hex(3)
     out: dict[str, str] = {}
     made: list[str] = []
     try:
         for i, (team, spec) in enumerate(specs.items()):
             queue = f"{team}-{tag}"
+            if spec.get("parent"):  # the parent's name carries the tag too
+                spec = {**spec, "parent": f"{spec['parent']}-{tag}"}
             body = {
                 "apiVersion": contract.API_VERSION,
                 "kind": "Queue",
@@ -76,6 +80,26 @@ async def teams(cluster: ControlPlane, first: str, **specs: dict[str, Any]) -> A
 
 def queue_status(cluster: ControlPlane, name: str) -> dict[str, Any]:
     return dict((cluster.get(f"{QUEUES}/{name}") or {}).get("status") or {})
+
+
+def trialgroups_path(ns: str) -> str:
+    return f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{ns}/{contract.PLURAL_TRIALGROUP}"
+
+
+def trialgroup_body(name: str, gpus: int) -> dict[str, Any]:
+    trials = [
+        {"name": n, "budgetIterations": 10**6, "iterTimeSeconds": 1.0, "config": {}} for n in ("x", "y")
+    ]
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_TRIALGROUP,
+        "metadata": {"name": name},
+        "spec": {
+            "template": {"spec": {"containers": [{"name": "trial", "image": "trainer:1"}]}},
+            "trials": trials,
+            "gpus": gpus,
+        },
+    }
 
 
 def gpus(cluster: ControlPlane, ns: str, app: str) -> int:
@@ -129,6 +153,28 @@ async def test_borrow_up_to_max_then_reclaim_at_lease_end(
             "A's status",
         )
         assert st["borrowedGPUs"] == 1 and st["namespaces"] == [t["a"]]
+        # A TrialGroup of A's asks for 2 more: A is at its maximum, so it waits, and so does the App's
+        # fourth job. The Queue's status counts both kinds and says why each waits; kubectl shows Pending.
+        await call(cluster, "POST", trialgroups_path(t["a"]), trialgroup_body("sweep", gpus=2))
+        st = await wait_for(
+            lambda: len((s := queue_status(cluster, t["a.queue"])).get("pending") or []) == 2 and s,
+            60,
+            "A's pending list",
+        )
+        assert st["allocatedByKind"] == {"apps": 3, "trialGroups": 0, "modelDeployments": 0}
+        assert (st["waiting"], st["waitingByKind"]) == (
+            2,
+            {"apps": 1, "trialGroups": 1, "modelDeployments": 0},
+        )
+        waits = {(p["kind"], p["name"]): (p["gpus"], p["reason"], p["message"]) for p in st["pending"]}
+        assert waits == {
+            ("App", "burst"): (1, "QueueAtMax", f"queue {t['a.queue']} holds 3 GPUs, its maxGPUs 3"),
+            ("TrialGroup", "sweep"): (2, "QueueAtMax", f"queue {t['a.queue']} holds 3 GPUs, its maxGPUs 3"),
+        }
+        printed = await asyncio.to_thread(cluster.kubectl, "get", "tq", t["a.queue"])
+        header, row = printed.stdout.splitlines()[:2]
+        columns = dict(zip(header.split(), row.split(), strict=False))
+        assert (columns["ALLOCATED"], columns["PENDING"]) == ("3", "2"), printed.stdout
         await call(
             cluster,
             "POST",
@@ -276,19 +322,7 @@ async def test_a_trialgroup_waiting_within_its_queues_share_gets_the_guarantee_b
         "maxGPUs": 3,
         "reclaim": {"mode": "immediate", "checkpointGraceSeconds": 3},
     }
-    trials = [
-        {"name": n, "budgetIterations": 10**6, "iterTimeSeconds": 1.0, "config": {}} for n in ("x", "y")
-    ]
-    tg = {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND_TRIALGROUP,
-        "metadata": {"name": "sweep"},
-        "spec": {
-            "template": {"spec": {"containers": [{"name": "trial", "image": "trainer:1"}]}},
-            "trials": trials,
-            "gpus": 2,
-        },
-    }
+    tg = trialgroup_body("sweep", gpus=2)
     async with (
         teams(cluster, namespace, a=spec_a, b={"guaranteedGPUs": 2}) as t,
         kubelet(cluster, t["a"]),
@@ -300,7 +334,7 @@ async def test_a_trialgroup_waiting_within_its_queues_share_gets_the_guarantee_b
             cluster, "POST", app_path(t["a"]), app_body("burst", [job(f"j{i}", 1, 10**8) for i in range(4)])
         )
         await wait_for(lambda: gpus(cluster, t["a"], "burst") == 3, 90, "A at its maximum")
-        tgs = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{t['b']}/{contract.PLURAL_TRIALGROUP}"
+        tgs = trialgroups_path(t["b"])
         await call(cluster, "POST", tgs, tg)
         await wait_for(
             lambda: (

@@ -218,6 +218,19 @@ async def test_serving_replicas_stay_within_the_queues_share(api: kmock.Kubernet
         assert "0 → 1 replicas" in scaled[0]["message"] and "only 1 placed" in scaled[0]["message"]
         workers = pods_of(api, **{contract.LABEL_MODELDEPLOYMENT: "m", contract.LABEL_ROLE: "worker"})
         assert len(workers) <= 1
+        # The replica counts for team-a; the second one waits, the queue being at its maximum.
+        st = await wait_for(
+            lambda: (q := queue_status(api, "team-a")).get("pending") and q, what="team-a's pending list"
+        )
+        assert st["allocatedByKind"] == {"apps": 0, "trialGroups": 0, "modelDeployments": 1}
+        assert st["waitingByKind"] == {"apps": 0, "trialGroups": 0, "modelDeployments": 1}
+        (entry,) = st["pending"]
+        assert (entry["kind"], entry["name"], entry["gpus"], entry["reason"]) == (
+            "ModelDeployment",
+            "m",
+            1,
+            "QueueAtMax",
+        )
 
 
 def events_any(k: kmock.KubernetesEmulator, reason: str) -> list[dict[str, Any]]:
@@ -273,9 +286,38 @@ async def test_a_waiting_trialgroup_gets_its_queues_guarantee_back_at_lease_end(
     async with running_operator(api, lease_s=1000.0, clock=clock, queues=True) as ctl:
         await _trialgroup_waits_for_its_guarantee(api, "atLeaseEnd", clock, ctl)
         assert gpus(api, "team-a", "a") == 4 and not pool_of(api, "team-b", "sweep")  # the lease still runs
+
+        # team-b's status lists the TrialGroup, waiting for the 2 GPUs coming back from team-a's lease.
+        # (The round before the one that counts the group's wait in the division says QueueAtShare.)
+        def reclaiming() -> dict[str, Any] | None:
+            st = queue_status(api, "team-b")
+            return st if [p["reason"] for p in st.get("pending", [])] == ["Reclaiming"] else None
+
+        b = await wait_for(reclaiming, what="team-b's pending list: the TrialGroup, GPUs reclaimed for it")
+        (entry,) = b["pending"]
+        assert (entry["kind"], entry["namespace"], entry["name"], entry["gpus"]) == (
+            "TrialGroup",
+            "team-b",
+            "sweep",
+            2,
+        )
+        assert entry["reason"] == "Reclaiming" and "from team-a: the first atLeaseEnd at" in entry["message"]
+        assert (b["waiting"], b["waitingByKind"]["trialGroups"], b["allocatedGPUs"]) == (1, 1, 0)
+        a = queue_status(api, "team-a")
+        assert a["allocatedByKind"] == {"apps": 4, "trialGroups": 0, "modelDeployments": 0}
+        pending = ctl.metrics.gauge("tessera_queue_pending")
+        assert pending.labels(queue="team-b", kind="TrialGroup")._value.get() == 1
         clock.advance(1001)
         await wait_for(lambda: gpus(api, "team-a", "a") == 2, what="A down to its guarantee at lease end")
         await wait_for(lambda: len(pool_of(api, "team-b", "sweep")) == 2, what="the TrialGroup's pool")
+        # The pool counts for team-b (by kind), and nothing of it waits any more.
+        b = await wait_for(
+            lambda: (st := queue_status(api, "team-b")).get("allocatedGPUs") == 2 and st,
+            what="the pool in team-b's status",
+        )
+        assert b["allocatedByKind"]["trialGroups"] == 2 and b["waiting"] == 0 and b["pending"] == []
+        kind_gpus = ctl.metrics.gauge("tessera_queue_kind_allocated_gpus")
+        assert kind_gpus.labels(queue="team-b", kind="TrialGroup")._value.get() == 2
         # The GPUs A gave up stay for the TrialGroup: later rounds do not hand them back to A.
         clock.advance(1001)
         await wait_for(

@@ -104,7 +104,7 @@ def test_names_columns_and_subresources() -> None:
             "Goodput",
             "Age",
         ],
-        "Queue": ["Guaranteed", "Max", "Allocated", "Borrowed", "Waiting", "Age"],
+        "Queue": ["Guaranteed", "Max", "Allocated", "Borrowed", "Pending", "Age"],
     }
     short = {k: c["spec"]["names"]["shortNames"] for k, c in by_kind.items()}
     assert short == {"App": ["tapp"], "TrialGroup": ["tg"], "ModelDeployment": ["md"], "Queue": ["tq"]}

@@ -136,3 +136,41 @@ def test_a_renewal_split_differently_over_grants_leaves_the_status_leases_and_th
     back = record_from_body(body([job("j1", 2), job("j2", 2)], first), T0)
     assert ledger.apply(back)
     assert {le.expires for le in back.leases} == {T0 + 1200}
+
+
+def test_the_holding_starts_when_gpus_come_after_none_and_a_renewal_continues_it() -> None:
+    cluster = cluster_of({"n1": 2})
+    rec = record(job("j1", 2))
+    rec.note_holding(T0)
+    assert rec.held_since is None  # nothing held yet
+    rec.grant(["n1/0"], T0 + 100, "auction", cluster)
+    rec.note_holding(T0 + 40)
+    assert rec.held_since == T0 + 40
+    rec.grant(["n1/1"], T0 + 160, "auction", cluster)  # more GPUs: the same holding
+    rec.note_holding(T0 + 60)
+    # The round at T0+100: the first lease ends and is renewed in the same round; the holding goes on.
+    rec.expire(T0 + 100)
+    rec.grant(["n1/0"], T0 + 200, "auction", cluster)
+    rec.note_holding(T0 + 100)
+    assert rec.held_since == T0 + 40
+    assert rec.status(T0 + 100).holding_since is not None
+    # All of it gone: the holding ends; the next GPUs start another.
+    rec.expire(T0 + 300)
+    rec.note_holding(T0 + 300)
+    assert rec.held_since is None and rec.status(T0 + 300).holding_since is None
+    rec.grant(["n1/0"], T0 + 900, "auction", cluster)
+    rec.note_holding(T0 + 350)
+    assert rec.held_since == T0 + 350
+
+
+def test_the_holding_start_is_recovered_from_status() -> None:
+    cluster = cluster_of({"n1": 2})
+    rec = record(job("j1", 2))
+    rec.grant(["n1/0", "n1/1"], T0 + 600, "auction", cluster)
+    rec.note_holding(T0 + 30)
+    status = rec.status(T0 + 50).to_wire()
+    again = record_from_body(body([job("j1", 2)], status), T0 + 60)
+    assert again.held_since == T0 + 30
+    # Leases but no holdingSince (a status written before the field): the holding counts from now.
+    status.pop("holdingSince")
+    assert record_from_body(body([job("j1", 2)], status), T0 + 60).held_since == T0 + 60

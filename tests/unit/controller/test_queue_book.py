@@ -4,7 +4,6 @@ hierarchies held capped, status figures, series removal."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Any
 
 import kopf
@@ -15,12 +14,10 @@ from tessera.controller.apps import record_from_body
 from tessera.controller.config import OperatorConfig
 from tessera.controller.handlers import make_registry
 from tessera.controller.metrics import operator_metrics
+from tessera.controller.queue_status import Workload
 from tessera.controller.queues import QUEUE_RESOLVED, QueueBook, membership_news
 from tessera.controller.readiness import app_conditions
 from tessera.policy.queues.division import divide
-from tessera.policy.training import AppState
-
-from tests.unit.queues.test_queue_policies import app
 
 
 def spec(**kw: object) -> QueueSpec:
@@ -160,7 +157,7 @@ def test_a_queue_breaking_the_hierarchy_stays_capped_without_its_guarantee() -> 
     assert (nodes["b"].guaranteed, nodes["b"].max, nodes["b"].parent) == (0.0, 5, None)
     assert (nodes["a"].guaranteed, nodes["a"].parent) == (2, "org")
     assert book.queue_of("ns-b") == "b"  # its objects stay under its cap, not moved to default
-    st = book.status("b", [], 0.0, {})
+    st = book.status("b", [], 0.0)
     assert st.conditions[0].status == "False" and "spec.parent" in (st.conditions[0].message or "")
     assert "its maximum still caps it" in (st.conditions[0].message or "")
 
@@ -187,24 +184,15 @@ def test_a_cycle_is_cut_and_its_queues_stay_capped() -> None:
     assert shares["x"] <= 3 + 1e-9 and shares["y"] <= 5 + 1e-9
 
 
-def _in(queue: str, a: AppState) -> AppState:
-    return dataclasses.replace(a, queue=queue)
-
-
 def test_status_figures() -> None:
     # team-a guaranteed 4 holds 6 (borrowed 2); one App waits. team-b guaranteed 4, demand 1 → lends 3.
     book = QueueBook()
     book.set_queue("team-a", spec(guaranteedGPUs=4))
     book.set_queue("team-b", spec(guaranteedGPUs=4))
-    gpus = [f"n/{i}" for i in range(6)]
-    apps = [
-        _in("team-a", app("ns/a1", "x", 6, held=tuple(gpus))),
-        _in("team-a", app("ns/a2", "x", 2)),
-        _in("team-b", app("ns/b1", "x", 1)),
-    ]
-    a = book.status("team-a", apps, 6.0, {"ns/a1": 1.5, "ns/a2": 3.0})
+    a_apps = [Workload("App", "ns", "a1", 6.0), Workload("App", "ns", "a2", 0.0, 2.0, since=10.0)]
+    a = book.status("team-a", a_apps, 6.0, max_rho=3.0)
     assert (a.allocated_gpus, a.borrowed_gpus, a.lent_gpus, a.waiting, a.max_rho) == (6, 2, 0, 1, 3.0)
-    b = book.status("team-b", apps, 1.0, {})
+    b = book.status("team-b", [Workload("App", "ns", "b1", 0.0, 1.0)], 1.0)
     assert (b.allocated_gpus, b.borrowed_gpus, b.lent_gpus, b.waiting, b.max_rho) == (0, 0, 3, 1, None)
 
 
@@ -212,7 +200,7 @@ def test_a_deleted_queues_series_go() -> None:
     metrics = operator_metrics()
     book = QueueBook()
     book.set_queue("team-a", spec(guaranteedGPUs=4))
-    book.export(metrics, "team-a", book.status("team-a", [], 4.0, {}))
+    book.export(metrics, "team-a", book.status("team-a", [], 4.0))
     g = metrics.gauge("tessera_queue_guaranteed_gpus")
     assert [s.value for m in g.collect() for s in m.samples if s.labels.get("queue") == "team-a"] == [4.0]
     book.remove_queue("team-a", metrics)

@@ -89,3 +89,51 @@ def test_stop_cancels_an_event_the_server_never_answers() -> None:
             await runner.cleanup()
 
     asyncio.run(run())
+
+
+def test_stop_waits_for_a_round_in_flight_before_closing_the_client() -> None:
+    """At scale a round or a status refresh writes for seconds; kopf's cleanup closed the client under it
+    and every such write failed with a traceback ("Session is closed") on each operator stop."""
+
+    async def run() -> None:
+        gate, arrived, done = asyncio.Event(), list[str](), list[str]()
+        runner, url = await _server(gate, arrived, done)
+        ctl = Controller(OperatorConfig())
+        ctl.start(kopf.ConnectionInfo(server=url))
+        try:
+            assert ctl.arbiter is not None and ctl.api is not None
+            gate.set()
+            ctl.post_event(APP, "Normal", "First", "one")  # the client is made on its first request
+            await _until(lambda: done == ["First"] and ctl.api is not None and ctl.api._client, "a request")
+            await ctl.arbiter.lock.acquire()  # a round in flight
+            stopping = asyncio.create_task(ctl.stop(work_drain_s=30))
+            await _until(lambda: ctl.stopping, "the stop to begin")
+            await asyncio.sleep(0.2)
+            assert not stopping.done() and ctl.api is not None and ctl.api._client is not None
+            ctl.arbiter.lock.release()  # the round ends
+            await asyncio.wait_for(stopping, timeout=30)
+            assert ctl.api._client is None
+            assert ctl.arbiter.lock.locked()  # no round starts after the stop took the lock
+        finally:
+            gate.set()
+            await runner.cleanup()
+
+    asyncio.run(run())
+
+
+def test_stop_closes_the_client_when_a_round_outlasts_the_drain() -> None:
+    async def run() -> None:
+        gate, arrived, done = asyncio.Event(), list[str](), list[str]()
+        runner, url = await _server(gate, arrived, done)
+        ctl = Controller(OperatorConfig())
+        ctl.start(kopf.ConnectionInfo(server=url))
+        try:
+            assert ctl.arbiter is not None
+            await ctl.arbiter.lock.acquire()  # a round that never ends
+            await asyncio.wait_for(ctl.stop(work_drain_s=0.2), timeout=30)
+            assert ctl.api is not None and ctl.api._client is None
+        finally:
+            gate.set()
+            await runner.cleanup()
+
+    asyncio.run(run())

@@ -7,7 +7,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tessera.policy.queues import DivisionError, QueueNode, divide, own_share, quantize, water_fill
+from tessera.policy.queues import DivisionError, QueueNode, divide, headroom, own_share, quantize, water_fill
 
 BIG = 1000.0
 
@@ -128,3 +128,18 @@ def test_invariants(capacity: float, specs: dict[str, tuple[float, float, float,
     if sum(q.guaranteed for q in qs) <= capacity:
         for q in qs:
             assert shares[q.name] >= min(q.guaranteed, demand[q.name]) - 1e-6
+
+
+def test_headroom_is_the_least_room_any_ancestors_maximum_leaves() -> None:
+    qs = [
+        QueueNode("org", max=10),
+        QueueNode("team", parent="org", max=6),
+        QueueNode("x", parent="team"),
+        QueueNode("y", parent="team"),
+        QueueNode("z", parent="org"),
+        QueueNode("other"),
+    ]
+    room = headroom(qs, {"x": 5, "z": 3, "org": 1})
+    # team holds 5 of its 6; org 9 of its 10 (its own object, team's 5 and z's 3).
+    assert room == {"org": math.inf, "team": 1, "x": 1, "y": 1, "z": 1, "other": math.inf}
+    assert headroom(qs, {"x": 2})["y"] == 4  # team's 6 less x's 2; org leaves 8

@@ -211,8 +211,8 @@ def test_the_operator_feeds_the_lending_limit_to_the_division_and_reports_what_i
     assert (nodes["a"].lending_limit, nodes["a"].reserve) == (1, 3)
     assert nodes["b"].lending_limit == math.inf
     # Idle, a lends 1 of its 4 (not 4); b, idle with no limit, lends its 2.
-    assert book.status("a", [], 0.0, {}).lent_gpus == 1
-    assert book.status("b", [], 0.0, {}).lent_gpus == 2
+    assert book.status("a", [], 0.0).lent_gpus == 1
+    assert book.status("b", [], 0.0).lent_gpus == 2
     # A queue that breaks a hierarchy rule loses its guarantee, so it keeps no reserve either.
     book.set_queue(
         "a", QueueSpec.model_validate({"guaranteedGPUs": 4, "lendingLimitGPUs": 1, "parent": "nope"})

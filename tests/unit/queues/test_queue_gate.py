@@ -30,6 +30,7 @@ def pod(
     by_label: bool = False,
     other_gates: tuple[str, ...] = (),
     queued: bool = True,
+    node: str | None = None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
@@ -52,6 +53,7 @@ def pod(
                 {"name": "side"},
             ],
             "schedulingGates": [{"name": g} for g in gates],
+            **({"nodeName": node} if node else {}),
         },
         "status": {"phase": phase},
     }
@@ -180,12 +182,20 @@ def test_no_queues_admits_at_once() -> None:
 
 
 def test_admitted_pods_are_holdings_reclaim_never_takes() -> None:
-    b = book(pod("w0", 2, job="t", gated=False), pod("w1", 2, job="t", gated=False), pod("done", gated=False))
-    b.on_pod(pod("done", gated=False, phase="Succeeded"))  # finished: holds nothing
+    b = book(
+        pod("w0", 2, job="t", gated=False, node="n1"),
+        pod("w1", 2, job="t", gated=False, node="n1"),
+        pod("done", gated=False, node="n1"),
+        pod("unbound", 1, gated=False),
+    )
+    b.on_pod(pod("done", gated=False, phase="Succeeded", node="n1"))  # finished: holds nothing
+    # Charged to the queue from admission on; a holding (and held, for the division) once bound.
+    assert b.held(queue_of) == {"a": 5.0} and b.held(queue_of, bound_only=True) == {"a": 4.0}
+    assert b.admitted_unbound() == 1
     (h,) = b.holdings(queue_of)
     assert (h.queue, h.owner, h.gpus) == ("a", "Job/team/t", 4.0)
-    # "Since forever": no minimum runtime has passed, so plan_reclaim never picks it.
-    assert h.since == math.inf
+    # Not preemptible, and "since forever": plan_reclaim never picks it.
+    assert not h.preemptible and h.since == math.inf
 
 
 def test_the_watch_tells_what_changed() -> None:

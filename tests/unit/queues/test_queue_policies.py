@@ -127,6 +127,45 @@ def test_kueue_style_preempts_the_borrower_to_reclaim_nominal_quota() -> None:
     assert granted(d) == {"a1": 4}
 
 
+def test_kueue_best_effort_fifo_lets_a_smaller_workload_pass_one_that_does_not_fit() -> None:
+    # The strict test's queue under Kueue's default BestEffortFIFO: a2 (4) does not fit A's maximum of 8
+    # next to a1's 6, so it is set aside and a3 (1) behind it is admitted.
+    qs = [QueueNode("a", guaranteed=4, max=8), QueueNode("b", guaranteed=4)]
+    apps = [app("a1", "a", 6, arrival=0), app("a2", "a", 4, arrival=1), app("a3", "a", 1, arrival=2)]
+    d = KueueStyle(qs, queueing_strategy="BestEffortFIFO").allocate(
+        0.0, apps, CLUSTER, CLUSTER.gpu_ids, random.Random(0)
+    )
+    assert granted(d) == {"a1": 6, "a3": 1}
+
+
+def test_kueue_reclaim_within_cohort_never_waits_for_the_borrowers() -> None:
+    # Kueue's default `reclaimWithinCohort: Never`: A's workload fits its nominal quota, but B borrows
+    # every GPU; nothing is preempted and A waits.
+    qs = [QueueNode("a", guaranteed=4), QueueNode("b", guaranteed=4)]
+    old = app("b1", "b", 4, held=tuple(CLUSTER.gpu_ids[:4]), since=0.0)
+    new = app("b2", "b", 4, held=tuple(CLUSTER.gpu_ids[4:]), since=50.0)
+    a1 = app("a1", "a", 4, arrival=100.0)
+    policy = KueueStyle(qs, reclaim_within_cohort="Never")
+    d = policy.allocate(100.0, [old, new, a1], CLUSTER, [], random.Random(0))
+    assert not d.revoke and not d.grants
+    assert not policy.preempts
+
+
+def test_kueue_admits_workloads_within_nominal_quota_before_older_borrowers() -> None:
+    # 4 GPUs free. A (nominal 2, max 8) offers an older 4-GPU workload that would borrow; B (nominal 4)
+    # a newer 4-GPU one within its nominal quota. Kueue's cycle orders heads within nominal quota first.
+    qs = [QueueNode("a", guaranteed=2, max=8), QueueNode("b", guaranteed=4)]
+    held = app("a0", "a", 4, held=tuple(CLUSTER.gpu_ids[:4]), since=0.0)
+    apps = [held, app("a1", "a", 4, arrival=1.0), app("b1", "b", 4, arrival=2.0)]
+    for strategy in ("StrictFIFO", "BestEffortFIFO"):
+        d = KueueStyle(
+            qs, queueing_strategy=strategy, reclaim_within_cohort="Never"
+        ).allocate(  # type: ignore[arg-type]
+            10.0, apps, CLUSTER, CLUSTER.gpu_ids[4:], random.Random(0)
+        )
+        assert granted(d) == {"b1": 4}, strategy
+
+
 def test_gpus_a_queue_holds_outside_the_policy_count_against_its_share() -> None:
     # A (g 4) already holds 3 GPUs in a TrialGroup pool; B (g 4). 8 GPUs, both hungry: A's Apps get 1 more.
     qs = [QueueNode("a", guaranteed=4), QueueNode("b", guaranteed=4)]
@@ -182,3 +221,43 @@ def test_a_pool_held_outside_the_policy_is_asked_to_give_back_what_another_queue
             7.0,
         )
         assert d.revoke == {} and d.grants == []  # nothing free yet: the owner gives the GPUs back
+
+
+HIERARCHY = [
+    QueueNode("org", guaranteed=4, max=6),
+    QueueNode("x", guaranteed=2, parent="org"),
+    QueueNode("y", guaranteed=2, parent="org"),
+]
+
+
+def test_a_parents_maximum_caps_a_childs_burst() -> None:
+    # x (no maximum of its own) is entitled to org's 6; the work-conserving pass gave it all 8 GPUs.
+    d = QueuedPolicy(Themis(), HIERARCHY).allocate(
+        0.0, [app("x1", "x", 8)], CLUSTER, CLUSTER.gpu_ids, random.Random(0)
+    )
+    check_decision(d, [app("x1", "x", 8)], CLUSTER.gpu_ids)
+    assert granted(d) == {"x1": 6}
+
+
+def test_a_sibling_waits_for_the_lease_end_while_the_parent_is_at_its_maximum() -> None:
+    # x holds org's 6 (its lease runs); y arrives, entitled to 2: the 2 free GPUs would take org to 8.
+    x1 = app("x1", "x", 8, held=tuple(CLUSTER.gpu_ids[:6]))
+    policy = QueuedPolicy(Themis(), HIERARCHY)
+    d = policy.allocate(1.0, [x1, app("y1", "y", 2)], CLUSTER, CLUSTER.gpu_ids[6:], random.Random(0))
+    assert d.grants == []
+    # x's lease ends: org's 6 are divided 4 and 2.
+    d = policy.allocate(
+        2.0, [app("x1", "x", 8), app("y1", "y", 2)], CLUSTER, CLUSTER.gpu_ids, random.Random(0)
+    )
+    assert granted(d) == {"x1": 4, "y1": 2}
+
+
+def test_under_immediate_a_sibling_gets_its_guarantee_back_at_once_within_the_parents_maximum() -> None:
+    # As above, x lending under `immediate`: 2 of x's GPUs are taken now, and y gets 2 while org holds 6.
+    rules = {"x": ReclaimRule(mode="immediate", grace_s=0)}
+    x1 = app("x1", "x", 8, held=tuple(CLUSTER.gpu_ids[:6]))
+    d = QueuedPolicy(Themis(), HIERARCHY, rules).allocate(
+        1.0, [x1, app("y1", "y", 2)], CLUSTER, CLUSTER.gpu_ids[6:], random.Random(0)
+    )
+    check_decision(d, [x1, app("y1", "y", 2)], CLUSTER.gpu_ids[6:])
+    assert {k: len(v) for k, v in d.revoke.items()} == {"x1": 2} and granted(d) == {"y1": 2}

@@ -62,3 +62,24 @@ def test_reclaims_only_up_to_what_the_claimant_waits_for() -> None:
     assert [r.gpus for r in plan_reclaim(NOW, [A, B], {}, {"a": 4, "b": 4}, held, {"a": 1.5}, free=0)] == [
         1.5
     ]
+
+
+def test_free_gpus_a_full_parent_cannot_take_cover_nothing_and_only_a_sibling_gives_back() -> None:
+    # 10 GPUs. org (max 6) holds x and y; x holds org's 6, y (guaranteed 2) waits for 2; z, outside org,
+    # holds 2 above its share of 0; 2 GPUs are free. y can use neither the free GPUs nor z's (org would
+    # hold 8): x gives the 2 back.
+    org = QueueNode("org", guaranteed=4, max=6)
+    x = QueueNode("x", guaranteed=2, parent="org")
+    y = QueueNode("y", guaranteed=2, parent="org")
+    z = QueueNode("z")
+    rules = {q: ReclaimRule(mode="immediate", grace_s=0) for q in ("x", "z")}
+    held = [
+        Holding("x", "burst", 6, since=0, lease_end=math.inf),
+        Holding("z", "late", 2, since=500, lease_end=math.inf),  # the newest: first to go but for the cap
+    ]
+    shares = {"org": 6, "x": 4, "y": 2, "z": 0}
+    plan = plan_reclaim(NOW, [org, x, y, z], rules, shares, held, {"y": 2}, free=2)
+    assert [(r.owner, r.from_queue, r.for_queue, r.gpus) for r in plan] == [("burst", "x", "y", 2)]
+    # Once org has room, the free GPUs come first and nothing is taken.
+    fewer = [Holding("x", "burst", 4, since=0, lease_end=math.inf), held[1]]
+    assert plan_reclaim(NOW, [org, x, y, z], rules, shares, fewer, {"y": 2}, free=2) == []

@@ -186,6 +186,38 @@ def own_share(queues: Sequence[QueueNode], shares: Mapping[str, float]) -> dict[
     }
 
 
+def headroom(
+    queues: Sequence[QueueNode], held: Mapping[str, float], moving_from: str | None = None
+) -> dict[str, float]:
+    """What the maxima above each queue leave its objects to take: for every ancestor, its maximum less what
+    its whole subtree holds (`held`: GPUs each queue's own objects hold); the least of them, inf for a
+    top-level queue. A share fits its ancestors' maxima, but what a queue's siblings hold above their
+    shares (leases not ended yet) does not: granting a queue its share alone could take a subtree past its
+    maximum. For GPUs taken from queue `moving_from`, the ancestors whose subtree holds that queue bound
+    nothing (the GPUs stay inside them). Assumes no cycle (`children_of` refuses one)."""
+    by_name = {q.name: q for q in queues}
+    around: set[str] = set()  # the ancestors of `moving_from`
+    p = by_name[moving_from].parent if moving_from in by_name else None
+    while p is not None and p in by_name:
+        around.add(p)
+        p = by_name[p].parent
+    subtree = {q.name: held.get(q.name, 0.0) for q in queues}
+    for q in queues:  # add each queue's own holding to every ancestor's subtree
+        p = q.parent
+        while p is not None and p in by_name:
+            subtree[p] += held.get(q.name, 0.0)
+            p = by_name[p].parent
+    out: dict[str, float] = {}
+    for q in queues:
+        room, p = math.inf, q.parent
+        while p is not None and p in by_name:
+            if p not in around:
+                room = min(room, by_name[p].max - subtree[p])
+            p = by_name[p].parent
+        out[q.name] = room
+    return out
+
+
 def quantize(
     shares: Mapping[str, float], quantum: float, capacity: float, caps: Mapping[str, float] | None = None
 ) -> dict[str, float]:

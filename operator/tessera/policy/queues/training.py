@@ -2,6 +2,13 @@
 inner policy (Themis; DRF for the KAI-style baseline) shares each queue's GPUs among that queue's apps
 exactly as it shares a whole cluster — seeing only the queue's GPUs, so ρ is computed against the queue's
 share. Queues whose lending rule is `immediate` give GPUs back before their leases end (`plan_reclaim`).
+
+Inside a queue, apps are served by priority: the queue's GPUs go to the highest priority's demand first
+(the inner policy runs among the apps of one priority on what that priority gets), the rest to the lower
+ones. With one priority (none set) that is one run of the inner policy, as without priorities. A
+non-preemptible app gets back, at each lease end, the GPUs whose lease just ended (it keeps them until it
+is done), and nothing takes them before. A queue whose `within_queue` is `LowerPriority` takes GPUs from its
+lower-priority apps for its higher-priority ones at once, after its minimum runtime.
 """
 
 from __future__ import annotations
@@ -12,9 +19,9 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 
 from tessera.cluster import Cluster
-from tessera.policy.queues.division import QueueNode, divide_with_reserves, own_share, quantize
+from tessera.policy.queues.division import QueueNode, divide_with_reserves, headroom, own_share, quantize
 from tessera.policy.queues.reclaim import Holding, Reclaim, ReclaimRule, plan_reclaim
-from tessera.policy.training import AppState, Grant, RoundDecision, TrainingPolicy
+from tessera.policy.training import AppState, Grant, RoundDecision, TrainingPolicy, lease_expiry
 
 DEFAULT_QUEUE = "default"
 
@@ -62,6 +69,7 @@ class QueuedPolicy:
         outside: Mapping[str, float] | None = None,
         outside_waiting: Mapping[str, float] | None = None,
         outside_holdings: Sequence[Holding] = (),
+        explain: bool = False,
     ) -> None:
         self.inner = inner
         self.queues = with_default(queues)
@@ -78,9 +86,14 @@ class QueuedPolicy:
         # what it takes is listed in `decision.record["outside_reclaims"]` for the owners to act on.
         # Without them, what a queue holds outside is never taken.
         self.outside_holdings = list(outside_holdings)
+        # Also plan the reclaims that need no action now (apps' lease-end ones) and record the whole plan,
+        # with the queues whose reclaim waits for a minimum runtime: what the operator's Queue status says.
+        self.explain = explain
         self.name: str = name or str(getattr(inner, "name", "queued"))
         # The simulator runs rounds with no GPU free only for a policy that may take GPUs back.
-        self.preempts = any(r.mode == "immediate" for r in self.rules.values())
+        self.preempts = any(
+            r.mode == "immediate" or r.within_queue == "LowerPriority" for r in self.rules.values()
+        )
 
     @property
     def lease_s(self) -> float:
@@ -114,6 +127,26 @@ class QueuedPolicy:
             for q in self.queues
         )
 
+    def protected_until(self, now: float, apps: Iterable[tuple[str, int, int, float, bool]]) -> float:
+        """The earliest moment after `now` a holding that its queue's minimum runtime protects may be taken
+        at once (`immediate` reclaim, or `within_queue` LowerPriority), while some app waits for GPUs;
+        math.inf if none. A round is due then: no lease need end, nor any app arrive, for the GPUs to move.
+        `apps` gives each app's queue name, GPUs held, GPUs wanted beyond them, holding start and whether
+        it is preemptible."""
+        rows = list(apps)
+        if not any(unmet > 0 for _, _, unmet, _, _ in rows) and not self.outside_waiting:
+            return math.inf
+        at = math.inf
+        for name, has, _, since, preemptible in rows:
+            rule = self.rules.get(self.queue_of_name(name), ReclaimRule())
+            if has <= 0 or not preemptible or rule.min_runtime_s <= 0:
+                continue
+            if rule.mode == "immediate" or rule.within_queue == "LowerPriority":
+                t = since + rule.min_runtime_s
+                if t > now + 1e-9:
+                    at = min(at, t)
+        return at
+
     def queue_of(self, app: AppState) -> str:
         return self.queue_of_name(app.queue)
 
@@ -136,9 +169,17 @@ class QueuedPolicy:
         demand = {q: float(sum(a.demand_max for a in m) + extra[q] + waits[q]) for q, m in members.items()}
         held = {q: sum(len(a.held) for a in m) + extra[q] for q, m in members.items()}
         share, reserve = entitled_and_reserved(len(cluster), self.queues, demand)
-        revoke, outside_reclaims = self._reclaim(now, apps, members, share, held, demand, len(free))
+        decision = RoundDecision()
+        free = self._renew_pinned(now, apps, free, decision, held)
+        renewed = {a.app_id: len(_grants_of(decision, a.app_id)) for a in apps if not a.preemptible}
+        blocked: dict[str, float] = {}
+        revoke, plan = self._reclaim(now, apps, members, share, held, demand, len(free), renewed, blocked)
+        outside_ids = {h.owner for h in self.outside_holdings}
+        within = self._within_queue(now, members, share, held, len(free), revoke, renewed)
+        for app_id, gpus in within.items():
+            revoke[app_id] = (*revoke.get(app_id, ()), *gpus)
         avail = [*free, *(g for gpus in revoke.values() for g in gpus)]
-        decision = RoundDecision(revoke=revoke)
+        decision.revoke = revoke
         for a in apps:  # the inner policy sees each app without what it just lost
             if a.app_id in revoke:
                 lost = set(revoke[a.app_id])
@@ -153,31 +194,123 @@ class QueuedPolicy:
         reserved = int(sum(reserve.values()))
         # First pass: each queue's share; second: GPUs a queue's policy left unused go to queues with
         # unmet demand below their maximum (work-conserving), all but those kept.
+        # Both passes stay within every ancestor's maximum (`headroom`): a sibling holding above its share
+        # until its lease ends keeps the subtree's room, so a queue's share alone could take the subtree
+        # past its parent's maximum (the work-conserving pass did, with no maximum of its own).
         order = sorted(members, key=lambda q: (held[q] - share[q], q))
+        # Inside a queue, each priority (highest first) is offered what the ones above it left.
         for q in order:
-            want = int(share[q]) - held[q] - keep[q]
-            if want > 0 and members[q]:
-                avail = self._run(now, q, members[q], want, cluster, avail, rng, decision, held)
+            for tier in _tiers(members[q]):
+                want = min(int(share[q]) - held[q] - keep[q], _whole(headroom(self.queues, held)[q]))
+                if want > 0:
+                    avail = self._run(now, q, members[q], tier, want, cluster, avail, rng, decision, held)
         cap = {n.name: n.max for n in self.queues}
         for q in order:
-            room = min(cap[q] - held[q], sum(a.unmet for a in members[q]) - _granted(decision, members[q]))
-            spare = len(avail) - sum(keep.values()) - reserved
-            if spare >= 1 and room >= 1 and members[q]:
-                avail = self._run(
-                    now, q, members[q], int(min(room, spare)), cluster, avail, rng, decision, held
+            for tier in _tiers(members[q]):
+                room = min(
+                    cap[q] - held[q],
+                    headroom(self.queues, held)[q],
+                    sum(a.unmet for a in tier) - _granted(decision, tier),
                 )
+                spare = len(avail) - sum(keep.values()) - reserved
+                if spare >= 1 and room >= 1:
+                    avail = self._run(
+                        now, q, members[q], tier, int(min(room, spare)), cluster, avail, rng, decision, held
+                    )
         decision.record = {
             "queues": {
                 q: {"share": share[q], "held": held[q], "reserved": reserve.get(q, 0.0)} for q in members
             },
-            "outside_reclaims": outside_reclaims,
+            "outside_reclaims": [r for r in plan if r.owner in outside_ids],
+            "reclaims": plan,
+            "reclaim_blocked": blocked,
+            "within_queue": sorted(within),
         }
         return decision
+
+    def _renew_pinned(
+        self,
+        now: float,
+        apps: Sequence[AppState],
+        free: Sequence[str],
+        decision: RoundDecision,
+        held: dict[str, int],
+    ) -> list[str]:
+        """A non-preemptible app gets back the GPUs whose lease just ended (up to its demand), before any
+        queue is served: once running it keeps them until it is done. Returns the GPUs still free."""
+        left = set(free)
+        for a in sorted(apps, key=lambda x: x.app_id):
+            if a.preemptible or not a.previous:
+                continue
+            back = sorted(g for g in a.previous if g in left)[: max(0, a.demand_max - len(a.held))]
+            if back:
+                decision.grants.append(
+                    Grant(a.app_id, tuple(back), lease_expiry(now, self.lease_s), "auction")
+                )
+                left -= set(back)
+                held[self.queue_of(a)] += len(back)
+        return [g for g in free if g in left]
+
+    def _within_queue(
+        self,
+        now: float,
+        members: Mapping[str, list[AppState]],
+        share: Mapping[str, float],
+        held: Mapping[str, int],
+        n_free: int,
+        revoked: Mapping[str, tuple[str, ...]],
+        renewed: Mapping[str, int],
+    ) -> dict[str, tuple[str, ...]]:
+        """GPUs taken now from lower-priority apps of a queue whose `within_queue` is `LowerPriority`, for
+        its higher-priority apps that the queue's GPUs do not cover: the queue's GPUs (its share, or what
+        it holds if more) go down the priorities, and a priority holding more than what is left for it
+        gives back the difference. Free GPUs within the share are used first; preemptible holdings only,
+        past the queue's minimum runtime, the lowest priority and the newest holding first."""
+        out: dict[str, tuple[str, ...]] = {}
+        for q, apps in members.items():
+            rule = self.rules.get(q, ReclaimRule())
+            tiers = _tiers(apps)
+            if rule.within_queue != "LowerPriority" or len(tiers) < 2:
+                continue
+            have = {
+                a.app_id: len(a.held) + renewed.get(a.app_id, 0) - len(revoked.get(a.app_id, ()))
+                for a in apps
+            }
+            budget = max(int(share.get(q, 0.0)), held[q])
+            room = min(n_free, max(0, int(share.get(q, 0.0)) - held[q]))
+            victims = sorted(
+                (
+                    a
+                    for a in apps
+                    if a.preemptible and have[a.app_id] > 0 and now - a.since >= rule.min_runtime_s - 1e-9
+                ),
+                key=lambda a: (a.priority, -a.since, a.app_id),
+            )
+            for tier in tiers:
+                target = min(sum(a.demand_max for a in tier), budget)
+                budget -= target
+                short = target - sum(have[a.app_id] for a in tier)
+                use = min(room, max(0, short))
+                room -= use
+                short -= use
+                for v in victims:
+                    if short <= 0:
+                        break
+                    if v.priority >= tier[0].priority or have[v.app_id] <= 0:
+                        continue
+                    n = min(short, have[v.app_id])
+                    gone = {*revoked.get(v.app_id, ()), *out.get(v.app_id, ())}
+                    kept = [g for g in sorted(v.held) if g not in gone]
+                    out[v.app_id] = (*out.get(v.app_id, ()), *kept[-n:])
+                    have[v.app_id] -= n
+                    short -= n
+        return out
 
     def _run(
         self,
         now: float,
         q: str,
+        queue_apps: list[AppState],
         apps: list[AppState],
         want: int,
         cluster: Cluster,
@@ -187,9 +320,10 @@ class QueuedPolicy:
         held: dict[str, int],
     ) -> list[str]:
         """Offer `want` of the available GPUs (next to the queue's own first) to the inner policy on the
-        queue's part of the cluster; returns what is still available."""
-        mine = {g for a in apps for g in a.held} | {
-            g for gr in decision.grants if gr.app_id in {a.app_id for a in apps} for g in gr.gpus
+        queue's part of the cluster, for `apps` (the queue's apps of one priority); returns what is still
+        available."""
+        mine = {g for a in queue_apps for g in a.held} | {
+            g for gr in decision.grants if gr.app_id in {a.app_id for a in queue_apps} for g in gr.gpus
         }
         nodes = {cluster.gpu(g).node for g in mine}
         ranked = sorted(avail, key=lambda g: (cluster.gpu(g).node not in nodes, cluster.order(g)))
@@ -219,14 +353,27 @@ class QueuedPolicy:
         held: Mapping[str, int],
         demand: Mapping[str, float],
         n_free: int,
+        renewed: Mapping[str, int],
+        blocked: dict[str, float],
     ) -> tuple[dict[str, tuple[str, ...]], list[Reclaim]]:
         """GPUs taken now from apps of queues lending under `immediate` (lease-end reclaim needs no action
         here: a lease that ends frees its GPUs and the next division hands them to the queue owed them),
-        and what other objects' owners are to give back (either mode: they act on it themselves)."""
-        if not self.preempts and not self.outside_holdings:
+        and the reclaim plan, in which other objects' owners find what to give back (either mode: they act
+        on it themselves)."""
+        if not self.preempts and not self.outside_holdings and not self.explain:
             return {}, []
         holdings = [
-            Holding(self.queue_of(a), a.app_id, float(len(a.held)), a.since, math.inf) for a in apps if a.held
+            Holding(
+                self.queue_of(a),
+                a.app_id,
+                float(len(a.held) + renewed.get(a.app_id, 0)),
+                a.since,
+                math.inf,
+                a.priority,
+                a.preemptible,
+            )
+            for a in apps
+            if a.held or renewed.get(a.app_id, 0)
         ]
         holdings += [
             dataclasses.replace(h, queue=self.queue_of_name(h.queue))
@@ -242,9 +389,11 @@ class QueuedPolicy:
             if n > 0 and q not in listed
         ]
         waiting = {q: max(0.0, demand[q] - held[q]) for q in members}
-        plan = plan_reclaim(now, self.queues, self.rules, share, holdings, waiting, float(n_free))
+        top = {q: max((a.priority for a in m if a.unmet > 0), default=0) for q, m in members.items()}
+        plan = plan_reclaim(
+            now, self.queues, self.rules, share, holdings, waiting, float(n_free), top, blocked=blocked
+        )
         by_id = {a.app_id: a for a in apps}
-        outside_ids = {h.owner for h in self.outside_holdings}
         out: dict[str, list[str]] = {}
         for r in plan:
             if r.owner not in by_id or r.mode != "immediate":
@@ -252,7 +401,20 @@ class QueuedPolicy:
             a = by_id[r.owner]
             left = [g for g in sorted(a.held) if g not in out.get(r.owner, [])]
             out.setdefault(r.owner, []).extend(left[-math.ceil(r.gpus - 1e-9) :])
-        return {k: tuple(v) for k, v in out.items() if v}, [r for r in plan if r.owner in outside_ids]
+        return {k: tuple(v) for k, v in out.items() if v}, plan
+
+
+def _whole(gpus: float) -> int:
+    """Whole GPUs within `gpus` (a large number for no bound)."""
+    return math.floor(gpus + 1e-9) if math.isfinite(gpus) else 1 << 62
+
+
+def _tiers(apps: Sequence[AppState]) -> list[list[AppState]]:
+    """The apps grouped by priority, highest first (one group when none is set)."""
+    by: dict[int, list[AppState]] = {}
+    for a in apps:
+        by.setdefault(a.priority, []).append(a)
+    return [by[p] for p in sorted(by, reverse=True)]
 
 
 def _grants_of(decision: RoundDecision, app_id: str) -> frozenset[str]:

@@ -89,9 +89,13 @@ class PolicySpec:
 
     def build(self) -> TrainingPolicy:
         if self.policy == "kai-style":
-            return kai_style(self.queues, {n: r.min_runtime_s for n, r in self.rules})
+            kai = kai_style(self.queues, {n: r.min_runtime_s for n, r in self.rules})
+            kai.name = self.label
+            return kai
         if self.policy == "kueue-style":
-            return KueueStyle(self.queues)
+            kueue = KueueStyle(self.queues, **self.knobs)
+            kueue.name = self.label
+            return kueue
         inner: TrainingPolicy
         if self.policy == "themis":
             t = Themis(ThemisConfig(**self.knobs))
@@ -149,10 +153,14 @@ _ENTRY_FIELDS: dict[str, Any] = {
     "label": (str | None, None),
     "lease_s": (Seconds | None, None),
     "placement": (str | None, None),
+    # kueue-style only (Kueue's ClusterQueue fields; defaults: StrictFIFO, Any — see policy/queues/kueue.py)
+    "queueing_strategy": (Literal["BestEffortFIFO", "StrictFIFO"] | None, None),
+    "reclaim_within_cohort": (Literal["Never", "Any"] | None, None),
     **{k: (Optional[v.annotation], None) for k, v in ThemisInput.model_fields.items() if k != "lease_s"},  # noqa: UP045
 }
 PolicyEntry = create_model("PolicyEntry", __base__=Input, **_ENTRY_FIELDS)
 _BASELINE_KEYS = {"policy", "label", "lease_s", "placement"}
+_KUEUE_KEYS = {"queueing_strategy", "reclaim_within_cohort"}
 
 
 class QueueInput(Input):
@@ -168,6 +176,12 @@ class QueueInput(Input):
     reclaim: Literal["atLeaseEnd", "immediate"] = "atLeaseEnd"
     min_runtime_s: NonNegative = 0.0
     grace_s: NonNegative = 30.0
+    reclaim_within_cohort: Literal["Any", "LowerPriority", "Never"] = "Any"
+    """What this queue may take from `immediate` lenders before their leases end: any holding, only
+    those of lower priority than its highest-priority waiting app, or none (it waits for leases to end)."""
+    within_queue: Literal["Never", "LowerPriority"] = "Never"
+    """LowerPriority: its higher-priority apps take GPUs from its lower-priority ones at once (after
+    `min_runtime_s`); Never: as their leases end."""
 
 
 class MachinesInput(Input):
@@ -236,7 +250,12 @@ def _queues(
                 math.inf if q.lending_limit is None else q.lending_limit,
             )
         )
-        rules.append((q.name, ReclaimRule(q.reclaim, q.min_runtime_s, q.grace_s)))
+        rules.append(
+            (
+                q.name,
+                ReclaimRule(q.reclaim, q.min_runtime_s, q.grace_s, q.reclaim_within_cohort, q.within_queue),
+            )
+        )
     names = [n.name for n in nodes]
     if len(set(names)) != len(names):
         raise ScenarioError(source, "queues", f"queue names must be unique, got {names}")
@@ -291,7 +310,15 @@ def _policies(source: str, d: TrainingFile) -> tuple[PolicySpec, ...]:
         label = str(entry.pop("label", None) or name)
         knobs: dict[str, Any]
         if name in QUEUE_BASELINES:
-            knobs = {}
+            known = _KUEUE_KEYS if name == "kueue-style" else set()
+            for k in sorted(entry):
+                if k not in known:
+                    raise ScenarioError(
+                        source,
+                        f"{where}.{k}",
+                        f"not a {name} field; known: {', '.join(sorted(known)) or 'none'}",
+                    )
+            knobs = {k: v for k, v in entry.items() if v is not None}
         elif name == "themis":
             knobs = {**themis_defaults, **{k: v for k, v in entry.items() if v is not None}}
         else:

@@ -107,6 +107,10 @@ class _Live:
     held: set[str] = field(default_factory=set)
     attained: float = 0.0
     since: float = 0.0  # when `held` last changed (for attained service)
+    # When the current holding began, the minimum runtime's start: GPUs got after holding none for a while
+    # (a lease renewed at the instant it ended continues the holding).
+    held_since: float = 0.0
+    emptied_at: float = -math.inf  # when it last came to hold no GPU
     version: int = 0
     error: AppError | None = None  # the app's estimation error (SimConfig.estimate_error > 0)
     previous: frozenset[str] = frozenset()  # GPUs whose lease ended since the last round (AppState.previous)
@@ -330,6 +334,10 @@ class _Simulation:
     def _set_held(self, app: _Live, now: float, new: set[str]) -> None:
         app.attained += len(app.held) * (now - app.since)
         app.since = now
+        if new and not app.held and now > app.emptied_at + 1e-9:
+            app.held_since = now
+        if app.held and not new:
+            app.emptied_at = now
         app.held = new
 
     def _reschedule(self, app: _Live) -> None:
@@ -422,6 +430,27 @@ class _Simulation:
             self._revoke(now, app_id, gpus)
         for grant in decision.grants:
             self._lease(now, grant)
+        self._wake_for_min_runtime(now)
+
+    def _wake_for_min_runtime(self, now: float) -> None:
+        """A tick when a holding that a queue's minimum runtime protects may be taken while an app waits
+        (QueuedPolicy.protected_until): nothing else would run a round before a lease ends."""
+        until = getattr(self.policy, "protected_until", None)
+        if until is None or not self.preempts:
+            return
+        rows = (
+            (
+                a.spec.queue,
+                len(a.held),
+                max(0, a.runtime.demand() - len(a.held)),
+                a.held_since,
+                a.spec.preemptible,
+            )
+            for a in self.live.values()
+        )
+        t = until(now, rows)
+        if math.isfinite(t):
+            self.push(t, _TICK, "")
 
     def _app_state(self, a: _Live, now: float) -> AppState:
         """What the policy sees of an app: its estimates scaled by its misestimation, if any."""
@@ -440,8 +469,10 @@ class _Simulation:
             network_intensive=a.spec.network_intensive,
             peak_demand=a.runtime.peak_demand(),
             queue=a.spec.queue,
-            since=a.since,
+            since=a.held_since,
             previous=a.previous,
+            priority=a.spec.priority,
+            preemptible=a.spec.preemptible,
         )
 
     def _revoke(self, now: float, app_id: str, gpus: Iterable[str]) -> None:

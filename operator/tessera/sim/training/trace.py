@@ -101,6 +101,8 @@ class TraceApp:
     halving: HalvingSpec | None = None
     tuning: TuningAppSpec | None = None  # a tuning App: Fluid runs its trials inside its lease (no jobs)
     queue: str = "default"  # the team queue it belongs to (a scenario's `queues:` block)
+    priority: int = 0  # inside its queue, higher priorities are served first
+    preemptible: bool = True  # False: once running it keeps its GPUs until it is done
 
     @property
     def work(self) -> float:
@@ -207,6 +209,10 @@ class AppInput(Input):
     tuning: TuningBlock | None = None
     queue: str = "default"
     """The team queue of a scenario's `queues:` block the app belongs to."""
+    priority: Int = 0
+    """Inside its queue, higher priorities are served first (an App's PriorityClass value)."""
+    preemptible: Bool = True
+    """false: once running it keeps its GPUs until it is done; nothing reclaims or preempts them."""
 
     @field_validator("model")
     @classmethod
@@ -285,7 +291,19 @@ def _app(app: AppInput, i: int, where: str, cluster_gpus: int | None) -> TraceAp
     except ValueError as e:
         raise _Bad(f"{where}.sensitivity", str(e)) from None
     app_id = str(app.id) if app.id is not None else f"app-{i:04d}"
-    return TraceApp(app_id, app.arrival, tuple(jobs), sens, ni, app.model, halving, tuning, app.queue)
+    return TraceApp(
+        app_id,
+        app.arrival,
+        tuple(jobs),
+        sens,
+        ni,
+        app.model,
+        halving,
+        tuning,
+        app.queue,
+        app.priority,
+        app.preemptible,
+    )
 
 
 class _Bad(Exception):

@@ -1,0 +1,173 @@
+"""What a Queue's status says about its objects: GPUs they hold and objects waiting, by kind, and for the
+waiting ones (`pending`) what each waits for and why.
+
+The reasons are the ones the operator can tell apart from what a round knows (the division, the reclaim
+plan, the free GPUs, the App leases) and from what a TrialGroup's or ModelDeployment's own pass found.
+The first that applies, in this order:
+
+| reason | when |
+|---|---|
+| QueueAtMax | the queue holds its `maxGPUs` |
+| NoGPUOfType | a ModelDeployment with `placement.gpuTypes` found no free GPU of those models |
+| Reclaiming | GPUs are being reclaimed for the queue (from which queue, how many, by when) |
+| LenderMinRuntime | the queue is owed GPUs below its guarantee, but what could be taken is within its lender's minimum runtime (until when) |
+| QueueAtShare | the queue holds its whole share of this round's division |
+| QueueRoom | a TrialGroup or ModelDeployment wants more at once than its queue's share has room for |
+| NoFreeGPUs | its queue has room but no GPU is free (when the next App lease ends) |
+| NextRound | GPUs are free and its queue has room: the next round (or the object's next pass) hands them out |
+
+Computed once per round for every queue from lists the round builds anyway: O(objects), with the pending
+list cut to the `PENDING_LIMIT` that have waited longest.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from tessera.api import contract
+from tessera.api.queue import PENDING_LIMIT, QueueSpec, WorkloadKind
+from tessera.policy.queues.reclaim import Reclaim
+
+_EPS = 1e-9
+# status.allocatedByKind / waitingByKind keys, and the `kind` label of the queue metrics
+KIND_FIELDS: dict[WorkloadKind, str] = {
+    "App": "apps",
+    "TrialGroup": "trialGroups",
+    "ModelDeployment": "modelDeployments",
+}
+assert set(KIND_FIELDS) == {contract.KIND_APP, contract.KIND_TRIALGROUP, contract.KIND_MODELDEPLOYMENT}
+
+# Reasons a TrialGroup's or ModelDeployment's own pass gives (the rest are the queue's).
+QUEUE_ROOM = "QueueRoom"
+NO_FREE_GPUS = "NoFreeGPUs"
+NO_GPU_OF_TYPE = "NoGPUOfType"
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One object of a queue as its status sees it: GPUs held and waited for as the division counts
+    them (an App's leased GPUs, a pool, a deployment's replicas' GPUs)."""
+
+    kind: WorkloadKind
+    namespace: str
+    name: str
+    held: float
+    wants: float = 0.0  # GPUs it waits for beyond those it holds (0: not waiting)
+    since: float = 0.0  # when it began waiting: the longest waiting are listed first
+    reason: str = ""  # what its own pass found (TrialGroups, ModelDeployments), else empty
+    message: str = ""
+
+    @property
+    def waiting(self) -> bool:
+        return self.wants > _EPS
+
+
+@dataclass(frozen=True, slots=True)
+class RoundFacts:
+    """What a round knows that explains a wait."""
+
+    now: float
+    free: int = 0  # GPUs nobody holds once the round is done
+    next_lease_end: float = math.inf  # the earliest App lease expiry
+    next_round: float = math.inf
+    reclaims: Sequence[Reclaim] = ()  # the round's reclaim plan (lease-end times known)
+    blocked: Mapping[str, float] = field(default_factory=dict)  # queue → when a lender's min runtime ends
+
+
+def stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _at(t: float) -> str:
+    return stamp(t) if math.isfinite(t) else "an unknown time"
+
+
+def why_waiting(
+    w: Workload, queue: str, spec: QueueSpec, held: float, share: float, facts: RoundFacts
+) -> tuple[str, str]:
+    """(reason, message) for a waiting object of `queue`, which holds `held` GPUs of its `share`."""
+    if spec.max_gpus is not None and held >= spec.max_gpus - _EPS:
+        return "QueueAtMax", f"queue {queue} holds {held:g} GPUs, its maxGPUs {spec.max_gpus:g}"
+    if w.reason == NO_GPU_OF_TYPE:
+        return w.reason, w.message
+    mine = [r for r in facts.reclaims if r.for_queue == queue]
+    if mine:
+        first = min(mine, key=lambda r: r.at)
+        lenders = ", ".join(sorted({r.from_queue for r in mine}))
+        n = sum(r.gpus for r in mine)
+        return "Reclaiming", (
+            f"{n:g} GPU(s) are being reclaimed for queue {queue} (below its guarantee of "
+            f"{spec.guaranteed_gpus:g}) from {lenders}: the first {first.mode} at {_at(first.at)}"
+        )
+    if queue in facts.blocked:
+        return "LenderMinRuntime", (
+            f"queue {queue} is owed GPUs below its guarantee of {spec.guaranteed_gpus:g}, but the queues "
+            f"above their share have held them for less than their reclaim.minRuntimeSeconds: the first may "
+            f"be taken at {_at(facts.blocked[queue])}"
+        )
+    if held >= share - _EPS:
+        return "QueueAtShare", (
+            f"queue {queue} holds {held:g} GPUs, its whole share this round ({share:g}); other queues' "
+            "guarantees and weights take the rest"
+        )
+    if w.reason:
+        return w.reason, w.message
+    if facts.free <= 0:
+        return NO_FREE_GPUS, (
+            f"queue {queue} has room ({held:g} held of a share of {share:g}) but no GPU is free; the next "
+            f"App lease ends at {_at(facts.next_lease_end)}"
+        )
+    return "NextRound", (
+        f"queue {queue} has room and {facts.free} GPU(s) are free; the next round (at "
+        f"{_at(facts.next_round)}) or the object's next pass hands them out"
+    )
+
+
+def summary(
+    queue: str, spec: QueueSpec, workloads: Iterable[Workload], share: float, facts: RoundFacts | None
+) -> dict[str, Any]:
+    """The status fields (wire names) about the queue's objects: allocated, borrowed, lent and waiting
+    over every kind, by kind, and the pending list."""
+    facts = facts if facts is not None else RoundFacts(now=0.0)
+    by_kind = dict.fromkeys(KIND_FIELDS.values(), 0.0)
+    waiting_by_kind = dict.fromkeys(KIND_FIELDS.values(), 0)
+    waiting: list[Workload] = []
+    held = demand = 0.0
+    for w in workloads:
+        key = KIND_FIELDS[w.kind]
+        by_kind[key] += w.held
+        held += w.held
+        demand += w.held + w.wants
+        if w.waiting:
+            waiting_by_kind[key] += 1
+            waiting.append(w)
+    oldest = heapq.nsmallest(PENDING_LIMIT, waiting, key=lambda w: (w.since, w.kind, w.namespace, w.name))
+    pending = []
+    for w in oldest:
+        reason, message = why_waiting(w, queue, spec, held, share, facts)
+        pending.append(
+            {
+                "kind": w.kind,
+                "namespace": w.namespace,
+                "name": w.name,
+                "gpus": w.wants,
+                "since": stamp(w.since),
+                "reason": reason,
+                "message": message,
+            }
+        )
+    lend_cap = math.inf if spec.lending_limit_gpus is None else spec.lending_limit_gpus
+    return {
+        "allocatedGPUs": held,
+        "allocatedByKind": by_kind,
+        "borrowedGPUs": max(0.0, held - spec.guaranteed_gpus),
+        "lentGPUs": min(max(0.0, spec.guaranteed_gpus - max(held, demand)), lend_cap),
+        "waiting": len(waiting),
+        "waitingByKind": waiting_by_kind,
+        "pending": pending,
+    }
