@@ -66,6 +66,13 @@ LABEL_TRIAL: Final = f"{GROUP}/trial"
 LABEL_ROLE: Final = f"{GROUP}/role"  # worker | gateway
 LABEL_LEASE: Final = f"{GROUP}/lease"
 LABEL_QUEUE: Final = f"{GROUP}/queue"  # on a Namespace: the Queue its objects belong to
+# Pods that are not Tessera's own (plain pods, Jobs' pods) asking for tessera.io/gpu in a namespace with the
+# queue label wait in its queue: the chart's MutatingAdmissionPolicy gives them this scheduling gate and the
+# label below at creation; the operator removes the gate once the queue has room (docs/queues.md).
+SCHEDULING_GATE_QUEUE: Final = f"{GROUP}/queue"
+LABEL_QUEUED: Final = f"{GROUP}/queued"  # "true": the pod counts against its namespace's queue
+# How the operator groups queued pods (a group is admitted whole): the Job a pod belongs to.
+LABEL_JOB_NAME: Final = "batch.kubernetes.io/job-name"
 
 WORKLOAD_TRAINING: Final = "training"
 WORKLOAD_TRIAL: Final = "trial"

@@ -139,6 +139,8 @@ class Arbiter:
         # When a holding that its queue's minimum runtime protects may be taken, while work waits: a round
         # is due then (nothing else would run one before the next lease ends).
         self._wake_at = math.inf
+        # Told after each round (the Controller's admission pass for gated pods: shares and leases moved).
+        self.after_round: Callable[[], None] = _nothing
 
     # --- membership -------------------------------------------------------------------------------
 
@@ -277,6 +279,7 @@ class Arbiter:
         self.metrics.histogram("tessera_auction_duration_seconds").observe(report.seconds)
         self.rounds += 1
         log.debug("arbiter round: %s", report)
+        self.after_round()
         return report
 
     def _advance(self, now: float, report: RoundReport) -> set[tuple[str, str]]:
@@ -851,6 +854,10 @@ class Arbiter:
 
     def _post(self, rec: AppRecord, type_: str, reason: str, message: str) -> None:
         self.ctx.event(app_owner(rec), type_, reason, message)
+
+
+def _nothing() -> None:
+    return None
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from tessera.controller.config import OperatorConfig
 from tessera.controller.context import Context
 from tessera.controller.deployments import ModelDeployments
 from tessera.controller.essence import LeanDiffBaseStorage, LeanProgressStorage
+from tessera.controller.gate import Group, QueuedPods, QueueGate
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
@@ -80,9 +81,61 @@ class Controller:
     # PriorityClass name → value, watched with the queues (an App's priority inside its queue); None: not
     # watched (queues off), and priorities are not used.
     priority_classes: dict[str, int] | None = None
+    # Pods of other kinds waiting in (or admitted by) their namespace's queue (controller/gate.py).
+    queued: QueuedPods = field(default_factory=QueuedPods)
+    gate: QueueGate = field(init=False)
+    _admit_due: asyncio.TimerHandle | None = None
 
     def __post_init__(self) -> None:
         self.usage = UsageMetrics(self.metrics)
+        self.gate = QueueGate(
+            self.queued, self.queues.queue_of, self.max_gpus, self.pod_room, self.post_event
+        )
+
+    def pod_room(self, namespace: str, want: int, group: Group) -> float | None:
+        """GPUs a gated group may take now: its queue's room, and no more than the GPUs free now (an
+        admitted pod counts as its queue's holding; admitted onto GPUs another queue still holds, it would
+        wait in the scheduler while nothing reclaims for it). None: no queues."""
+        room = self.queue_room(namespace, want, group)
+        if room is None:
+            return None
+        taken = self.app_gpus() | self.reserved_by_others() | self.view.used_by_pods(contract.LABEL_APP)
+        free = sum(1 for g in healthy_gpus(self.view.cluster()) if g not in taken)
+        return min(room, float(free - self.queued.admitted_unbound()))
+
+    def max_gpus(self, queue: str) -> float | None:
+        spec = self.queues.specs.get(queue)
+        return None if spec is None else spec.max_gpus
+
+    def admit_soon(self, delay_s: float = 0.05) -> None:
+        """An admission pass over the gated pods shortly, once for every event until then."""
+        if self.api is None or self._stopping or self._admit_due is not None:
+            return
+        if not any(p.gated and not p.done for p in self.queued.pods.values()):
+            return
+
+        def fire() -> None:
+            self._admit_due = None
+            if not self._stopping:
+                self._tasks.add(task := asyncio.ensure_future(self.admit()))
+                task.add_done_callback(self._tasks.discard)
+
+        self._admit_due = asyncio.get_running_loop().call_later(delay_s, fire)
+
+    async def admit(self) -> None:
+        """One admission pass over the gated pods (normally run by `admit_soon`). Not while objects hold
+        GPUs their handlers have not loaded yet (just started, or taken over): the queues' room would
+        leave their holdings out, so the pass waits for them."""
+        if self.unloaded_gpus():
+            self.admit_soon(delay_s=1.0)
+            return
+        try:
+            admitted = await self.gate.run(self.api)
+        except Exception:  # a pass that failed is retried at the next event; it must not stop the operator
+            log.exception("queue admission pass failed")
+            return
+        if admitted:
+            self.redivide()
 
     def post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         if self.config.post_events and self.api is not None and not self._stopping:
@@ -101,8 +154,16 @@ class Controller:
         left running past the close failed the same way (kopf re-raises the failure of any task the
         operator leaves behind). Timers that fire once the stop began start nothing (`stopping`)."""
         self._stopping = True
+        if self._admit_due is not None:
+            self._admit_due.cancel()
         deadline = asyncio.get_running_loop().time() + work_drain_s
-        for owner in (self.arbiter, self.trialgroups, self.deployments):
+        owners: tuple[Arbiter | TrialGroups | ModelDeployments | QueueGate | None, ...] = (
+            self.arbiter,
+            self.trialgroups,
+            self.deployments,
+            self.gate,
+        )
+        for owner in owners:
             if owner is None:
                 continue
             left = max(0.0, deadline - asyncio.get_running_loop().time())
@@ -128,8 +189,8 @@ class Controller:
         self.arbiter.reserved = self.reserved_by_others
         self.arbiter.queues = self.queues
         self.arbiter.priority_classes = self.priority_classes
-        self.arbiter.outside = self.queue_outside
-        self.arbiter.outside_waiting = self.queue_outside_waiting
+        self.arbiter.outside = self.division_outside
+        self.arbiter.outside_waiting = self.division_waiting
         self.arbiter.outside_holdings = self.queue_outside_holdings
         self.arbiter.outside_workloads = self.queue_outside_workloads
         self.trialgroups.reclaim_request = self.deployments.reclaim_request = self.reclaim_request
@@ -139,6 +200,7 @@ class Controller:
         self.trialgroups.queue_condition = self.deployments.queue_condition = self.queues.membership
         self.trialgroups.waiting_changed = self.deployments.waiting_changed = self.redivide
         self.trialgroups.queue_changed = self.deployments.queue_changed = self.queue_news
+        self.arbiter.after_round = self.admit_soon
 
     def app_gpus(self) -> set[str]:
         """GPUs that App leases hold (TrialGroup pools and serving are drawn from the rest)."""
@@ -167,10 +229,29 @@ class Controller:
             claims[contract.KIND_APP] = {k: [ledger.claim(k, c) for c in v] for k, v in apps.items()}
         return {g for kind, index in claims.items() for g in unloaded(index, loaded[kind], now)}
 
+    def division_outside(self) -> dict[str, float]:
+        """`queue_outside` as the rounds' division sees it: admitted pods hold GPUs once bound; until then
+        they are waiting work (`division_waiting`), so the GPUs they are about to take stay free for them
+        rather than go to an App in the round between their admission and their binding."""
+        out = self.queue_outside()
+        for q, n in self.queued.held(self.queues.queue_of).items():
+            out[q] -= n
+        for q, n in self.queued.held(self.queues.queue_of, bound_only=True).items():
+            out[q] += n
+        return {q: n for q, n in out.items() if n > 1e-9}
+
+    def division_waiting(self) -> dict[str, float]:
+        out = self.queue_outside_waiting()
+        bound = self.queued.held(self.queues.queue_of, bound_only=True)
+        for q, n in self.queued.held(self.queues.queue_of).items():
+            if n - bound.get(q, 0.0) > 1e-9:
+                out[q] = out.get(q, 0.0) + n - bound.get(q, 0.0)
+        return out
+
     def queue_outside(self) -> dict[str, float]:
-        """GPUs each team queue holds in TrialGroup pools and serving replicas (its Apps get the rest of
-        its share)."""
-        out: dict[str, float] = {}
+        """GPUs each team queue holds in TrialGroup pools, serving replicas and admitted pods of other kinds
+        (its Apps get the rest of its share)."""
+        out = self.queued.held(self.queues.queue_of)
         for rec in self.trialgroups.records.values() if self.trialgroups is not None else ():
             if not rec.done and rec.pool:
                 q = self.queues.queue_of(rec.namespace)
@@ -181,10 +262,11 @@ class Controller:
                 out[q] = out.get(q, 0.0) + len(srv.held())
         return out
 
-    def queue_outside_waiting(self) -> dict[str, float]:
-        """GPUs each team queue's TrialGroups and ModelDeployments wait for within the queue's share: work
-        waiting, which the division counts and reclaims for as it does for its Apps."""
-        out: dict[str, float] = {}
+    def queue_outside_waiting(self, skip: Group | None = None) -> dict[str, float]:
+        """GPUs each team queue's TrialGroups and ModelDeployments wait for within the queue's share, and its
+        gated pods (all but `skip`): work waiting, which the division counts and reclaims for as it does for
+        its Apps."""
+        out = self.queued.waiting(self.queues.queue_of, self.max_gpus, skip)
         waiting = [
             (r.namespace, r.waiting_gpus)
             for r in (self.trialgroups.records.values() if self.trialgroups is not None else ())
@@ -202,8 +284,9 @@ class Controller:
 
     def queue_outside_holdings(self) -> list[Holding]:
         """Each TrialGroup pool and each ModelDeployment's replicas as a holding of its queue, which
-        reclaim may take from (owner id "Kind/namespace/name"; since: when it last took GPUs)."""
-        out: list[Holding] = []
+        reclaim may take from (owner id "Kind/namespace/name"; since: when it last took GPUs), and the
+        admitted pods of other kinds, which it never takes."""
+        out = self.queued.holdings(self.queues.queue_of)
         for rec in self.trialgroups.records.values() if self.trialgroups is not None else ():
             if not rec.done and rec.pool:
                 owner = owner_id(contract.KIND_TRIALGROUP, rec.namespace, rec.name)
@@ -284,16 +367,16 @@ class Controller:
         if self.arbiter is not None and self.queues.active:
             self.arbiter.queues_stale = True
 
-    def queue_room(self, namespace: str, want: int) -> float | None:
+    def queue_room(self, namespace: str, want: int, skip: Group | None = None) -> float | None:
         """GPUs an object of `namespace` wanting `want` may take now: its queue's entitlement in a division
-        counting every queue's Apps, pools, replicas and what other objects wait for (the asking object's
-        own wait is cleared before it asks: `want` stands for it), less what the queue holds. None: no
-        queues."""
+        counting every queue's Apps, pools, replicas, admitted pods and what other objects wait for (the
+        asking object's own wait is cleared before it asks, or is `skip`: `want` stands for it), less what
+        the queue holds. None: no queues."""
         if not self.queues.active or self.arbiter is None:
             return None
         outside = self.queue_outside()
         demand, held = dict(outside), dict(outside)
-        for q, n in self.queue_outside_waiting().items():
+        for q, n in self.queue_outside_waiting(skip).items():
             demand[q] = demand.get(q, 0.0) + n
         for rec in self.arbiter.records.values():
             if not rec.done:
@@ -479,6 +562,11 @@ def _view_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
             ctl.usage.update_soon(ctl.view.pods.values)  # tessera_namespace_gpus, tessera_pending_pods
         if freed and ctl.arbiter is not None:
             ctl.arbiter.dirty = True  # GPUs became available: a Themis resource-available event
+        if ctl.queued.on_pod(dict(body), deleted=type == "DELETED"):
+            ctl.redivide()  # what its queue holds or waits for changed
+            freed = True
+        if freed:
+            ctl.admit_soon()
 
 
 def _app_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
@@ -512,6 +600,7 @@ def _app_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         for pod in pods:
             await ctl.api.delete(PODS, namespace, pod.name, grace_seconds=ctl.config.preemption_grace_s)
         ctl.post_event(dict(body), "Normal", "Cleanup", f"deleted {len(pods)} pod(s); leases returned")
+        ctl.admit_soon()
 
 
 def _queue_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
@@ -529,6 +618,7 @@ def _queue_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
     def dirty() -> None:
         if ctl.arbiter is not None:
             ctl.arbiter.dirty = True
+        ctl.admit_soon()  # a queue's room may have changed
 
     specs: dict[str, Any] = {}  # each Queue's spec as its last event had it
     # PriorityClasses: an App's priority inside its queue is its class's value. Kept the same way (an index
@@ -694,6 +784,7 @@ def _kind_handlers(
         rec.discard(str(body.metadata.uid))
         if ctl.arbiter is not None:
             ctl.arbiter.dirty = True  # the object's GPUs are free for Apps again
+        ctl.admit_soon()
 
 
 def namespaced(namespace: str | None) -> str:

@@ -6,9 +6,10 @@ annotations) and their status subresource, lists and watches CRDs (resource disc
 and patches its peering object; with a namespace list rather than --all-namespaces it also lists and
 watches namespaces to learn which of them exist. The controller's own client (`kube.KubeApi`) creates and
 deletes pods, creates, patches and deletes the gateway's Deployment, Services and ConfigMap, patches App
-and Queue status after arbiter rounds and creates events. It GETs one object only: the arbiter's renewal
-ledger (a ConfigMap of a fixed name, `contract.LEDGER_CONFIGMAP`, which it also creates and patches), read
-once before its first round; the grant names that object alone. With
+and Queue status after arbiter rounds and creates events. It patches pods of other kinds to take their
+queue's scheduling gate off, and GETs the Job of such pods (its parallelism: `gate.py`). Otherwise it GETs
+one object only: the arbiter's renewal ledger (a ConfigMap of a fixed name, `contract.LEDGER_CONFIGMAP`,
+which it also creates and patches), read once before its first round; the grant names that object alone. With
 `--lanes-api dra` it also creates and deletes the ResourceClaimTemplate of each worker pod (`dra.py`).
 
 Watching every namespace, all of it is one ClusterRole. Watching only the release namespace, what lives
@@ -49,7 +50,8 @@ _KOPF = "kopf.dev"
 NAMESPACED_RULES: tuple[PolicyRule, ...] = (
     PolicyRule((contract.GROUP,), _CRS, ("list", "watch", "patch")),
     PolicyRule((contract.GROUP,), tuple(f"{p}/status" for p in _CRS), ("patch",)),
-    PolicyRule(("",), ("pods",), ("list", "watch", "create", "delete")),
+    PolicyRule(("",), ("pods",), ("list", "watch", "create", "delete", "patch")),
+    PolicyRule(("batch",), ("jobs",), ("get",)),
     PolicyRule(("",), ("services", "configmaps"), ("create", "patch", "delete")),
     PolicyRule(("apps",), ("deployments",), ("create", "patch", "delete")),
     PolicyRule(("",), ("events",), ("create",)),

@@ -220,7 +220,17 @@ GPU_NODES_POLICY_KINDS = {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBin
 def gpu_nodes_policy_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The chart's MutatingAdmissionPolicy and binding for gpuNodes.reserve (real Helm engine)."""
     objs = chart_objects({"gpuNodes": {"reserve": True, **(values or {})}})
-    return [o for o in objs if o["kind"] in GPU_NODES_POLICY_KINDS]
+    return [o for o in objs if o["kind"] in GPU_NODES_POLICY_KINDS and _component(o) == "gpu-nodes"]
+
+
+def _component(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["labels"].get("app.kubernetes.io/component", ""))
+
+
+def queue_admission_objects() -> list[dict[str, Any]]:
+    """The chart's MutatingAdmissionPolicy and binding that gate pods in queues (default values)."""
+    objs = chart_objects()
+    return [o for o in objs if o["kind"] in GPU_NODES_POLICY_KINDS and _component(o) == "queue-admission"]
 
 
 def routed_to_tessera(pod: dict[str, Any]) -> bool:

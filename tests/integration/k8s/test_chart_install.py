@@ -244,8 +244,11 @@ def test_install_upgrade_rollback_uninstall_with_the_helm_cli(
     assert "--lease-seconds 300" in args and f"--namespace {ns}" in args and "--all-namespaces" not in args
     assert ("Role", ns, f"{release}-tessera-operator") in held
     assert ("KopfPeering", ns, "tessera") in held
-    # Installs the namespace routing (the cluster's own version passes the chart's 1.36+ check).
-    assert {k[0] for k in held} >= {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
+    # Installs the namespace routing (the cluster's own version passes the chart's 1.36+ check), beside the
+    # queue admission policy every default install has.
+    for component in ("gpu-nodes", "queue-admission"):
+        for kind in ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"):
+            assert (kind, "", f"{release}-tessera-{component}") in held
     gone = [o for o in first if key(o) not in {key(s) for s in second}]
     assert [key(o) for o in gone] == [("ClusterKopfPeering", "", "tessera")]
     assert_gone(cluster, gone, "object the upgrade no longer renders:")

@@ -364,6 +364,7 @@ async def exercise_operator(
     )
     assert status == 200, out
     try:
+        await _queued_job(cluster, namespace)
         await _exercise(cluster, namespace, replace_workers)
         await wait_for(
             lambda: (
@@ -375,6 +376,37 @@ async def exercise_operator(
         )
     finally:
         cluster.request("DELETE", f"{queues}/{queue}")
+
+
+async def _queued_job(cluster: ControlPlane, namespace: str) -> None:
+    """A batch/v1 Job whose pod waits in the namespace's queue: gated and labelled in its own template (as
+    the chart's queue admission policy would make it). The operator reads the Job and takes the gate off."""
+    gpu = {"limits": {contract.RESOURCE_GPU: "1"}}
+    spec = {
+        "parallelism": 1,
+        "template": {
+            "metadata": {"labels": {contract.LABEL_QUEUED: "true"}},
+            "spec": {
+                "restartPolicy": "Never",
+                "schedulerName": contract.SCHEDULER_NAME,
+                "schedulingGates": [{"name": contract.SCHEDULING_GATE_QUEUE}],
+                "containers": [{"name": "c", "image": "x:1", "resources": gpu}],
+            },
+        },
+    }
+    jobs = f"/apis/batch/v1/namespaces/{namespace}/jobs"
+    status, out = cluster.request("POST", jobs, {"metadata": {"name": "queued"}, "spec": spec})
+    assert status == 201, out
+    selector = f"/api/v1/namespaces/{namespace}/pods?labelSelector=batch.kubernetes.io/job-name%3Dqueued"
+
+    def admitted() -> bool:
+        pods = (cluster.get(selector) or {}).get("items") or []
+        return bool(pods) and all(not p["spec"].get("schedulingGates") for p in pods)
+
+    await wait_for(admitted, 120, "the Job's pod admitted")
+    # Its pod, never bound, goes with it at once.
+    status, out = cluster.request("DELETE", f"{jobs}/queued?propagationPolicy=Background")
+    assert status == 200, out
 
 
 def md_workers(cluster: ControlPlane, namespace: str) -> set[str]:

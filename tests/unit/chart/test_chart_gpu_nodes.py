@@ -23,7 +23,12 @@ def agent_pod(values: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def policies(values: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    return {o["kind"]: o for o in objects(render(values)) if o["kind"] in POLICY_KINDS}
+    """The routing policy and binding (the queue's admission policy, another component, left out)."""
+    return {
+        o["kind"]: o
+        for o in objects(render(values))
+        if o["kind"] in POLICY_KINDS and o["metadata"]["labels"]["app.kubernetes.io/component"] == "gpu-nodes"
+    }
 
 
 def test_off_by_default_the_agent_clears_the_taint_and_nothing_is_routed() -> None:
