@@ -136,14 +136,14 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(
         "tessera_queue_kind_allocated_gpus",
         MetricType.GAUGE,
-        "GPUs the objects of one kind (App, TrialGroup, ModelDeployment) of a Queue hold now.",
+        "GPUs the objects of one kind (App, TrialGroup, ModelDeployment, Pod: admitted pods and Jobs' pods) of a Queue hold now.",
         ("queue", "kind"),
         frozenset({_OP}),
     ),
     MetricSpec(
         "tessera_queue_pending",
         MetricType.GAUGE,
-        "Objects of one kind (App, TrialGroup, ModelDeployment) of a Queue waiting for GPUs.",
+        "Objects of one kind (App, TrialGroup, ModelDeployment, Pod: gated pod groups) of a Queue waiting for GPUs.",
         ("queue", "kind"),
         frozenset({_OP}),
     ),

@@ -21,7 +21,7 @@ from tessera.api.base import MAX_GPUS, MAX_SECONDS, Condition, CrossFieldRule, W
 DEFAULT_QUEUE = "default"
 QUEUE_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 PENDING_LIMIT = 50  # pending workloads listed in a Queue's status (the longest waiting); `waiting` counts all
-WorkloadKind = Literal["App", "TrialGroup", "ModelDeployment"]
+WorkloadKind = Literal["App", "TrialGroup", "ModelDeployment", "Job", "Pod"]
 
 
 class ReclaimSpec(WireModel):
@@ -126,6 +126,12 @@ class GPUsByKind(WireModel):
         description="GPUs its ModelDeployments' replicas hold (replicas in a shared serving pool count for no "
         "queue).",
     )
+    pods: float = Field(
+        default=0.0,
+        ge=0,
+        description="GPUs its admitted pods hold: plain pods and Jobs' pods asking for tessera.io/gpu, admitted "
+        "through the queue's scheduling gate (docs/queues.md, Pods and Jobs in a queue).",
+    )
 
 
 class WorkloadsByKind(WireModel):
@@ -134,6 +140,7 @@ class WorkloadsByKind(WireModel):
     apps: int = Field(default=0, ge=0)
     trial_groups: int = Field(default=0, ge=0)
     model_deployments: int = Field(default=0, ge=0)
+    pods: int = Field(default=0, ge=0, description="Gated groups: a Job's pods, or a plain pod.")
 
 
 class PendingWorkload(WireModel):
@@ -147,7 +154,7 @@ class PendingWorkload(WireModel):
     reason: str = Field(
         pattern=r"^[A-Za-z][A-Za-z0-9]*$",
         description="Why it waits: QueueAtMax, NoGPUOfType, Reclaiming, LenderMinRuntime, QueueAtShare, "
-        "QueueRoom, NoFreeGPUs or NextRound (docs/queues.md).",
+        "QueueRoom, NoFreeGPUs, NextRound or, for a Job, WaitingForPods (docs/queues.md).",
     )
     message: str = Field(description="The reason in words, with the numbers and times behind it.")
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from tessera.api import contract
 from tessera.api.quantity import QuantityError, resource_quantity
+from tessera.controller.queue_status import WAITING_FOR_PODS, Workload
 from tessera.kube import PODS, Kind, KubeError
 from tessera.policy.queues.reclaim import Holding
 
@@ -422,3 +423,46 @@ def _pod_ref(p: QueuedPod) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": p.name, "namespace": p.namespace, "uid": p.uid},
     }
+
+
+def group_workloads(
+    book: QueuedPods,
+    queue_of: Callable[[str], str],
+    max_of: Callable[[str], float | None],
+    first_seen: dict[tuple[str, str], float],
+    now: float,
+) -> list[tuple[str, Workload]]:
+    """Each queued group as its Queue's status counts it: kind Job or Pod, the GPUs its admitted pods hold
+    and those its gated pods wait for. A group that can never fit its queue waits for nothing (its pods are
+    told by event). `first_seen` keeps when each group was first seen waiting, on the operator's clock."""
+    out: list[tuple[str, Workload]] = []
+    live: set[tuple[str, str]] = set()
+    for g in book.groups():
+        if not g.live:
+            continue
+        q = queue_of(g.namespace)
+        kind, _, name = g.key.partition("/")
+        wants = g.waiting_gpus if g.gated and never_fits(g, max_of(q)) is None else 0
+        reason = message = ""
+        if wants:
+            live.add((g.namespace, g.key))
+            if not g.complete:
+                reason, message = (
+                    WAITING_FOR_PODS,
+                    f"{kind} {name}: {len(g.live)} of its {g.expected} pods exist",
+                )
+        since = first_seen.setdefault((g.namespace, g.key), now) if wants else now
+        w = Workload(
+            "Job" if kind == "Job" else "Pod",
+            g.namespace,
+            name,
+            float(g.held_gpus),
+            float(wants),
+            since,
+            reason,
+            message,
+        )
+        out.append((q, w))
+    for k in set(first_seen) - live:
+        del first_seen[k]
+    return out

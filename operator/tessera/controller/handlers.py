@@ -34,7 +34,7 @@ from tessera.controller.config import OperatorConfig
 from tessera.controller.context import Context
 from tessera.controller.deployments import ModelDeployments
 from tessera.controller.essence import LeanDiffBaseStorage, LeanProgressStorage
-from tessera.controller.gate import Group, QueuedPods, QueueGate
+from tessera.controller.gate import Group, QueuedPods, QueueGate, group_workloads
 from tessera.controller.kube import PODS, KubeApi
 from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
@@ -83,6 +83,7 @@ class Controller:
     priority_classes: dict[str, int] | None = None
     # Pods of other kinds waiting in (or admitted by) their namespace's queue (controller/gate.py).
     queued: QueuedPods = field(default_factory=QueuedPods)
+    _pods_waiting_since: dict[tuple[str, str], float] = field(default_factory=dict)  # group → since (clock)
     gate: QueueGate = field(init=False)
     _admit_due: asyncio.TimerHandle | None = None
 
@@ -136,6 +137,9 @@ class Controller:
             return
         if admitted:
             self.redivide()
+        if self.arbiter is not None:  # the groups' waits and reasons, in the Queues' status
+            self.queue_news()
+            await self.arbiter.refresh_queues()
 
     def post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         if self.config.post_events and self.api is not None and not self._stopping:
@@ -300,9 +304,12 @@ class Controller:
         return out
 
     def queue_outside_workloads(self) -> list[tuple[str, Workload]]:
-        """Each TrialGroup not done and each ModelDeployment outside a shared serving pool, with its queue,
-        as the Queue's status counts them: GPUs of its pool or replicas, and what it waits for and why."""
-        out: list[tuple[str, Workload]] = []
+        """Each TrialGroup not done, each ModelDeployment outside a shared serving pool and each queued pod
+        group (a Job's pods, or a plain pod), with its queue, as the Queue's status counts them: GPUs of its
+        pool, replicas or admitted pods, and what it waits for and why."""
+        out = group_workloads(
+            self.queued, self.queues.queue_of, self.max_gpus, self._pods_waiting_since, self.config.clock()
+        )
         for rec in self.trialgroups.records.values() if self.trialgroups is not None else ():
             if not rec.done:
                 wants = 0 if rec.pool else rec.wants
@@ -362,8 +369,8 @@ class Controller:
             self.arbiter.dirty = True
 
     def queue_news(self) -> None:
-        """What a TrialGroup or ModelDeployment holds or waits for changed: the Queues' status is refreshed
-        at the next tick, without waiting for a round."""
+        """What a TrialGroup, ModelDeployment or queued pod holds or waits for changed: the Queues' status
+        is refreshed at the next tick, without waiting for a round."""
         if self.arbiter is not None and self.queues.active:
             self.arbiter.queues_stale = True
 
@@ -564,6 +571,7 @@ def _view_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
             ctl.arbiter.dirty = True  # GPUs became available: a Themis resource-available event
         if ctl.queued.on_pod(dict(body), deleted=type == "DELETED"):
             ctl.redivide()  # what its queue holds or waits for changed
+            ctl.queue_news()
             freed = True
         if freed:
             ctl.admit_soon()

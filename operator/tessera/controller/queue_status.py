@@ -39,13 +39,24 @@ KIND_FIELDS: dict[WorkloadKind, str] = {
     "App": "apps",
     "TrialGroup": "trialGroups",
     "ModelDeployment": "modelDeployments",
+    "Job": "pods",  # a Job's pods admitted through the queue's scheduling gate
+    "Pod": "pods",  # a plain pod admitted the same way
 }
-assert set(KIND_FIELDS) == {contract.KIND_APP, contract.KIND_TRIALGROUP, contract.KIND_MODELDEPLOYMENT}
+assert {contract.KIND_APP, contract.KIND_TRIALGROUP, contract.KIND_MODELDEPLOYMENT} < set(KIND_FIELDS)
+# The `kind` label of each by-kind field in the queue metrics (Jobs' and plain pods share `Pod`).
+FIELD_KINDS: dict[str, str] = {
+    "apps": contract.KIND_APP,
+    "trialGroups": contract.KIND_TRIALGROUP,
+    "modelDeployments": contract.KIND_MODELDEPLOYMENT,
+    "pods": "Pod",
+}
+assert set(FIELD_KINDS) == set(KIND_FIELDS.values())
 
 # Reasons a TrialGroup's or ModelDeployment's own pass gives (the rest are the queue's).
 QUEUE_ROOM = "QueueRoom"
 NO_FREE_GPUS = "NoFreeGPUs"
 NO_GPU_OF_TYPE = "NoGPUOfType"
+WAITING_FOR_PODS = "WaitingForPods"  # a Job's group waits until all the pods it runs at once exist
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +104,7 @@ def why_waiting(
     """(reason, message) for a waiting object of `queue`, which holds `held` GPUs of its `share`."""
     if spec.max_gpus is not None and held >= spec.max_gpus - _EPS:
         return "QueueAtMax", f"queue {queue} holds {held:g} GPUs, its maxGPUs {spec.max_gpus:g}"
-    if w.reason == NO_GPU_OF_TYPE:
+    if w.reason in (NO_GPU_OF_TYPE, WAITING_FOR_PODS):
         return w.reason, w.message
     mine = [r for r in facts.reclaims if r.for_queue == queue]
     if mine:

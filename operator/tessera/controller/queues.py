@@ -18,7 +18,7 @@ from typing import Any
 from tessera.api import contract
 from tessera.api.queue import DEFAULT_QUEUE, QueueSpec, QueueStatus, hierarchy_errors
 from tessera.controller.conditions import Cond, condition, find
-from tessera.controller.queue_status import KIND_FIELDS, RoundFacts, Workload, summary
+from tessera.controller.queue_status import FIELD_KINDS, RoundFacts, Workload, summary
 from tessera.metrics import ComponentMetrics
 from tessera.policy.queues import QueueNode, ReclaimRule
 
@@ -197,7 +197,7 @@ class QueueBook:
             metrics.gauge(f"tessera_queue_{g}").labels(queue=name).set(values[g])
         allocated = status.allocated_by_kind.model_dump(by_alias=True)
         waiting = status.waiting_by_kind.model_dump(by_alias=True)
-        for kind, key in KIND_FIELDS.items():
+        for key, kind in FIELD_KINDS.items():
             metrics.gauge("tessera_queue_kind_allocated_gpus").labels(queue=name, kind=kind).set(
                 allocated[key]
             )

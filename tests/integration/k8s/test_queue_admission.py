@@ -27,7 +27,7 @@ from .conftest import (
 )
 from .controlplane import ControlPlane, wait_until
 from .test_app import app_body, app_path, app_pods, job
-from .test_queues import seen, teams
+from .test_queues import queue_status, seen, teams
 from .workloads import bound, call, events, kubelet, operator, scheduling_report
 
 GATE = {"name": contract.SCHEDULING_GATE_QUEUE}
@@ -141,6 +141,16 @@ async def test_a_plain_pod_waits_while_its_queue_is_full_and_runs_once_room_free
             lambda: scheduling_gated(p := get_pod(cluster, namespace, "train")) and p, 60, "gated"
         )
         assert gated(pod) and not pod["spec"].get("nodeName")
+        # The Queue's status lists the waiting pod, and why (the one that can never fit is not waiting).
+        status = await wait_for(
+            lambda: (s := queue_status(cluster, queue)).get("waitingByKind", {}).get("pods") == 1 and s,
+            60,
+            "the pod in its Queue's status",
+        )
+        assert [(e["kind"], e["name"], e["gpus"], e["reason"]) for e in status["pending"]] == [
+            ("Pod", "train", 2, "QueueAtMax")
+        ]
+        assert status["allocatedByKind"]["apps"] == 2 and status["allocatedByKind"]["pods"] == 0
         # The App goes: its GPUs are the pod's.
         await call(cluster, "DELETE", app_path(namespace, "hold"))
         await wait_for(
@@ -156,6 +166,12 @@ async def test_a_plain_pod_waits_while_its_queue_is_full_and_runs_once_room_free
         # Now the queue's holding (never reclaimed), and nothing of it waits.
         assert ctl.queue_outside().get(queue) == 2.0
         assert queue not in ctl.queue_outside_waiting()
+        status = await wait_for(
+            lambda: (s := queue_status(cluster, queue)).get("allocatedByKind", {}).get("pods") == 2 and s,
+            60,
+            "the admitted pod counted in its Queue's status",
+        )
+        assert status["allocatedGPUs"] == 2 and status["waiting"] == 0 and not status.get("pending")
         assert gated(get_pod(cluster, namespace, "huge"))
         # Gone before the operator stops: the next test's operator watches every namespace.
         for name in ("train", "huge"):

@@ -161,10 +161,10 @@ async def test_borrow_up_to_max_then_reclaim_at_lease_end(
             60,
             "A's pending list",
         )
-        assert st["allocatedByKind"] == {"apps": 3, "trialGroups": 0, "modelDeployments": 0}
+        assert st["allocatedByKind"] == {"apps": 3, "trialGroups": 0, "modelDeployments": 0, "pods": 0}
         assert (st["waiting"], st["waitingByKind"]) == (
             2,
-            {"apps": 1, "trialGroups": 1, "modelDeployments": 0},
+            {"apps": 1, "trialGroups": 1, "modelDeployments": 0, "pods": 0},
         )
         waits = {(p["kind"], p["name"]): (p["gpus"], p["reason"], p["message"]) for p in st["pending"]}
         assert waits == {

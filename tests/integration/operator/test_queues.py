@@ -222,8 +222,8 @@ async def test_serving_replicas_stay_within_the_queues_share(api: kmock.Kubernet
         st = await wait_for(
             lambda: (q := queue_status(api, "team-a")).get("pending") and q, what="team-a's pending list"
         )
-        assert st["allocatedByKind"] == {"apps": 0, "trialGroups": 0, "modelDeployments": 1}
-        assert st["waitingByKind"] == {"apps": 0, "trialGroups": 0, "modelDeployments": 1}
+        assert st["allocatedByKind"] == {"apps": 0, "trialGroups": 0, "modelDeployments": 1, "pods": 0}
+        assert st["waitingByKind"] == {"apps": 0, "trialGroups": 0, "modelDeployments": 1, "pods": 0}
         (entry,) = st["pending"]
         assert (entry["kind"], entry["name"], entry["gpus"], entry["reason"]) == (
             "ModelDeployment",
@@ -304,7 +304,7 @@ async def test_a_waiting_trialgroup_gets_its_queues_guarantee_back_at_lease_end(
         assert entry["reason"] == "Reclaiming" and "from team-a: the first atLeaseEnd at" in entry["message"]
         assert (b["waiting"], b["waitingByKind"]["trialGroups"], b["allocatedGPUs"]) == (1, 1, 0)
         a = queue_status(api, "team-a")
-        assert a["allocatedByKind"] == {"apps": 4, "trialGroups": 0, "modelDeployments": 0}
+        assert a["allocatedByKind"] == {"apps": 4, "trialGroups": 0, "modelDeployments": 0, "pods": 0}
         pending = ctl.metrics.gauge("tessera_queue_pending")
         assert pending.labels(queue="team-b", kind="TrialGroup")._value.get() == 1
         clock.advance(1001)

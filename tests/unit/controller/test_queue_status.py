@@ -46,8 +46,13 @@ def test_every_kind_counts_and_the_longest_waiting_come_first() -> None:
     st = book(team=spec(guaranteedGPUs=4, maxGPUs=10)).status("team", workloads, 8.0, facts)
     # 3 + 1 + 2 + 2 = 8 held: 4 above the guarantee; demand 15 ≥ 4, nothing lent.
     assert (st.allocated_gpus, st.borrowed_gpus, st.lent_gpus, st.waiting) == (8, 4, 0, 3)
-    assert st.allocated_by_kind.to_wire() == {"apps": 4.0, "trialGroups": 2.0, "modelDeployments": 2.0}
-    assert st.waiting_by_kind.to_wire() == {"apps": 1, "trialGroups": 1, "modelDeployments": 1}
+    assert st.allocated_by_kind.to_wire() == {
+        "apps": 4.0,
+        "trialGroups": 2.0,
+        "modelDeployments": 2.0,
+        "pods": 0.0,
+    }
+    assert st.waiting_by_kind.to_wire() == {"apps": 1, "trialGroups": 1, "modelDeployments": 1, "pods": 0}
     assert [(p.kind, p.name, p.gpus, p.since) for p in st.pending] == [
         ("TrialGroup", "wide", 4.0, stamp(NOW - 300)),
         ("App", "train", 1.0, stamp(NOW - 100)),
@@ -191,7 +196,12 @@ def test_the_gauges_by_kind() -> None:
         g = metrics.gauge(name)
         return {s.labels["kind"]: s.value for m in g.collect() for s in m.samples if s.labels["queue"] == "q"}
 
-    assert series("tessera_queue_pending") == {"App": 2, "TrialGroup": 0, "ModelDeployment": 1}
-    assert series("tessera_queue_kind_allocated_gpus") == {"App": 1, "TrialGroup": 3, "ModelDeployment": 0}
+    assert series("tessera_queue_pending") == {"App": 2, "TrialGroup": 0, "ModelDeployment": 1, "Pod": 0}
+    assert series("tessera_queue_kind_allocated_gpus") == {
+        "App": 1,
+        "TrialGroup": 3,
+        "ModelDeployment": 0,
+        "Pod": 0,
+    }
     b.remove_queue("q", metrics)
     assert series("tessera_queue_pending") == {}

@@ -205,3 +205,53 @@ def test_the_watch_tells_what_changed() -> None:
     assert b.on_pod(pod("p", gated=False))
     assert b.on_pod(pod("p", gated=False), deleted=True) and not b.pods
     assert not b.on_pod(pod("x", queued=False))
+
+
+def test_queued_groups_in_the_queue_status() -> None:
+    # Queue "q" (max 4): an admitted 2-GPU pod, a Job with 1 of its 2 pods so far, a gated 1-GPU pod, and a
+    # pod that can never fit (5 GPUs). The status counts the admitted pod's GPUs under `pods`, lists the
+    # two waiting groups (the Job waiting for its pods, with that reason) and leaves the never-fit one out.
+    from tessera.api.queue import QueueSpec
+    from tessera.controller.gate import group_workloads
+    from tessera.controller.queue_status import RoundFacts, summary
+
+    book = QueuedPods()
+    for body in (
+        pod("run", 2, gated=False, node="n1", phase="Running"),
+        pod("j-0", 1, job="sweep", created="2026-01-01T00:00:01Z"),
+        pod("wait", 1, created="2026-01-01T00:00:02Z"),
+        pod("huge", 5, created="2026-01-01T00:00:03Z"),
+    ):
+        book.on_pod(body)
+    book.sizes[("team", "Job/sweep")] = 2
+    seen: dict[tuple[str, str], float] = {}
+    rows = group_workloads(book, lambda ns: "q", lambda q: 4.0, seen, now=100.0)
+    assert all(q == "q" for q, _ in rows)
+    by_name = {w.name: w for _, w in rows}
+    assert (by_name["run"].kind, by_name["run"].held, by_name["run"].wants) == ("Pod", 2.0, 0.0)
+    assert (by_name["sweep"].kind, by_name["sweep"].wants, by_name["sweep"].reason) == (
+        "Job",
+        1.0,
+        "WaitingForPods",
+    )
+    assert by_name["huge"].wants == 0.0
+    assert set(seen) == {("team", "Job/sweep"), ("team", "Pod/wait")}
+    rows_later = group_workloads(book, lambda ns: "q", lambda q: 4.0, seen, now=200.0)
+    assert {w.name: w.since for _, w in rows_later if w.waiting} == {"sweep": 100.0, "wait": 100.0}
+
+    status = summary(
+        "q",
+        QueueSpec(guaranteed_gpus=4, max_gpus=4),
+        [w for _, w in rows],
+        4.0,
+        RoundFacts(now=100.0, free=0),
+    )
+    assert status["allocatedByKind"]["pods"] == 2.0 and status["allocatedGPUs"] == 2.0
+    assert status["waitingByKind"]["pods"] == 2 and status["waiting"] == 2
+    reasons = {e["name"]: e["reason"] for e in status["pending"]}
+    assert reasons == {"sweep": "WaitingForPods", "wait": "NoFreeGPUs"}
+
+    # Once the gated pod goes, it is no longer remembered as waiting.
+    book.on_pod(pod("wait", 1), deleted=True)
+    group_workloads(book, lambda ns: "q", lambda q: 4.0, seen, now=300.0)
+    assert set(seen) == {("team", "Job/sweep")}
