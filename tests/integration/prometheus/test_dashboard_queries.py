@@ -50,6 +50,7 @@ SCENE_LABELS = {
     "action": ["deleted", "reported"],
     "limit": ["memory", "compute"],
     "mechanism": ["mps-daemon-per-lane"],
+    "kind": ["App", "TrialGroup", "ModelDeployment", "Pod"],
 }
 
 
