@@ -15,9 +15,10 @@ the user did: `8000` comes back as `8k`, `16384Mi` as `16Gi`. Every component re
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Final
+from typing import Any, Final
 
 from kubernetes.utils.quantity import parse_quantity
 
@@ -78,3 +79,19 @@ def resource_quantity(resource: str, value: object) -> int:
     if amount == 0:
         raise QuantityError(f"{what} must be at least 1 ({unit.when_left_out})")
     return int(amount)
+
+
+def pod_totals(spec: Mapping[str, Any]) -> dict[str, int] | None:
+    """Each of Tessera's resources summed over a pod spec's containers (a container's limit, else its
+    request: the API server defaults an extended resource's request from its limit); None when no container
+    names any of them. QuantityError for a value `resource_quantity` refuses."""
+    totals = dict.fromkeys(UNITS, 0)
+    seen = False
+    for c in spec.get("containers") or []:
+        res = c.get("resources") or {}
+        merged = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+        for name in totals:
+            if name in merged:
+                seen = True
+                totals[name] += resource_quantity(name, merged[name])
+    return totals if seen else None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tessera.api import contract
-from tessera.api.quantity import QuantityError, resource_quantity
+from tessera.api.quantity import QuantityError, pod_totals
 from tessera.controller.queue_status import WAITING_FOR_PODS, Workload
 from tessera.kube import PODS, Kind, KubeError
 from tessera.policy.queues.reclaim import Holding
@@ -55,18 +55,13 @@ class QueuedPod:
 
 
 def requested_gpus(spec: Mapping[str, Any]) -> int:
-    """The `tessera.io/gpu` the pod's containers ask for (a limit, else a request); an unreadable quantity
-    counts 0 (the extender refuses such a pod with the reason)."""
-    total = 0
-    for c in spec.get("containers") or []:
-        res = c.get("resources") or {}
-        merged = {**(res.get("requests") or {}), **(res.get("limits") or {})}
-        if contract.RESOURCE_GPU in merged:
-            try:
-                total += resource_quantity(contract.RESOURCE_GPU, merged[contract.RESOURCE_GPU])
-            except QuantityError:
-                return 0
-    return total
+    """The `tessera.io/gpu` the pod's containers ask for (`pod_totals`, as the extender reads it); a pod
+    with an unreadable Tessera quantity counts 0 (the extender refuses it with the reason)."""
+    try:
+        totals = pod_totals(spec)
+    except QuantityError:
+        return 0
+    return 0 if totals is None else totals[contract.RESOURCE_GPU]
 
 
 def job_of(meta: Mapping[str, Any]) -> str | None:

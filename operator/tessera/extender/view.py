@@ -25,7 +25,7 @@ from tessera.api import contract
 from tessera.api.assignment import Assignment, AssignmentError
 from tessera.api.gpu_inventory import GpuInventoryError, parse_node_gpus
 from tessera.api.placement import PlacementAnnotation, PlacementAnnotationError
-from tessera.api.quantity import QuantityError, resource_quantity
+from tessera.api.quantity import QuantityError, pod_totals
 from tessera.extender.node_selection import NodeFacts
 from tessera.policy.lanes.fragmentation import PackingState, Shape, ShapeDistribution
 from tessera.policy.lanes.placement import (
@@ -182,22 +182,15 @@ def pod_spec(
     annotation names no class.
     """
     key = pod_key(pod)
-    totals = {contract.RESOURCE_GPU: 0, contract.RESOURCE_GPU_MEMORY: 0, contract.RESOURCE_GPU_COMPUTE: 0}
-    seen = False
     ann = pod.get("metadata", {}).get("annotations", {}) or {}
     try:
-        for c in pod.get("spec", {}).get("containers", []) or []:
-            res = c.get("resources", {}) or {}
-            merged = {**(res.get("requests") or {}), **(res.get("limits") or {})}
-            for name in totals:
-                if name in merged:
-                    seen = True
-                    try:
-                        totals[name] += resource_quantity(name, merged[name])
-                    except QuantityError as err:
-                        raise PodRequestError(f"{key}: {err}") from None
-        if not seen:
+        try:
+            found = pod_totals(pod.get("spec") or {})
+        except QuantityError as err:
+            raise PodRequestError(f"{key}: {err}") from None
+        if found is None:
             return None
+        totals = found
         compute = totals[contract.RESOURCE_GPU_COMPUTE]
         if compute > 100:
             raise PodRequestError(

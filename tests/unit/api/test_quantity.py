@@ -94,3 +94,23 @@ def test_counts_refused_with_the_reason(resource: str, value: str, why: str) -> 
 def test_only_tessera_resources() -> None:
     with pytest.raises(KeyError):
         resource_quantity("nvidia.com/gpu", "1")
+
+
+def test_pod_totals_sums_each_resource_over_containers_limit_before_request() -> None:
+    from tessera.api.quantity import pod_totals
+
+    spec = {
+        "containers": [
+            {"resources": {"requests": {"tessera.io/gpu": "1"}, "limits": {"tessera.io/gpu": "2"}}},
+            {"resources": {"requests": {"tessera.io/gpu-memory": "8Gi", "cpu": "1"}}},
+            {"name": "no-resources"},
+        ]
+    }
+    assert pod_totals(spec) == {
+        "tessera.io/gpu": 2,
+        "tessera.io/gpu-memory": 8192,
+        "tessera.io/gpu-compute": 0,
+    }
+    assert pod_totals({"containers": [{"resources": {"limits": {"cpu": "1"}}}]}) is None
+    with pytest.raises(QuantityError, match=r"tessera\.io/gpu .*not a whole number"):
+        pod_totals({"containers": [{"resources": {"limits": {"tessera.io/gpu": "1.5"}}}]})
