@@ -195,6 +195,9 @@ def headroom(
     shares (leases not ended yet) does not: granting a queue its share alone could take a subtree past its
     maximum. For GPUs taken from queue `moving_from`, the ancestors whose subtree holds that queue bound
     nothing (the GPUs stay inside them). Assumes no cycle (`children_of` refuses one)."""
+    # Flat queues, the common case: no ancestor bounds anything (reclaim asks once per victim).
+    if all(q.parent is None for q in queues):
+        return dict.fromkeys((q.name for q in queues), math.inf)
     by_name = {q.name: q for q in queues}
     around: set[str] = set()  # the ancestors of `moving_from`
     p = by_name[moving_from].parent if moving_from in by_name else None
