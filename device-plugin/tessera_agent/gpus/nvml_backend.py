@@ -169,11 +169,13 @@ def _compute_capability(handle: Any) -> str:
 
 
 def _bus_id(handle: Any) -> str:
-    """NVML's PCI address of the GPU (`00000000:3B:00.0`); "" where NVML cannot say."""
+    """NVML's PCI address of the GPU (`00000000:3B:00.0`); "" where NVML cannot say (or says no address)."""
     try:
-        return _str(pynvml.nvmlDeviceGetPciInfo(handle).busId)
-    except pynvml.NVMLError:
+        bus_id = _str(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+        pci.sysfs_address(bus_id)
+    except (pynvml.NVMLError, ValueError):
         return ""
+    return bus_id
 
 
 def _minor(handle: Any) -> int | None:
