@@ -6,13 +6,19 @@ Event. Each runs under the ServiceAccount and grants of a release rendered with 
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import shutil
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from tessera.api import contract
 from tessera.dra_support import FEATURE_GATE, REASON_FALLBACK, operator_lanes_api
 from tessera.kube import KubeClient, KubeConfig
 from tessera_agent import cli as agent_cli
@@ -22,7 +28,7 @@ from tests.requires import missing
 
 from .admin_cli import find_cli
 from .conftest import RBAC_KINDS, RELEASE_NS, request_token
-from .controlplane import ROOT, ControlPlane, NoBinaries, control_plane
+from .controlplane import ROOT, ControlPlane, NoBinaries, control_plane, wait_until
 
 RELEASE = "tessera-auto"
 SLOTS = 4
@@ -133,3 +139,51 @@ def test_with_consumable_capacity_off_both_fall_back_and_say_why(
     assert not (cluster.get("/apis/resource.k8s.io/v1/resourceslices") or {}).get("items")
     templates = cluster.get(f"/apis/resource.k8s.io/v1/namespaces/{RELEASE_NS}/resourceclaimtemplates")
     assert not (templates or {}).get("items")
+
+
+def test_the_agent_process_with_auto_runs_the_device_plugin_when_the_gate_is_off(
+    gate_off: ControlPlane, auto_release: list[dict[str, Any]]
+) -> None:
+    """`tessera-agent` as the chart runs it with auto (both paths' directories), under its ServiceAccount: it
+    registers as the device plugin, publishes no ResourceSlice and opens no DRA socket."""
+    cluster = gate_off
+    node = f"auto-agent-{secrets.token_hex(3)}"
+    status, body = cluster.request("POST", "/api/v1/nodes", {"metadata": {"name": node}})
+    assert status == 201, body
+    clients = _clients(
+        cluster, auto_release
+    )  # the RBAC applied; the kubeconfig files are what the agent reads
+    asyncio.run(_close(clients))
+    kubeconfig = cluster.workdir / "agent-auto.kubeconfig"
+    state = Path(tempfile.mkdtemp(prefix="auto-", dir="/tmp"))  # short: unix socket paths
+    argv = [
+        str(Path(sys.executable).parent / "tessera-agent"), f"--node={node}", "--lanes-api=auto",
+        "--fake-gpu-backend=1", "--no-mps", "--metrics-port=0", "--no-lane-audit",
+        f"--kubelet-plugins-dir={state / 'plugins'}", f"--kubelet-registry-dir={state / 'reg'}",
+        f"--cdi-dir={state / 'cdi'}", f"--mps-root={state / 'mps'}", f"--dev-root={state / 'dev'}",
+        f"--device-plugin-dir={state / 'dp'}", "-v",
+    ]  # fmt: skip
+    (state / "dp").mkdir()
+    proc = cluster.spawn(f"auto-agent-{node}", argv, {**os.environ, "KUBECONFIG": str(kubeconfig)})
+    try:
+        wait_until(
+            lambda: (state / "dp" / contract.AGENT_SOCKET_NAME).exists(),
+            90,
+            "the device plugin's socket",
+            proc,
+        )
+        log = proc.log.read_text()
+        assert "running the device plugin, not DRA lanes" in log and FEATURE_GATE in log, log
+        (event,) = _fallback_events(cluster, "default", node)
+        assert event["involvedObject"]["kind"] == "Node"
+        assert not (state / "plugins").exists() or not any((state / "plugins").rglob("*.sock"))
+        assert not (cluster.get("/apis/resource.k8s.io/v1/resourceslices") or {}).get("items")
+    finally:
+        proc.stop()
+        cluster.request("DELETE", f"/api/v1/nodes/{node}")
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def _close(clients: dict[str, KubeClient]) -> None:
+    for c in clients.values():
+        await c.close()
