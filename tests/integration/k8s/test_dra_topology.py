@@ -82,51 +82,61 @@ def unschedulable(cluster: ControlPlane, namespace: str, pod: str) -> str:
     return ""
 
 
-def test_a_claim_over_two_gpus_of_one_root_gets_them_and_one_that_cannot_waits(
-    cluster: ControlPlane, nodes: Nodes, namespace: str, scheduler: Process
-) -> None:
+@pytest.fixture
+def four_gpus(cluster: ControlPlane, nodes: Nodes) -> Iterator[str]:
+    """A node whose agent publishes four GPUs, two per root: gpu-0 and gpu-1 under pci0000:00, gpu-2 and gpu-3
+    under pci0000:40 (`FakeGpuBackend.uniform`'s bus IDs); its name. The slice is removed afterwards."""
     node = nodes.add(f"topo-{secrets.token_hex(3)}", gpus=4)
-    gpus = FakeGpuBackend.uniform(
-        4, gpus_per_root=2
-    )  # gpu-0, gpu-1 under pci0000:00; gpu-2, gpu-3 under pci0000:40
-    slice_path = f"{RESOURCE_API}/resourceslices/{node}-{contract.DRA_DRIVER}"
+    gpus = FakeGpuBackend.uniform(4, gpus_per_root=2)
     status, body = cluster.request("POST", f"{RESOURCE_API}/deviceclasses", device_class())
     assert status in (201, 409), body
     status, body = cluster.request(
         "POST", f"{RESOURCE_API}/resourceslices", resource_slice(node, gpus, slots=4, generation=0)
     )
     assert status == 201, body
-    try:
-        published = {d["name"]: d["attributes"] for d in cluster.get(slice_path)["spec"]["devices"]}
-        assert {n: a[contract.DRA_ATTRIBUTE_PCIE_ROOT]["string"] for n, a in published.items()} == {
-            "gpu-0": "pci0000:00", "gpu-1": "pci0000:00", "gpu-2": "pci0000:40", "gpu-3": "pci0000:40"
-        }  # fmt: skip
-        assert published["gpu-3"][contract.DRA_ATTRIBUTE_NUMA_NODE] == {"int": 1}
+    yield node
+    cluster.request("DELETE", f"{RESOURCE_API}/resourceslices/{node}-{contract.DRA_DRIVER}")
 
-        # gpu-1 taken whole: the first two GPUs that fit are now gpu-0 and gpu-2, under different roots
-        attrs = f'device.attributes["{contract.DRA_DRIVER}"]'
-        submit(
-            cluster,
-            namespace,
-            whole_gpus("holder", ["gpu"], one_root=False, select=f"{attrs}.index == 1"),
-            "holder",
-            node,
-        )
-        wait_until(lambda: allocated(cluster, namespace, "holder"), 90, "the holder's GPU", scheduler)
-        assert allocated(cluster, namespace, "holder") == ["gpu-1"]
 
-        submit(cluster, namespace, whole_gpus("pair", ["a", "b"], one_root=True), "pair", node)
-        pair = wait_until(lambda: allocated(cluster, namespace, "pair"), 90, "the pair's GPUs", scheduler)
-        assert sorted(pair) == ["gpu-2", "gpu-3"]  # the one root with two free GPUs
+def hold_gpu_1(cluster: ControlPlane, namespace: str, node: str, scheduler: Process) -> None:
+    """gpu-1 taken whole: the first two GPUs that fit are then gpu-0 and gpu-2, under different roots."""
+    attrs = f'device.attributes["{contract.DRA_DRIVER}"]'
+    holder = whole_gpus("holder", ["gpu"], one_root=False, select=f"{attrs}.index == 1")
+    submit(cluster, namespace, holder, "holder", node)
+    wait_until(lambda: allocated(cluster, namespace, "holder"), 90, "the holder's GPU", scheduler)
+    assert allocated(cluster, namespace, "holder") == ["gpu-1"]
 
-        # left: gpu-0 alone under its root; two whole GPUs of one root fit nowhere, and the claim stays so
-        submit(cluster, namespace, whole_gpus("second-pair", ["a", "b"], one_root=True), "second-pair", node)
-        reason = wait_until(
-            lambda: unschedulable(cluster, namespace, "second-pair"), 90, "the second pair refused", scheduler
-        )
-        assert "cannot allocate all claims" in reason, reason
-        assert allocated(cluster, namespace, "second-pair") == []
-    finally:
-        for pod in ("holder", "pair", "second-pair"):
-            cluster.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{pod}?gracePeriodSeconds=0")
-        cluster.request("DELETE", slice_path)
+
+def test_a_claim_over_two_gpus_of_one_root_gets_them_and_one_that_cannot_waits(
+    cluster: ControlPlane, four_gpus: str, namespace: str, scheduler: Process
+) -> None:
+    node = four_gpus
+    published = cluster.get(f"{RESOURCE_API}/resourceslices/{node}-{contract.DRA_DRIVER}")["spec"]["devices"]
+    attributes = {d["name"]: d["attributes"] for d in published}
+    assert {n: a[contract.DRA_ATTRIBUTE_PCIE_ROOT]["string"] for n, a in attributes.items()} == {
+        "gpu-0": "pci0000:00", "gpu-1": "pci0000:00", "gpu-2": "pci0000:40", "gpu-3": "pci0000:40"
+    }  # fmt: skip
+    assert attributes["gpu-3"][contract.DRA_ATTRIBUTE_NUMA_NODE] == {"int": 1}
+    hold_gpu_1(cluster, namespace, node, scheduler)
+
+    submit(cluster, namespace, whole_gpus("pair", ["a", "b"], one_root=True), "pair", node)
+    pair = wait_until(lambda: allocated(cluster, namespace, "pair"), 90, "the pair's GPUs", scheduler)
+    assert sorted(pair) == ["gpu-2", "gpu-3"]  # the one root with two free GPUs
+
+    # left: gpu-0 alone under its root; two whole GPUs of one root fit nowhere, and the claim stays so
+    submit(cluster, namespace, whole_gpus("second-pair", ["a", "b"], one_root=True), "second-pair", node)
+    reason = wait_until(
+        lambda: unschedulable(cluster, namespace, "second-pair"), 90, "the second pair refused", scheduler
+    )
+    assert "cannot allocate all claims" in reason, reason
+    assert allocated(cluster, namespace, "second-pair") == []
+
+
+def test_without_the_constraint_the_allocator_takes_the_first_gpus_across_roots(
+    cluster: ControlPlane, four_gpus: str, namespace: str, scheduler: Process
+) -> None:
+    """The same pair with no constraint: what the constraint above changed."""
+    hold_gpu_1(cluster, namespace, four_gpus, scheduler)
+    submit(cluster, namespace, whole_gpus("pair", ["a", "b"], one_root=False), "pair", four_gpus)
+    pair = wait_until(lambda: allocated(cluster, namespace, "pair"), 90, "the pair's GPUs", scheduler)
+    assert sorted(pair) == ["gpu-0", "gpu-2"]
