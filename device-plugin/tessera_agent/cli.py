@@ -208,10 +208,11 @@ def _lane_options(g: argparse._ArgumentGroup) -> None:
 def _dra_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--lanes-api",
-        choices=("devicePlugin", "dra"),
+        choices=("devicePlugin", "dra", "auto"),
         default="devicePlugin",
         help="how lanes reach pods: the device plugin (with the scheduler extender) or the DRA driver "
-        f"{contract.DRA_DRIVER} (any scheduler; docs/dra.md)",
+        f"{contract.DRA_DRIVER} (any scheduler; docs/dra.md); auto: the DRA driver when a dry-run "
+        "ResourceSlice keeps its consumable capacity, else the device plugin with a Warning Event on the Node",
     )
     g.add_argument(
         "--kubelet-plugins-dir",
@@ -336,6 +337,11 @@ def _main(argv: list[str] | None) -> int:
             check_mps_binary(settings.mps_binary)
         except EnforcementError as err:
             return _refuse(str(err), code=1)
+    if settings.agent.lanes_api == "auto":  # decided once, before the kubelet hears of either API
+        chosen = asyncio.run(_resolve_lanes_api(settings.agent.node_name, settings.agent.slots_per_gpu))
+        settings = settings.model_copy(
+            update={"agent": settings.agent.model_copy(update={"lanes_api": chosen})}
+        )
     if settings.fake_gpus:
         cluster = _fake_cluster(settings, fake_pods)
     else:
@@ -348,6 +354,18 @@ def _main(argv: list[str] | None) -> int:
     agent = _build_agent(settings, cluster)
     asyncio.run(_run_until_signalled(agent, settings.shutdown_timeout_s))
     return 0
+
+
+async def _resolve_lanes_api(node: str, slots: int) -> str:
+    from tessera.kube import KubeClient, default_config
+
+    from tessera_agent.kubelet.dra_auto import agent_lanes_api
+
+    api = KubeClient(default_config())  # its own: a client's connections belong to one event loop
+    try:
+        return await agent_lanes_api(api, node, slots)
+    finally:
+        await api.close()
 
 
 async def _forget_nodes() -> int:

@@ -76,8 +76,9 @@ class AgentConfig(_Settings):
     extra_reserve_mib: int = Field(0, ge=0, le=MAX_MIB)
     restart_poll_s: Seconds = 1.0  # how often to look for a kubelet restart (§1.4)
     # How lanes reach pods: the device plugin (extended resources + the scheduler extender) or DRA (a
-    # ResourceSlice with consumable capacity and the kubelet's DRA plugin API; docs/dra.md).
-    lanes_api: Literal["devicePlugin", "dra"] = "devicePlugin"
+    # ResourceSlice with consumable capacity and the kubelet's DRA plugin API; docs/dra.md). auto: DRA when the
+    # API server keeps consumable capacity (kubelet/dra_auto.py, decided at start), else the device plugin.
+    lanes_api: Literal["devicePlugin", "dra", "auto"] = "devicePlugin"
     # The kubelet's plugin directories (under its --root-dir) and the CDI spec directory containerd reads.
     kubelet_plugins_dir: Path = Path(contract.KUBELET_PLUGINS_DIR)
     kubelet_registry_dir: Path = Path(contract.KUBELET_PLUGINS_REGISTRY_DIR)
@@ -120,7 +121,9 @@ class AgentConfig(_Settings):
             raise _fail(
                 "the BE feedback loop reads HP iteration times from the progress socket", "be_feedback"
             )
-        if self.lanes_api == "dra" and self.be_feedback:  # refused, never silently ignored (docs/dra.md)
+        if (
+            self.lanes_api != "devicePlugin" and self.be_feedback
+        ):  # refused, never silently ignored (docs/dra.md)
             raise _fail(
                 "the BE feedback loop (--be-feedback) is not available with DRA lanes yet: it restarts BE pods "
                 f"by their {contract.ANN_ASSIGNMENT}, which claims' pods do not carry; use --lanes-api devicePlugin",
@@ -181,7 +184,7 @@ class AgentSettings(_Settings):
             )
         if self.fake_pods is not None and not self.fake_gpus:
             raise _fail("fake pods need fake GPUs", "fake_pods")
-        if self.agent.lanes_api == "dra" and self.fake_gpus:
+        if self.agent.lanes_api != "devicePlugin" and self.fake_gpus:
             raise _fail(
                 "DRA lanes read claims from the Kubernetes API; --fake-gpus runs without one "
                 "(use --fake-gpu-backend)",

@@ -104,8 +104,10 @@ mapping for one list item. */}}
 {{- end -}}
 
 {{/*
-The lanes API in effect: lanes.api, with auto resolved by the cluster (consumable capacity, which DRA lanes
-need, is on by default from Kubernetes 1.36).
+The lanes API the chart renders for: lanes.api, with auto resolved by what the chart can see of the cluster
+(Kubernetes 1.36+, where consumable capacity, which DRA lanes need, is on by default, serving
+resource.k8s.io/v1). Whether the feature gate is on only a request shows: with auto the agent and the operator
+run with --lanes-api=auto (tessera.lanesApiFlag) and fall back to the device plugin at start when it is off.
 */}}
 {{- define "tessera.lanesApi" -}}
 {{- $api := .Values.lanes.api -}}
@@ -115,6 +117,18 @@ dra
 {{- else -}}
 devicePlugin
 {{- end -}}
+{{- else -}}
+{{ $api }}
+{{- end -}}
+{{- end }}
+
+
+{{/* The --lanes-api the agent and the operator run with: auto where lanes.api auto rendered the DRA parts
+(each then dry-runs what it writes and may still fall back to devicePlugin), else the rendered API. */}}
+{{- define "tessera.lanesApiFlag" -}}
+{{- $api := include "tessera.lanesApi" . -}}
+{{- if and (eq .Values.lanes.api "auto") (eq $api "dra") -}}
+auto
 {{- else -}}
 {{ $api }}
 {{- end -}}

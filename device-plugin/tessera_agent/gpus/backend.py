@@ -25,6 +25,9 @@ class GpuDevice:
     compute_capability: str = ""  # CUDA's "major.minor"; "" where unknown
     mig: bool = False  # MIG mode on
     minor: int | None = None  # the N of /dev/nvidiaN (NVML's minor number); None where unknown
+    pci_bus_id: str = ""  # NVML's PCI address (`00000000:3B:00.0`); "" where unknown
+    pcie_root: str | None = None  # the root complex above it (`pci0000:3a`, gpus.pci); None where unknown
+    numa_node: int | None = None  # the NUMA node the kernel puts it on; None where unknown
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,21 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import replace
+from typing import Any
 
 from tessera_agent.gpus.backend import MIB, GpuBackend, GpuDevice, GpuProcess, GpuUsage, HealthEvent
+
+
+def fake_topology(index: int, gpus_per_root: int) -> dict[str, Any]:
+    """GpuDevice's PCI fields for the `index`th GPU of a host with `gpus_per_root` GPUs per root complex:
+    root `pci0000:<0x40 * root number>`, the GPU on a bus below it, NUMA node = root number."""
+    root, slot = divmod(index, gpus_per_root)
+    bus = 0x40 * root
+    return {
+        "pci_bus_id": f"00000000:{bus + 1 + slot:02X}:00.0",
+        "pcie_root": f"pci0000:{bus:02x}",
+        "numa_node": root,
+    }
 
 
 class FakeGpuBackend(GpuBackend):
@@ -31,7 +44,10 @@ class FakeGpuBackend(GpuBackend):
         memory_mib: int = 40960,
         reserved_mib: int = 512,
         compute_capability: str = "8.0",
+        gpus_per_root: int = 2,
     ) -> FakeGpuBackend:
+        """`count` alike GPUs, `gpus_per_root` of them under each PCIe root complex (one NUMA node per root),
+        as NVML and sysfs would report a host of several root ports."""
         return cls(
             [
                 GpuDevice(
@@ -42,6 +58,7 @@ class FakeGpuBackend(GpuBackend):
                     memory_reserved_bytes=reserved_mib * MIB,
                     compute_capability=compute_capability,
                     minor=i,
+                    **fake_topology(i, gpus_per_root),
                 )
                 for i in range(count)
             ]

@@ -13,6 +13,7 @@ from typing import Any
 
 import pynvml
 
+from tessera_agent.gpus import pci
 from tessera_agent.gpus.backend import GpuBackend, GpuDevice, GpuProcess, GpuUsage, HealthEvent
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class NvmlGpuBackend(GpuBackend):
             except pynvml.NVMLError:  # older drivers: v1 has no reserved field
                 mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
                 reserved = 0
+            bus_id = _bus_id(handle)
             out.append(
                 GpuDevice(
                     index=int(pynvml.nvmlDeviceGetIndex(handle)),
@@ -70,6 +72,9 @@ class NvmlGpuBackend(GpuBackend):
                     compute_capability=_compute_capability(handle),
                     mig=_mig_enabled(handle),
                     minor=_minor(handle),
+                    pci_bus_id=bus_id,
+                    pcie_root=pci.pcie_root(bus_id) if bus_id else None,
+                    numa_node=pci.numa_node(bus_id) if bus_id else None,
                 )
             )
         return sorted(out, key=lambda g: g.index)
@@ -161,6 +166,16 @@ def _compute_capability(handle: Any) -> str:
     except pynvml.NVMLError:
         return ""
     return f"{major}.{minor}"
+
+
+def _bus_id(handle: Any) -> str:
+    """NVML's PCI address of the GPU (`00000000:3B:00.0`); "" where NVML cannot say (or says no address)."""
+    try:
+        bus_id = _str(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+        pci.sysfs_address(bus_id)
+    except (pynvml.NVMLError, ValueError):
+        return ""
+    return bus_id
 
 
 def _minor(handle: Any) -> int | None:

@@ -40,6 +40,17 @@ def _capacity(value: str, policy: dict[str, Any]) -> dict[str, Any]:
     return {"value": value, "requestPolicy": policy}
 
 
+def _topology(gpu: GpuDevice) -> dict[str, Any]:
+    """`pcieRoot` and `numaNode` where known: a claim of several GPUs keeps them under one root complex with
+    `constraints: [{matchAttribute: gpu.tessera.io/pcieRoot}]` (or one NUMA node with numaNode)."""
+    out: dict[str, Any] = {}
+    if gpu.pcie_root:
+        out[contract.DRA_ATTRIBUTE_PCIE_ROOT] = {"string": gpu.pcie_root}
+    if gpu.numa_node is not None:
+        out[contract.DRA_ATTRIBUTE_NUMA_NODE] = {"int": gpu.numa_node}
+    return out
+
+
 def device(
     gpu: GpuDevice, *, slots: int, extra_reserve_mib: int = 0, healthy: bool | None = None
 ) -> dict[str, Any]:
@@ -56,6 +67,7 @@ def device(
             "computeCapability": {"string": gpu.compute_capability},
             "mig": {"bool": gpu.mig},
             "health": {"string": HEALTHY if ok else UNHEALTHY},
+            **_topology(gpu),
         },
         "capacity": {
             contract.DRA_CAPACITY_MEMORY: _capacity(

@@ -38,6 +38,8 @@ DRA_CAPACITY_MEMORY: Final = "memory"  # bytes of the GPU's usable memory
 DRA_CAPACITY_COMPUTE: Final = "computeShare"  # percent of the GPU's SMs (MPS active thread percentage)
 DRA_CAPACITY_CLIENTS: Final = "clients"  # MPS client slots: each allocation takes one (slotsPerGpu per GPU)
 DRA_ATTRIBUTE_UUID: Final = "uuid"  # device attribute: the GPU's UUID (the operator's claims select by it)
+DRA_ATTRIBUTE_PCIE_ROOT: Final = "pcieRoot"  # device attribute: the GPU's PCIe root complex (pci0000:3a)
+DRA_ATTRIBUTE_NUMA_NODE: Final = "numaNode"  # device attribute: the GPU's NUMA node, where known
 DRA_CDI_KIND: Final = f"{DRA_DRIVER}/lane"  # CDI vendor/class of the devices NodePrepareResources returns
 
 # Annotations.

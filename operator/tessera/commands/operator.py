@@ -103,11 +103,12 @@ def _endpoint_options(group: argparse._ArgumentGroup) -> None:
     )
     group.add_argument(
         "--lanes-api",
-        choices=("devicePlugin", "dra"),
+        choices=("devicePlugin", "dra", "auto"),
         default="devicePlugin",
         help="how worker pods get their lanes: extended resources placed by the scheduler extender "
         "(devicePlugin, default) or ResourceClaimTemplates selecting the GPUs the policies chose (dra; the "
-        "node agent must run the DRA driver, docs/dra.md)",
+        "node agent must run the DRA driver, docs/dra.md); auto: dra when a dry-run template keeps its "
+        "capacity requests (consumable capacity on), else devicePlugin with a Warning Event on this pod",
     )
     group.add_argument(
         "--gateway-image",
@@ -167,7 +168,21 @@ def config_problem(err: ValidationError) -> str:
     )
 
 
+async def _resolve_lanes_api(namespace: str) -> str:
+    from tessera.dra_support import operator_lanes_api
+    from tessera.kube import KubeClient, default_config
+
+    api = KubeClient(default_config())
+    try:
+        return await operator_lanes_api(api, namespace, os.environ.get("POD_NAME"))
+    finally:
+        await api.close()
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.lanes_api == "auto":  # decided once, before any handler runs (the agents decide alike)
+        namespace = os.environ.get("POD_NAMESPACE") or (args.namespace or ["default"])[0]
+        args.lanes_api = asyncio.run(_resolve_lanes_api(namespace))
     try:
         config = config_from_args(args)
     except ValidationError as err:

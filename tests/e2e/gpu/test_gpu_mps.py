@@ -62,8 +62,12 @@ def test_nvml_discovers_gpus_and_inventory() -> None:
                 (g.index, g.uuid, g.model, g.memory_total_bytes >> 20, g.memory_reserved_bytes >> 20)
                 for g in gpus
             ],
+            "PCI:",
+            [(g.index, g.pci_bus_id, g.pcie_root, g.numa_node) for g in gpus],
         )
         assert gpus and all(g.uuid.startswith(("GPU-", "MIG-")) for g in gpus)
+        # a physical GPU has a PCI address and sits under a host bridge in sysfs (the slice's pcieRoot)
+        assert all(g.pci_bus_id and g.pcie_root and g.pcie_root.startswith("pci") for g in gpus), gpus
         assert all(0 < i["memoryMiB"] <= g.memory_total_bytes >> 20 for i, g in zip(inv, gpus, strict=True))
         usage = backend.usage(gpus[0].uuid)
         assert 0 <= usage.utilization_percent <= 100

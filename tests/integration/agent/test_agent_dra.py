@@ -192,6 +192,8 @@ async def test_slice_has_one_shareable_device_per_gpu(
         "computeCapability": {"string": "8.0"},
         "mig": {"bool": False},
         "health": {"string": "Healthy"},
+        "pcieRoot": {"string": "pci0000:00"},  # the fake's two GPUs share a root (gpus_per_root=2)
+        "numaNode": {"int": 0},
     }
     usable = f"{40960 - 512}Mi"  # total less the driver reserve
     assert dev["capacity"]["memory"] == {

@@ -257,7 +257,7 @@ def test_pods_of_namespaces_without_a_queue_and_the_operators_own_are_not_gated(
     assert status == 201, body
     try:
         path = f"/api/v1/namespaces/{labelled}/pods?dryRun=All"
-        # CPU only; another scheduler's; a DaemonSet's: none waits in the queue.
+        # CPU only; another scheduler's; a DaemonSet's; the operator's own: none waits in the queue.
         cpu = gpu_pod("cpu", 1)
         del cpu["spec"]["containers"][0]["resources"]
         other = gpu_pod("volcano", 1)
@@ -276,7 +276,12 @@ def test_pods_of_namespaces_without_a_queue_and_the_operators_own_are_not_gated(
             contract.LABEL_MANAGED_BY: contract.MANAGED_BY_VALUE,
             contract.LABEL_APP: "train",
         }
-        for body in (cpu, other, ds, own):
+        # A pod asking for its GPU through a claim (DRA lanes): team queues do not count claims (docs/dra.md).
+        dra = gpu_pod("dra", 1)
+        dra["spec"]["schedulerName"] = "default-scheduler"
+        dra["spec"]["resourceClaims"] = [{"name": "lane", "resourceClaimTemplateName": "lane-30"}]
+        dra["spec"]["containers"][0]["resources"] = {"claims": [{"name": "lane"}]}
+        for body in (cpu, other, ds, own, dra):
             status, out = cluster.request("POST", path, body)
             assert status == 201 and not gated(out), (body["metadata"]["name"], out)
         # A pod of its own gates keeps them beside the queue's.

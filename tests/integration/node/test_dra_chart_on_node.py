@@ -3,7 +3,7 @@ DRA driver under its own ServiceAccount (the chart's grants), the chart's Device
 pod's claim is allocated by kube-scheduler (the chart's tessera-scheduler, to which gpuNodes.reserve routes a
 labelled namespace's pods) and prepared by the agent pod (issue 30).
 
-Then the operator in DRA mode (the chart passes it `--lanes-api dra`): an App, a TrialGroup and a
+Then the operator in DRA mode (the chart passes it `--lanes-api auto`, which its dry run resolves to dra): an App, a TrialGroup and a
 ModelDeployment run end to end with no extender, each pod's ResourceClaimTemplate selecting the GPUs the
 policy chose, and every container sees exactly those GPUs and that lane in the env of the agent's CDI device.
 The node has two fake GPUs, so a choice can differ from what kube-scheduler's allocator would take unasked

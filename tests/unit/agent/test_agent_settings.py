@@ -100,6 +100,14 @@ def test_flags_fill_their_fields() -> None:
             ["--fake-gpus", "1", "--lanes-api", "dra"],
             "--fake-gpus (fake_gpus): DRA lanes read claims from the Kubernetes API",
         ),
+        (  # auto may choose DRA lanes: refused where they would be, before the API server is asked
+            ["--fake-gpus", "1", "--lanes-api", "auto"],
+            "--fake-gpus (fake_gpus): DRA lanes read claims from the Kubernetes API",
+        ),
+        (
+            ["--lanes-api", "auto", "--hp-be-lanes", "--be-feedback", "--progress-socket", "/run/p.sock"],
+            "--be-feedback (agent.be_feedback): the BE feedback loop (--be-feedback) is not available with DRA lanes",
+        ),
         (
             ["--fake-gpus", "1", "--reserve-node"],
             "--fake-gpus (fake_gpus): --reserve-node taints the Node through the Kubernetes API",
