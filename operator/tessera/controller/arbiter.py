@@ -494,16 +494,17 @@ class Arbiter:
         self.queues_stale, self._queues_at = False, time.monotonic()
         by_queue, max_rho = self._queue_workloads(now, cluster)
         facts = self._round_facts(now, cluster)
-        for name in sorted(self.queues.specs):
-            status = self.queues.status(
-                name, by_queue.get(name, []), self.queue_share.get(name, 0.0), facts, max_rho.get(name)
-            )
+        statuses = self.queues.statuses(by_queue, self.queue_share, facts, max_rho)
+        for name, status in statuses.items():
             self.queues.export(self.metrics, name, status)
             wire, uid = status.to_wire(), self.queues.uids.get(name, "")
             if self._queue_written.get(name) == (uid, wire):
                 continue
+            # A merge patch keeps the fields it leaves out: those unset now are cleared by name (a queue's
+            # last App gone takes its maxRho with it; a parent's last child, its `own`).
+            cleared = {f: None for f in ("maxRho", "own") if f not in wire}
             try:
-                await self.api.patch(QUEUES, "", name, {"status": wire}, sub="status")
+                await self.api.patch(QUEUES, "", name, {"status": {**wire, **cleared}}, sub="status")
                 self._queue_written[name] = (uid, wire)
             except KubeError as err:
                 if err.status != 404:  # a Queue deleted since: its delete handler cleans up
