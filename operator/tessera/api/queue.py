@@ -46,6 +46,26 @@ class ReclaimSpec(WireModel):
     )
 
 
+class BorrowWithinCohortSpec(WireModel):
+    """Whether a queue above its guarantee may take GPUs at once from lower-priority holdings of other queues
+    that are borrowing too (Kueue's ClusterQueue preemption.borrowWithinCohort)."""
+
+    policy: Literal["Never", "LowerPriority"] = Field(
+        default="Never",
+        description="Never: above its guarantee the queue gets the rest of its share as leases end. "
+        "LowerPriority: it takes it at once from holdings of queues above their share whose reclaim.mode is "
+        "immediate, of lower priority than its highest-priority waiting App (after their "
+        "reclaim.minRuntimeSeconds, with their reclaim.checkpointGraceSeconds).",
+    )
+    max_priority_threshold: int | None = Field(
+        default=None,
+        ge=-(2**31),
+        le=2**31 - 1,
+        description="With LowerPriority: only holdings of at most this priority are taken; unset: any lower "
+        "priority.",
+    )
+
+
 class PreemptionSpec(WireModel):
     """What this queue's waiting work may take before a lease ends (Kueue's ClusterQueue preemption)."""
 
@@ -61,6 +81,7 @@ class PreemptionSpec(WireModel):
         "at once (after reclaim.minRuntimeSeconds and with reclaim.checkpointGraceSeconds); Never: as their "
         "leases end.",
     )
+    borrow_within_cohort: BorrowWithinCohortSpec = Field(default_factory=BorrowWithinCohortSpec)
 
 
 class QueueSpec(WireModel):

@@ -449,6 +449,7 @@ class Arbiter:
         # Queues whose Apps won GPUs, or whose TrialGroups and ModelDeployments wait for some.
         gainers = sorted({queue_of[g.app_id] for g in decision.grants} | set(self.outside_waiting()))
         within = set(decision.record.get("within_queue", ()))
+        plan: list[Reclaim] = list(decision.record.get("reclaims", []))
         self.revoked = set()
         for app_id, gpus in decision.revoke.items():
             rec = by_id[app_id]
@@ -469,13 +470,16 @@ class Arbiter:
                     "(its preemption.withinQueue is LowerPriority)",
                 )
                 continue
-            to = ", ".join(q for q in gainers if q != queue_of[app_id]) or "another queue"
-            why = (
+            # The plan says for whom and why (below a guarantee, or borrowing within the cohort).
+            planned = [r for r in plan if r.owner == app_id and r.mode == "immediate"]
+            targets = sorted({r.for_queue for r in planned}) or [q for q in gainers if q != queue_of[app_id]]
+            to = ", ".join(targets) or "another queue"
+            why = "; ".join(dict.fromkeys(r.reason for r in planned)) or (
                 f"queue {queue_of[app_id]} is above its share and {to} below its guarantee with work waiting"
             )
             self._event(rec, "Warning", "Reclaimed", f"{n} GPU(s) taken back for {to}: {why}")
-            for q in gainers:
-                if q != queue_of[app_id] and q in self.queues.uids:
+            for q in targets:
+                if q in self.queues.uids:
                     body = {
                         "apiVersion": contract.API_VERSION,
                         "kind": contract.KIND_QUEUE,

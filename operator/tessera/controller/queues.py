@@ -140,6 +140,8 @@ class QueueBook:
                 s.reclaim.checkpoint_grace_seconds,
                 s.preemption.reclaim_within_cohort,
                 s.preemption.within_queue,
+                s.preemption.borrow_within_cohort.policy,
+                s.preemption.borrow_within_cohort.max_priority_threshold,
             )
             for name, s in self.specs.items()
         }
