@@ -1,10 +1,9 @@
 """Team queues on a real control plane, beyond two flat queues: a parent's maximum caps its children and a
 sibling gets its guarantee back at lease end, the parent's status counting its subtree; a Queue that
 breaks the hierarchy says so (Valid=False) and fails closed, its maximum still capping its children, until
-fixed; a ModelDeployment's replicas count
-against its queue and are given back to a queue owed its guarantee. The operator runs as the chart's
-ServiceAccount, pods are bound by the real kube-scheduler through the extender (test_queues.py has the
-flat cases and the helpers)."""
+fixed; a ModelDeployment's replicas count against its queue and are given back to a queue owed its
+guarantee. The operator runs as the chart's ServiceAccount, pods are bound by the real kube-scheduler
+through the extender (test_queues.py has the flat cases and the helpers)."""
 
 from __future__ import annotations
 
