@@ -187,7 +187,10 @@ class QueueBook:
             return below[q]
 
         own_held = {q: sum(w.held for w in ws) for q, ws in by_queue.items()}
-        held = {q: own_held.get(q, 0.0) + sum(own_held.get(d, 0.0) for d in subtree(q)) for q in self.specs}
+        held = {
+            q: own_held.get(q, 0.0) + sum(own_held.get(d, 0.0) for d in subtree(q))
+            for q in {*self.specs, *by_queue}
+        }
         rho = max_rho or {}
         out: dict[str, QueueStatus] = {}
         for name in sorted(self.specs) if only is None else [only]:
