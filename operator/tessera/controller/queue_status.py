@@ -120,9 +120,15 @@ def why_waiting(
         first = min(mine, key=lambda r: r.at)
         lenders = ", ".join(sorted({r.from_queue for r in mine}))
         n = sum(r.gpus for r in mine)
+        # Below its guarantee, or borrowing within the cohort (preemption.borrowWithinCohort) above it.
+        where = (
+            f"below its guarantee of {spec.guaranteed_gpus:g}"
+            if held < spec.guaranteed_gpus - _EPS
+            else f"borrowing above its guarantee of {spec.guaranteed_gpus:g}"
+        )
         return "Reclaiming", (
-            f"{n:g} GPU(s) are being reclaimed for queue {queue} (below its guarantee of "
-            f"{spec.guaranteed_gpus:g}) from {lenders}: the first {first.mode} at {_at(first.at)}"
+            f"{n:g} GPU(s) are being reclaimed for queue {queue} ({where}) from {lenders}: the first "
+            f"{first.mode} at {_at(first.at)}"
         )
     if queue in facts.blocked:
         return "LenderMinRuntime", (
