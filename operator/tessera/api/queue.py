@@ -46,6 +46,26 @@ class ReclaimSpec(WireModel):
     )
 
 
+class BorrowWithinCohortSpec(WireModel):
+    """Whether a queue above its guarantee may take GPUs at once from lower-priority holdings of other queues
+    that are borrowing too (Kueue's ClusterQueue preemption.borrowWithinCohort)."""
+
+    policy: Literal["Never", "LowerPriority"] = Field(
+        default="Never",
+        description="Never: above its guarantee the queue gets the rest of its share as leases end. "
+        "LowerPriority: it takes it at once from holdings of queues above their share whose reclaim.mode is "
+        "immediate, of lower priority than its highest-priority waiting App (after their "
+        "reclaim.minRuntimeSeconds, with their reclaim.checkpointGraceSeconds).",
+    )
+    max_priority_threshold: int | None = Field(
+        default=None,
+        ge=-(2**31),
+        le=2**31 - 1,
+        description="With LowerPriority: only holdings of at most this priority are taken; unset: any lower "
+        "priority.",
+    )
+
+
 class PreemptionSpec(WireModel):
     """What this queue's waiting work may take before a lease ends (Kueue's ClusterQueue preemption)."""
 
@@ -61,6 +81,7 @@ class PreemptionSpec(WireModel):
         "at once (after reclaim.minRuntimeSeconds and with reclaim.checkpointGraceSeconds); Never: as their "
         "leases end.",
     )
+    borrow_within_cohort: BorrowWithinCohortSpec = Field(default_factory=BorrowWithinCohortSpec)
 
 
 class QueueSpec(WireModel):
@@ -149,6 +170,9 @@ class PendingWorkload(WireModel):
     kind: WorkloadKind
     namespace: str
     name: str
+    queue: str = Field(
+        description="The queue it belongs to: this one, or for a parent's status a queue of its subtree."
+    )
     gpus: float = Field(ge=0, description="GPUs it waits for (beyond those it holds).")
     since: str = Field(description="RFC 3339 time it began waiting, as far as this operator has seen.")
     reason: str = Field(
@@ -159,22 +183,36 @@ class PendingWorkload(WireModel):
     message: str = Field(description="The reason in words, with the numbers and times behind it.")
 
 
+class OwnUsage(WireModel):
+    """A parent queue's own objects (those of the namespaces it serves itself), apart from its children's."""
+
+    share_gpus: float = Field(default=0.0, ge=0, description="GPUs the division entitles its own objects to.")
+    allocated_gpus: float = Field(default=0.0, ge=0, description="GPUs its own objects hold.")
+    waiting: int = Field(default=0, ge=0, description="Its own objects waiting for GPUs.")
+
+
 class QueueStatus(WireModel):
-    """What the operator reports for a Queue every round."""
+    """What the operator reports for a Queue every round. For a queue with children every count is its
+    subtree's (its guarantee and maximum are too); `own` keeps its own objects' part."""
 
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation of the spec this status reflects."
     )
-    share_gpus: float = Field(default=0.0, ge=0, description="GPUs the division entitles the queue to now.")
+    share_gpus: float = Field(
+        default=0.0, ge=0, description="GPUs the division entitles the queue (its subtree) to now."
+    )
     allocated_gpus: float = Field(
         default=0.0,
         ge=0,
-        description="GPUs its objects hold now: Apps' leases, TrialGroups' pools, ModelDeployments' replicas.",
+        description="GPUs its objects (its subtree's) hold now: Apps' leases, TrialGroups' pools, "
+        "ModelDeployments' replicas, admitted pods.",
     )
     allocated_by_kind: GPUsByKind = Field(
         default_factory=GPUsByKind, description="allocatedGPUs by the kind of object holding them."
     )
-    borrowed_gpus: float = Field(default=0.0, ge=0, description="GPUs held above its guarantee.")
+    borrowed_gpus: float = Field(
+        default=0.0, ge=0, description="GPUs held above its guarantee (by its subtree)."
+    )
     lent_gpus: float = Field(
         default=0.0,
         ge=0,
@@ -195,7 +233,12 @@ class QueueStatus(WireModel):
         description=f"The waiting objects that have waited longest (at most {PENDING_LIMIT}; waiting counts "
         "them all), longest first, each with what it waits for and why.",
     )
-    max_rho: float | None = Field(default=None, ge=0, description="Largest ρ among its Apps now.")
+    own: OwnUsage | None = Field(
+        default=None, description="For a queue with children: its own objects' share, GPUs and waiting count."
+    )
+    max_rho: float | None = Field(
+        default=None, ge=0, description="Largest ρ among its Apps (its subtree's) now."
+    )
     namespaces: list[str] = Field(default_factory=list, description="Namespaces the queue serves.")
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -449,6 +449,7 @@ class Arbiter:
         # Queues whose Apps won GPUs, or whose TrialGroups and ModelDeployments wait for some.
         gainers = sorted({queue_of[g.app_id] for g in decision.grants} | set(self.outside_waiting()))
         within = set(decision.record.get("within_queue", ()))
+        plan: list[Reclaim] = list(decision.record.get("reclaims", []))
         self.revoked = set()
         for app_id, gpus in decision.revoke.items():
             rec = by_id[app_id]
@@ -469,13 +470,16 @@ class Arbiter:
                     "(its preemption.withinQueue is LowerPriority)",
                 )
                 continue
-            to = ", ".join(q for q in gainers if q != queue_of[app_id]) or "another queue"
-            why = (
+            # The plan says for whom and why (below a guarantee, or borrowing within the cohort).
+            planned = [r for r in plan if r.owner == app_id and r.mode == "immediate"]
+            targets = sorted({r.for_queue for r in planned}) or [q for q in gainers if q != queue_of[app_id]]
+            to = ", ".join(targets) or "another queue"
+            why = "; ".join(dict.fromkeys(r.reason for r in planned)) or (
                 f"queue {queue_of[app_id]} is above its share and {to} below its guarantee with work waiting"
             )
             self._event(rec, "Warning", "Reclaimed", f"{n} GPU(s) taken back for {to}: {why}")
-            for q in gainers:
-                if q != queue_of[app_id] and q in self.queues.uids:
+            for q in targets:
+                if q in self.queues.uids:
                     body = {
                         "apiVersion": contract.API_VERSION,
                         "kind": contract.KIND_QUEUE,
@@ -494,16 +498,17 @@ class Arbiter:
         self.queues_stale, self._queues_at = False, time.monotonic()
         by_queue, max_rho = self._queue_workloads(now, cluster)
         facts = self._round_facts(now, cluster)
-        for name in sorted(self.queues.specs):
-            status = self.queues.status(
-                name, by_queue.get(name, []), self.queue_share.get(name, 0.0), facts, max_rho.get(name)
-            )
+        statuses = self.queues.statuses(by_queue, self.queue_share, facts, max_rho)
+        for name, status in statuses.items():
             self.queues.export(self.metrics, name, status)
             wire, uid = status.to_wire(), self.queues.uids.get(name, "")
             if self._queue_written.get(name) == (uid, wire):
                 continue
+            # A merge patch keeps the fields it leaves out: those unset now are cleared by name (a queue's
+            # last App gone takes its maxRho with it; a parent's last child, its `own`).
+            cleared = {f: None for f in ("maxRho", "own") if f not in wire}
             try:
-                await self.api.patch(QUEUES, "", name, {"status": wire}, sub="status")
+                await self.api.patch(QUEUES, "", name, {"status": {**wire, **cleared}}, sub="status")
                 self._queue_written[name] = (uid, wire)
             except KubeError as err:
                 if err.status != 404:  # a Queue deleted since: its delete handler cleans up

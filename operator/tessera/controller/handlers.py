@@ -368,6 +368,12 @@ class Controller:
         if self.arbiter is not None and self.queues.active:
             self.arbiter.dirty = True
 
+    async def round_after_delete(self) -> None:
+        """A round now for an object deleted under team queues: the objects' timers drive rounds, and with
+        a queue's last object gone none would be left to refresh its status (held, waiting, maxRho)."""
+        if self.arbiter is not None and self.queues.active and not self.stopping:
+            await self.arbiter.maybe_run()
+
     def queue_news(self) -> None:
         """What a TrialGroup, ModelDeployment or queued pod holds or waits for changed: the Queues' status
         is refreshed at the next tick, without waiting for a round."""
@@ -603,6 +609,7 @@ def _app_handlers(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
     async def app_delete(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
         namespace = namespaced(namespace)
         await ctl.need(ctl.arbiter).remove((namespace, name))
+        await ctl.round_after_delete()
         assert ctl.api is not None
         pods = ctl.view.pods_with(contract.LABEL_APP, name, namespace)
         for pod in pods:
@@ -792,6 +799,7 @@ def _kind_handlers(
         rec.discard(str(body.metadata.uid))
         if ctl.arbiter is not None:
             ctl.arbiter.dirty = True  # the object's GPUs are free for Apps again
+        await ctl.round_after_delete()
         ctl.admit_soon()
 
 

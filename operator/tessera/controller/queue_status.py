@@ -1,5 +1,6 @@
 """What a Queue's status says about its objects: GPUs they hold and objects waiting, by kind, and for the
-waiting ones (`pending`) what each waits for and why.
+waiting ones (`pending`) what each waits for and why. A parent's status is its subtree's (its own objects
+and its descendants'), as its guarantee and maximum are; `own` keeps its own objects' part.
 
 The reasons are the ones the operator can tell apart from what a round knows (the division, the reclaim
 plan, the free GPUs, the App leases) and from what a TrialGroup's or ModelDeployment's own pass found.
@@ -99,11 +100,19 @@ def _at(t: float) -> str:
 
 
 def why_waiting(
-    w: Workload, queue: str, spec: QueueSpec, held: float, share: float, facts: RoundFacts
+    w: Workload,
+    queue: str,
+    spec: QueueSpec,
+    held: float,
+    share: float,
+    facts: RoundFacts,
+    capped: float | None = None,
 ) -> tuple[str, str]:
-    """(reason, message) for a waiting object of `queue`, which holds `held` GPUs of its `share`."""
-    if spec.max_gpus is not None and held >= spec.max_gpus - _EPS:
-        return "QueueAtMax", f"queue {queue} holds {held:g} GPUs, its maxGPUs {spec.max_gpus:g}"
+    """(reason, message) for a waiting object of `queue`, whose own objects hold `held` GPUs of its own
+    `share`; `capped` is what its maximum caps (its subtree's holding; default `held`)."""
+    capped = held if capped is None else capped
+    if spec.max_gpus is not None and capped >= spec.max_gpus - _EPS:
+        return "QueueAtMax", f"queue {queue} holds {capped:g} GPUs, its maxGPUs {spec.max_gpus:g}"
     if w.reason in (NO_GPU_OF_TYPE, WAITING_FOR_PODS):
         return w.reason, w.message
     mine = [r for r in facts.reclaims if r.for_queue == queue]
@@ -111,9 +120,15 @@ def why_waiting(
         first = min(mine, key=lambda r: r.at)
         lenders = ", ".join(sorted({r.from_queue for r in mine}))
         n = sum(r.gpus for r in mine)
+        # Below its guarantee, or borrowing within the cohort (preemption.borrowWithinCohort) above it.
+        where = (
+            f"below its guarantee of {spec.guaranteed_gpus:g}"
+            if held < spec.guaranteed_gpus - _EPS
+            else f"borrowing above its guarantee of {spec.guaranteed_gpus:g}"
+        )
         return "Reclaiming", (
-            f"{n:g} GPU(s) are being reclaimed for queue {queue} (below its guarantee of "
-            f"{spec.guaranteed_gpus:g}) from {lenders}: the first {first.mode} at {_at(first.at)}"
+            f"{n:g} GPU(s) are being reclaimed for queue {queue} ({where}) from {lenders}: the first "
+            f"{first.mode} at {_at(first.at)}"
         )
     if queue in facts.blocked:
         return "LenderMinRuntime", (
@@ -139,33 +154,64 @@ def why_waiting(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One queue of a subtree with its own objects and its own share (a parent's status sums its subtree's
+    parts)."""
+
+    queue: str
+    spec: QueueSpec
+    workloads: Sequence[Workload]
+    share: float
+
+
 def summary(
-    queue: str, spec: QueueSpec, workloads: Iterable[Workload], share: float, facts: RoundFacts | None
+    queue: str,
+    spec: QueueSpec,
+    workloads: Iterable[Workload],
+    share: float,
+    facts: RoundFacts | None,
+    descendants: Sequence[Part] = (),
+    subtree_held: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The status fields (wire names) about the queue's objects: allocated, borrowed, lent and waiting
-    over every kind, by kind, and the pending list."""
+    """The status fields (wire names) about the objects of the queue's subtree (`workloads` and `share` are
+    its own; `descendants` the queues below it, each with its own): share, allocated, borrowed, lent and
+    waiting over every kind, by kind, and the pending list, each entry with why it waits in its own queue.
+    A queue with children also gets `own`: its own objects' share, GPUs and waiting count.
+    `subtree_held` (queue → GPUs its subtree holds) is what each queue's maximum caps (default: own)."""
     facts = facts if facts is not None else RoundFacts(now=0.0)
+    parts = [Part(queue, spec, list(workloads), share), *descendants]
     by_kind = dict.fromkeys(KIND_FIELDS.values(), 0.0)
     waiting_by_kind = dict.fromkeys(KIND_FIELDS.values(), 0)
-    waiting: list[Workload] = []
+    waiting: list[tuple[Workload, Part]] = []
+    own_held: dict[str, float] = {}
     held = demand = 0.0
-    for w in workloads:
-        key = KIND_FIELDS[w.kind]
-        by_kind[key] += w.held
-        held += w.held
-        demand += w.held + w.wants
-        if w.waiting:
-            waiting_by_kind[key] += 1
-            waiting.append(w)
-    oldest = heapq.nsmallest(PENDING_LIMIT, waiting, key=lambda w: (w.since, w.kind, w.namespace, w.name))
+    for part in parts:
+        own_held[part.queue] = 0.0
+        for w in part.workloads:
+            key = KIND_FIELDS[w.kind]
+            by_kind[key] += w.held
+            own_held[part.queue] += w.held
+            demand += w.held + w.wants
+            if w.waiting:
+                waiting_by_kind[key] += 1
+                waiting.append((w, part))
+        held += own_held[part.queue]
+    oldest = heapq.nsmallest(
+        PENDING_LIMIT, waiting, key=lambda wp: (wp[0].since, wp[0].kind, wp[0].namespace, wp[0].name)
+    )
     pending = []
-    for w in oldest:
-        reason, message = why_waiting(w, queue, spec, held, share, facts)
+    for w, part in oldest:
+        capped = own_held[part.queue] if subtree_held is None else subtree_held.get(part.queue, 0.0)
+        reason, message = why_waiting(
+            w, part.queue, part.spec, own_held[part.queue], part.share, facts, capped=capped
+        )
         pending.append(
             {
                 "kind": w.kind,
                 "namespace": w.namespace,
                 "name": w.name,
+                "queue": part.queue,
                 "gpus": w.wants,
                 "since": stamp(w.since),
                 "reason": reason,
@@ -173,7 +219,8 @@ def summary(
             }
         )
     lend_cap = math.inf if spec.lending_limit_gpus is None else spec.lending_limit_gpus
-    return {
+    out: dict[str, Any] = {
+        "shareGPUs": sum(p.share for p in parts),
         "allocatedGPUs": held,
         "allocatedByKind": by_kind,
         "borrowedGPUs": max(0.0, held - spec.guaranteed_gpus),
@@ -182,3 +229,10 @@ def summary(
         "waitingByKind": waiting_by_kind,
         "pending": pending,
     }
+    if descendants:
+        out["own"] = {
+            "shareGPUs": share,
+            "allocatedGPUs": own_held[queue],
+            "waiting": sum(1 for _, p in waiting if p.queue == queue),
+        }
+    return out

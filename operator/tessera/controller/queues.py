@@ -18,7 +18,7 @@ from typing import Any
 from tessera.api import contract
 from tessera.api.queue import DEFAULT_QUEUE, QueueSpec, QueueStatus, hierarchy_errors
 from tessera.controller.conditions import Cond, condition, find
-from tessera.controller.queue_status import FIELD_KINDS, RoundFacts, Workload, summary
+from tessera.controller.queue_status import FIELD_KINDS, Part, RoundFacts, Workload, summary
 from tessera.metrics import ComponentMetrics
 from tessera.policy.queues import QueueNode, ReclaimRule
 
@@ -140,6 +140,8 @@ class QueueBook:
                 s.reclaim.checkpoint_grace_seconds,
                 s.preemption.reclaim_within_cohort,
                 s.preemption.within_queue,
+                s.preemption.borrow_within_cohort.policy,
+                s.preemption.borrow_within_cohort.max_priority_threshold,
             )
             for name, s in self.specs.items()
         }
@@ -156,9 +158,60 @@ class QueueBook:
         max_rho: float | None = None,
         generation: int | None = None,
     ) -> QueueStatus:
-        """A Queue's status from its objects of every kind (`workloads`: those of its namespaces), its
-        share, what the round knows about waits (`facts`) and the largest ρ among its Apps."""
-        spec = self.specs.get(name, QueueSpec())
+        """One Queue's status from its own objects (`workloads`: those of its namespaces) and own share,
+        as if its children had none (`statuses` counts their subtrees)."""
+        rho = {name: max_rho} if max_rho is not None else {}
+        st = self.statuses({name: list(workloads)}, {name: share}, facts, rho, only=name)[name]
+        return st.model_copy(update={"observed_generation": generation}) if generation is not None else st
+
+    def statuses(
+        self,
+        by_queue: Mapping[str, Sequence[Workload]],
+        shares: Mapping[str, float],
+        facts: RoundFacts | None = None,
+        max_rho: Mapping[str, float] | None = None,
+        only: str | None = None,
+    ) -> dict[str, QueueStatus]:
+        """Every Queue's status (or `only` one's) from each queue's own objects (`by_queue`), own shares
+        (`shares`), what the round knows about waits (`facts`) and the largest ρ among each queue's own
+        Apps. A parent's counts are its subtree's, as its guarantee and maximum are (`own`: its own)."""
+        kids: dict[str, list[str]] = {}
+        for n in self.nodes():  # the tree the division uses (links that close a cycle cut)
+            if n.parent is not None:
+                kids.setdefault(n.parent, []).append(n.name)
+        below: dict[str, list[str]] = {}
+
+        def subtree(q: str) -> list[str]:  # the queues below q, depth first
+            if q not in below:
+                below[q] = [d for c in kids.get(q, []) for d in (c, *subtree(c))]
+            return below[q]
+
+        own_held = {q: sum(w.held for w in ws) for q, ws in by_queue.items()}
+        held = {
+            q: own_held.get(q, 0.0) + sum(own_held.get(d, 0.0) for d in subtree(q))
+            for q in {*self.specs, *by_queue}
+        }
+        rho = max_rho or {}
+        out: dict[str, QueueStatus] = {}
+        for name in sorted(self.specs) if only is None else [only]:
+            spec = self.specs.get(name, QueueSpec())
+            parts = [
+                Part(d, self.specs[d], by_queue.get(d, ()), shares.get(d, 0.0))
+                for d in subtree(name)
+                if d in self.specs
+            ]
+            rhos = [rho[q] for q in (name, *subtree(name)) if q in rho]
+            out[name] = self._status(
+                name,
+                spec,
+                summary(name, spec, by_queue.get(name, ()), shares.get(name, 0.0), facts, parts, held),
+                max(rhos) if rhos else None,
+            )
+        return out
+
+    def _status(
+        self, name: str, spec: QueueSpec, counts: Mapping[str, Any], max_rho: float | None
+    ) -> QueueStatus:
         errors = hierarchy_errors(self.specs).get(name, [])
         cond = {
             "type": "Valid",
@@ -173,9 +226,7 @@ class QueueBook:
         }
         return QueueStatus.model_validate(
             {
-                "observedGeneration": generation,
-                "shareGPUs": share,
-                **summary(name, spec, workloads, share, facts),
+                **counts,
                 "maxRho": max_rho,
                 "namespaces": self.namespaces(name),
                 "conditions": [cond],

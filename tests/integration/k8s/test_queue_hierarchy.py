@@ -1,9 +1,9 @@
 """Team queues on a real control plane, beyond two flat queues: a parent's maximum caps its children and a
-sibling gets its guarantee back at lease end; a Queue that breaks the hierarchy says so (Valid=False) and
-fails closed, its maximum still capping its children, until fixed; a ModelDeployment's replicas count
-against its queue and are given back to a queue owed its guarantee. The operator runs as the chart's
-ServiceAccount, pods are bound by the real kube-scheduler through the extender (test_queues.py has the
-flat cases and the helpers)."""
+sibling gets its guarantee back at lease end, the parent's status counting its subtree; a Queue that
+breaks the hierarchy says so (Valid=False) and fails closed, its maximum still capping its children, until
+fixed; a ModelDeployment's replicas count against its queue and are given back to a queue owed its
+guarantee. The operator runs as the chart's ServiceAccount, pods are bound by the real kube-scheduler
+through the extender (test_queues.py has the flat cases and the helpers)."""
 
 from __future__ import annotations
 
@@ -138,6 +138,20 @@ async def test_a_parents_maximum_caps_its_subtree_and_a_sibling_gets_its_guarant
         await more_rounds(ctl)
         assert gpus(cluster, t["y"], "steady") == 0 and not app_pods(cluster, t["y"], "steady")
         assert gpus(cluster, t["x"], "burst") == 6
+        # org's status is its subtree's: x's 6 (2 above org's guarantee), x's burst waiting for 2 more and
+        # y's App waiting; org's own namespace (no objects) takes no part in it.
+        org = await wait_for(
+            lambda: (s := queue_status(cluster, t["org.queue"])).get("waiting") == 2 and s,
+            60,
+            "org's status",
+            lambda: str(queue_status(cluster, t["org.queue"])),
+        )
+        assert (org["shareGPUs"], org["allocatedGPUs"], org["borrowedGPUs"]) == (6, 6, 2), org
+        assert sorted((p["queue"], p["name"]) for p in org["pending"]) == [
+            (t["x.queue"], "burst"),
+            (t["y.queue"], "steady"),
+        ], org
+        assert org["own"] == {"shareGPUs": 0, "allocatedGPUs": 0, "waiting": 0}, org
         clock.advance(101)  # x's lease ends: org's 6 are divided 4 and 2
         await wait_for(
             lambda: pods_bound(cluster, t["y"], "steady", 2),

@@ -1,7 +1,8 @@
 """Priority and preemption in team queues on a real control plane: PriorityClasses created through the API
 give Apps their priority; a higher-priority App in a full queue takes GPUs from a lower-priority one
 (`preemption.withinQueue: LowerPriority`); a queue reclaiming under `reclaimWithinCohort: LowerPriority`
-takes only lower-priority holdings; and an `immediate` reclaim waits for the lender's `minRuntimeSeconds`
+takes only lower-priority holdings; a queue borrowing under `borrowWithinCohort: LowerPriority` takes
+GPUs at once from a lower-priority App of another borrowing queue; and an `immediate` reclaim waits for the lender's `minRuntimeSeconds`
 counted from the start of its holding, not from the App's creation. The operator runs as the chart's
 ServiceAccount (so its RBAC must allow watching PriorityClasses), pods are bound by the real kube-scheduler
 through the extender."""
@@ -286,3 +287,56 @@ async def test_a_non_preemptible_app_keeps_its_gpus_past_its_lease_ends(
         )
         clock.advance(101)  # the next lease end brings a round
         await wait_for(lambda: gpus(cluster, t["a"], "vip") == 2, 90, "vip on the GPUs the pinned App left")
+
+
+async def test_a_borrowing_high_priority_app_takes_gpus_from_a_lower_priority_borrower(
+    cluster: ControlPlane,
+    chart_rbac: dict[str, Credentials],
+    scheduling: Scheduling,
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    # 4 GPUs; teams A and B guaranteed 1 each, A lending under immediate. A's priority-10 App borrows 3
+    # while B is idle. B's priority-1000 App asks for 3: the division gives each team 2. B's guarantee comes
+    # from the free GPU; its second GPU is borrowed, and with borrowWithinCohort LowerPriority B takes it at
+    # once from A's App (above A's share of 2) instead of waiting for A's lease to end (the clock stands still).
+    clock = ManualClock()
+    nodes.add(f"{namespace}-n1", gpus=4)
+    spec_a = {"guaranteedGPUs": 1, "reclaim": {"mode": "immediate", "checkpointGraceSeconds": 3}}
+    spec_b = {"guaranteedGPUs": 1, "preemption": {"borrowWithinCohort": {"policy": "LowerPriority"}}}
+    async with (
+        priority_classes(cluster, high=1000, low=10) as pc,
+        teams(cluster, namespace, a=spec_a, b=spec_b) as t,
+        kubelet(cluster, t["a"]) as kl,
+        kubelet(cluster, t["b"]),
+        operator(cluster, chart_rbac["operator"], t["a"], lease_s=1000.0, clock=clock) as ctl,
+    ):
+        await seen(ctl, t, "a", "b")
+        await wait_for(
+            lambda: ctl.priority_classes is not None and pc["high"] in ctl.priority_classes,
+            60,
+            "classes seen",
+        )
+        three = [job(f"j{i}", 1, 10**8) for i in range(3)]
+        await call(cluster, "POST", app_path(t["a"]), ranked_app("bulk", three, pc["low"]))
+        await wait_for(lambda: gpus(cluster, t["a"], "bulk") == 3, 90, "A's App borrowing 3 GPUs")
+        earlier = set(kl.grace)
+        await call(cluster, "POST", app_path(t["b"]), ranked_app("vip", three, pc["high"]))
+        await wait_for(
+            lambda: (p := app_pods(cluster, t["b"], "vip")) and len(p) == 2 and bound(p),
+            120,
+            "B's pods bound on the free GPU and one of bulk's",
+            lambda: scheduling_report(cluster, t["a"], t["b"], scheduling=scheduling),
+        )
+        await wait_for(lambda: gpus(cluster, t["b"], "vip") == 2, 60, "B's status")
+        await wait_for(lambda: gpus(cluster, t["a"], "bulk") == 2, 60, "bulk down to its queue's share")
+        reclaimed = await wait_for(lambda: events(cluster, t["a"], "Reclaimed"), 60, "the event on bulk")
+        assert any("borrowWithinCohort" in e["message"] for e in reclaimed), reclaimed
+        await wait_for(lambda: set(kl.grace) - earlier, 60, "bulk's pod deleted")
+        assert {kl.grace[p] for p in set(kl.grace) - earlier} == {3}, kl.grace  # A's checkpoint grace
+        # B holds its share: another round takes nothing more (bulk is at A's share).
+        arbiter = ctl.need(ctl.arbiter)
+        before = arbiter.rounds
+        arbiter.dirty = True
+        await wait_for(lambda: arbiter.rounds > before, 60, "a round")
+        assert gpus(cluster, t["a"], "bulk") == 2 and gpus(cluster, t["b"], "vip") == 2

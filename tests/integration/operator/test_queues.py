@@ -558,3 +558,64 @@ async def test_a_namespace_naming_a_missing_queue_is_reported_on_its_objects(
         for _, name in objects:
             got = await wait_for(partial(news, "QueueResolved", name, 2), what=f"{name}'s label news")
             assert any("no longer names a queue" in e["message"] for e in got), got
+
+
+async def test_a_parents_status_counts_its_subtree(api: kmock.KubernetesEmulator) -> None:
+    # org (guaranteed 4) holds team-a and team-b; 6 GPUs, no other demand: org's subtree gets all 6
+    # (a 5, b 1) and a's App waits for 2 more. The parent's status is its subtree's; `own` its own objects'.
+    add_node(api, "n1", 6)
+    setup_queues(
+        api,
+        org={"guaranteedGPUs": 4},
+        **{
+            "team-a": {"parent": "org", "guaranteedGPUs": 2},
+            "team-b": {"parent": "org", "guaranteedGPUs": 2},
+            "other": {"guaranteedGPUs": 2},
+        },
+    )
+    async with running_operator(api, queues=True) as ctl:
+        await label_namespaces(ctl, "team-a", "team-b", "org", "other")
+        await create_app(api, "a", "team-a", 7)
+        await create_app(api, "b", "team-b", 1)
+        await wait_for(lambda: gpus(api, "team-a", "a") == 5 and gpus(api, "team-b", "b") == 1, what="grants")
+        org = await wait_for(
+            lambda: (s := queue_status(api, "org")).get("allocatedGPUs") == 6 and s, what="org's status"
+        )
+        assert (org["shareGPUs"], org["borrowedGPUs"], org["lentGPUs"]) == (6, 2, 0)
+        assert org["allocatedByKind"]["apps"] == 6 and org["waiting"] == 1
+        assert [(p["queue"], p["name"], p["gpus"]) for p in org["pending"]] == [("team-a", "a", 2)]
+        assert org["own"] == {"shareGPUs": 0, "allocatedGPUs": 0, "waiting": 0}
+        a = queue_status(api, "team-a")
+        assert (a["allocatedGPUs"], a["shareGPUs"], a["borrowedGPUs"], a["waiting"]) == (5, 5, 3, 1)
+        assert "own" not in a  # a leaf: its own objects are its subtree
+        assert ctl.metrics.gauge("tessera_queue_allocated_gpus").labels(queue="org")._value.get() == 6
+
+
+async def test_a_queues_status_is_cleared_when_its_last_app_goes(api: kmock.KubernetesEmulator) -> None:
+    # No App (nor TrialGroup, ModelDeployment) is left whose timer would run a round: the deletion must.
+    add_node(api, "n1", 4)
+    setup_queues(api, **{"team-a": {"guaranteedGPUs": 2}})
+    clock = ManualClock()
+    async with running_operator(api, queues=True, clock=clock) as ctl:
+        await label_namespaces(ctl, "team-a")
+        await create_app(api, "a", "team-a", 6)
+        st = await wait_for(
+            lambda: (
+                (s := queue_status(api, "team-a")).get("allocatedGPUs") == 4 and s.get("waiting") == 1 and s
+            ),
+            what="team-a's status with its App",
+        )
+        assert st["pending"] and st["borrowedGPUs"] == 2
+        for _ in range(50):  # rounds until the App has a ρ (it needs GPU-seconds)
+            if "maxRho" in queue_status(api, "team-a"):
+                break
+            clock.advance(2.0)
+            await ctl.need(ctl.arbiter).maybe_run()
+        assert "maxRho" in queue_status(api, "team-a")
+        await api.delete(f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/team-a/apps/a")
+        st = await wait_for(
+            lambda: (s := queue_status(api, "team-a")).get("allocatedGPUs") == 0 and s,
+            what="team-a's status without its App",
+        )
+        assert (st["borrowedGPUs"], st["waiting"], st["pending"], st["lentGPUs"]) == (0, 0, [], 2)
+        assert "maxRho" not in st

@@ -196,6 +196,45 @@ def test_status_figures() -> None:
     assert (b.allocated_gpus, b.borrowed_gpus, b.lent_gpus, b.waiting, b.max_rho) == (0, 0, 3, 1, None)
 
 
+def test_a_parents_status_is_its_subtrees() -> None:
+    # org (guaranteed 6, max 8) ⊃ mid (guaranteed 4) ⊃ leaf (guaranteed 2). leaf's App holds 3 of its share 3
+    # and waits for 2 more; mid's own App holds 2 (share 2); org's own App holds 1, share 1 and waits for 1
+    # (since 5, before leaf's since 10); org's whole subtree holds 6 of its maximum 8.
+    book = QueueBook()
+    book.set_queue("org", spec(guaranteedGPUs=6, maxGPUs=8))
+    book.set_queue("mid", spec(parent="org", guaranteedGPUs=4))
+    book.set_queue("leaf", spec(parent="mid", guaranteedGPUs=2))
+    by_queue = {
+        "org": [Workload("App", "o", "o1", 1.0, 1.0, since=5.0)],
+        "mid": [Workload("App", "m", "m1", 2.0)],
+        "leaf": [Workload("App", "l", "l1", 3.0, 2.0, since=10.0)],
+    }
+    st = book.statuses(by_queue, {"org": 1.0, "mid": 2.0, "leaf": 3.0}, max_rho={"leaf": 1.5, "org": 1.2})
+    org, mid, leaf = st["org"], st["mid"], st["leaf"]
+    # org: 6 held of a share of 6 → nothing borrowed (guarantee 6); demand 9 ≥ 6, nothing lent; 2 wait.
+    assert (org.share_gpus, org.allocated_gpus, org.borrowed_gpus, org.lent_gpus, org.waiting) == (
+        6,
+        6,
+        0,
+        0,
+        2,
+    )
+    assert org.own is not None and org.own.to_wire() == {"shareGPUs": 1.0, "allocatedGPUs": 1.0, "waiting": 1}
+    assert [(p.queue, p.name) for p in org.pending] == [("org", "o1"), ("leaf", "l1")]
+    assert org.max_rho == 1.5 and org.allocated_by_kind.apps == 6
+    # mid: 5 held (2 + 3) of a share of 5, guarantee 4 → borrowed 1; its own part is m1.
+    assert (mid.share_gpus, mid.allocated_gpus, mid.borrowed_gpus, mid.waiting) == (5, 5, 1, 1)
+    assert mid.own is not None and (mid.own.allocated_gpus, mid.own.waiting) == (2, 0)
+    # leaf: no children, no `own`; it holds 3, 1 above its guarantee of 2.
+    assert (leaf.allocated_gpus, leaf.borrowed_gpus, leaf.waiting, leaf.own) == (3, 1, 1, None)
+    # The reason is the object's own queue's: l1's queue holds its whole share.
+    assert [p.reason for p in leaf.pending] == ["QueueAtShare"] == [p.reason for p in org.pending[1:]]
+    # org's maximum caps its subtree: at 8 held in all, org's own waiting App is QueueAtMax.
+    by_queue["mid"] = [Workload("App", "m", "m1", 4.0)]
+    org = book.statuses(by_queue, {"org": 1.0, "mid": 4.0, "leaf": 3.0})["org"]
+    assert org.allocated_gpus == 8 and org.pending[0].reason == "QueueAtMax"
+
+
 def test_a_deleted_queues_series_go() -> None:
     metrics = operator_metrics()
     book = QueueBook()

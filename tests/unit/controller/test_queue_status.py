@@ -69,6 +69,7 @@ def test_every_kind_counts_and_the_longest_waiting_come_first() -> None:
         "kind": "TrialGroup",
         "namespace": "ns2",
         "name": "wide",
+        "queue": "team",
         "gpus": 4.0,
         "since": "1970-01-12T13:41:40Z",
         "reason": "QueueAtShare",

@@ -13,6 +13,13 @@ Rules (one place, for the operator's events and the simulator alike):
   `immediate`: they are taken now, after the checkpoint grace;
 * the lowest-priority, then newest holdings of the queue furthest above its share go first (the least
   work lost).
+
+Borrowing within the cohort (Kueue's `borrowWithinCohort`): above its guarantee a queue gets the rest of its
+share as leases end (the division's). With `borrow_within_cohort` `LowerPriority` it may take it at once
+instead, after the guarantees above are served: up to min(share, demand), only holdings of `immediate`
+lenders above their own share (borrowing: above their guarantee too), of lower priority than its
+highest-priority waiting object and, with `borrow_max_priority`, of priority at most that; the same minimum
+runtime, grace and order apply. `Never` (default): it waits for leases to end, as before.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from tessera.policy.queues.division import QueueNode, headroom
 ReclaimMode = Literal["atLeaseEnd", "immediate"]
 ReclaimWithinCohort = Literal["Any", "LowerPriority", "Never"]
 WithinQueue = Literal["Never", "LowerPriority"]
+BorrowWithinCohort = Literal["Never", "LowerPriority"]
 _EPS = 1e-9
 
 
@@ -41,6 +49,10 @@ class ReclaimRule:
     # Inside the queue: may a higher-priority App take GPUs of lower-priority Apps of the same queue before
     # their leases end (Kueue's withinClusterQueue)? Never: it gets them as their leases end.
     within_queue: WithinQueue = "Never"
+    # As a claimant above its guarantee: may it take the rest of its share at once from lower-priority
+    # holdings of `immediate` lenders above theirs (Kueue's borrowWithinCohort)? Never: as leases end.
+    borrow_within_cohort: BorrowWithinCohort = "Never"
+    borrow_max_priority: int | None = None  # with LowerPriority: only holdings of at most this priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,23 +103,31 @@ def plan_reclaim(
     held: dict[str, float] = {}
     for h in holdings:
         held[h.queue] = held.get(h.queue, 0.0) + h.gpus
-    need: dict[str, float] = {}
+    need: dict[str, float] = {}  # owed below the guarantee
+    borrow: dict[str, float] = {}  # the rest of the share a queue may take at once (borrow_within_cohort)
     for q in queues:
         have = held.get(q.name, 0.0)
-        target = min(q.guaranteed, shares.get(q.name, 0.0), have + waiting.get(q.name, 0.0))
+        want = have + waiting.get(q.name, 0.0)
+        target = min(q.guaranteed, shares.get(q.name, 0.0), want)
         if target - have > _EPS:
             need[q.name] = target - have
-    # Free GPUs go to the neediest first; reclaim covers only the rest. Neither takes a claimant's
-    # ancestor past its maximum (`headroom`): free GPUs a full parent leaves idle cover no need, and GPUs
-    # help only when they come from inside every full ancestor. `now_held` follows the plan.
+        if rules.get(q.name, ReclaimRule()).borrow_within_cohort == "LowerPriority":
+            more = min(shares.get(q.name, 0.0), want) - max(have, target)
+            if more > _EPS:
+                borrow[q.name] = more
+    # Free GPUs go to the neediest first, then to borrowers; reclaim covers only the rest. Neither takes a
+    # claimant's ancestor past its maximum (`headroom`): free GPUs a full parent leaves idle cover no need,
+    # and GPUs help only when they come from inside every full ancestor. `now_held` follows the plan.
     now_held = dict(held)
-    for name in sorted(need, key=lambda n: -need[n]):
-        use = max(0.0, min(free, need[name], headroom(queues, now_held)[name]))
-        free -= use
-        need[name] -= use
-        now_held[name] = now_held.get(name, 0.0) + use
+    for owed in (need, borrow):
+        for name in sorted(owed, key=lambda n: -owed[n]):
+            use = max(0.0, min(free, owed[name], headroom(queues, now_held)[name]))
+            free -= use
+            owed[name] -= use
+            now_held[name] = now_held.get(name, 0.0) + use
     need = {k: v for k, v in need.items() if v > _EPS}
-    if not need:
+    borrow = {k: v for k, v in borrow.items() if v > _EPS}
+    if not need and not borrow:
         return []
     lendable = {
         name: have - max(node[name].guaranteed, shares.get(name, 0.0))
@@ -133,24 +153,65 @@ def plan_reclaim(
                 rules.get(claimant, ReclaimRule()), h, top, claimant
             ):
                 continue
-            taken = sum(r.gpus for r in out if r.owner == h.owner)
-            room = headroom(queues, now_held, moving_from=h.queue)[claimant]
-            take = min(h.gpus - taken, lendable[h.queue], need[claimant], room)
-            if take <= _EPS:
-                continue
-            now_held[claimant] = now_held.get(claimant, 0.0) + take
-            now_held[h.queue] -= take
-            at = now + rule.grace_s if rule.mode == "immediate" else max(now, h.lease_end)
             reason = (
                 f"queue {claimant} is below its guarantee of {node[claimant].guaranteed:g} GPUs with work "
                 f"waiting; {h.queue} holds {held[h.queue]:g}, above its share"
             )
-            out.append(Reclaim(h.owner, h.queue, claimant, take, at, rule.mode, reason, rule.grace_s))
-            lendable[h.queue] -= take
-            need[claimant] -= take
+            need[claimant] -= _take(
+                now, queues, h, rule, claimant, need[claimant], lendable, now_held, out, reason
+            )
         if blocked is not None and need[claimant] > _EPS and math.isfinite(young):
             blocked[claimant] = young
+    for claimant in sorted(borrow, key=lambda n: (-top.get(n, 0), -borrow[n], n)):
+        crule = rules.get(claimant, ReclaimRule())
+        for h in victims:
+            rule = rules.get(h.queue, ReclaimRule())
+            if borrow[claimant] <= _EPS:
+                break
+            if (
+                h.queue == claimant
+                or rule.mode != "immediate"
+                or now - h.since < rule.min_runtime_s - _EPS
+                or h.priority >= top.get(claimant, 0)
+                or (crule.borrow_max_priority is not None and h.priority > crule.borrow_max_priority)
+            ):
+                continue
+            reason = (
+                f"queue {claimant} borrows within its share of {shares.get(claimant, 0.0):g} GPUs for work of "
+                f"priority {top.get(claimant, 0)} (preemption.borrowWithinCohort LowerPriority); {h.queue} "
+                f"holds {held[h.queue]:g}, above its share, at priority {h.priority}"
+            )
+            borrow[claimant] -= _take(
+                now, queues, h, rule, claimant, borrow[claimant], lendable, now_held, out, reason
+            )
     return out
+
+
+def _take(
+    now: float,
+    queues: Sequence[QueueNode],
+    h: Holding,
+    rule: ReclaimRule,
+    claimant: str,
+    owed: float,
+    lendable: dict[str, float],
+    now_held: dict[str, float],
+    out: list[Reclaim],
+    reason: str,
+) -> float:
+    """Plan taking what `claimant` is `owed` of holding `h` (within its lender's `lendable` and the
+    claimant's ancestors' maxima); returns the GPUs planned."""
+    taken = sum(r.gpus for r in out if r.owner == h.owner)
+    room = headroom(queues, now_held, moving_from=h.queue)[claimant]
+    take = min(h.gpus - taken, lendable[h.queue], owed, room)
+    if take <= _EPS:
+        return 0.0
+    now_held[claimant] = now_held.get(claimant, 0.0) + take
+    now_held[h.queue] -= take
+    at = now + rule.grace_s if rule.mode == "immediate" else max(now, h.lease_end)
+    out.append(Reclaim(h.owner, h.queue, claimant, take, at, rule.mode, reason, rule.grace_s))
+    lendable[h.queue] -= take
+    return take
 
 
 def _may_take(claimant_rule: ReclaimRule, h: Holding, top: Mapping[str, int], claimant: str) -> bool:

@@ -182,6 +182,12 @@ class QueueInput(Input):
     within_queue: Literal["Never", "LowerPriority"] = "Never"
     """LowerPriority: its higher-priority apps take GPUs from its lower-priority ones at once (after
     `min_runtime_s`); Never: as their leases end."""
+    borrow_within_cohort: Literal["Never", "LowerPriority"] = "Never"
+    """LowerPriority: above its guarantee it takes the rest of its share at once from `immediate` queues
+    above theirs, holdings of lower priority than its highest-priority waiting app only (Kueue's
+    borrowWithinCohort); Never: as their leases end."""
+    borrow_max_priority_threshold: Int | None = None
+    """With borrow_within_cohort LowerPriority: only holdings of at most this priority are taken."""
 
 
 class MachinesInput(Input):
@@ -253,7 +259,15 @@ def _queues(
         rules.append(
             (
                 q.name,
-                ReclaimRule(q.reclaim, q.min_runtime_s, q.grace_s, q.reclaim_within_cohort, q.within_queue),
+                ReclaimRule(
+                    q.reclaim,
+                    q.min_runtime_s,
+                    q.grace_s,
+                    q.reclaim_within_cohort,
+                    q.within_queue,
+                    q.borrow_within_cohort,
+                    q.borrow_max_priority_threshold,
+                ),
             )
         )
     names = [n.name for n in nodes]
