@@ -3,18 +3,28 @@ that would pass them, and how many more pods of an App fit (controller/quotas.py
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from tessera.api import contract
 from tessera.api.queue import QueueSpec
+from tessera.controller.apps import record_from_body
+from tessera.controller.arbiter import Arbiter
+from tessera.controller.config import OperatorConfig
+from tessera.controller.context import Context
 from tessera.controller.gate import Group, decide, fifo
+from tessera.controller.metrics import operator_metrics
 from tessera.controller.quotas import Requests, pod_requests, pods_that_fit, quota_block
+from tessera.controller.view import ClusterView
 
+from tests.unit.controller.test_leases import body, job
 from tests.unit.queues.test_queue_gate import book, pod, queue_of
 
 GI = 1 << 30
+T0 = 1_700_000_000.0
 
 
 def cpu_pod(name: str, cpu: str, memory: str = "1Gi", **kw: Any) -> dict[str, Any]:
@@ -94,3 +104,37 @@ def test_quantities_are_validated_like_the_crd() -> None:
         QueueSpec.model_validate({"maxCPU": 64})  # a number, not a string: quote it, as the CRD wants
     with pytest.raises(ValidationError):
         QueueSpec.model_validate({"maxGPUsByModel": {"A100": -1}})
+
+
+def test_an_app_is_offered_only_the_gpus_whose_pods_fit_its_queues_cpu() -> None:
+    view = ClusterView()
+    inv = [{"uuid": f"n0-{i}", "index": i, "memoryMiB": 16384} for i in range(8)]
+    view.on_node({"metadata": {"name": "n0", "annotations": {contract.ANN_NODE_GPUS: json.dumps(inv)}}})
+    arbiter = Arbiter(
+        Context(OperatorConfig(clock=lambda: T0), view, None, operator_metrics(), lambda *_: None)  # type: ignore[arg-type]
+    )
+    arbiter.queues.set_queue("a", QueueSpec.model_validate({"maxCPU": "10"}))
+    arbiter.queues.set_namespace("ml", {contract.LABEL_QUEUE: "a"})
+    arbiter.pod_requests = lambda: {"a": Requests(Decimal(1))}  # a pod admitted through the gate
+    cluster = view.cluster()
+    recs = []
+    for i, (cpu, jobs) in enumerate((("3", 1), ("2", 4), ("1", 2))):
+        raw = body([job(f"j{k}", 1) for k in range(jobs)])
+        raw["metadata"] = {"name": f"a{i}", "namespace": "ml", "uid": f"u-{i}"}
+        raw["spec"]["template"] = {
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}
+        }
+        recs.append(record_from_body(raw, T0 + i))  # a0 oldest
+        arbiter.upsert(recs[-1])
+    recs[0].grant([cluster.gpu_ids[0]], T0 + 600, "auction", cluster)  # a0's one pod requests 3
+    states = [arbiter.queued_state(r, T0) for r in recs]
+    got = {s.app_id: s.demand_max for s in arbiter._within_pod_quotas(states, recs)}
+    # 1 + 3 = 4 of 10 CPUs requested: a1 (2 CPUs a pod) is offered 3 of its 4 GPUs, which set aside the
+    # other 6, so a2 (1 CPU a pod) is offered none.
+    assert got == {"ml/a0": 1, "ml/a1": 3, "ml/a2": 0}
+    assert arbiter.quota_waits[("ml", "a1")] == (
+        "QueueCPUQuota",
+        "queue a's pods request 4 CPU of its maxCPU 10; a pod of App a1 requests 2 CPU: offered 3 more GPU(s) "
+        "of the 4 it waits for",
+    )
+    assert arbiter.quota_waits[("ml", "a2")][0] == "QueueCPUQuota"
