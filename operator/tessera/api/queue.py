@@ -12,9 +12,11 @@ the parent's) are checked by `hierarchy_errors`, which the operator reports on t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from decimal import Decimal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from kubernetes.utils.quantity import parse_quantity
+from pydantic import Field, field_validator
 
 from tessera.api.base import MAX_GPUS, MAX_SECONDS, Condition, CrossFieldRule, WireModel
 
@@ -22,6 +24,13 @@ DEFAULT_QUEUE = "default"
 QUEUE_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 PENDING_LIMIT = 50  # pending workloads listed in a Queue's status (the longest waiting); `waiting` counts all
 WorkloadKind = Literal["App", "TrialGroup", "ModelDeployment", "Job", "Pod"]
+# A Kubernetes quantity ("64", "500m", "256Gi", "1.5e3"): the API server's own grammar, as a string.
+QUANTITY = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
+
+
+def quantity(value: str) -> Decimal:
+    """A quantity field's value as a number (cores for CPU, bytes for memory)."""
+    return Decimal(parse_quantity(value))  # type: ignore[no-untyped-call]  # the client ships no annotations
 
 
 class ReclaimSpec(WireModel):
@@ -117,8 +126,36 @@ class QueueSpec(WireModel):
         pattern=QUEUE_NAME,
         description="Parent queue; this queue's guarantee comes out of the parent's.",
     )
+    max_gpus_by_model: dict[str, Annotated[int, Field(ge=0, le=MAX_GPUS)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="Most GPUs of each model (as the node inventory names it, e.g. A100) the queue's Apps may "
+        "hold at once; a model not named has no cap beyond maxGPUs. Unset: no per-model cap.",
+    )
+    max_cpu: str | None = Field(
+        default=None,
+        alias="maxCPU",
+        pattern=QUANTITY,
+        max_length=64,
+        description='Most CPU (a Kubernetes quantity, e.g. "64" or "500m") the queue\'s pods may request '
+        "at once: its Apps' pods and the pods admitted through its gate. Unset: no limit.",
+    )
+    max_memory: str | None = Field(
+        default=None,
+        pattern=QUANTITY,
+        max_length=64,
+        description='Most memory (a Kubernetes quantity, e.g. "256Gi") the queue\'s pods may request at once, '
+        "counted as maxCPU is. Unset: no limit.",
+    )
     reclaim: ReclaimSpec = Field(default_factory=ReclaimSpec)
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
+
+    @field_validator("max_cpu", "max_memory")
+    @classmethod
+    def _quantity(cls, v: str | None) -> str | None:
+        if v is not None:
+            quantity(v)  # the pattern admits only what parses; this keeps the two in step
+        return v
 
     cross_field_rules = (
         CrossFieldRule(
@@ -177,7 +214,7 @@ class PendingWorkload(WireModel):
     since: str = Field(description="RFC 3339 time it began waiting, as far as this operator has seen.")
     reason: str = Field(
         pattern=r"^[A-Za-z][A-Za-z0-9]*$",
-        description="Why it waits: QueueAtMax, NoGPUOfType, Reclaiming, LenderMinRuntime, QueueAtShare, "
+        description="Why it waits: QueueAtMax, QueueModelQuota, QueueCPUQuota, QueueMemoryQuota, NoGPUOfType, Reclaiming, LenderMinRuntime, QueueAtShare, "
         "QueueRoom, NoFreeGPUs, NextRound or, for a Job, WaitingForPods (docs/queues.md).",
     )
     message: str = Field(description="The reason in words, with the numbers and times behind it.")

@@ -25,6 +25,7 @@ import logging
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,8 +40,9 @@ from tessera.controller.kube import CONFIGMAPS, Kind, KubeError
 from tessera.controller.ledger import Entry, Ledger, fit
 from tessera.controller.liveness import PassClock
 from tessera.controller.pods import Owner, PodPlan
-from tessera.controller.queue_status import RoundFacts, Workload
+from tessera.controller.queue_status import QUEUE_CPU_QUOTA, RoundFacts, Workload, model_quota_block
 from tessera.controller.queues import QUEUE_RESOLVED, QueueBook, membership_news
+from tessera.controller.quotas import Requests, app_pod, app_requests, pods_that_fit
 from tessera.controller.readiness import app_conditions, missing_pods
 from tessera.controller.status_writes import Written, status_due, written
 from tessera.controller.sync import RecentCreates
@@ -139,6 +141,10 @@ class Arbiter:
         # When a holding that its queue's minimum runtime protects may be taken, while work waits: a round
         # is due then (nothing else would run one before the next lease ends).
         self._wake_at = math.inf
+        # CPU and memory each queue's pods admitted through its gate request (set by the Controller), and
+        # the Apps the last round offered fewer GPUs for their queue's maxCPU or maxMemory: (reason, why).
+        self.pod_requests: Callable[[], dict[str, Requests]] = dict
+        self.quota_waits: dict[tuple[str, str], tuple[str, str]] = {}
         # Told after each round (the Controller's admission pass for gated pods: shares and leases moved).
         self.after_round: Callable[[], None] = _nothing
 
@@ -343,7 +349,7 @@ class Arbiter:
         # The policy reasons about GPUs the cluster has: a lease on a node that left (or is not listed
         # yet) is kept to its expiry but is not part of the App's holding in a bid.
         known = set(cluster.gpu_ids)
-        states = [self.queued_state(r, now, known) for r in active]
+        states = self._within_pod_quotas([self.queued_state(r, now, known) for r in active], active)
         decision = self.policy(states).allocate(now, states, cluster, free, self.rng)
         check_decision(decision, states, free)
         by_id = {f"{r.namespace}/{r.name}": r for r in active}
@@ -375,6 +381,47 @@ class Arbiter:
         self.metrics.counter("tessera_auction_rounds_total").inc()
         return gained
 
+    def _within_pod_quotas(self, states: list[AppState], active: list[AppRecord]) -> list[AppState]:
+        """Each App of a queue with maxCPU or maxMemory offered no more GPUs than pods of it still fit: every
+        GPU granted may bring one more pod (a job on a new node), so an App is offered at most as many GPUs
+        as pods of its largest request fit in what its queue's pods leave, its queue's Apps served in
+        priority order, then oldest first. An App held back keeps what it holds and waits (`quota_waits`)."""
+        self.quota_waits = {}
+        limited = {
+            q for q, s in self.queues.specs.items() if s.max_cpu is not None or s.max_memory is not None
+        }
+        if not limited:
+            return states
+        by_id = {f"{r.namespace}/{r.name}": r for r in active}
+        used = {q: r for q, r in self.pod_requests().items() if q in limited}
+        for r in active:
+            q = self.queues.queue_of(r.namespace)
+            if q in limited:
+                used[q] = used.get(q, Requests()) + app_requests(r)
+        out = []
+        for s in sorted(states, key=lambda s: (-s.priority, by_id[s.app_id].start, s.app_id)):
+            if s.queue not in limited or s.unmet <= 0:
+                out.append(s)
+                continue
+            rec = by_id[s.app_id]
+            pod = app_pod(rec)
+            n, reason = pods_that_fit(self.queues.specs[s.queue], used[s.queue], pod)
+            if n < s.unmet:
+                spec = self.queues.specs[s.queue]
+                limit = spec.max_cpu if reason == QUEUE_CPU_QUOTA else spec.max_memory
+                self.quota_waits[rec.key] = (
+                    reason,
+                    f"queue {s.queue}'s pods request {used[s.queue].text(reason)} of its "
+                    f"{'maxCPU' if reason == QUEUE_CPU_QUOTA else 'maxMemory'} {limit}; a pod of App "
+                    f"{rec.name} requests {pod.text(reason)}: offered {n} more GPU(s) of the {s.unmet} it "
+                    "waits for",
+                )
+                s = dataclasses.replace(s, demand_max=len(s.held) + n)
+            used[s.queue] = used[s.queue] + Requests(pod.cpu * s.unmet, pod.memory * s.unmet)
+            out.append(s)
+        order = {s.app_id: i for i, s in enumerate(states)}
+        return sorted(out, key=lambda s: order[s.app_id])
+
     def _protected_until(self, now: float, cluster: Cluster, active: list[AppRecord]) -> float:
         """When a holding its queue's minimum runtime protects may be taken while work waits (a round is
         due then); math.inf if none."""
@@ -405,6 +452,7 @@ class Arbiter:
             outside_waiting=self.outside_waiting(),
             outside_holdings=self.outside_holdings(),
             explain=True,
+            model_caps=self.queues.model_caps(),
         )
 
     def queued_state(self, rec: AppRecord, now: float, known: set[str] | None = None) -> AppState:
@@ -550,8 +598,16 @@ class Arbiter:
             if wants:
                 fresh = rec.start if rec.active_gpu_seconds <= 0 and not rec.leases else now
                 since[rec.key] = self.waiting_since.get(rec.key, fresh)
+            reason, message = self.quota_waits.get(rec.key, ("", "")) if wants else ("", "")
             w = Workload(
-                contract.KIND_APP, rec.namespace, rec.name, float(held), wants, since.get(rec.key, now)
+                contract.KIND_APP,
+                rec.namespace,
+                rec.name,
+                float(held),
+                wants,
+                since.get(rec.key, now),
+                reason,
+                message,
             )
             by_queue.setdefault(q, []).append(w)
             if rec.rho is not None and math.isfinite(rec.rho):
@@ -575,14 +631,33 @@ class Arbiter:
             else r
             for r in self.round_reclaims
         ]
+        free = self._free_gpus(cluster, active)
         return RoundFacts(
             now=now,
-            free=len(self._free_gpus(cluster, active)),
+            free=len(free),
             next_lease_end=min(ends.values(), default=math.inf),
             next_round=self.last_round + self.config.lease_s,
             reclaims=reclaims,
             blocked=self.reclaim_blocked,
+            model_blocked=self._model_blocked(cluster, active, free),
         )
+
+    def _model_blocked(self, cluster: Cluster, active: list[AppRecord], free: list[str]) -> dict[str, str]:
+        """Queues whose Apps may take none of the free GPUs for their per-model caps, and why in words."""
+        caps = self.queues.model_caps()
+        if not caps or not free:
+            return {}
+        free_models = Counter(cluster.gpu(g).model for g in free)
+        held: dict[str, Counter[str]] = {}
+        for r in active:
+            q = self.queues.queue_of(r.namespace)
+            if q in caps:
+                held.setdefault(q, Counter()).update(cluster.gpu(g).model for g in r.held() if g in cluster)
+        return {
+            q: msg
+            for q, c in caps.items()
+            if (msg := model_quota_block(q, c, held.get(q, Counter()), free_models))
+        }
 
     def _export(self, now: float, cluster: Cluster) -> None:
         """ρ and its parts for every App that holds only GPUs the cluster knows, as status and gauges."""

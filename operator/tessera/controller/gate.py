@@ -23,6 +23,7 @@ from typing import Any
 from tessera.api import contract
 from tessera.api.quantity import QuantityError, pod_totals
 from tessera.controller.queue_status import WAITING_FOR_PODS, Workload
+from tessera.controller.quotas import Requests, pod_requests, total
 from tessera.kube import PODS, Kind, KubeError
 from tessera.policy.queues.reclaim import Holding
 
@@ -48,6 +49,7 @@ class QueuedPod:
     resource_version: str = ""
     done: bool = False  # finished or being deleted: holds nothing, waits for nothing
     bound: bool = False  # spec.nodeName set: its GPUs show in the view's (the extender's assignment)
+    requests: Requests = field(default_factory=Requests)  # CPU and memory (a queue's maxCPU, maxMemory)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -99,6 +101,7 @@ def queued_pod(body: Mapping[str, Any]) -> QueuedPod | None:
         resource_version=str(meta.get("resourceVersion") or ""),
         done=phase in _DONE_PHASES or bool(meta.get("deletionTimestamp")),
         bound=bool(spec.get("nodeName")),
+        requests=pod_requests(spec),
     )
 
 
@@ -135,6 +138,10 @@ class Group:
     @property
     def waiting_gpus(self) -> int:
         return sum(p.gpus for p in self.gated)
+
+    @property
+    def waiting_requests(self) -> Requests:
+        return total(p.requests for p in self.gated)
 
     @property
     def held_gpus(self) -> int:
@@ -196,6 +203,8 @@ class Decision:
     admit: list[Group]
     never: list[tuple[Group, str]]  # groups that can never fit their queue, and why
     waits: list[tuple[Group, str]] = field(default_factory=list)  # groups left waiting, and why
+    # groups whose GPUs fit but whose CPU or memory would pass the queue's quota: (group, reason, message)
+    over_quota: list[tuple[Group, str, str]] = field(default_factory=list)
 
 
 def decide(
@@ -203,10 +212,12 @@ def decide(
     max_of: Callable[[str], float | None],
     room: Callable[[Group], float | None],
     admitted: Callable[[Group], None],
+    quota: Callable[[Group], tuple[str, str] | None] = lambda g: None,
 ) -> Decision:
     """BestEffortFIFO per queue: each complete group, oldest first, is admitted if `room` (GPUs its queue
-    may still take, None: no queues at all) fits all its waiting GPUs; one that does not fit is passed
-    over, not waited for. `admitted` is told at once, so the next group's room counts it."""
+    may still take, None: no queues at all) fits all its waiting GPUs and `quota` (the queue's CPU and
+    memory) finds nothing over; one that does not fit is passed over, not waited for. `admitted` is told at
+    once, so the next group's room and quota count it."""
     out = Decision([], [])
     for q in sorted(by_queue):
         for g in by_queue[q]:
@@ -219,6 +230,10 @@ def decide(
                 continue
             left = room(g)
             if left is None or left >= g.waiting_gpus - _EPS:
+                if (over := quota(g)) is not None:
+                    out.over_quota.append((g, *over))
+                    out.waits.append((g, over[1]))
+                    continue
                 out.admit.append(g)
                 admitted(g)
             else:
@@ -271,6 +286,15 @@ class QueuedPods:
             g.expected = self.sizes.get((g.namespace, g.key))
         return out
 
+    def admitted_requests(self, queue_of: Callable[[str], str]) -> dict[str, Requests]:
+        """CPU and memory each queue's admitted pods request (finished ones hold nothing)."""
+        out: dict[str, Requests] = {}
+        for p in self.pods.values():
+            if not p.gated and not p.done:
+                q = queue_of(p.namespace)
+                out[q] = out.get(q, Requests()) + p.requests
+        return out
+
     def mark_admitted(self, g: Group) -> None:
         for p in g.gated:
             self.pods[p.key] = ungated(p)
@@ -316,11 +340,13 @@ class QueuedPods:
 
 
 RoomFn = Callable[[str, int, "Group"], float | None]
+QuotaFn = Callable[["Group"], tuple[str, str] | None]
 
 
 class QueueGate:
     """Admission passes over the queued pods. `room(namespace, want, group)`: GPUs the group's queue may
-    take now, its own wait left out (Controller.queue_room); `max_of(queue)`: its maxGPUs."""
+    take now, its own wait left out (Controller.queue_room); `max_of(queue)`: its maxGPUs; `quota(group)`:
+    (reason, message) when the group's CPU or memory would pass its queue's maxCPU or maxMemory."""
 
     def __init__(
         self,
@@ -329,9 +355,12 @@ class QueueGate:
         max_of: Callable[[str], float | None],
         room: RoomFn,
         post_event: Callable[[dict[str, Any], str, str, str], None],
+        quota: QuotaFn = lambda g: None,
     ) -> None:
         self.book, self.queue_of, self.max_of, self.room = book, queue_of, max_of, room
-        self.post_event = post_event
+        self.post_event, self.quota = post_event, quota
+        # (namespace, group) → (reason, message) of the groups the last pass held back for CPU or memory
+        self.over_quota: dict[tuple[str, str], tuple[str, str]] = {}
         self.warned: set[str] = set()  # pods told their group can never fit (one event each)
         self.lock = asyncio.Lock()
         self.passes = 0
@@ -356,7 +385,8 @@ class QueueGate:
             def room(g: Group) -> float | None:
                 return self.room(g.namespace, g.waiting_gpus, g)
 
-            decision = decide(by_queue, self.max_of, room, self.book.mark_admitted)
+            decision = decide(by_queue, self.max_of, room, self.book.mark_admitted, self.quota)
+            self.over_quota = {(g.namespace, g.key): (r, m) for g, r, m in decision.over_quota}
             pending: dict[str, list[tuple[str, int, str]]] = {}
             for g, why in [*decision.waits, *decision.never]:
                 q = self.queue_of(g.namespace)
@@ -426,10 +456,12 @@ def group_workloads(
     max_of: Callable[[str], float | None],
     first_seen: dict[tuple[str, str], float],
     now: float,
+    over_quota: Mapping[tuple[str, str], tuple[str, str]] | None = None,
 ) -> list[tuple[str, Workload]]:
     """Each queued group as its Queue's status counts it: kind Job or Pod, the GPUs its admitted pods hold
     and those its gated pods wait for. A group that can never fit its queue waits for nothing (its pods are
-    told by event). `first_seen` keeps when each group was first seen waiting, on the operator's clock."""
+    told by event). `first_seen` keeps when each group was first seen waiting, on the operator's clock;
+    `over_quota`, the groups the gate's last pass held back for CPU or memory, and why."""
     out: list[tuple[str, Workload]] = []
     live: set[tuple[str, str]] = set()
     for g in book.groups():
@@ -446,6 +478,8 @@ def group_workloads(
                     WAITING_FOR_PODS,
                     f"{kind} {name}: {len(g.live)} of its {g.expected} pods exist",
                 )
+            elif over_quota and (g.namespace, g.key) in over_quota:
+                reason, message = over_quota[(g.namespace, g.key)]
         since = first_seen.setdefault((g.namespace, g.key), now) if wants else now
         w = Workload(
             "Job" if kind == "Job" else "Pod",

@@ -40,6 +40,7 @@ from tessera.controller.metrics import operator_metrics
 from tessera.controller.pods import template_errors
 from tessera.controller.queue_status import Workload
 from tessera.controller.queues import QueueBook, owner_id
+from tessera.controller.quotas import Requests, app_requests, quota_block
 from tessera.controller.reconciler import KindReconciler
 from tessera.controller.tuning import TrialGroups
 from tessera.controller.usage import UsageMetrics
@@ -90,8 +91,22 @@ class Controller:
     def __post_init__(self) -> None:
         self.usage = UsageMetrics(self.metrics)
         self.gate = QueueGate(
-            self.queued, self.queues.queue_of, self.max_gpus, self.pod_room, self.post_event
+            self.queued, self.queues.queue_of, self.max_gpus, self.pod_room, self.post_event, self.pod_quota
         )
+
+    def pod_quota(self, group: Group) -> tuple[str, str] | None:
+        """(reason, message) when the gated group's CPU or memory requests would take its queue's pods (its
+        Apps' and those admitted through its gate) past the queue's maxCPU or maxMemory; None when they fit."""
+        q = self.queues.queue_of(group.namespace)
+        spec = self.queues.specs.get(q)
+        if spec is None or (spec.max_cpu is None and spec.max_memory is None):
+            return None
+        used = self.queued.admitted_requests(self.queues.queue_of).get(q, Requests())
+        for rec in self.arbiter.records.values() if self.arbiter is not None else ():
+            if not rec.done and self.queues.queue_of(rec.namespace) == q:
+                used = used + app_requests(rec)
+        kind, _, name = group.key.partition("/")
+        return quota_block(q, spec, used, group.waiting_requests, f"{kind} {name}")
 
     def pod_room(self, namespace: str, want: int, group: Group) -> float | None:
         """GPUs a gated group may take now: its queue's room, and no more than the GPUs free now (an
@@ -197,6 +212,7 @@ class Controller:
         self.arbiter.outside_waiting = self.division_waiting
         self.arbiter.outside_holdings = self.queue_outside_holdings
         self.arbiter.outside_workloads = self.queue_outside_workloads
+        self.arbiter.pod_requests = lambda: self.queued.admitted_requests(self.queues.queue_of)
         self.trialgroups.reclaim_request = self.deployments.reclaim_request = self.reclaim_request
         self.trialgroups.gave_back = self.deployments.gave_back = self.gave_back
         self.trialgroups.queue_room = self.queue_room
@@ -308,7 +324,12 @@ class Controller:
         group (a Job's pods, or a plain pod), with its queue, as the Queue's status counts them: GPUs of its
         pool, replicas or admitted pods, and what it waits for and why."""
         out = group_workloads(
-            self.queued, self.queues.queue_of, self.max_gpus, self._pods_waiting_since, self.config.clock()
+            self.queued,
+            self.queues.queue_of,
+            self.max_gpus,
+            self._pods_waiting_since,
+            self.config.clock(),
+            self.gate.over_quota,
         )
         for rec in self.trialgroups.records.values() if self.trialgroups is not None else ():
             if not rec.done:

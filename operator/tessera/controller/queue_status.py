@@ -8,7 +8,9 @@ The first that applies, in this order:
 
 | reason | when |
 |---|---|
+| QueueCPUQuota, QueueMemoryQuota | a gated pod or Job whose queue has room for its GPUs, but whose CPU or memory requests would take the queue's pods past its `maxCPU` or `maxMemory` |
 | QueueAtMax | the queue holds its `maxGPUs` |
+| QueueModelQuota | an App whose queue's Apps hold their `maxGPUsByModel` cap of every model free now |
 | NoGPUOfType | a ModelDeployment with `placement.gpuTypes` found no free GPU of those models |
 | Reclaiming | GPUs are being reclaimed for the queue (from which queue, how many, by when) |
 | LenderMinRuntime | the queue is owed GPUs below its guarantee, but what could be taken is within its lender's minimum runtime (until when) |
@@ -57,6 +59,9 @@ assert set(FIELD_KINDS) == set(KIND_FIELDS.values())
 QUEUE_ROOM = "QueueRoom"
 NO_FREE_GPUS = "NoFreeGPUs"
 NO_GPU_OF_TYPE = "NoGPUOfType"
+QUEUE_MODEL_QUOTA = "QueueModelQuota"
+QUEUE_CPU_QUOTA = "QueueCPUQuota"  # the gate's reasons (controller/quotas.py): its own pass found them
+QUEUE_MEMORY_QUOTA = "QueueMemoryQuota"
 WAITING_FOR_PODS = "WaitingForPods"  # a Job's group waits until all the pods it runs at once exist
 
 
@@ -89,6 +94,8 @@ class RoundFacts:
     next_round: float = math.inf
     reclaims: Sequence[Reclaim] = ()  # the round's reclaim plan (lease-end times known)
     blocked: Mapping[str, float] = field(default_factory=dict)  # queue → when a lender's min runtime ends
+    # queue → why its Apps may take none of the free GPUs (their per-model caps: `model_quota_block`)
+    model_blocked: Mapping[str, str] = field(default_factory=dict)
 
 
 def stamp(t: float) -> str:
@@ -97,6 +104,19 @@ def stamp(t: float) -> str:
 
 def _at(t: float) -> str:
     return stamp(t) if math.isfinite(t) else "an unknown time"
+
+
+def model_quota_block(
+    queue: str, caps: Mapping[str, int], held: Mapping[str, int], free: Mapping[str, int]
+) -> str:
+    """Why the queue's Apps may take none of the free GPUs (`free`: model → GPUs free) when they hold
+    `held` (model → GPUs) under their per-model `caps`; empty when some free GPU is within them."""
+    if not any(n > 0 for n in free.values()) or any(
+        n > 0 and (m not in caps or held.get(m, 0) < caps[m]) for m, n in free.items()
+    ):
+        return ""
+    at = ", ".join(f"{m} {held.get(m, 0)} of {caps[m]}" for m in sorted(free) if free[m] > 0)
+    return f"queue {queue}'s Apps hold their maxGPUsByModel of every model free now ({at})"
 
 
 def why_waiting(
@@ -111,8 +131,12 @@ def why_waiting(
     """(reason, message) for a waiting object of `queue`, whose own objects hold `held` GPUs of its own
     `share`; `capped` is what its maximum caps (its subtree's holding; default `held`)."""
     capped = held if capped is None else capped
+    if w.reason in (QUEUE_CPU_QUOTA, QUEUE_MEMORY_QUOTA):
+        return w.reason, w.message
     if spec.max_gpus is not None and capped >= spec.max_gpus - _EPS:
         return "QueueAtMax", f"queue {queue} holds {capped:g} GPUs, its maxGPUs {spec.max_gpus:g}"
+    if w.kind == "App" and queue in facts.model_blocked:
+        return QUEUE_MODEL_QUOTA, facts.model_blocked[queue]
     if w.reason in (NO_GPU_OF_TYPE, WAITING_FOR_PODS):
         return w.reason, w.message
     mine = [r for r in facts.reclaims if r.for_queue == queue]

@@ -146,6 +146,10 @@ class QueueBook:
             for name, s in self.specs.items()
         }
 
+    def model_caps(self) -> dict[str, dict[str, int]]:
+        """Queue → GPU model → the most GPUs of that model its Apps may hold (`maxGPUsByModel`)."""
+        return {name: dict(s.max_gpus_by_model) for name, s in self.specs.items() if s.max_gpus_by_model}
+
     def namespaces(self, queue: str) -> list[str]:
         return sorted(ns for ns in self.labels if self.queue_of(ns) == queue)
 

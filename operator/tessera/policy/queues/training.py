@@ -9,6 +9,10 @@ ones. With one priority (none set) that is one run of the inner policy, as witho
 non-preemptible app gets back, at each lease end, the GPUs whose lease just ended (it keeps them until it
 is done), and nothing takes them before. A queue whose `within_queue` is `LowerPriority` takes GPUs from its
 lower-priority apps for its higher-priority ones at once, after its minimum runtime.
+
+Per-model caps (`model_caps`, a Queue's `maxGPUsByModel`): a queue's apps are offered no GPU of a model of
+which they hold their cap already, and a leaf queue's maximum in the division is bounded by the GPUs its caps
+let it use, so it is not owed (nor reclaimed for) GPUs its apps could not take.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from tessera.cluster import Cluster
@@ -70,9 +75,12 @@ class QueuedPolicy:
         outside_waiting: Mapping[str, float] | None = None,
         outside_holdings: Sequence[Holding] = (),
         explain: bool = False,
+        model_caps: Mapping[str, Mapping[str, int]] | None = None,
     ) -> None:
         self.inner = inner
-        self.queues = with_default(queues)
+        self.queues = self._given = with_default(queues)
+        # queue → GPU model → the most GPUs of that model its apps may hold (a Queue's maxGPUsByModel).
+        self.model_caps = {q: dict(c) for q, c in (model_caps or {}).items() if c}
         self.rules = dict(rules or {})
         # GPUs each queue's other objects hold, which this policy does not move (TrialGroup pools, serving
         # replicas): they count towards the queue's demand and holding, so its apps get only the rest.
@@ -161,6 +169,7 @@ class QueuedPolicy:
         free: Sequence[str],
         rng: random.Random,
     ) -> RoundDecision:
+        self.queues = self._within_model_caps(cluster)
         members: dict[str, list[AppState]] = {q.name: [] for q in self.queues}
         for a in apps:
             members[self.queue_of(a)].append(a)
@@ -227,6 +236,22 @@ class QueuedPolicy:
             "within_queue": sorted(within),
         }
         return decision
+
+    def _within_model_caps(self, cluster: Cluster) -> list[QueueNode]:
+        """The queues with each capped leaf queue's maximum bounded by the GPUs of the cluster its per-model
+        caps leave it (a parent's caps bound its own apps only, not its children's)."""
+        if not self.model_caps:
+            return self._given
+        parents = {q.parent for q in self._given}
+        models = Counter(g.model for g in cluster.gpus)
+        out = []
+        for q in self._given:
+            caps = self.model_caps.get(q.name)
+            if caps and q.name not in parents:
+                usable = sum(min(n, caps.get(m, n)) for m, n in models.items())
+                q = dataclasses.replace(q, max=min(q.max, float(usable)))
+            out.append(q)
+        return out
 
     def _renew_pinned(
         self,
@@ -327,7 +352,7 @@ class QueuedPolicy:
         }
         nodes = {cluster.gpu(g).node for g in mine}
         ranked = sorted(avail, key=lambda g: (cluster.gpu(g).node not in nodes, cluster.order(g)))
-        offer = ranked[:want]
+        offer = self._capped(q, ranked, mine, want, cluster)
         if not offer:
             return avail
         granted_before = {a.app_id: len(a.held) for a in apps}
@@ -343,6 +368,24 @@ class QueuedPolicy:
             taken |= set(g.gpus)
             held[q] += len(g.gpus)
         return [g for g in avail if g not in taken]
+
+    def _capped(self, q: str, ranked: list[str], mine: set[str], want: int, cluster: Cluster) -> list[str]:
+        """The first `want` of `ranked`, passing over GPUs of a model of which the queue's apps hold (with
+        `mine`) their cap already."""
+        caps = self.model_caps.get(q)
+        if not caps:
+            return ranked[:want]
+        have = Counter(cluster.gpu(g).model for g in mine)
+        out: list[str] = []
+        for g in ranked:
+            if len(out) >= want:
+                break
+            m = cluster.gpu(g).model
+            if m in caps and have[m] >= caps[m]:
+                continue
+            have[m] += 1
+            out.append(g)
+        return out
 
     def _reclaim(
         self,
