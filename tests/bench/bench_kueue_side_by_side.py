@@ -413,7 +413,8 @@ def simulated(
         ]
     }
     result = training.run(training.load(doc, str(path)), workers=1)
-    return {r.policy: dict(r.queues or {}) for r in result.runs}
+    # starts: every placement of a job's GPUs (a start or a move), as the trainer counts them
+    return {r.policy: {**(r.queues or {}), "starts": len(r.placement_scores)} for r in result.runs}
 
 
 # --- the cluster ------------------------------------------------------------------------------------------------
@@ -919,7 +920,7 @@ def sim_row(seed: int, label: str, q: dict[str, Any]) -> str:
     return (
         f"| {seed} | simulator: {label} | {q['violation_gpu_s']:.0f} | {q['longest_violation_s']:.0f} "
         f"| {q['mean_time_to_reclaim_s']:.0f} | | {q['utilisation']:.3f} | {q['useful']:.3f} "
-        f"| {q['worst_max_rho']:.2f} | | {q['avg_jct_h']:.2f} | | |"
+        f"| {q['worst_max_rho']:.2f} | | {q['avg_jct_h']:.2f} | {q['starts']} | |"
     )
 
 
