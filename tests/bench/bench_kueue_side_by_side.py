@@ -273,7 +273,7 @@ class Meter:
     held_gpu_s: float = 0.0
     violation_gpu_s: dict[str, float] = field(default_factory=dict)
     borrowed_gpu_s: dict[str, float] = field(default_factory=dict)
-    spells: list[float] = field(default_factory=list)
+    spells: dict[str, list[float]] = field(default_factory=dict)  # per queue: finished spells' lengths
     _since: dict[str, float] = field(default_factory=dict)
     _last: float | None = None
 
@@ -294,14 +294,27 @@ class Meter:
                     self.violation_gpu_s[team.name] = self.violation_gpu_s.get(team.name, 0.0) + short * dt
                     self._since.setdefault(team.name, self._last)
                 elif team.name in self._since:
-                    self.spells.append(self._last - self._since.pop(team.name))
+                    self.spells.setdefault(team.name, []).append(self._last - self._since.pop(team.name))
         self._last = t
 
     def close(self) -> None:
-        for since in self._since.values():
+        for name, since in self._since.items():
             if self._last is not None:
-                self.spells.append(self._last - since)
+                self.spells.setdefault(name, []).append(self._last - since)
         self._since.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    """One queue's part of a side's figures."""
+
+    violation_gpu_s: float
+    longest_violation_s: float
+    mean_time_to_reclaim_s: float
+    borrowed_gpu_h: float
+    max_rho: float
+    mean_rho: float
+    avg_jct_h: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +335,7 @@ class Figures:
     restarts: int
     unfinished: int
     first_start_s: float  # the quickest arrival → first Running pod: the side's reaction time, at least
+    by_queue: dict[str, QueueRow]
 
 
 def n_avg(w: Work, finish: float, lives: list[tuple[str, float, float]]) -> float:
@@ -357,12 +371,34 @@ def figures(side: str, seed: int, sc: Scenario, jobs: list[JobRun], meter: Meter
     max_rho = {q: max(v) for q, v in sorted(rho.items())}
     span = sc.capacity * makespan
     jct = [j.finished_at - j.work.arrival for j in done if j.finished_at is not None]
+    spells = [s for v in meter.spells.values() for s in v]
+    by_queue = {
+        t.name: QueueRow(
+            violation_gpu_s=meter.violation_gpu_s.get(t.name, 0.0),
+            longest_violation_s=max(meter.spells.get(t.name, []), default=0.0),
+            mean_time_to_reclaim_s=statistics.fmean(meter.spells[t.name])
+            if meter.spells.get(t.name)
+            else 0.0,
+            borrowed_gpu_h=meter.borrowed_gpu_s.get(t.name, 0.0) / 3600,
+            max_rho=max(rho.get(t.name, []), default=math.nan),
+            mean_rho=statistics.fmean(rho[t.name]) if rho.get(t.name) else math.nan,
+            avg_jct_h=statistics.fmean(
+                j.finished_at - j.work.arrival
+                for j in done
+                if j.work.team == t.name and j.finished_at is not None
+            )
+            / 3600
+            if any(j.work.team == t.name for j in done)
+            else math.nan,
+        )
+        for t in sc.teams
+    }
     return Figures(
         side=side,
         seed=seed,
         violation_gpu_s=sum(meter.violation_gpu_s.values()),
-        longest_violation_s=max(meter.spells, default=0.0),
-        mean_time_to_reclaim_s=statistics.fmean(meter.spells) if meter.spells else 0.0,
+        longest_violation_s=max(spells, default=0.0),
+        mean_time_to_reclaim_s=statistics.fmean(spells) if spells else 0.0,
         borrowed_gpu_h={q: v / 3600 for q, v in sorted(meter.borrowed_gpu_s.items())},
         utilisation=meter.held_gpu_s / span if span > 0 else 0.0,
         useful=sum(j.work.work for j in done) / span if span > 0 else 0.0,
@@ -376,6 +412,7 @@ def figures(side: str, seed: int, sc: Scenario, jobs: list[JobRun], meter: Meter
         first_start_s=min(
             (j.first_start - j.work.arrival for j in jobs if j.first_start is not None), default=math.nan
         ),
+        by_queue=by_queue,
     )
 
 
@@ -682,7 +719,11 @@ class Trainer:
             }
         }
         await self.api.call(
-            "PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", body, patch="application/merge-patch+json"
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/pods/{name}/status",
+            body,
+            ok=(200, 404),  # moved or preempted meanwhile: its next pods are marked
+            patch="application/merge-patch+json",
         )
 
     async def report(self, ns: str, name: str, iterations: int) -> None:
@@ -937,6 +978,24 @@ def summary(results: list[dict[str, Figures]]) -> str:
             f"| {max(f.longest_violation_s for f in fs):.0f} | {statistics.fmean(f.useful for f in fs):.3f} "
             f"| {statistics.fmean(f.utilisation for f in fs):.3f} | {statistics.fmean(f.avg_jct_h for f in fs):.2f} |"
         )
+    lines += ["", "Per queue, mean over the seeds (worst ρ: the mean of the queue's max ρ):", ""]
+    lines.append(
+        "| queue | side | viol GPU-s | longest s | reclaim s | borrowed GPU-h | worst ρ | mean ρ | JCT h |"
+    )
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for q in results[0]["tessera"].by_queue:
+        for side in SIDES:
+            rows = [r[side].by_queue[q] for r in results]
+
+            def mean(key: str, rows: list[QueueRow] = rows) -> float:
+                vals = [getattr(x, key) for x in rows if not math.isnan(getattr(x, key))]
+                return statistics.fmean(vals) if vals else math.nan
+
+            lines.append(
+                f"| {q} | {side} | {mean('violation_gpu_s'):.0f} | {mean('longest_violation_s'):.0f} "
+                f"| {mean('mean_time_to_reclaim_s'):.0f} | {mean('borrowed_gpu_h'):.1f} | {mean('max_rho'):.2f} "
+                f"| {mean('mean_rho'):.2f} | {mean('avg_jct_h'):.2f} |"
+            )
     below = sum(r["tessera"].worst_max_rho < r["kueue"].worst_max_rho for r in results)
     useful = statistics.fmean(
         r["tessera"].useful / r["kueue"].useful for r in results if r["kueue"].useful > 0
@@ -1013,8 +1072,13 @@ def main() -> None:
         )
 
 
-def vars_of(f: Figures) -> dict[str, Any]:
-    return {k: getattr(f, k) for k in f.__dataclass_fields__}
+def vars_of(f: Any) -> Any:
+    """A figures dataclass (nested ones too) as JSON-able dicts."""
+    if hasattr(f, "__dataclass_fields__"):
+        return {k: vars_of(getattr(f, k)) for k in f.__dataclass_fields__}
+    if isinstance(f, dict):
+        return {k: vars_of(v) for k, v in f.items()}
+    return f
 
 
 if __name__ == "__main__":

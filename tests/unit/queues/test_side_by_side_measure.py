@@ -3,6 +3,7 @@ queues and the real Kueue) are judged by must be right before any figure of that
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -21,6 +22,9 @@ from tests.bench.bench_kueue_side_by_side import (
     n_avg,
     perturbed,
     pool_nodes,
+    row,
+    summary,
+    vars_of,
 )
 
 A = Team("a", guaranteed=4, max=8, weight=1.0, reclaim="atLeaseEnd", min_runtime_s=0.0)
@@ -64,7 +68,7 @@ def test_the_meter_counts_shortfall_below_the_guarantee_spells_and_borrowing() -
     meter.sample(200.0, [a1, b1])  # b met over [160, 200]: its spell (0 → 160) ends
     meter.close()
     assert meter.violation_gpu_s == {"b": pytest.approx(2 * 160.0)}
-    assert meter.spells == [pytest.approx(160.0)]
+    assert meter.spells == {"b": [pytest.approx(160.0)]}
     assert meter.borrowed_gpu_s["a"] == pytest.approx(4 * 200.0)
     assert meter.held_gpu_s == pytest.approx(8 * 200 + 2 * 40)
 
@@ -87,6 +91,7 @@ def test_figures_hold_each_app_to_its_queues_share_as_the_simulator_does() -> No
     assert f.max_rho == {"a": pytest.approx(2.0), "b": pytest.approx(2.0)}
     assert f.useful == pytest.approx(7200 / (8 * 3600))
     assert f.avg_jct_h == pytest.approx(0.75) and f.unfinished == 0
+    assert f.by_queue["a"].avg_jct_h == pytest.approx(0.5) and f.by_queue["b"].mean_rho == pytest.approx(2.0)
 
 
 def test_a_seed_moves_arrivals_later_and_scales_work_the_same_way_every_time() -> None:
@@ -123,3 +128,21 @@ def test_the_two_pools_are_alike_but_only_tesseras_is_visible_to_tessera() -> No
     assert all(contract.RESOURCE_GPU not in n["status"]["capacity"] for n in k)
     assert all(contract.ANN_NODE_GPUS not in n["metadata"]["annotations"] for n in k)
     assert not math.isnan(sc.lease_s)
+
+
+def test_the_report_has_a_row_per_side_and_seed_and_a_summary_per_queue() -> None:
+    sc = load(SCENARIO)
+    sc = type(sc)((A, B), (), nodes=2, gpus_per_node=4, lease_s=600.0, restart_s=0.0)
+    results = []
+    for seed, finish in ((1, 1800.0), (2, 2700.0)):
+        got = {}
+        for side in ("tessera", "kueue"):
+            x = JobRun(Work("x", "a", 0.0, 3600, 1.0, 4), created=True, finished_at=finish)
+            y = JobRun(Work("y", "b", 0.0, 3600, 1.0, 2), created=True, finished_at=3600.0)
+            got[side] = figures(side, seed, sc, [x, y], Meter((A, B)))
+        results.append(got)
+    assert row(results[0]["kueue"]).startswith("| 1 | kueue | 0 |")
+    text = summary(results)
+    assert "| a | tessera | 0 | 0 | 0 | 0.0 | 2.50 |" in text  # ρ 2 and 3: mean 2.5
+    assert "below Kueue's on 0 of 2 seeds" in text
+    assert json.loads(json.dumps(vars_of(results[0]["tessera"])))["by_queue"]["b"]["max_rho"] == 2.0
