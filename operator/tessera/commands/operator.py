@@ -79,6 +79,13 @@ def _themis_options(group: argparse._ArgumentGroup) -> None:
         "(default); --no-renew-in-place places it as a newcomer would be",
     )
     group.add_argument(
+        "--leftover-order",
+        choices=("random", "holders"),
+        default="random",
+        help="who gets the GPUs no auction claimed: Apps at random (random, default: Themis' rule), or first "
+        "the Apps that held them until their lease ended (holders: fewer checkpoint-and-restart moves)",
+    )
+    group.add_argument(
         "--preemption-grace-seconds", type=int, default=30, help="SIGTERM→SIGKILL window on lease loss (30)"
     )
     group.add_argument(
@@ -134,6 +141,7 @@ FLAGS: Final = {
     "fairness_knob": "--fairness-knob",
     "starving_rank": "--starving-rank",
     "renew_in_place": "--renew-in-place",
+    "leftover_order": "--leftover-order",
     "preemption_grace_s": "--preemption-grace-seconds",
     "admission_threshold": "--admission-threshold",
     "seed": "--seed",

@@ -82,6 +82,7 @@ class Arbiter:
                 lease_s=config.lease_s,
                 starving_rank=config.starving_rank,
                 renew_in_place=config.renew_in_place,
+                leftover_order=config.leftover_order,
             )
         )
         self.rng = random.Random(config.seed)

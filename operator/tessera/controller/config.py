@@ -24,6 +24,8 @@ class OperatorConfig(BaseModel):
     # ThemisConfig.starving_rank: how Apps holding nothing are ranked
     starving_rank: Literal["fair_share", "cap"] = "fair_share"
     renew_in_place: bool = True  # ThemisConfig.renew_in_place: an App back at lease end gets its GPUs back
+    # ThemisConfig.leftover_order: leftover GPUs to random Apps, or first back to the Apps that held them
+    leftover_order: Literal["random", "holders"] = "random"
     # SIGTERM → SIGKILL window for checkpointing on lease loss
     preemption_grace_s: int = Field(default=30, ge=0)
     admission_threshold: float | None = Field(default=None, gt=0)  # Themis footnote 2; None admits everything

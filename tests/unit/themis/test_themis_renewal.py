@@ -109,3 +109,34 @@ def test_a_returning_app_moves_when_a_better_placement_is_free_and_it_is_placeme
             assert gpus == want
         else:
             assert len({g.split("/")[0] for g in gpus}) == 1  # one machine
+
+
+def test_leftover_gpus_go_back_first_to_the_app_that_held_them_under_holders() -> None:
+    """`leftover_order: holders`: GPUs no auction claimed go first to the App whose lease on them just ended
+    (no restart for it), and only then at random; Themis' own rule (`random`) may hand them to another App
+    first and move the holder."""
+    from tessera.cluster.pool import Home
+    from tessera.policy.themis.arbiter import allocate_leftover
+
+    cluster = Cluster.build([(1, 4)])
+    g = cluster.gpu_ids
+    x = dataclasses.replace(app("x", 1000.0, 4), previous=frozenset(g[:2]))
+    y = app("y", 1000.0, 4, arrival=1.0)
+    homes = [Home("x", x.previous, x.sensitivity.slowdown)]
+    kept, moved = 0, 0
+    for seed in range(20):
+        for holders, count in ((True, "kept"), (False, "moved")):
+            got = allocate_leftover(
+                cluster, g, [y, x], [], {}, random.Random(seed), homes, holders_first=holders
+            )
+            if holders:
+                assert set(g[:2]) <= set(got.get("x", [])), seed
+                kept += 1
+            elif not set(g[:2]) <= set(got.get("x", [])):
+                moved += 1
+    assert kept == 20 and moved > 0  # random order hands x's GPUs to y in some draws
+
+
+def test_leftover_order_is_checked() -> None:
+    with pytest.raises(ValueError, match="leftover_order"):
+        ThemisConfig(leftover_order="first")

@@ -53,6 +53,11 @@ class ThemisConfig:
     # it then gets. true: the GPUs it held, wherever they place it no worse for its slowdown than the best
     # fit (no checkpoint and restart for nothing); false: placed as a newcomer would be.
     renew_in_place: bool = True
+    # Which apps the round's leftover GPUs go to first: "random" (Themis Pseudocode 1 line 21), or "holders"
+    # (Tessera's): an app whose lease just ended gets back, before any random hand-out, the leftover GPUs
+    # it held, so a holding that no auction wanted is renewed rather than moved to a random app (every move
+    # costs both apps a checkpoint and restart).
+    leftover_order: str = "random"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fairness_knob <= 1.0:
@@ -71,6 +76,8 @@ class ThemisConfig:
             raise ValueError(f"filter_over must be 'active' or 'hungry', got {self.filter_over!r}")
         if self.unclaimed not in ("reauction", "leftover"):
             raise ValueError(f"unclaimed must be 'reauction' or 'leftover', got {self.unclaimed!r}")
+        if self.leftover_order not in ("random", "holders"):
+            raise ValueError(f"leftover_order must be 'random' or 'holders', got {self.leftover_order!r}")
         if self.starving_rank not in ("fair_share", "cap"):
             raise ValueError(f"starving_rank must be 'fair_share' or 'cap', got {self.starving_rank!r}")
 
@@ -96,6 +103,7 @@ def allocate_leftover(
     already: dict[str, list[str]],
     rng: random.Random,
     homes: Sequence[Home] = (),
+    holders_first: bool = False,
 ) -> dict[str, list[str]]:
     """Hand leftover GPUs to apps at random (Themis Pseudocode 1 line 21; order: Tessera's).
 
@@ -105,19 +113,33 @@ def allocate_leftover(
     """
     pool = FreePool(cluster, leftover, homes)
     out: dict[str, list[str]] = {}
+    if holders_first:
+        # What each app held and nobody won back goes back to it first (its own GPUs, in random order of apps).
+        apps = {a.app_id: a for a in [*first, *second]}
+        order = [h for h in homes if h.owner in apps]
+        rng.shuffle(order)
+        for h in order:
+            a = apps[h.owner]
+            have = [*already.get(a.app_id, []), *out.get(a.app_id, [])]
+            mine = [g for g in pool.ids() if g in h.gpus]
+            want = min(a.demand_max - len(a.held) - len(have), len(mine))
+            if want <= 0:
+                continue
+            got = pool.take(Anchor.of(cluster, [*a.held, *have]), want, owner=a.app_id)
+            out[a.app_id] = [*out.get(a.app_id, []), *got]
     for group in (first, second):
         order = list(group)
         rng.shuffle(order)
         for a in order:
             if not pool.size:
                 return out
-            have = already.get(a.app_id, [])
+            have = [*already.get(a.app_id, []), *out.get(a.app_id, [])]
             want = a.demand_max - len(a.held) - len(have)
             if want <= 0:
                 continue
             anchor = Anchor.of(cluster, [*a.held, *have])
             got = pool.take(anchor, min(want, pool.size), owner=a.app_id)
-            out[a.app_id] = got
+            out[a.app_id] = [*out.get(a.app_id, []), *got]
     return out
 
 
@@ -203,7 +225,16 @@ class Themis:
         leftover = cluster.sorted(leftover)
         unfiltered = [a for a in hungry if a.app_id not in chosen]
         bidders = [a for a in hungry if a.app_id in chosen]
-        extra = allocate_leftover(cluster, leftover, unfiltered, bidders, won, rng, homes)
+        extra = allocate_leftover(
+            cluster,
+            leftover,
+            unfiltered,
+            bidders,
+            won,
+            rng,
+            homes,
+            holders_first=c.leftover_order == "holders",
+        )
         expiry = lease_expiry(now, c.lease_s)
         for app_id, gpus in won.items():
             if gpus:
