@@ -125,7 +125,7 @@ def test_leftover_gpus_go_back_first_to_the_app_that_held_them_under_holders() -
     homes = [Home("x", x.previous, x.sensitivity.slowdown)]
     kept, moved = 0, 0
     for seed in range(20):
-        for holders, count in ((True, "kept"), (False, "moved")):
+        for holders in (True, False):
             got = allocate_leftover(
                 cluster, g, [y, x], [], {}, random.Random(seed), homes, holders_first=holders
             )

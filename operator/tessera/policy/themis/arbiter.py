@@ -109,16 +109,17 @@ def allocate_leftover(
 
     Apps in `first` (the unfiltered) are visited in random order, each taking what it can still use,
     packed next to its GPUs; then `second` (the filtered) the same way. A GPU stays idle only when no app
-    has unmet demand, so the round is work-conserving (invariant §6.6-4).
+    has unmet demand, so the round is work-conserving (invariant §6.6-4). With `holders_first`, before
+    that, each App whose lease just ended (its `homes` entry) takes back the leftover GPUs it held.
     """
     pool = FreePool(cluster, leftover, homes)
     out: dict[str, list[str]] = {}
     if holders_first:
-        # What each app held and nobody won back goes back to it first (its own GPUs, in random order of apps).
+        # What an App held and no auction claimed goes back to it first (Apps in random order).
         apps = {a.app_id: a for a in [*first, *second]}
-        order = [h for h in homes if h.owner in apps]
-        rng.shuffle(order)
-        for h in order:
+        returning = [h for h in homes if h.owner in apps]
+        rng.shuffle(returning)
+        for h in returning:
             a = apps[h.owner]
             have = [*already.get(a.app_id, []), *out.get(a.app_id, [])]
             mine = [g for g in pool.ids() if g in h.gpus]
