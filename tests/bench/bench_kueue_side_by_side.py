@@ -420,7 +420,12 @@ def figures(side: str, seed: int, sc: Scenario, jobs: list[JobRun], meter: Meter
 
 
 def simulated(
-    path: Path, apps: tuple[Work, ...], seed: int, restart_s: float, reclaim: str
+    path: Path,
+    apps: tuple[Work, ...],
+    seed: int,
+    restart_s: float,
+    reclaim: str,
+    leftover_order: str = "random",
 ) -> dict[str, dict[str, Any]]:
     """The simulator's figures for the seed's workload: Tessera's queues and its model of Kueue as configured
     here (`kueue-style`, BestEffortFIFO, `reclaim_within_cohort` as Kueue's), same seed and restart cost."""
@@ -429,7 +434,7 @@ def simulated(
     doc = yaml.safe_load(path.read_text())
     doc["seed"] = seed
     doc["policies"] = [
-        {"policy": "themis", "label": "tessera"},
+        {"policy": "themis", "label": "tessera", "leftover_order": leftover_order},
         {
             "policy": "kueue-style",
             "label": "kueue",
@@ -847,6 +852,7 @@ async def run_seed(
             "preemption_grace_s": 0,
             "serving_stats_interval_s": 0,
             "seed": seed,
+            "leftover_order": args.leftover_order,
         }
         async with running_operator(cp, creds, stop_timeout=60.0, **settings):
             clock.t0 = time.monotonic()  # scenario time 0: the first arrivals
@@ -1015,6 +1021,7 @@ def main() -> None:
     p.add_argument("--restart-s", type=float, default=None, help="restart cost; default: the scenario's")
     p.add_argument("--jitter-s", type=float, default=600.0)
     p.add_argument("--tick", type=float, default=0.1, help="the trainer's period, wall seconds")
+    p.add_argument("--leftover-order", choices=("random", "holders"), default="random", help="Tessera's")
     p.add_argument("--kueue-reclaim", choices=("Never", "LowerPriority", "Any"), default="Never")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument(
@@ -1037,7 +1044,11 @@ def main() -> None:
     with cluster(sc, args.kueue_reclaim) as (cp, creds):
         for seed in seeds(args.seeds):
             apps = perturbed(sc.apps, seed, args.jitter_s)
-            sim = {} if args.no_sim else simulated(args.scenario, apps, seed, restart_s, args.kueue_reclaim)
+            sim = (
+                {}
+                if args.no_sim
+                else simulated(args.scenario, apps, seed, restart_s, args.kueue_reclaim, args.leftover_order)
+            )
             sims.append(sim)
             t0 = time.monotonic()
             got = asyncio.run(run_seed(cp, creds, sc, seed, args))
@@ -1056,7 +1067,10 @@ def main() -> None:
                 ]
                 args.json.write_text(json.dumps(out, indent=1))
     print()
-    print(f"speed {args.speed:g}, restart {restart_s:g} s, Kueue reclaimWithinCohort {args.kueue_reclaim}")
+    print(
+        f"speed {args.speed:g}, restart {restart_s:g} s, Kueue reclaimWithinCohort {args.kueue_reclaim}, "
+        f"Tessera leftover order {args.leftover_order}"
+    )
     print(HEAD)
     for r, sim in zip(results, sims, strict=True):
         for side in SIDES:
