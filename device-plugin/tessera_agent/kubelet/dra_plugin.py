@@ -8,7 +8,9 @@
                 NodePrepareResources reads each claim's allocation from the API server, writes a CDI spec with
                 the lane's env and mounts (`dra_lanes`) and answers the CDI device IDs;
                 NodeUnprepareResources removes the spec
-  ResourceSlice the node's GPUs (`dra_slice`), published at start and again on every health change
+  ResourceSlice the node's GPUs (`dra_slice`), published at start and again on every health change; an
+                unhealthy GPU carries the device taint gpu.tessera.io/unhealthy, which a restarted agent
+                takes back from its published slice (NVML does not say again what it reported before)
 
 Prepared claims are checkpointed (`<plugins dir>/gpu.tessera.io/checkpoint.json`, written whole or not at
 all): a claim is recorded as `preparing` before its CDI spec is written and as `prepared`, with the answer,
@@ -24,6 +26,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -463,17 +466,30 @@ def _hold_while_exists(path: Path) -> Callable[[str], Awaitable[None]]:
 
 # --- the ResourceSlice -------------------------------------------------------------------------------------
 class SlicePublisher:
-    """Keeps the node's ResourceSlice equal to its GPUs; the pool generation rises with every change."""
+    """Keeps the node's ResourceSlice equal to its GPUs; the pool generation rises with every change.
 
-    def __init__(self, cfg: AgentConfig, backend: GpuBackend, api: DraApi) -> None:
+    An unhealthy GPU's taint outlives the agent: NVML reports an XID once, so the first publish after a start
+    takes the GPUs the published slice has tainted as unhealthy, unless the taint was added before the node
+    booted (a reboot resets the GPUs; a GPU still failing reports again) or a health event already spoke of
+    the GPU since the start."""
+
+    def __init__(
+        self, cfg: AgentConfig, backend: GpuBackend, api: DraApi, *, boot_time: datetime | None = None
+    ) -> None:
         self.cfg = cfg
         self.backend = backend
         self.api = api
         self.health = {g.uuid: g.healthy for g in backend.gpus()}
+        self.boot_time = boot_time if boot_time is not None else node_boot_time()
+        self._adopted = False
+        self._heard: set[str] = set()  # GPUs a health event spoke of since the start
 
     async def publish(self) -> dict[str, Any]:
         name = slice_name(self.cfg.node_name)
         current = await self.api.get_slice(name)
+        if not self._adopted:
+            self._adopt_taints(current)
+            self._adopted = True
         generation = int(((current or {}).get("spec") or {}).get("pool", {}).get("generation", 0))
         want = resource_slice(
             self.cfg.node_name,
@@ -483,7 +499,9 @@ class SlicePublisher:
             extra_reserve_mib=self.cfg.extra_reserve_mib,
             health=self.health,
             node_uid=await self.api.node_uid(self.cfg.node_name),
+            taint_effect=self.cfg.dra_unhealthy_effect,
         )
+        _keep_time_added(current, want)
         if current is not None and _same_devices(current, want):
             return current
         if current is None:
@@ -497,10 +515,60 @@ class SlicePublisher:
 
     def set_health(self, uuid: str, healthy: bool) -> bool:
         """Whether this changed anything (then publish again)."""
+        self._heard.add(uuid)
         if uuid not in self.health or self.health[uuid] == healthy:
             return False
         self.health[uuid] = healthy
         return True
+
+    def _adopt_taints(self, current: dict[str, Any] | None) -> None:
+        for dev in ((current or {}).get("spec") or {}).get("devices") or []:
+            uuid = ((dev.get("attributes") or {}).get(contract.DRA_ATTRIBUTE_UUID) or {}).get("string")
+            if uuid not in self.health or uuid in self._heard or not self.health[uuid]:
+                continue
+            for taint in dev.get("taints") or []:
+                if taint.get("key") != contract.DRA_TAINT_UNHEALTHY:
+                    continue
+                added = _timestamp(taint.get("timeAdded"))
+                if added is not None and self.boot_time is not None and added < self.boot_time:
+                    log.info("GPU %s: taint %s predates the node's boot; dropped", uuid, taint["key"])
+                    continue
+                log.warning("GPU %s stays unhealthy: its slice device is tainted %s", uuid, taint["key"])
+                self.health[uuid] = False
+
+
+def node_boot_time(proc: Path = Path("/proc")) -> datetime | None:
+    """When the node booted (`btime` of /proc/stat, the host's in any container); None when unreadable."""
+    try:
+        for line in (proc / "stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return datetime.fromtimestamp(int(line.split()[1]), UTC)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _timestamp(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _keep_time_added(current: dict[str, Any] | None, want: dict[str, Any]) -> None:
+    """Each taint still there keeps the timeAdded the API server gave it (a taint sent without one is new to
+    the API server, and eviction's tolerationSeconds count from it)."""
+    published = {d.get("name"): d for d in ((current or {}).get("spec") or {}).get("devices") or []}
+    for dev in want["spec"]["devices"]:
+        had = {
+            (t.get("key"), t.get("effect")): t for t in (published.get(dev["name"]) or {}).get("taints") or []
+        }
+        for taint in dev.get("taints") or []:
+            old = had.get((taint["key"], taint["effect"]))
+            if old is not None and old.get("timeAdded"):
+                taint["timeAdded"] = old["timeAdded"]
 
 
 def _same_devices(current: dict[str, Any], want: dict[str, Any]) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -218,8 +219,40 @@ async def test_health_change_publishes_a_new_generation(
     backend.inject_fault(uuid)
     name = f"{NODE}-{contract.DRA_DRIVER}"
     await until(lambda: api.slices[name]["spec"]["pool"]["generation"] == 1, "a new slice generation")
-    health = api.slices[name]["spec"]["devices"][0]["attributes"]["health"]
-    assert health == {"string": "Unhealthy"}
+    dev = api.slices[name]["spec"]["devices"][0]
+    assert dev["attributes"]["health"] == {"string": "Unhealthy"}
+    assert dev["taints"] == [{"key": contract.DRA_TAINT_UNHEALTHY, "effect": "NoSchedule"}]
+    assert "taints" not in api.slices[name]["spec"]["devices"][1]
+
+    backend.recover(uuid)
+    await until(lambda: api.slices[name]["spec"]["pool"]["generation"] == 2, "the GPU healthy again")
+    dev = api.slices[name]["spec"]["devices"][0]
+    assert dev["attributes"]["health"] == {"string": "Healthy"}
+    assert "taints" not in dev
+
+
+async def test_a_restarted_agent_keeps_the_taints_it_set(
+    cfg: AgentConfig, api: FakeDraApi, backend: FakeGpuBackend
+) -> None:
+    """NVML reports an XID once: the agent after a restart (all GPUs healthy to NVML) takes the taint back
+    from its slice, with the time the API server gave it, and changes nothing."""
+    cfg = cfg.model_copy(update={"dra_unhealthy_effect": "NoExecute"})
+    first = await start(cfg, backend, api)
+    backend.inject_fault(backend.gpus()[1].uuid)
+    name = f"{NODE}-{contract.DRA_DRIVER}"
+    await until(lambda: api.slices[name]["spec"]["pool"]["generation"] == 1, "the taint published")
+    await first.halt()
+    added = datetime.now(UTC).replace(microsecond=0).isoformat()  # as the API server sets it: after the boot
+    api.slices[name]["spec"]["devices"][1]["taints"][0]["timeAdded"] = added
+    published = json.loads(json.dumps(api.slices[name]))
+
+    again = await start(cfg, FakeGpuBackend.uniform(2), api)
+    uuid = backend.gpus()[1].uuid
+    try:
+        await until(lambda: not again.driver.slices.health[uuid], "the taint taken back")
+    finally:
+        await again.halt()  # after the publish under way
+    assert api.slices[name] == published
 
 
 async def test_prepare_writes_the_lane_into_a_cdi_spec_and_unprepare_removes_it(
