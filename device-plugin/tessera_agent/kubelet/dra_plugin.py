@@ -8,6 +8,9 @@
                 NodePrepareResources reads each claim's allocation from the API server, writes a CDI spec with
                 the lane's env and mounts (`dra_lanes`) and answers the CDI device IDs;
                 NodeUnprepareResources removes the spec
+  health        `v1.DRAResourceHealth` on the same socket (KEP-4680): NodeWatchResources streams every GPU's
+                health, again on each change and every HEALTH_RESEND_S, which the kubelet shows in the status
+                of the pods whose claims hold the GPU (`allocatedResourcesStatus`)
   ResourceSlice the node's GPUs (`dra_slice`), published at start and again on every health change; an
                 unhealthy GPU carries the device taint gpu.tessera.io/unhealthy, which a restarted agent
                 takes back from its published slice (NVML does not say again what it reported before)
@@ -25,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -55,10 +58,12 @@ from tessera_agent.kubelet.dra_lanes import (
     write_atomically,
     write_cdi_spec,
 )
-from tessera_agent.kubelet.dra_slice import resource_slice, slice_name
+from tessera_agent.kubelet.dra_slice import device_name, resource_slice, slice_name
 from tessera_agent.lanes.book import LaneAdmissionError, LaneBook
 from tessera_agent.pods import NodePod
 from tessera_agent.proto import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     pluginregistration_v1_pb2,
@@ -72,6 +77,11 @@ log = logging.getLogger(__name__)
 HOLD_PREPARE_ENV = "TESSERA_AGENT_HOLD_PREPARE"
 
 DRA_SERVICE = "v1.DRAPlugin"  # k8s.io/kubelet/pkg/apis/dra/v1 DRAPluginService: what the kubelet picks
+HEALTH_SERVICE = "v1.DRAResourceHealth"  # k8s.io/kubelet/pkg/apis/dra-health/v1 DRAResourceHealthService
+# The kubelet holds a device's reported health for its timeout, then says Unknown: the stream repeats every
+# GPU's health well within it.
+HEALTH_RESEND_S = 10.0
+HEALTH_TIMEOUT_S = 60
 PLUGIN_TYPE = "DRAPlugin"  # pluginregistration/v1 constants.go
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 SLICE_RESYNC_S = 10.0  # how often the published slice is compared with the GPUs
@@ -426,6 +436,47 @@ def reserved_pod_uids(claim: ResourceClaim) -> list[str]:
     return [c.uid for c in claim.status.reserved_for if c.resource == "pods" and c.uid]
 
 
+class HealthServicer(dra_health_v1_pb2_grpc.DRAResourceHealthServicer):
+    """The kubelet's health stream (KEP-4680): every GPU's health as the slice publisher knows it."""
+
+    def __init__(self, cfg: AgentConfig, backend: GpuBackend, slices: SlicePublisher) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.slices = slices
+
+    def snapshot(self) -> dra_health_v1_pb2.NodeWatchResourcesResponse:
+        now = int(datetime.now(UTC).timestamp())
+        out = dra_health_v1_pb2.NodeWatchResourcesResponse()
+        for gpu in self.backend.gpus():
+            healthy = self.slices.health.get(gpu.uuid, gpu.healthy)
+            out.devices.append(
+                dra_health_v1_pb2.DeviceHealth(
+                    device=dra_health_v1_pb2.DeviceIdentifier(
+                        pool_name=self.cfg.node_name, device_name=device_name(gpu)
+                    ),
+                    health=dra_health_v1_pb2.HEALTHY if healthy else dra_health_v1_pb2.UNHEALTHY,
+                    last_updated_time=now,
+                    health_check_timeout_seconds=HEALTH_TIMEOUT_S,
+                    message="" if healthy else self.slices.reasons.get(gpu.uuid, "unhealthy"),
+                )
+            )
+        return out
+
+    async def NodeWatchResources(
+        self, request: dra_health_v1_pb2.NodeWatchResourcesRequest, context: object
+    ) -> AsyncIterator[dra_health_v1_pb2.NodeWatchResourcesResponse]:
+        changed = asyncio.Event()
+        self.slices.watchers.add(changed)
+        try:
+            while True:
+                changed.clear()
+                yield self.snapshot()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), HEALTH_RESEND_S)
+        finally:
+            self.slices.watchers.discard(changed)
+
+
 class RegistrationServicer(pluginregistration_v1_pb2_grpc.RegistrationServicer):
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
@@ -439,7 +490,7 @@ class RegistrationServicer(pluginregistration_v1_pb2_grpc.RegistrationServicer):
             type=PLUGIN_TYPE,
             name=contract.DRA_DRIVER,
             endpoint=str(self.cfg.dra_socket),
-            supported_versions=[DRA_SERVICE],
+            supported_versions=[DRA_SERVICE, HEALTH_SERVICE],
         )
 
     async def NotifyRegistrationStatus(
@@ -483,6 +534,8 @@ class SlicePublisher:
         self.boot_time = boot_time if boot_time is not None else node_boot_time()
         self._adopted = False
         self._heard: set[str] = set()  # GPUs a health event spoke of since the start
+        self.reasons: dict[str, str] = {}  # why each unhealthy GPU is, for the kubelet's health stream
+        self.watchers: set[asyncio.Event] = set()  # one per health stream, set on every health change
 
     async def publish(self) -> dict[str, Any]:
         name = slice_name(self.cfg.node_name)
@@ -513,13 +566,22 @@ class SlicePublisher:
         log.info("published ResourceSlice %s (generation %d)", name, want["spec"]["pool"]["generation"])
         return published
 
-    def set_health(self, uuid: str, healthy: bool) -> bool:
+    def set_health(self, uuid: str, healthy: bool, reason: str = "") -> bool:
         """Whether this changed anything (then publish again)."""
         self._heard.add(uuid)
         if uuid not in self.health or self.health[uuid] == healthy:
             return False
         self.health[uuid] = healthy
+        self._set_reason(uuid, healthy, reason)
         return True
+
+    def _set_reason(self, uuid: str, healthy: bool, reason: str) -> None:
+        if healthy:
+            self.reasons.pop(uuid, None)
+        else:
+            self.reasons[uuid] = reason
+        for changed in self.watchers:
+            changed.set()
 
     def _adopt_taints(self, current: dict[str, Any] | None) -> None:
         for dev in ((current or {}).get("spec") or {}).get("devices") or []:
@@ -535,6 +597,7 @@ class SlicePublisher:
                     continue
                 log.warning("GPU %s stays unhealthy: its slice device is tainted %s", uuid, taint["key"])
                 self.health[uuid] = False
+                self._set_reason(uuid, False, f"tainted {taint['key']} before the agent's restart")
 
 
 def node_boot_time(proc: Path = Path("/proc")) -> datetime | None:
@@ -597,6 +660,7 @@ class DraDriver:
         self.servicer = DraServicer(cfg, backend, api, daemons, lanes)
         self.registration = RegistrationServicer(cfg)
         self.slices = SlicePublisher(cfg, backend, api)
+        self.health = HealthServicer(cfg, backend, self.slices)
         self._server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
 
@@ -610,6 +674,9 @@ class DraDriver:
         await self.servicer.restore_lanes()
         server = grpc.aio.server()
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+        dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
+            self.health, server
+        )
         server.add_insecure_port(f"unix://{self.cfg.dra_socket}")
         await server.start()
         # The registration socket is served last: the kubelet calls GetInfo the moment it appears and then
@@ -670,7 +737,7 @@ class DraDriver:
     async def _watch_health(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             event = await asyncio.to_thread(self.backend.wait_health_event, 0.2)
-            if event is not None and self.slices.set_health(event.uuid, event.healthy):
+            if event is not None and self.slices.set_health(event.uuid, event.healthy, event.reason):
                 log.warning("GPU %s is now %s: %s", event.uuid, "healthy" if event.healthy else "unhealthy",
                             event.reason)  # fmt: skip
                 await self._publish_until_done(stop)

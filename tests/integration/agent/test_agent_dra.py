@@ -16,8 +16,11 @@ import pytest
 from tessera.api import contract
 from tessera_agent.config import AgentConfig
 from tessera_agent.gpus.fake_backend import FakeGpuBackend
-from tessera_agent.kubelet.dra_plugin import DRA_SERVICE, Checkpoint, DraApi, DraDriver
+from tessera_agent.kubelet import dra_plugin
+from tessera_agent.kubelet.dra_plugin import DRA_SERVICE, HEALTH_SERVICE, Checkpoint, DraApi, DraDriver
 from tessera_agent.proto import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     pluginregistration_v1_pb2,
@@ -166,7 +169,11 @@ async def test_registration_answers_what_the_kubelet_checks(running: Running, cf
             str(cfg.dra_socket),
         )
         # the kubelet (pkg/kubelet/cm/dra/plugin) picks the first of these it knows
-        assert list(info.supported_versions) == [DRA_SERVICE] == ["v1.DRAPlugin"]
+        assert list(info.supported_versions) == [DRA_SERVICE, HEALTH_SERVICE]
+        assert [DRA_SERVICE, HEALTH_SERVICE] == [
+            "v1.DRAPlugin",
+            "v1.DRAResourceHealth",
+        ]  # the kubelet's names
         await stub.NotifyRegistrationStatus(
             pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=True), timeout=DEADLINE_S
         )
@@ -229,6 +236,34 @@ async def test_health_change_publishes_a_new_generation(
     dev = api.slices[name]["spec"]["devices"][0]
     assert dev["attributes"]["health"] == {"string": "Healthy"}
     assert "taints" not in dev
+
+
+async def test_the_health_stream_tells_the_kubelet_each_gpus_health_and_every_change(
+    running: Running, cfg: AgentConfig, backend: FakeGpuBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KEP-4680: the kubelet's NodeWatchResources on the DRA socket, as the kubelet reads it. The periodic
+    resend is pushed past the deadline: only the change itself can bring the second reply."""
+    monkeypatch.setattr(dra_plugin, "HEALTH_RESEND_S", 3600.0)
+
+    def health(reply: dra_health_v1_pb2.NodeWatchResourcesResponse) -> dict[str, tuple[int, str]]:
+        assert {d.device.pool_name for d in reply.devices} == {NODE}
+        assert all(d.health_check_timeout_seconds == 60 and d.last_updated_time > 0 for d in reply.devices)
+        return {d.device.device_name: (d.health, d.message) for d in reply.devices}
+
+    ok = dra_health_v1_pb2.HEALTHY
+    async with grpc.aio.insecure_channel(f"unix://{cfg.dra_socket}") as channel:
+        stream = dra_health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            dra_health_v1_pb2.NodeWatchResourcesRequest()
+        )
+        first = await asyncio.wait_for(stream.read(), DEADLINE_S)
+        assert health(first) == {"gpu-0": (ok, ""), "gpu-1": (ok, "")}
+        backend.inject_fault(backend.gpus()[1].uuid)
+        second = await asyncio.wait_for(stream.read(), DEADLINE_S)
+        assert health(second) == {
+            "gpu-0": (ok, ""),
+            "gpu-1": (dra_health_v1_pb2.UNHEALTHY, "XID 79: GPU has fallen off the bus"),
+        }
+        stream.cancel()
 
 
 async def test_a_restarted_agent_keeps_the_taints_it_set(
