@@ -522,7 +522,8 @@ class SlicePublisher:
     An unhealthy GPU's taint outlives the agent: NVML reports an XID once, so the first publish after a start
     takes the GPUs the published slice has tainted as unhealthy, unless the taint was added before the node
     booted (a reboot resets the GPUs; a GPU still failing reports again) or a health event already spoke of
-    the GPU since the start."""
+    the GPU since the start. NVML reports no recovery either: a taint removed from the slice by hand makes
+    the GPU healthy again."""
 
     def __init__(
         self, cfg: AgentConfig, backend: GpuBackend, api: DraApi, *, boot_time: datetime | None = None
@@ -534,15 +535,25 @@ class SlicePublisher:
         self.boot_time = boot_time if boot_time is not None else node_boot_time()
         self._adopted = False
         self._heard: set[str] = set()  # GPUs a health event spoke of since the start
+        self._tainted: set[str] = set()  # GPUs the last publish tainted
+        self._lock = asyncio.Lock()
         self.reasons: dict[str, str] = {}  # why each unhealthy GPU is, for the kubelet's health stream
         self.watchers: set[asyncio.Event] = set()  # one per health stream, set on every health change
 
     async def publish(self) -> dict[str, Any]:
+        # One at a time (the resync and a health change may meet): a slice read before another publish's write
+        # would look like a taint removed by hand.
+        async with self._lock:
+            return await self._publish()
+
+    async def _publish(self) -> dict[str, Any]:
         name = slice_name(self.cfg.node_name)
         current = await self.api.get_slice(name)
         if not self._adopted:
             self._adopt_taints(current)
             self._adopted = True
+        else:
+            self._cleared_by_hand(current)
         generation = int(((current or {}).get("spec") or {}).get("pool", {}).get("generation", 0))
         want = resource_slice(
             self.cfg.node_name,
@@ -556,6 +567,7 @@ class SlicePublisher:
         )
         _keep_time_added(current, want)
         if current is not None and _same_devices(current, want):
+            self._tainted = _tainted_uuids(want)
             return current
         if current is None:
             published = await self.api.put_slice(want, create=True)
@@ -563,6 +575,7 @@ class SlicePublisher:
             want["spec"]["pool"]["generation"] = generation + 1
             want["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             published = await self.api.put_slice(want, create=False)
+        self._tainted = _tainted_uuids(want)  # only once written: a failed put taints nothing
         log.info("published ResourceSlice %s (generation %d)", name, want["spec"]["pool"]["generation"])
         return published
 
@@ -583,6 +596,22 @@ class SlicePublisher:
         for changed in self.watchers:
             changed.set()
 
+    def _cleared_by_hand(self, current: dict[str, Any] | None) -> None:
+        """A taint this agent published and someone removed from the slice since: a person saying the GPU is
+        repaired (NVML reports no recovery). A slice gone as a whole says nothing (the kubelet removes the
+        slices of a driver it has not heard from for a while)."""
+        if current is None:
+            return
+        for uuid in self._tainted - _tainted_uuids(current):
+            if not self.health.get(uuid, True):
+                log.warning(
+                    "GPU %s: taint %s removed from the slice; healthy again",
+                    uuid,
+                    contract.DRA_TAINT_UNHEALTHY,
+                )
+                self.health[uuid] = True
+                self._set_reason(uuid, True, "")
+
     def _adopt_taints(self, current: dict[str, Any] | None) -> None:
         for dev in ((current or {}).get("spec") or {}).get("devices") or []:
             uuid = ((dev.get("attributes") or {}).get(contract.DRA_ATTRIBUTE_UUID) or {}).get("string")
@@ -598,6 +627,16 @@ class SlicePublisher:
                 log.warning("GPU %s stays unhealthy: its slice device is tainted %s", uuid, taint["key"])
                 self.health[uuid] = False
                 self._set_reason(uuid, False, f"tainted {taint['key']} before the agent's restart")
+
+
+def _tainted_uuids(body: dict[str, Any]) -> set[str]:
+    """The GPUs (by UUID) a slice taints unhealthy."""
+    out = set()
+    for dev in (body.get("spec") or {}).get("devices") or []:
+        uuid = ((dev.get("attributes") or {}).get(contract.DRA_ATTRIBUTE_UUID) or {}).get("string")
+        if uuid and any(t.get("key") == contract.DRA_TAINT_UNHEALTHY for t in dev.get("taints") or []):
+            out.add(str(uuid))
+    return out
 
 
 def node_boot_time(proc: Path = Path("/proc")) -> datetime | None:

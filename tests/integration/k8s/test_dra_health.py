@@ -132,6 +132,31 @@ def test_a_tainted_gpu_gets_no_new_claim_and_keeps_its_taint_over_a_restart_not_
     assert allocated(cluster, namespace, "second") == ["gpu-0"]
 
 
+def test_a_taint_removed_by_hand_stays_removed_and_frees_the_gpu(
+    cluster: ControlPlane, node: str, namespace: str, scheduler: Process, tmp_path: Path
+) -> None:
+    """NVML reports no recovery: a person removes the taint (a GPU reset), and the running agent follows."""
+    backend = FakeGpuBackend.uniform(2)
+    publisher = publisher_of(agent_config(node, tmp_path), backend)
+    publish(cluster, publisher)
+    fault(cluster, publisher, backend, 0)
+    fault(cluster, publisher, backend, 1)
+    submit(cluster, namespace, whole_gpus("waits", ["gpu"], one_root=False), "waits", node)
+    wait_until(lambda: unschedulable(cluster, namespace, "waits"), 90, "the claim refused", scheduler)
+
+    path = f"{RESOURCE_API}/resourceslices/{slice_name(node)}"
+    edited = cluster.get(path)
+    del edited["spec"]["devices"][1]["taints"]  # kubectl edit
+    status, body = cluster.request("PUT", path, edited)
+    assert status == 200, body
+    publish(cluster, publisher)  # the agent's next resync
+    assert publisher.health[backend.gpus()[1].uuid]
+    assert taints(cluster, node)["gpu-1"] == []
+    assert [t["key"] for t in taints(cluster, node)["gpu-0"]] == [contract.DRA_TAINT_UNHEALTHY]
+    wait_until(lambda: allocated(cluster, namespace, "waits"), 90, "the claim's GPU", scheduler)
+    assert allocated(cluster, namespace, "waits") == ["gpu-1"]
+
+
 def test_no_execute_evicts_the_pod_of_a_claim_on_the_gpu(
     cluster: ControlPlane, node: str, namespace: str, scheduler: Process, tmp_path: Path
 ) -> None:

@@ -21,7 +21,7 @@ BOOT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 class SliceOnly(DraApi):
-    """One stored slice; a put stores what it is given."""
+    """One stored slice; a put stores what it is given, at a new resourceVersion."""
 
     def __init__(self, stored: dict[str, Any] | None) -> None:
         self.stored = stored
@@ -36,8 +36,10 @@ class SliceOnly(DraApi):
         return copy.deepcopy(self.stored)
 
     async def put_slice(self, body: dict[str, Any], *, create: bool) -> dict[str, Any]:
+        assert create == (self.stored is None)
         self.stored = copy.deepcopy(body)
-        return body
+        self.stored["metadata"]["resourceVersion"] = str(int(body["metadata"].get("resourceVersion", 0)) + 1)
+        return copy.deepcopy(self.stored)
 
 
 def published(backend: FakeGpuBackend, tainted: int, time_added: str | None) -> dict[str, Any]:
@@ -88,3 +90,22 @@ def test_the_boot_time_is_the_kernels_btime(tmp_path: Path) -> None:
     (tmp_path / "stat").write_text("cpu  1 2 3\nbtime 1795921937\nprocesses 9\n")
     assert node_boot_time(tmp_path) == datetime.fromtimestamp(1795921937, UTC)
     assert node_boot_time(tmp_path / "absent") is None
+
+
+def test_a_taint_removed_by_hand_clears_the_gpu_and_a_slice_deleted_whole_does_not(tmp_path: Path) -> None:
+    """NVML reports no recovery: a person removing the taint from the slice says the GPU is repaired."""
+    publisher, api = start(tmp_path, published(FakeGpuBackend.uniform(2), 1, None))
+    asyncio.run(publisher.publish())
+    uuid = FakeGpuBackend.uniform(2).gpus()[1].uuid
+    assert not publisher.health[uuid]
+
+    api.stored = None  # the kubelet removed the slice: published again as it was
+    asyncio.run(publisher.publish())
+    assert api.stored is not None
+    assert [t["key"] for t in api.stored["spec"]["devices"][1]["taints"]] == [contract.DRA_TAINT_UNHEALTHY]
+
+    del api.stored["spec"]["devices"][1]["taints"]  # kubectl edit
+    asyncio.run(publisher.publish())
+    assert publisher.health[uuid]
+    assert "taints" not in api.stored["spec"]["devices"][1]
+    assert api.stored["spec"]["devices"][1]["attributes"]["health"] == {"string": "Healthy"}
