@@ -232,6 +232,13 @@ def _dra_options(g: argparse._ArgumentGroup) -> None:
         default=Path(contract.CDI_DIR),
         help="where CDI specs are written (containerd's)",
     )
+    g.add_argument(
+        "--dra-unhealthy-effect",
+        choices=("NoSchedule", "NoExecute"),
+        default="NoSchedule",
+        help=f"effect of the device taint {contract.DRA_TAINT_UNHEALTHY} an unhealthy GPU gets: NoSchedule keeps "
+        "new claims off it, NoExecute also evicts the pods of the claims on it (docs/dra.md)",
+    )
 
 
 def _demo_options(g: argparse._ArgumentGroup) -> None:

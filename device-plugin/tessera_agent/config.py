@@ -83,6 +83,9 @@ class AgentConfig(_Settings):
     kubelet_plugins_dir: Path = Path(contract.KUBELET_PLUGINS_DIR)
     kubelet_registry_dir: Path = Path(contract.KUBELET_PLUGINS_REGISTRY_DIR)
     cdi_dir: Path = Path(contract.CDI_DIR)
+    # The effect of the device taint an unhealthy GPU gets in the ResourceSlice (docs/dra.md, "Health"):
+    # NoSchedule keeps new claims off it; NoExecute also evicts the pods of claims already on it.
+    dra_unhealthy_effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
     # Keep this GPU node for tessera-scheduler's pods (reserve.py): taint the Node when on, remove the taint
     # when off (chart value gpuNodes.reserve).
     reserve_node: bool = False

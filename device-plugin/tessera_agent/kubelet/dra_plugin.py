@@ -8,7 +8,12 @@
                 NodePrepareResources reads each claim's allocation from the API server, writes a CDI spec with
                 the lane's env and mounts (`dra_lanes`) and answers the CDI device IDs;
                 NodeUnprepareResources removes the spec
-  ResourceSlice the node's GPUs (`dra_slice`), published at start and again on every health change
+  health        `v1.DRAResourceHealth` on the same socket (KEP-4680): NodeWatchResources streams every GPU's
+                health, again on each change and every HEALTH_RESEND_S, which the kubelet shows in the status
+                of the pods whose claims hold the GPU (`allocatedResourcesStatus`)
+  ResourceSlice the node's GPUs (`dra_slice`), published at start and again on every health change; an
+                unhealthy GPU carries the device taint gpu.tessera.io/unhealthy, which a restarted agent
+                takes back from its published slice (NVML does not say again what it reported before)
 
 Prepared claims are checkpointed (`<plugins dir>/gpu.tessera.io/checkpoint.json`, written whole or not at
 all): a claim is recorded as `preparing` before its CDI spec is written and as `prepared`, with the answer,
@@ -23,7 +28,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -52,10 +58,12 @@ from tessera_agent.kubelet.dra_lanes import (
     write_atomically,
     write_cdi_spec,
 )
-from tessera_agent.kubelet.dra_slice import resource_slice, slice_name
+from tessera_agent.kubelet.dra_slice import device_name, resource_slice, slice_name
 from tessera_agent.lanes.book import LaneAdmissionError, LaneBook
 from tessera_agent.pods import NodePod
 from tessera_agent.proto import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     pluginregistration_v1_pb2,
@@ -69,6 +77,11 @@ log = logging.getLogger(__name__)
 HOLD_PREPARE_ENV = "TESSERA_AGENT_HOLD_PREPARE"
 
 DRA_SERVICE = "v1.DRAPlugin"  # k8s.io/kubelet/pkg/apis/dra/v1 DRAPluginService: what the kubelet picks
+HEALTH_SERVICE = "v1.DRAResourceHealth"  # k8s.io/kubelet/pkg/apis/dra-health/v1 DRAResourceHealthService
+# The kubelet holds a device's reported health for its timeout, then says Unknown: the stream repeats every
+# GPU's health well within it.
+HEALTH_RESEND_S = 10.0
+HEALTH_TIMEOUT_S = 60
 PLUGIN_TYPE = "DRAPlugin"  # pluginregistration/v1 constants.go
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 SLICE_RESYNC_S = 10.0  # how often the published slice is compared with the GPUs
@@ -423,6 +436,47 @@ def reserved_pod_uids(claim: ResourceClaim) -> list[str]:
     return [c.uid for c in claim.status.reserved_for if c.resource == "pods" and c.uid]
 
 
+class HealthServicer(dra_health_v1_pb2_grpc.DRAResourceHealthServicer):
+    """The kubelet's health stream (KEP-4680): every GPU's health as the slice publisher knows it."""
+
+    def __init__(self, cfg: AgentConfig, backend: GpuBackend, slices: SlicePublisher) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.slices = slices
+
+    def snapshot(self) -> dra_health_v1_pb2.NodeWatchResourcesResponse:
+        now = int(datetime.now(UTC).timestamp())
+        out = dra_health_v1_pb2.NodeWatchResourcesResponse()
+        for gpu in self.backend.gpus():
+            healthy = self.slices.health.get(gpu.uuid, gpu.healthy)
+            out.devices.append(
+                dra_health_v1_pb2.DeviceHealth(
+                    device=dra_health_v1_pb2.DeviceIdentifier(
+                        pool_name=self.cfg.node_name, device_name=device_name(gpu)
+                    ),
+                    health=dra_health_v1_pb2.HEALTHY if healthy else dra_health_v1_pb2.UNHEALTHY,
+                    last_updated_time=now,
+                    health_check_timeout_seconds=HEALTH_TIMEOUT_S,
+                    message="" if healthy else self.slices.reasons.get(gpu.uuid, "unhealthy"),
+                )
+            )
+        return out
+
+    async def NodeWatchResources(
+        self, request: dra_health_v1_pb2.NodeWatchResourcesRequest, context: object
+    ) -> AsyncIterator[dra_health_v1_pb2.NodeWatchResourcesResponse]:
+        changed = asyncio.Event()
+        self.slices.watchers.add(changed)
+        try:
+            while True:
+                changed.clear()
+                yield self.snapshot()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), HEALTH_RESEND_S)
+        finally:
+            self.slices.watchers.discard(changed)
+
+
 class RegistrationServicer(pluginregistration_v1_pb2_grpc.RegistrationServicer):
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
@@ -436,7 +490,7 @@ class RegistrationServicer(pluginregistration_v1_pb2_grpc.RegistrationServicer):
             type=PLUGIN_TYPE,
             name=contract.DRA_DRIVER,
             endpoint=str(self.cfg.dra_socket),
-            supported_versions=[DRA_SERVICE],
+            supported_versions=[DRA_SERVICE, HEALTH_SERVICE],
         )
 
     async def NotifyRegistrationStatus(
@@ -463,17 +517,43 @@ def _hold_while_exists(path: Path) -> Callable[[str], Awaitable[None]]:
 
 # --- the ResourceSlice -------------------------------------------------------------------------------------
 class SlicePublisher:
-    """Keeps the node's ResourceSlice equal to its GPUs; the pool generation rises with every change."""
+    """Keeps the node's ResourceSlice equal to its GPUs; the pool generation rises with every change.
 
-    def __init__(self, cfg: AgentConfig, backend: GpuBackend, api: DraApi) -> None:
+    An unhealthy GPU's taint outlives the agent: NVML reports an XID once, so the first publish after a start
+    takes the GPUs the published slice has tainted as unhealthy, unless the taint was added before the node
+    booted (a reboot resets the GPUs; a GPU still failing reports again) or a health event already spoke of
+    the GPU since the start. NVML reports no recovery either: a taint removed from the slice by hand makes
+    the GPU healthy again."""
+
+    def __init__(
+        self, cfg: AgentConfig, backend: GpuBackend, api: DraApi, *, boot_time: datetime | None = None
+    ) -> None:
         self.cfg = cfg
         self.backend = backend
         self.api = api
         self.health = {g.uuid: g.healthy for g in backend.gpus()}
+        self.boot_time = boot_time if boot_time is not None else node_boot_time()
+        self._adopted = False
+        self._heard: set[str] = set()  # GPUs a health event spoke of since the start
+        self._tainted: set[str] = set()  # GPUs the last publish tainted
+        self._lock = asyncio.Lock()
+        self.reasons: dict[str, str] = {}  # why each unhealthy GPU is, for the kubelet's health stream
+        self.watchers: set[asyncio.Event] = set()  # one per health stream, set on every health change
 
     async def publish(self) -> dict[str, Any]:
+        # One at a time (the resync and a health change may meet): a slice read before another publish's write
+        # would look like a taint removed by hand.
+        async with self._lock:
+            return await self._publish()
+
+    async def _publish(self) -> dict[str, Any]:
         name = slice_name(self.cfg.node_name)
         current = await self.api.get_slice(name)
+        if not self._adopted:
+            self._adopt_taints(current)
+            self._adopted = True
+        else:
+            self._cleared_by_hand(current)
         generation = int(((current or {}).get("spec") or {}).get("pool", {}).get("generation", 0))
         want = resource_slice(
             self.cfg.node_name,
@@ -483,8 +563,11 @@ class SlicePublisher:
             extra_reserve_mib=self.cfg.extra_reserve_mib,
             health=self.health,
             node_uid=await self.api.node_uid(self.cfg.node_name),
+            taint_effect=self.cfg.dra_unhealthy_effect,
         )
+        _keep_time_added(current, want)
         if current is not None and _same_devices(current, want):
+            self._tainted = _tainted_uuids(want)
             return current
         if current is None:
             published = await self.api.put_slice(want, create=True)
@@ -492,15 +575,102 @@ class SlicePublisher:
             want["spec"]["pool"]["generation"] = generation + 1
             want["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             published = await self.api.put_slice(want, create=False)
+        self._tainted = _tainted_uuids(want)  # only once written: a failed put taints nothing
         log.info("published ResourceSlice %s (generation %d)", name, want["spec"]["pool"]["generation"])
         return published
 
-    def set_health(self, uuid: str, healthy: bool) -> bool:
+    def set_health(self, uuid: str, healthy: bool, reason: str = "") -> bool:
         """Whether this changed anything (then publish again)."""
+        self._heard.add(uuid)
         if uuid not in self.health or self.health[uuid] == healthy:
             return False
         self.health[uuid] = healthy
+        self._set_reason(uuid, healthy, reason)
         return True
+
+    def _set_reason(self, uuid: str, healthy: bool, reason: str) -> None:
+        if healthy:
+            self.reasons.pop(uuid, None)
+        else:
+            self.reasons[uuid] = reason
+        for changed in self.watchers:
+            changed.set()
+
+    def _cleared_by_hand(self, current: dict[str, Any] | None) -> None:
+        """A taint this agent published and someone removed from the slice since: a person saying the GPU is
+        repaired (NVML reports no recovery). A slice gone as a whole says nothing (the kubelet removes the
+        slices of a driver it has not heard from for a while)."""
+        if current is None:
+            return
+        for uuid in self._tainted - _tainted_uuids(current):
+            if not self.health.get(uuid, True):
+                log.warning(
+                    "GPU %s: taint %s removed from the slice; healthy again",
+                    uuid,
+                    contract.DRA_TAINT_UNHEALTHY,
+                )
+                self.health[uuid] = True
+                self._set_reason(uuid, True, "")
+
+    def _adopt_taints(self, current: dict[str, Any] | None) -> None:
+        for dev in ((current or {}).get("spec") or {}).get("devices") or []:
+            uuid = ((dev.get("attributes") or {}).get(contract.DRA_ATTRIBUTE_UUID) or {}).get("string")
+            if uuid not in self.health or uuid in self._heard or not self.health[uuid]:
+                continue
+            for taint in dev.get("taints") or []:
+                if taint.get("key") != contract.DRA_TAINT_UNHEALTHY:
+                    continue
+                added = _timestamp(taint.get("timeAdded"))
+                if added is not None and self.boot_time is not None and added < self.boot_time:
+                    log.info("GPU %s: taint %s predates the node's boot; dropped", uuid, taint["key"])
+                    continue
+                log.warning("GPU %s stays unhealthy: its slice device is tainted %s", uuid, taint["key"])
+                self.health[uuid] = False
+                self._set_reason(uuid, False, f"tainted {taint['key']} before the agent's restart")
+
+
+def _tainted_uuids(body: dict[str, Any]) -> set[str]:
+    """The GPUs (by UUID) a slice taints unhealthy."""
+    out = set()
+    for dev in (body.get("spec") or {}).get("devices") or []:
+        uuid = ((dev.get("attributes") or {}).get(contract.DRA_ATTRIBUTE_UUID) or {}).get("string")
+        if uuid and any(t.get("key") == contract.DRA_TAINT_UNHEALTHY for t in dev.get("taints") or []):
+            out.add(str(uuid))
+    return out
+
+
+def node_boot_time(proc: Path = Path("/proc")) -> datetime | None:
+    """When the node booted (`btime` of /proc/stat, the host's in any container); None when unreadable."""
+    try:
+        for line in (proc / "stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return datetime.fromtimestamp(int(line.split()[1]), UTC)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _timestamp(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _keep_time_added(current: dict[str, Any] | None, want: dict[str, Any]) -> None:
+    """Each taint still there keeps the timeAdded the API server gave it (a taint sent without one is new to
+    the API server, and eviction's tolerationSeconds count from it)."""
+    published = {d.get("name"): d for d in ((current or {}).get("spec") or {}).get("devices") or []}
+    for dev in want["spec"]["devices"]:
+        had = {
+            (t.get("key"), t.get("effect")): t for t in (published.get(dev["name"]) or {}).get("taints") or []
+        }
+        for taint in dev.get("taints") or []:
+            old = had.get((taint["key"], taint["effect"]))
+            if old is not None and old.get("timeAdded"):
+                taint["timeAdded"] = old["timeAdded"]
 
 
 def _same_devices(current: dict[str, Any], want: dict[str, Any]) -> bool:
@@ -529,6 +699,7 @@ class DraDriver:
         self.servicer = DraServicer(cfg, backend, api, daemons, lanes)
         self.registration = RegistrationServicer(cfg)
         self.slices = SlicePublisher(cfg, backend, api)
+        self.health = HealthServicer(cfg, backend, self.slices)
         self._server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
 
@@ -542,6 +713,9 @@ class DraDriver:
         await self.servicer.restore_lanes()
         server = grpc.aio.server()
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+        dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
+            self.health, server
+        )
         server.add_insecure_port(f"unix://{self.cfg.dra_socket}")
         await server.start()
         # The registration socket is served last: the kubelet calls GetInfo the moment it appears and then
@@ -602,7 +776,7 @@ class DraDriver:
     async def _watch_health(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             event = await asyncio.to_thread(self.backend.wait_health_event, 0.2)
-            if event is not None and self.slices.set_health(event.uuid, event.healthy):
+            if event is not None and self.slices.set_health(event.uuid, event.healthy, event.reason):
                 log.warning("GPU %s is now %s: %s", event.uuid, "healthy" if event.healthy else "unhealthy",
                             event.reason)  # fmt: skip
                 await self._publish_until_done(stop)

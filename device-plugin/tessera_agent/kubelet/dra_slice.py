@@ -11,12 +11,15 @@ lanes exist (the same bounds as the extender's assignments, `tessera.api.assignm
                 no more lanes than the device plugin would give it (MPS serves at most 48 clients)
 
 so a claim that asks for nothing gets a whole GPU, and one that asks `memory: 10Gi, computeShare: 30` gets a
-lane of 10 GiB and 30 %. Pure functions: publishing is `dra_plugin.SlicePublisher`'s job.
+lane of 10 GiB and 30 %. An unhealthy GPU carries the device taint `gpu.tessera.io/unhealthy` (KEP-5055) with
+the configured effect: the scheduler allocates it to no claim that does not tolerate the taint, whatever its
+DeviceClass, and with NoExecute the device taint eviction controller evicts the pods of the claims on it.
+Pure functions: publishing is `dra_plugin.SlicePublisher`'s job.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from tessera.api import contract
 
@@ -25,6 +28,7 @@ from tessera_agent.gpus.backend import GpuBackend, GpuDevice, usable_memory_mib
 API_VERSION = "resource.k8s.io/v1"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+TaintEffect = Literal["NoSchedule", "NoExecute"]
 
 
 def device_name(gpu: GpuDevice) -> str:
@@ -51,12 +55,24 @@ def _topology(gpu: GpuDevice) -> dict[str, Any]:
     return out
 
 
+def unhealthy_taint(effect: TaintEffect) -> dict[str, Any]:
+    """The taint of an unhealthy GPU. No timeAdded: the API server sets it when the taint first appears (the
+    publisher carries it over from the published slice after that)."""
+    return {"key": contract.DRA_TAINT_UNHEALTHY, "effect": effect}
+
+
 def device(
-    gpu: GpuDevice, *, slots: int, extra_reserve_mib: int = 0, healthy: bool | None = None
+    gpu: GpuDevice,
+    *,
+    slots: int,
+    extra_reserve_mib: int = 0,
+    healthy: bool | None = None,
+    taint_effect: TaintEffect = "NoSchedule",
 ) -> dict[str, Any]:
     mib = usable_memory_mib(gpu, extra_reserve_mib)
     memory = f"{mib}Mi"
     ok = gpu.healthy if healthy is None else healthy
+    taints = {} if ok else {"taints": [unhealthy_taint(taint_effect)]}
     return {
         "name": device_name(gpu),
         "allowMultipleAllocations": True,
@@ -78,6 +94,7 @@ def device(
             ),
             contract.DRA_CAPACITY_CLIENTS: _capacity(str(slots), {"default": "1", "validValues": ["1"]}),
         },
+        **taints,
     }
 
 
@@ -90,6 +107,7 @@ def resource_slice(
     extra_reserve_mib: int = 0,
     health: dict[str, bool] | None = None,
     node_uid: str | None = None,
+    taint_effect: TaintEffect = "NoSchedule",
 ) -> dict[str, Any]:
     """The node's ResourceSlice: pool `node`, one slice in it at `generation` (raised on every change, so the
     scheduler never mixes two versions of the pool). Owned by the Node when its UID is known, so the slice
@@ -109,7 +127,13 @@ def resource_slice(
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
             "devices": [
-                device(g, slots=slots, extra_reserve_mib=extra_reserve_mib, healthy=health.get(g.uuid))
+                device(
+                    g,
+                    slots=slots,
+                    extra_reserve_mib=extra_reserve_mib,
+                    healthy=health.get(g.uuid),
+                    taint_effect=taint_effect,
+                )
                 for g in backend.gpus()
             ],
         },
@@ -117,20 +141,12 @@ def resource_slice(
 
 
 def device_class() -> dict[str, Any]:
-    """The DeviceClass claims name (`deviceClassName: gpu.tessera.io`): the driver's healthy GPUs. The chart
-    renders the same object (tests/unit/agent/test_dra_slice.py compares them)."""
-    attrs = f'device.attributes["{contract.DRA_DRIVER}"]'
+    """The DeviceClass claims name (`deviceClassName: gpu.tessera.io`): the driver's GPUs. Health is not a
+    selector here: an unhealthy GPU is tainted, which keeps it from claims of every class. The chart renders
+    the same object (tests/unit/agent/test_dra_slice.py compares them)."""
     return {
         "apiVersion": API_VERSION,
         "kind": "DeviceClass",
         "metadata": {"name": contract.DRA_DEVICE_CLASS},
-        "spec": {
-            "selectors": [
-                {
-                    "cel": {
-                        "expression": f'device.driver == "{contract.DRA_DRIVER}" && {attrs}.health == "{HEALTHY}"'
-                    }
-                }
-            ]
-        },
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{contract.DRA_DRIVER}"'}}]},
     }

@@ -33,7 +33,9 @@ DEFAULT_SLOTS_PER_GPU: Final = 10
 # Dynamic Resource Allocation (resource.k8s.io/v1): the agent's driver publishes one device per GPU with
 # consumable capacity; a claim's lane is its share of both capacities (docs/dra.md).
 DRA_DRIVER: Final = f"gpu.{GROUP}"
-DRA_DEVICE_CLASS: Final = DRA_DRIVER  # the chart's DeviceClass, selecting the driver's healthy GPUs
+DRA_DEVICE_CLASS: Final = DRA_DRIVER  # the chart's DeviceClass, selecting the driver's GPUs
+# device taint (KEP-5055) on a GPU the agent found unhealthy (a critical XID): NoSchedule, or NoExecute to evict
+DRA_TAINT_UNHEALTHY: Final = f"{DRA_DRIVER}/unhealthy"
 DRA_CAPACITY_MEMORY: Final = "memory"  # bytes of the GPU's usable memory
 DRA_CAPACITY_COMPUTE: Final = "computeShare"  # percent of the GPU's SMs (MPS active thread percentage)
 DRA_CAPACITY_CLIENTS: Final = "clients"  # MPS client slots: each allocation takes one (slotsPerGpu per GPU)

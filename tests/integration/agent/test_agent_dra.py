@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,11 @@ import pytest
 from tessera.api import contract
 from tessera_agent.config import AgentConfig
 from tessera_agent.gpus.fake_backend import FakeGpuBackend
-from tessera_agent.kubelet.dra_plugin import DRA_SERVICE, Checkpoint, DraApi, DraDriver
+from tessera_agent.kubelet import dra_plugin
+from tessera_agent.kubelet.dra_plugin import DRA_SERVICE, HEALTH_SERVICE, Checkpoint, DraApi, DraDriver
 from tessera_agent.proto import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     pluginregistration_v1_pb2,
@@ -165,7 +169,11 @@ async def test_registration_answers_what_the_kubelet_checks(running: Running, cf
             str(cfg.dra_socket),
         )
         # the kubelet (pkg/kubelet/cm/dra/plugin) picks the first of these it knows
-        assert list(info.supported_versions) == [DRA_SERVICE] == ["v1.DRAPlugin"]
+        assert list(info.supported_versions) == [DRA_SERVICE, HEALTH_SERVICE]
+        assert [DRA_SERVICE, HEALTH_SERVICE] == [
+            "v1.DRAPlugin",
+            "v1.DRAResourceHealth",
+        ]  # the kubelet's names
         await stub.NotifyRegistrationStatus(
             pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=True), timeout=DEADLINE_S
         )
@@ -218,8 +226,68 @@ async def test_health_change_publishes_a_new_generation(
     backend.inject_fault(uuid)
     name = f"{NODE}-{contract.DRA_DRIVER}"
     await until(lambda: api.slices[name]["spec"]["pool"]["generation"] == 1, "a new slice generation")
-    health = api.slices[name]["spec"]["devices"][0]["attributes"]["health"]
-    assert health == {"string": "Unhealthy"}
+    dev = api.slices[name]["spec"]["devices"][0]
+    assert dev["attributes"]["health"] == {"string": "Unhealthy"}
+    assert dev["taints"] == [{"key": contract.DRA_TAINT_UNHEALTHY, "effect": "NoSchedule"}]
+    assert "taints" not in api.slices[name]["spec"]["devices"][1]
+
+    backend.recover(uuid)
+    await until(lambda: api.slices[name]["spec"]["pool"]["generation"] == 2, "the GPU healthy again")
+    dev = api.slices[name]["spec"]["devices"][0]
+    assert dev["attributes"]["health"] == {"string": "Healthy"}
+    assert "taints" not in dev
+
+
+async def test_the_health_stream_tells_the_kubelet_each_gpus_health_and_every_change(
+    running: Running, cfg: AgentConfig, backend: FakeGpuBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KEP-4680: the kubelet's NodeWatchResources on the DRA socket, as the kubelet reads it. The periodic
+    resend is pushed past the deadline: only the change itself can bring the second reply."""
+    monkeypatch.setattr(dra_plugin, "HEALTH_RESEND_S", 3600.0)
+
+    def health(reply: dra_health_v1_pb2.NodeWatchResourcesResponse) -> dict[str, tuple[int, str]]:
+        assert {d.device.pool_name for d in reply.devices} == {NODE}
+        assert all(d.health_check_timeout_seconds == 60 and d.last_updated_time > 0 for d in reply.devices)
+        return {d.device.device_name: (d.health, d.message) for d in reply.devices}
+
+    ok = dra_health_v1_pb2.HEALTHY
+    async with grpc.aio.insecure_channel(f"unix://{cfg.dra_socket}") as channel:
+        stream = dra_health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            dra_health_v1_pb2.NodeWatchResourcesRequest()
+        )
+        first = await asyncio.wait_for(stream.read(), DEADLINE_S)
+        assert health(first) == {"gpu-0": (ok, ""), "gpu-1": (ok, "")}
+        backend.inject_fault(backend.gpus()[1].uuid)
+        second = await asyncio.wait_for(stream.read(), DEADLINE_S)
+        assert health(second) == {
+            "gpu-0": (ok, ""),
+            "gpu-1": (dra_health_v1_pb2.UNHEALTHY, "XID 79: GPU has fallen off the bus"),
+        }
+        stream.cancel()
+
+
+async def test_a_restarted_agent_keeps_the_taints_it_set(
+    cfg: AgentConfig, api: FakeDraApi, backend: FakeGpuBackend
+) -> None:
+    """NVML reports an XID once: the agent after a restart (all GPUs healthy to NVML) takes the taint back
+    from its slice, with the time the API server gave it, and changes nothing."""
+    cfg = cfg.model_copy(update={"dra_unhealthy_effect": "NoExecute"})
+    first = await start(cfg, backend, api)
+    backend.inject_fault(backend.gpus()[1].uuid)
+    name = f"{NODE}-{contract.DRA_DRIVER}"
+    await until(lambda: api.slices[name]["spec"]["pool"]["generation"] == 1, "the taint published")
+    await first.halt()
+    added = datetime.now(UTC).replace(microsecond=0).isoformat()  # as the API server sets it: after the boot
+    api.slices[name]["spec"]["devices"][1]["taints"][0]["timeAdded"] = added
+    published = json.loads(json.dumps(api.slices[name]))
+
+    again = await start(cfg, FakeGpuBackend.uniform(2), api)
+    uuid = backend.gpus()[1].uuid
+    try:
+        await until(lambda: not again.driver.slices.health[uuid], "the taint taken back")
+    finally:
+        await again.halt()  # after the publish under way
+    assert api.slices[name] == published
 
 
 async def test_prepare_writes_the_lane_into_a_cdi_spec_and_unprepare_removes_it(

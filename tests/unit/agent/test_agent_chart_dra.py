@@ -102,3 +102,13 @@ def test_hp_be_lanes_reach_the_dra_driver() -> None:
     objs = objects(render({**DRA, "agent": {**DRA["agent"], "lanes": {"hpBe": True}}}))
     (container,) = _agent(objs)["containers"]
     assert {"--lanes-api=dra", "--hp-be-lanes"} <= set(container["args"])
+
+
+@pytest.mark.parametrize("effect", [None, "NoExecute"])
+def test_the_unhealthy_taint_effect_reaches_the_agents_settings(effect: str | None) -> None:
+    values: dict[str, Any] = {"lanes": {"api": "dra"}}
+    if effect:
+        values["agent"] = {"dra": {"unhealthyTaintEffect": effect}}
+    argv = _agent(objects(render(values)))["containers"][0]["args"]
+    args = agent_cli.build_parser().parse_args([*argv, "--node", "gpu-node-1"])  # NODE_NAME in the pod
+    assert agent_cli.settings_from(args).agent.dra_unhealthy_effect == (effect or "NoSchedule")
