@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tessera.api import contract
 from tessera_agent import cli as agent_cli
 from tessera_agent.kubelet.dra_slice import device_class
 
@@ -69,13 +70,19 @@ def test_dra_runs_the_driver_with_the_kubelets_paths_and_its_device_class() -> N
         assert mounts[name] == hosts[name] == path  # same path inside and out
     assert "device-plugins" not in mounts
     dc = find(objs, "DeviceClass")
-    want = device_class()
+    want = device_class(contract.RESOURCE_GPU)  # extendedResourceName by default (KEP-5004)
     assert (dc["apiVersion"], dc["metadata"]["name"], dc["spec"]) == (
         want["apiVersion"],
         want["metadata"]["name"],
         want["spec"],
     )
     assert _rules(objs) >= DRA_GRANTS
+
+
+def test_the_device_class_names_no_extended_resource_when_turned_off() -> None:
+    objs = objects(render({**DRA, "lanes": {"api": "dra", "dra": {"extendedResource": False}}}))
+    assert find(objs, "DeviceClass")["spec"] == device_class()["spec"]
+    assert "extendedResourceName" not in device_class()["spec"]
 
 
 def test_an_unknown_lanes_api_is_refused() -> None:
