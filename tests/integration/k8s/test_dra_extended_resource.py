@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 from tessera.api import contract
 from tessera.kube import KubeClient, KubeConfig
 from tessera_agent.config import AgentConfig
@@ -26,8 +27,10 @@ from tessera_agent.kubelet.dra_plugin import DraDriver, KubernetesDraApi
 from tessera_agent.kubelet.dra_slice import device_class
 from tessera_agent.proto import dra_v1_pb2, dra_v1_pb2_grpc
 
+from tests.ports import free_port
+
 from .conftest import Nodes, wait_for
-from .controlplane import ControlPlane, Process, default_scheduler
+from .controlplane import ControlPlane, Process, default_scheduler, wait_until
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 CLASS_PATH = f"{RESOURCE_API}/deviceclasses/{contract.DRA_DEVICE_CLASS}"
@@ -255,3 +258,78 @@ async def test_n_gpus_are_n_whole_devices_and_a_pod_past_them_waits(
     assert "cannot allocate all claims" in reason, reason
     got = cluster.get(f"/api/v1/namespaces/{namespace}/pods/third") or {}
     assert not got["spec"].get("nodeName")
+
+
+@pytest.fixture
+def fit_ignoring_lanes(cluster: ControlPlane) -> Iterator[Process]:
+    """kube-scheduler with tessera-scheduler's NodeResourcesFit arguments (it ignores tessera.io/gpu-memory and
+    tessera.io/gpu-compute, which no node advertises and the extender accounts) as the default scheduler,
+    the extender left out."""
+    config = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(cluster.kubeconfig)},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": "default-scheduler", "pluginConfig": [{"name": "NodeResourcesFit", "args": {
+            "ignoredResources": [contract.RESOURCE_GPU_MEMORY, contract.RESOURCE_GPU_COMPUTE]}}]}],
+    }  # fmt: skip
+    path = cluster.workdir / f"fit-ignoring-lanes-{secrets.token_hex(3)}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    sched = cluster.spawn(
+        path.stem,
+        [str(cluster.assets / "kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
+         f"--secure-port={free_port()}", "-v=2"],
+    )  # fmt: skip
+    try:
+        wait_until(
+            lambda: "Starting Kubernetes Scheduler" in sched.log.read_text(), 60, "kube-scheduler", sched
+        )
+        yield sched
+    finally:
+        sched.stop()
+
+
+async def test_the_class_makes_device_plugin_pods_asking_gpu_memory_unschedulable(
+    cluster: ControlPlane, nodes: Nodes, namespace: str, fit_ignoring_lanes: Process
+) -> None:
+    """Why `auto` leaves the name out by default: where the device plugin serves tessera.io/gpu (a node that
+    advertises it), a class naming it still makes the DynamicResources plugin check every extended resource
+    of the pod, and tessera.io/gpu-memory, which no node advertises, then fits nowhere."""
+    node = nodes.add(f"dp-{secrets.token_hex(3)}", gpus=2, slots_per_gpu=4)
+    lane = {contract.RESOURCE_GPU: "1", contract.RESOURCE_GPU_MEMORY: "8192"}
+    cluster.request("DELETE", CLASS_PATH)
+    await wait_for(lambda: cluster.get(CLASS_PATH) is None, 60, "an earlier DeviceClass gone")
+    try:
+        status, body = cluster.request(
+            "POST", f"{RESOURCE_API}/deviceclasses", device_class(contract.RESOURCE_GPU)
+        )
+        assert status == 201, body
+        status, body = cluster.request(
+            "POST", f"/api/v1/namespaces/{namespace}/pods", plain_pod("with-class", node, lane)
+        )
+        assert status == 201, body
+        reason = await wait_for(
+            lambda: unschedulable(cluster, namespace, "with-class"), 90, "the pod refused", lambda: ""
+        )
+        assert "cannot fit resource" in reason, reason
+
+        status, body = cluster.request("DELETE", CLASS_PATH)
+        assert status == 200, body
+        await wait_for(lambda: cluster.get(CLASS_PATH) is None, 60, "the class gone")
+        status, body = cluster.request("POST", f"{RESOURCE_API}/deviceclasses", device_class())
+        assert status == 201, body
+        status, body = cluster.request(
+            "POST", f"/api/v1/namespaces/{namespace}/pods", plain_pod("without", node, lane)
+        )
+        assert status == 201, body
+
+        def bound() -> Any:
+            got = cluster.get(f"/api/v1/namespaces/{namespace}/pods/without") or {}
+            return got.get("spec", {}).get("nodeName")
+
+        assert (
+            await wait_for(bound, 90, "the pod bound", lambda: fit_ignoring_lanes.log.read_text()[-3000:])
+            == node
+        )
+    finally:
+        cluster.request("DELETE", CLASS_PATH)

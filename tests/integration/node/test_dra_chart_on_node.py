@@ -62,7 +62,8 @@ def dra_release(node: Node, admin_cli: AdminCLI) -> Iterator[AdminCLI]:
     if node.containerd_dir is None:
         pytest.fail("DRA needs CDI: run the node with the built containerd (TESSERA_NODE_CONTAINERD=built)")
     values: dict[str, Any] = chart_values(node)
-    values["lanes"] = {"api": "auto"}
+    # auto leaves tessera.io/gpu unnamed by default (a fallback to the device plugin would need it so): asked for
+    values["lanes"] = {"api": "auto", "dra": {"extendedResource": True}}
     values["agent"].update(
         {"fakeGpus": FAKE_GPUS, "kubeletRootDir": str(node.kubelet_root), "cdiDir": str(node.cdi_dir)}
     )
@@ -177,6 +178,10 @@ def test_a_pod_asking_tessera_gpu_runs_on_a_whole_gpu_the_scheduler_claimed_for_
         lambda: node.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/plain")[0] == 404,
         DEADLINE_S,
         "the plain pod to be gone",
+    )
+    # owned by the pod: the garbage collector deletes it (the next tests wait for no allocated claim)
+    wait_until(
+        lambda: pod_claim_gone(node, namespace, claim), DEADLINE_S, "the scheduler's claim to be deleted"
     )
 
 

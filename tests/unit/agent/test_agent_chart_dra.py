@@ -79,10 +79,14 @@ def test_dra_runs_the_driver_with_the_kubelets_paths_and_its_device_class() -> N
     assert _rules(objs) >= DRA_GRANTS
 
 
-def test_the_device_class_names_no_extended_resource_when_turned_off() -> None:
-    objs = objects(render({**DRA, "lanes": {"api": "dra", "dra": {"extendedResource": False}}}))
-    assert find(objs, "DeviceClass")["spec"] == device_class()["spec"]
-    assert "extendedResourceName" not in device_class()["spec"]
+@pytest.mark.parametrize(("value", "named"), [(None, True), (True, True), (False, False)])
+def test_lanes_dra_extended_resource_names_tessera_gpu_in_the_device_class(
+    value: bool | None, named: bool
+) -> None:
+    objs = objects(render({**DRA, "lanes": {"api": "dra", "dra": {"extendedResource": value}}}))
+    want = device_class(contract.RESOURCE_GPU if named else None)
+    assert find(objs, "DeviceClass")["spec"] == want["spec"]
+    assert ("extendedResourceName" in want["spec"]) == named
 
 
 def test_an_unknown_lanes_api_is_refused() -> None:
