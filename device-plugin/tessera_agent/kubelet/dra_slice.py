@@ -146,7 +146,9 @@ def device_class(extended_resource_name: str | None = None) -> dict[str, Any]:
     the same object (tests/unit/agent/test_agent_chart_dra.py compares them), with `extended_resource_name`
     (`tessera.io/gpu`, KEP-5004) where `lanes.dra.extendedResource` names it: a pod asking that extended
     resource then gets whole GPUs of this class through a claim kube-scheduler makes."""
-    spec: dict[str, Any] = {"selectors": [{"cel": {"expression": f'device.driver == "{contract.DRA_DRIVER}"'}}]}
+    spec: dict[str, Any] = {
+        "selectors": [{"cel": {"expression": f'device.driver == "{contract.DRA_DRIVER}"'}}]
+    }
     if extended_resource_name:
         spec["extendedResourceName"] = extended_resource_name
     return {
