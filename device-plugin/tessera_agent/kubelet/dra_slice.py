@@ -140,13 +140,20 @@ def resource_slice(
     }
 
 
-def device_class() -> dict[str, Any]:
+def device_class(extended_resource_name: str | None = None) -> dict[str, Any]:
     """The DeviceClass claims name (`deviceClassName: gpu.tessera.io`): the driver's GPUs. Health is not a
     selector here: an unhealthy GPU is tainted, which keeps it from claims of every class. The chart renders
-    the same object (tests/unit/agent/test_dra_slice.py compares them)."""
+    the same object (tests/unit/agent/test_agent_chart_dra.py compares them), with `extended_resource_name`
+    (`tessera.io/gpu`, KEP-5004) where `lanes.dra.extendedResource` names it: a pod asking that extended
+    resource then gets whole GPUs of this class through a claim kube-scheduler makes."""
+    spec: dict[str, Any] = {
+        "selectors": [{"cel": {"expression": f'device.driver == "{contract.DRA_DRIVER}"'}}]
+    }
+    if extended_resource_name:
+        spec["extendedResourceName"] = extended_resource_name
     return {
         "apiVersion": API_VERSION,
         "kind": "DeviceClass",
         "metadata": {"name": contract.DRA_DEVICE_CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{contract.DRA_DRIVER}"'}}]},
+        "spec": spec,
     }

@@ -110,7 +110,10 @@ def test_auto_runs_both_components_with_the_choice_left_to_them(auto_release: li
     assert {"kubelet-plugins", "kubelet-plugins-registry", "cdi", "device-plugins"} <= mounts
     operator = next(o for o in auto_release if o["kind"] == "Deployment" and _component(o) == "operator")
     assert "--lanes-api auto" in " ".join(operator["spec"]["template"]["spec"]["containers"][0]["args"])
-    assert [o for o in auto_release if o["kind"] == "DeviceClass"]
+    (dc,) = [o for o in auto_release if o["kind"] == "DeviceClass"]
+    # Not naming tessera.io/gpu by default: a component may fall back to the device plugin, whose pods asking
+    # tessera.io/gpu-memory kube-scheduler would then refuse (docs/dra.md, "Pods that ask for tessera.io/gpu").
+    assert "extendedResourceName" not in dc["spec"]
 
 
 def test_with_consumable_capacity_on_both_choose_dra(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tessera.api import contract
 from tessera_agent import cli as agent_cli
 from tessera_agent.kubelet.dra_slice import device_class
 
@@ -69,13 +70,23 @@ def test_dra_runs_the_driver_with_the_kubelets_paths_and_its_device_class() -> N
         assert mounts[name] == hosts[name] == path  # same path inside and out
     assert "device-plugins" not in mounts
     dc = find(objs, "DeviceClass")
-    want = device_class()
+    want = device_class(contract.RESOURCE_GPU)  # extendedResourceName by default (KEP-5004)
     assert (dc["apiVersion"], dc["metadata"]["name"], dc["spec"]) == (
         want["apiVersion"],
         want["metadata"]["name"],
         want["spec"],
     )
     assert _rules(objs) >= DRA_GRANTS
+
+
+@pytest.mark.parametrize(("value", "named"), [(None, True), (True, True), (False, False)])
+def test_lanes_dra_extended_resource_names_tessera_gpu_in_the_device_class(
+    value: bool | None, named: bool
+) -> None:
+    objs = objects(render({**DRA, "lanes": {"api": "dra", "dra": {"extendedResource": value}}}))
+    want = device_class(contract.RESOURCE_GPU if named else None)
+    assert find(objs, "DeviceClass")["spec"] == want["spec"]
+    assert ("extendedResourceName" in want["spec"]) == named
 
 
 def test_an_unknown_lanes_api_is_refused() -> None:
