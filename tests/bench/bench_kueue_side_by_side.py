@@ -1,7 +1,10 @@
 """Benchmark: Tessera's team queues and the real Kueue, side by side on one control plane, over several seeds.
 
     .venv/bin/python tests/bench/bench_kueue_side_by_side.py [--seeds 1-10] [--speed 240]
-        [--restart-s 30] [--kueue-reclaim Never] [--scenario examples/scenarios/multi-team.yaml] [--json out.json]
+        [--restart-s 30] [--kueue-reclaim Never] [--leftover-order random] [--json out.json]
+        [--scenario examples/scenarios/multi-team.yaml] [--sim-only]
+
+`--sim-only` runs the simulator alone on the same seeds' workloads (no cluster: seconds a seed).
 
 One control plane (tests/integration/kwok: etcd, kube-apiserver, kube-controller-manager with the Job
 controller), kwok playing two identical pools of GPU nodes (the scenario's machines: 8 nodes of 4 GPUs), and
@@ -1013,6 +1016,27 @@ def summary(results: list[dict[str, Figures]]) -> str:
     return "\n".join(lines)
 
 
+def sim_only(args: argparse.Namespace, sc: Scenario, restart_s: float) -> None:
+    """The simulator alone on the seeds' workloads: Tessera's policy against its model of Kueue as the bench
+    configures the real one (no cluster; seconds a seed)."""
+    rows = []
+    for seed in seeds(args.seeds):
+        apps = perturbed(sc.apps, seed, args.jitter_s)
+        m = simulated(args.scenario, apps, seed, restart_s, args.kueue_reclaim, args.leftover_order)
+        rows.append(m)
+        for label, q in m.items():
+            print(sim_row(seed, label, q))
+    t, k = [m["tessera"] for m in rows], [m["kueue"] for m in rows]
+    below = sum(a["worst_max_rho"] < b["worst_max_rho"] for a, b in zip(t, k, strict=True))
+    print(
+        f"restart {restart_s:g} s, leftover order {args.leftover_order}: Tessera worst ρ mean "
+        f"{statistics.fmean(a['worst_max_rho'] for a in t):.2f} (worst {max(a['worst_max_rho'] for a in t):.2f}), "
+        f"useful {statistics.fmean(a['useful'] for a in t):.3f}, starts {statistics.fmean(a['starts'] for a in t):.0f}; "
+        f"Kueue {statistics.fmean(b['worst_max_rho'] for b in k):.2f}, useful {statistics.fmean(b['useful'] for b in k):.3f}; "
+        f"Tessera below on {below} of {len(rows)} seeds"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenario", type=Path, default=SCENARIO)
@@ -1035,10 +1059,14 @@ def main() -> None:
     p.add_argument(
         "--no-sim", action="store_true", help="skip the simulator's figures for the same workloads"
     )
+    p.add_argument("--sim-only", action="store_true", help="the simulator alone on the seeds' workloads")
     args = p.parse_args()
     quiet_logging()
     sc = load(args.scenario)
     restart_s = args.restart_s if args.restart_s is not None else sc.restart_s
+    if args.sim_only:
+        sim_only(args, sc, restart_s)
+        return
     results: list[dict[str, Figures]] = []
     sims: list[dict[str, dict[str, Any]]] = []
     with cluster(sc, args.kueue_reclaim) as (cp, creds):
