@@ -585,7 +585,10 @@ async def test_a_parents_status_counts_its_subtree(api: kmock.KubernetesEmulator
         assert org["allocatedByKind"]["apps"] == 6 and org["waiting"] == 1
         assert [(p["queue"], p["name"], p["gpus"]) for p in org["pending"]] == [("team-a", "a", 2)]
         assert org["own"] == {"shareGPUs": 0, "allocatedGPUs": 0, "waiting": 0}
-        a = queue_status(api, "team-a")
+        # Each Queue's status is a patch of its own: team-a's may land after org's.
+        a = await wait_for(
+            lambda: (s := queue_status(api, "team-a")).get("allocatedGPUs") == 5 and s, what="team-a's status"
+        )
         assert (a["allocatedGPUs"], a["shareGPUs"], a["borrowedGPUs"], a["waiting"]) == (5, 5, 3, 1)
         assert "own" not in a  # a leaf: its own objects are its subtree
         assert ctl.metrics.gauge("tessera_queue_allocated_gpus").labels(queue="org")._value.get() == 6
