@@ -29,7 +29,7 @@ operator runs on a clock that does the same (its leases, minimum runtimes and T_
 its tick is a tenth of a lease in scenario time, as deployed), so Tessera's lease period is the scenario's
 `lease_s` (600 s). Kueue has no period to scale: it acts on events. What cannot be scaled is each system's
 reaction time (a watch event, a scheduling cycle, a pod created and bound): at speed 240 a wall second is 4
-scenario minutes, against jobs of 1-2 hours (2-8 GPU-hours). Checkpoint graces are 0 here (kwok removes a
+scenario minutes, against jobs of 1-2 hours (3-8 GPU-hours). Checkpoint graces are 0 here (kwok removes a
 deleted pod at once); the restart cost below stands for checkpoint and restart on both sides.
 
 What runs the jobs is this bench (`Trainer`), the same code for both sides, in the place of the training
