@@ -24,14 +24,13 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x64ra_health_v1.proto\x12\x02v1\"\x1b\n\x19NodeWatchResourcesRequest\":\n\x10\x44\x65viceIdentifier\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x02 \x01(\t\"\xa8\x01\n\x0c\x44\x65viceHealth\x12$\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x14.v1.DeviceIdentifier\x12 \n\x06health\x18\x02 \x01(\x0e\x32\x10.v1.HealthStatus\x12\x19\n\x11last_updated_time\x18\x03 \x01(\x03\x12$\n\x1chealth_check_timeout_seconds\x18\x04 \x01(\x03\x12\x0f\n\x07message\x18\x05 \x01(\t\"?\n\x1aNodeWatchResourcesResponse\x12!\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x10.v1.DeviceHealth*7\n\x0cHealthStatus\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07HEALTHY\x10\x01\x12\r\n\tUNHEALTHY\x10\x02\x32l\n\x11\x44RAResourceHealth\x12W\n\x12NodeWatchResources\x12\x1d.v1.NodeWatchResourcesRequest\x1a\x1e.v1.NodeWatchResourcesResponse\"\x00\x30\x01\x42\'Z%k8s.io/kubelet/pkg/apis/dra-health/v1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x64ra_health_v1.proto\x12\x02v1\"\x1b\n\x19NodeWatchResourcesRequest\":\n\x10\x44\x65viceIdentifier\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x02 \x01(\t\"\xa8\x01\n\x0c\x44\x65viceHealth\x12$\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x14.v1.DeviceIdentifier\x12 \n\x06health\x18\x02 \x01(\x0e\x32\x10.v1.HealthStatus\x12\x19\n\x11last_updated_time\x18\x03 \x01(\x03\x12$\n\x1chealth_check_timeout_seconds\x18\x04 \x01(\x03\x12\x0f\n\x07message\x18\x05 \x01(\t\"?\n\x1aNodeWatchResourcesResponse\x12!\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x10.v1.DeviceHealth*7\n\x0cHealthStatus\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07HEALTHY\x10\x01\x12\r\n\tUNHEALTHY\x10\x02\x32l\n\x11\x44RAResourceHealth\x12W\n\x12NodeWatchResources\x12\x1d.v1.NodeWatchResourcesRequest\x1a\x1e.v1.NodeWatchResourcesResponse\"\x00\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dra_health_v1_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  _globals['DESCRIPTOR']._loaded_options = None
-  _globals['DESCRIPTOR']._serialized_options = b'Z%k8s.io/kubelet/pkg/apis/dra-health/v1'
+  DESCRIPTOR._loaded_options = None
   _globals['_HEALTHSTATUS']._serialized_start=352
   _globals['_HEALTHSTATUS']._serialized_end=407
   _globals['_NODEWATCHRESOURCESREQUEST']._serialized_start=27

@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class DRAResourceHealthStub(object):
-    """DRAResourceHealth service is implemented by DRA plugins and called by Kubelet.
+    """Served by a DRA plugin, read by the kubelet (pod status: allocatedResourcesStatus).
     """
 
     def __init__(self, channel):
@@ -43,11 +43,11 @@ class DRAResourceHealthStub(object):
 
 
 class DRAResourceHealthServicer(object):
-    """DRAResourceHealth service is implemented by DRA plugins and called by Kubelet.
+    """Served by a DRA plugin, read by the kubelet (pod status: allocatedResourcesStatus).
     """
 
     def NodeWatchResources(self, request, context):
-        """NodeWatchResources allows a DRA plugin to stream health updates for its devices to Kubelet.
+        """One long-lived stream: the plugin sends the full list of its devices' health whenever it changes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,7 +70,7 @@ def add_DRAResourceHealthServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DRAResourceHealth(object):
-    """DRAResourceHealth service is implemented by DRA plugins and called by Kubelet.
+    """Served by a DRA plugin, read by the kubelet (pod status: allocatedResourcesStatus).
     """
 
     @staticmethod
