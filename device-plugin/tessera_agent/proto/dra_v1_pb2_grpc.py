@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class DRAPluginStub(object):
-    """Missing associated documentation comment in .proto file."""
+    """Served by a DRA driver's kubelet plugin, called by the kubelet.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -47,21 +48,18 @@ class DRAPluginStub(object):
 
 
 class DRAPluginServicer(object):
-    """Missing associated documentation comment in .proto file."""
+    """Served by a DRA driver's kubelet plugin, called by the kubelet.
+    """
 
     def NodePrepareResources(self, request, context):
-        """NodePrepareResources prepares several ResourceClaims
-        for use on the node. If an error is returned, the
-        response is ignored. Failures for individual claims
-        can be reported inside NodePrepareResourcesResponse.
+        """Prepare several claims; an error here discards the response, a claim's own error is in its entry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def NodeUnprepareResources(self, request, context):
-        """NodeUnprepareResources is the opposite of NodePrepareResources.
-        The same error handling rules apply,
+        """The reverse of NodePrepareResources, with the same error rules.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -89,7 +87,8 @@ def add_DRAPluginServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DRAPlugin(object):
-    """Missing associated documentation comment in .proto file."""
+    """Served by a DRA driver's kubelet plugin, called by the kubelet.
+    """
 
     @staticmethod
     def NodePrepareResources(request,
