@@ -26,8 +26,7 @@ if _version_not_supported:
 
 
 class RegistrationStub(object):
-    """Registration is the service advertised by the Plugins.
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
         """Constructor.
@@ -48,8 +47,7 @@ class RegistrationStub(object):
 
 
 class RegistrationServicer(object):
-    """Registration is the service advertised by the Plugins.
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def GetInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -85,8 +83,7 @@ def add_RegistrationServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Registration(object):
-    """Registration is the service advertised by the Plugins.
-    """
+    """Missing associated documentation comment in .proto file."""
 
     @staticmethod
     def GetInfo(request,

@@ -34,7 +34,7 @@ def test_generated_protobuf_modules_are_current() -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_proto_is_the_upstream_v1beta1_text() -> None:
+def test_proto_declares_the_kubelets_v1beta1_api() -> None:
     text = (ROOT / "device-plugin" / "tessera_agent" / "proto" / "api.proto").read_text()
     assert 'option go_package = "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1";' in text
     for rpc in (
