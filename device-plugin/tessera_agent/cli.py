@@ -120,6 +120,27 @@ def _mps_options(g: argparse._ArgumentGroup) -> None:
         "on a node with real GPUs)",
     )
     g.add_argument(
+        "--mps-protocol",
+        choices=("auto", "legacy", "v3"),
+        default=None,
+        help="legacy: an MPS control daemon per lane, its limits as the daemon's defaults; v3 (driver r615+): "
+        "a namespace per lane, its container given only the namespace's socket directory; auto (default): v3 "
+        "where the control binary offers namespaces",
+    )
+    g.add_argument(
+        "--mps-server-sharing",
+        choices=("lane", "gpu"),
+        default=None,
+        help="with v3: a daemon per lane (default, nothing shared) or per GPU set (lanes' kernels run "
+        "concurrently; their server's /dev/shm is shared among them)",
+    )
+    g.add_argument(
+        "--no-exclusive-process",
+        action="store_true",
+        default=None,
+        help="leave GPUs' compute modes alone (default: EXCLUSIVE_PROCESS on a GPU one MPS daemon serves)",
+    )
+    g.add_argument(
         "--declared-only",
         action="store_true",
         default=None,
@@ -271,6 +292,7 @@ _RENAMED: Final = {
     "be_step_interval": "agent.be_step_interval_s",
     "lane_audit_interval": "agent.lane_audit_interval_s",
     "no_mps": "mps",
+    "no_exclusive_process": "agent.exclusive_process",
     "sample_interval": "sample_interval_s",
     "shutdown_timeout": "shutdown_timeout_s",
 }
@@ -338,12 +360,18 @@ def _main(argv: list[str] | None) -> int:
     except InputError as err:
         return _refuse(f"--fake-pods {err}")
     if settings.mps:
-        from tessera_agent.enforce.mechanism import EnforcementError, check_mps_binary
+        from tessera_agent.enforce.mechanism import EnforcementError, check_mps_binary, mps_generation
 
         try:
             check_mps_binary(settings.mps_binary)
+            generation = mps_generation(settings.mps_binary, settings.agent)
         except EnforcementError as err:
             return _refuse(str(err), code=1)
+    else:
+        generation = "legacy"
+    settings = settings.model_copy(
+        update={"agent": settings.agent.model_copy(update={"mps_protocol": generation})}
+    )
     if settings.agent.lanes_api == "auto":  # decided once, before the kubelet hears of either API
         chosen = asyncio.run(_resolve_lanes_api(settings.agent.node_name, settings.agent.slots_per_gpu))
         settings = settings.model_copy(
@@ -467,8 +495,10 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
     from prometheus_client import start_http_server
 
     from tessera_agent.agent import NodeAgent, peer_resolver
+    from tessera_agent.enforce.compute_mode import ComputeModes
     from tessera_agent.enforce.lane_daemons import LaneDaemons
     from tessera_agent.enforce.lane_dirs import LaneDirs
+    from tessera_agent.gpus.backend import ComputeModeControl
     from tessera_agent.lanes.coordinator import LaneCoordinator
     from tessera_agent.metrics_factory import AgentMetrics
 
@@ -482,12 +512,20 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
         coordinator = LaneCoordinator(
             cfg.coordinator_socket, policy=settings.lane_policy, peers=peers, socket_group=cfg.socket_group
         )
+    compute_modes = None
+    if settings.mps and cfg.exclusive_process and isinstance(cluster.backend, ComputeModeControl):
+        compute_modes = ComputeModes(cluster.backend, cfg.mps_root / "compute-modes.json")
     daemons = LaneDaemons(
-        LaneDirs(cfg.mps_root), mps=settings.mps, binary=settings.mps_binary, mem_limit_key=cfg.mem_limit_key
+        LaneDirs(cfg.mps_root),
+        mps=settings.mps,
+        binary=settings.mps_binary,
+        mem_limit_key=cfg.mem_limit_key,
+        layout=cfg.lane_layout(),
+        compute_modes=compute_modes,
     )
     from tessera_agent.enforce.mechanism import mechanisms, report
 
-    enforcement = mechanisms(settings.mps)
+    enforcement = mechanisms(settings.mps, cfg.lane_layout(), exclusive_process=compute_modes is not None)
     report(cfg.node_name, enforcement, metrics)
     audit = None
     if cfg.lane_audit and cfg.lanes_api == "devicePlugin" and cluster.api is not None:

@@ -18,6 +18,9 @@ from tessera.api import contract
 from tessera.api.base import MAX_MIB, MAX_SECONDS
 from tessera.policy.lanes.iteration import Policy
 
+from tessera_agent.enforce import mps_v3
+from tessera_agent.enforce.lane_dirs import LaneLayout, Sharing
+
 MAX_SLOTS_PER_GPU = 48  # MPS serves at most 48 clients per GPU (Volta and later); the chart's bound too
 MAX_FAKE_GPUS = 256  # far past any node; a demo's fake GPUs are built and sampled one by one
 MAX_GID = 2**32 - 2  # gid_t is 32 bits and (gid_t)-1 means "no change" to chown
@@ -58,6 +61,16 @@ class AgentConfig(_Settings):
     # another directory only for fake device nodes on a node without GPUs.
     dev_root: Path = Path("/dev")
     mps_container_root: str = contract.MPS_CONTAINER_ROOT
+    # Which MPS interface enforces lanes (docs/node-agent.md): legacy, a control daemon per lane holding its
+    # limits as defaults; v3 (driver r615+), a namespace per lane, its container given only the namespace's
+    # socket directory; auto: v3 where `nvidia-cuda-mps-control -p 3 -h` lists namespaces (decided at start).
+    mps_protocol: Literal["auto", "legacy", "v3"] = "auto"
+    # v3 only: a daemon and server per lane (nothing shared), or per GPU set (its lanes' kernels run
+    # concurrently; the server and its clients share one /dev/shm, MPS's transport).
+    mps_server_sharing: Sharing = "lane"
+    # EXCLUSIVE_PROCESS on a GPU that one MPS daemon serves (enforce/compute_mode.py), so no process can use it
+    # past MPS; off leaves compute modes as the admin set them.
+    exclusive_process: bool = True
     # How CUDA_MPS_PINNED_DEVICE_MEM_LIMIT names devices: container-visible ordinals (0..n-1, what NVIDIA's
     # plugin uses for its daemon limits after limits by UUID were not applied) or the GPU UUIDs.
     mem_limit_key: Literal["ordinal", "uuid"] = "ordinal"
@@ -118,6 +131,18 @@ class AgentConfig(_Settings):
             raise _fail(
                 "the node name is required (set NODE_NAME from the downward API or pass --node)", "node_name"
             )
+        if self.mps_server_sharing == "gpu" and self.mps_protocol == "legacy":
+            raise _fail(
+                "servers shared per GPU need MPS v3 namespaces: legacy clients reach their daemon's control "
+                "socket, which would be shared across tenants (use --mps-protocol v3 or auto)",
+                "mps_server_sharing",
+            )
+        if self.mps_protocol == "v3" and (n := mps_v3.socket_path_bytes(str(self.mps_root))) > 107:
+            raise _fail(
+                f"MPS v3 socket paths under this directory would be {n} bytes, over the kernel's limit of 107 "
+                "for a unix socket: choose a shorter --mps-root (default /run/tessera/mps)",
+                "mps_root",
+            )
         if self.be_feedback and not self.hp_be_lanes:
             raise _fail("the BE feedback loop needs HP/BE lanes (--hp-be-lanes)", "be_feedback")
         if self.be_feedback and self.progress_socket is None:
@@ -136,6 +161,13 @@ class AgentConfig(_Settings):
         _socket_path(self.dra_socket, "kubelet_plugins_dir")
         _socket_path(self.dra_registration_socket, "kubelet_registry_dir")
         return self
+
+    def lane_layout(self) -> LaneLayout:
+        """Where lanes' daemons keep their directories and what their containers mount (an unresolved
+        `auto` counts as legacy: the agent resolves it at start, before building any part)."""
+        if self.mps_protocol == "v3":
+            return LaneLayout(self.mps_root, "v3", self.mps_server_sharing)
+        return LaneLayout(self.mps_root)
 
     @property
     def dra_plugin_dir(self) -> Path:
@@ -185,6 +217,12 @@ class AgentSettings(_Settings):
                 "the BE feedback loop deletes pods through the Kubernetes API; fake GPUs have none",
                 "fake_gpus",
             )
+        if not self.mps and self.agent.mps_protocol == "v3":
+            raise _fail(
+                "MPS v3 namespaces need MPS (drop --no-mps or --mps-protocol v3)", "agent.mps_protocol"
+            )
+        if not self.mps and self.agent.mps_server_sharing == "gpu":
+            raise _fail("servers shared per GPU need MPS (drop --no-mps)", "agent.mps_server_sharing")
         if self.fake_pods is not None and not self.fake_gpus:
             raise _fail("fake pods need fake GPUs", "fake_pods")
         if self.agent.lanes_api != "devicePlugin" and self.fake_gpus:

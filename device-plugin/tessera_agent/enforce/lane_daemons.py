@@ -1,15 +1,19 @@
-"""One MPS control daemon per lane, its limits set server-side (the legacy MPS v2 interface).
+"""The MPS control daemons that enforce lanes' limits server-side, one per lane or (MPS v3) one per GPU set.
 
-A lane's containers get only their own daemon's pipe directory; the daemon sees only the lane's GPUs and
-holds the lane's limits as its defaults (`set_default_device_pinned_mem_limit`,
-`set_default_active_thread_percentage`, `set_default_client_priority`), so what a client puts in its env can
-only lower them, and nothing it sends its own daemon reaches another lane's. The daemon starts in a mount
-namespace whose /dev/shm is the lane's, the memory its server shares with the lane's clients alone. Without
-MPS (`--no-mps`) a lane still gets its own directories; its limits are then declared, not enforced.
+Legacy MPS (v2): each lane has its own daemon, which sees only the lane's GPUs and holds the lane's limits as
+its defaults (`set_default_device_pinned_mem_limit`, `set_default_active_thread_percentage`,
+`set_default_client_priority`), so what a client puts in its env can only lower them, and nothing it sends its
+own daemon reaches another lane's. The lane's containers get the daemon's pipe directory.
 
-Lanes on one GPU with separate daemons have separate MPS servers, which the GPU time-slices between rather
-than running concurrently: the price of not sharing a control socket across tenants on drivers without MPS
-namespaces (docs/node-agent.md).
+MPS v3 (`generation: v3`): each daemon runs one server (`mps_v3.SERVER`) on its GPUs, and each lane is a
+namespace in it with its three limits; the lane's containers get only their namespace's directory, never the
+daemon's control socket. With `sharing: lane` (the default) a lane still has a daemon of its own; with
+`sharing: gpu` the lanes on one GPU set share a daemon and server, so their kernels run concurrently instead of
+time-sliced between servers, at the price of one /dev/shm for the server and all its clients (MPS's transport).
+
+A daemon starts in a mount namespace whose /dev/shm is its own directory. Without MPS (`--no-mps`) a lane still
+gets its own directories; its limits are then declared, not enforced. After each change the GPUs' compute
+modes follow (`compute_mode.py`): EXCLUSIVE_PROCESS where one daemon serves a GPU.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from tessera_agent.enforce.lane_dirs import LaneDirs, LanePaths
+from tessera_agent.enforce import mps_v3
+from tessera_agent.enforce.compute_mode import ComputeModes
+from tessera_agent.enforce.lane_dirs import LaneDirs, LaneLayout, LanePaths
 from tessera_agent.enforce.mps import CONTROL_BINARY, MpsDefaults, MpsError, MpsManager
 
 log = logging.getLogger(__name__)
@@ -47,12 +53,30 @@ class LaneLimits:
             client_priority=self.client_priority,
         )
 
+    def namespace_commands(self, lane: str) -> list[list[str]]:
+        """v3: the lane's namespace and its limits. v3 takes one pinned limit per namespace, applied on each of
+        its GPUs: a lane with different shares on its GPUs gets the smallest."""
+        return [
+            mps_v3.create_namespace(lane),
+            mps_v3.set_namespace(
+                lane,
+                min(self.memory_mib),
+                self.thread_percent,
+                0 if self.client_priority is None else self.client_priority,
+            ),
+        ]
+
 
 @dataclass
-class _Running:
-    manager: MpsManager
-    stop: asyncio.Event
-    task: asyncio.Task[None]
+class _Daemon:
+    """One control daemon and the lanes it serves (v3: its namespaces, re-created after each restart)."""
+
+    gpus: tuple[str, ...]
+    paths: LanePaths
+    lanes: dict[str, LaneLimits]
+    manager: MpsManager | None = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
 
 
 @dataclass
@@ -63,31 +87,95 @@ class LaneDaemons:
     mem_limit_key: Literal["ordinal", "uuid"] = "ordinal"
     check_interval_s: float = 5.0
     clock: Callable[[], float] = time.monotonic
-    _running: dict[str, _Running] = field(default_factory=dict)
+    layout: LaneLayout | None = None  # None: legacy, a daemon per lane, under dirs
+    compute_modes: ComputeModes | None = None  # None: compute modes left as they are
+    _daemons: dict[str, _Daemon] = field(default_factory=dict)  # group → its daemon
+    _lane_group: dict[str, str] = field(default_factory=dict)
     _created: dict[str, float] = field(default_factory=dict)  # key → clock() when its lane was set up
+
+    def __post_init__(self) -> None:
+        if self.layout is None:
+            self.layout = LaneLayout(self.dirs.root.parent)
 
     @classmethod
     def directories_only(cls, mps_root: Path) -> LaneDaemons:
         """Each lane's directories and no daemon: what a part built without MPS (tests, demos) gets."""
         return cls(LaneDirs(mps_root), mps=False)
 
+    @property
+    def v3(self) -> bool:
+        return self._layout.generation == "v3"
+
+    @property
+    def _layout(self) -> LaneLayout:
+        assert self.layout is not None  # set in __post_init__
+        return self.layout
+
     def running(self, key: str) -> MpsManager | None:
-        r = self._running.get(key)
-        return r.manager if r is not None else None
+        group = self._lane_group.get(key)
+        daemon = self._daemons.get(group) if group is not None else None
+        return daemon.manager if daemon is not None and key in daemon.lanes else None
 
     async def ensure(self, key: str, limits: LaneLimits) -> LanePaths:
-        """The lane's directories, and its daemon started with `limits` (raises MpsError when it cannot be)."""
-        paths = self.dirs.create(key)
+        """The lane's directories, and its daemon (or namespace) set up with `limits` (raises MpsError when it
+        cannot be). Returns the host directories its containers mount."""
+        own_daemon = self._layout.sharing == "lane"
+        self.dirs.create(key, own_daemon=own_daemon or not self.mps)
         self._created.setdefault(key, self.clock())
-        if not self.mps or key in self._running:
+        if not self.mps:
+            return self.dirs.paths(key)
+        paths = self._layout.lane_paths(key, limits.gpus)
+        if key in self._lane_group:
             return paths
+        group = self._layout.group(key, limits.gpus)
+        daemon = self._daemons.get(group)
+        if daemon is None:
+            dirs = self._layout.daemon_dirs()
+            daemon = _Daemon(limits.gpus, dirs.create(group), {key: limits})
+            await self._start(group, daemon)
+        else:  # v3, a running server of the lane's GPU set: add the lane's namespace
+            assert daemon.manager is not None
+            try:
+                for command in limits.namespace_commands(key):
+                    await daemon.manager.cli(*command)
+            except MpsError:
+                # a namespace created but not limited would give the whole GPU: take it away again
+                with contextlib.suppress(MpsError):
+                    await daemon.manager.cli(*mps_v3.delete_namespace(key))
+                raise
+            daemon.lanes[key] = limits
+        self._lane_group[key] = group
+        if not own_daemon:  # which server's directories the lane's containers mount, for sync after a restart
+            (self.dirs.paths(key).root / "server").write_text(group)
+        self._follow_compute_modes()
+        log.info("lane %s: %s", key, self._describe(key, limits))
+        return paths
+
+    async def _start(self, group: str, daemon: _Daemon) -> None:
+        v3 = self.v3
+
+        async def setup(manager: MpsManager) -> None:
+            await manager.cli(*mps_v3.create_server(daemon.gpus))
+            for lane, limits in daemon.lanes.items():
+                for command in limits.namespace_commands(lane):
+                    await manager.cli(*command)
+
+        async def health(manager: MpsManager) -> None:
+            if (await manager.cli(*mps_v3.server_status())).strip() != "Ready":
+                # e.g. a server whose allowed GPU is missing exits, and its clients would run without MPS
+                raise MpsError(f"server {mps_v3.SERVER} is not Ready")
+
+        (only,) = daemon.lanes.values()
         manager = MpsManager(
-            paths.pipe,
-            paths.log,
+            daemon.paths.pipe,
+            daemon.paths.log,
             binary=self.binary,
-            defaults=limits.defaults(self.mem_limit_key),
-            env={"CUDA_VISIBLE_DEVICES": ",".join(limits.gpus)},
-            shm_dir=paths.shm,
+            defaults=None if v3 else only.defaults(self.mem_limit_key),
+            env={"CUDA_VISIBLE_DEVICES": ",".join(daemon.gpus)},
+            shm_dir=daemon.paths.shm,
+            protocol=3 if v3 else 2,
+            setup=setup if v3 else None,
+            health=health if v3 else None,
             check_interval_s=self.check_interval_s,
         )
         try:
@@ -95,40 +183,76 @@ class LaneDaemons:
         except MpsError:
             with contextlib.suppress(MpsError):
                 await manager.stop()
+            if self._layout.sharing == "gpu":
+                self._layout.daemon_dirs().remove(group)
             raise
-        stop = asyncio.Event()
-        self._running[key] = _Running(manager, stop, asyncio.create_task(manager.run(stop)))
-        log.info(
-            "lane %s: MPS daemon with %s", key, " / ".join(limits.defaults(self.mem_limit_key).commands())
-        )
-        return paths
+        daemon.manager = manager
+        daemon.task = asyncio.create_task(manager.run(daemon.stop))
+        self._daemons[group] = daemon
+
+    def _describe(self, key: str, limits: LaneLimits) -> str:
+        if self.v3:
+            return "MPS v3 namespace with " + " ".join(limits.namespace_commands(key)[1][3:])
+        return "MPS daemon with " + " / ".join(limits.defaults(self.mem_limit_key).commands())
 
     async def release(self, key: str) -> None:
-        """Stop the lane's daemon (`quit`) and remove its directories."""
-        running = self._running.pop(key, None)
-        if running is not None:
-            await _stop(running)
+        """End the lane: its namespace deleted (v3), its daemon stopped once it serves no lane, its
+        directories removed."""
+        group = self._lane_group.pop(key, None)
+        daemon = self._daemons.get(group) if group is not None else None
+        if daemon is not None:
+            daemon.lanes.pop(key, None)
+            if daemon.lanes and daemon.manager is not None:
+                with contextlib.suppress(MpsError):  # a daemon that does not answer is restarted without it
+                    await daemon.manager.cli(*mps_v3.delete_namespace(key))
+            else:
+                del self._daemons[group]  # type: ignore[arg-type]
+                await _stop(daemon)
+                if self._layout.sharing == "gpu":
+                    self._layout.daemon_dirs().remove(group)  # type: ignore[arg-type]
         self._created.pop(key, None)
         self.dirs.remove(key)
+        self._follow_compute_modes()
         log.info("lane %s released", key)
 
     async def sync(self, live: Collection[str], listed_at: float) -> list[str]:
         """Release every lane whose pod or claim is not in `live`, a listing taken at clock() `listed_at`
         (a lane set up after that listing is kept: its pod may be missing from it). Returns what went."""
-        known = set(self._created) | set(self.dirs.keys())
+        known = set(self._created) | set(self.dirs.names())
         gone = [k for k in sorted(known) if k not in live and self._created.get(k, 0.0) < listed_at]
         for key in gone:
             await self.release(key)
+        if self._layout.sharing == "gpu":  # a shared server's directories that no lane mounts any more
+            mounted = set(self._daemons)
+            for key in self.dirs.names():
+                with contextlib.suppress(OSError):
+                    mounted.add((self.dirs.paths(key).root / "server").read_text().strip())
+            servers = self._layout.daemon_dirs()
+            for group in sorted(set(servers.names()) - mounted):
+                servers.remove(group)
         return gone
 
     async def close(self) -> None:
-        """Stop every daemon, leaving the directories (the lanes' containers may outlive the agent)."""
-        for key in list(self._running):
-            await _stop(self._running.pop(key))
+        """Stop every daemon, leaving the directories (the lanes' containers may outlive the agent) and the
+        compute modes (the next agent's daemons start on the same GPUs)."""
+        for group in list(self._daemons):
+            await _stop(self._daemons.pop(group))
+        self._lane_group.clear()
+
+    def _follow_compute_modes(self) -> None:
+        if self.compute_modes is None:
+            return
+        served: dict[str, int] = {}
+        for daemon in self._daemons.values():
+            for gpu in daemon.gpus:
+                served[gpu] = served.get(gpu, 0) + 1
+        self.compute_modes.follow(served)
 
 
-async def _stop(running: _Running) -> None:
+async def _stop(daemon: _Daemon) -> None:
     """End a daemon's health loop, which asks the daemon to quit on its way out."""
-    running.stop.set()
+    daemon.stop.set()
+    if daemon.task is None or daemon.manager is None:
+        return
     with contextlib.suppress(Exception):  # a daemon that does not answer is left to the agent's exit
-        await asyncio.wait_for(running.task, running.manager.command_timeout_s + 5)
+        await asyncio.wait_for(daemon.task, daemon.manager.command_timeout_s + 5)

@@ -8,12 +8,20 @@ import logging
 import os
 import shutil
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
+from tessera_agent.enforce import mps_v3
+from tessera_agent.enforce.lane_dirs import LaneLayout
+from tessera_agent.enforce.mps_v3 import Generation
 from tessera_agent.metrics_factory import AgentMetrics
+
+if TYPE_CHECKING:
+    from tessera_agent.config import AgentConfig
 
 log = logging.getLogger(__name__)
 
 MPS_DAEMON = "mps-daemon-per-lane"
+MPS_NAMESPACE = "mps-namespace"
 DECLARED_ONLY = "declared-only"
 
 
@@ -21,15 +29,45 @@ class EnforcementError(RuntimeError):
     """The node cannot enforce what the agent was asked to; the message says why and what to do."""
 
 
-def mechanisms(mps: bool) -> dict[str, str]:
+def mechanisms(
+    mps: bool, layout: LaneLayout | None = None, *, exclusive_process: bool = False
+) -> dict[str, str]:
     """Limit → the mechanism that enforces it."""
-    limit = MPS_DAEMON if mps else DECLARED_ONLY
+    v3 = mps and layout is not None and layout.generation == "v3"
+    limit = (MPS_NAMESPACE if v3 else MPS_DAEMON) if mps else DECLARED_ONLY
+    shared = v3 and layout is not None and layout.sharing == "gpu"
     return {
         "memory": limit,
         "compute": limit,
-        "isolation": "lane-directories",  # each lane's own pipe directory and /dev/shm, in both cases
-        "devices": "device-nodes",  # DeviceSpecs / CDI deviceNodes of the lane's GPUs
+        # each lane's own pipe (or namespace) directory and /dev/shm; with servers shared per GPU set, the
+        # lane's namespace directory and its server's /dev/shm
+        "isolation": "namespace-directories" if shared else "lane-directories",
+        # DeviceSpecs / CDI deviceNodes of the lane's GPUs; EXCLUSIVE_PROCESS where one daemon serves a GPU
+        "devices": "device-nodes+exclusive-process" if exclusive_process else "device-nodes",
     }
+
+
+def mps_generation(binary: str, cfg: AgentConfig) -> Generation:
+    """The MPS interface the agent will use: what was asked, checked against what the driver offers."""
+    offered = mps_v3.detect(binary)
+    wanted = offered if cfg.mps_protocol == "auto" else cfg.mps_protocol
+    if wanted == "v3" and offered != "v3":
+        raise EnforcementError(
+            f"--mps-protocol v3 asked, but {binary} offers no MPS v3 namespaces (`{binary} -p 3 -h` lists no "
+            "server and namespace modules; they need driver r615 or later): use --mps-protocol legacy or auto"
+        )
+    if cfg.mps_server_sharing == "gpu" and wanted != "v3":
+        raise EnforcementError(
+            f"--mps-server-sharing gpu needs MPS v3 namespaces, and {binary} offers none (driver r615 or later); "
+            "use --mps-server-sharing lane"
+        )
+    if wanted == "v3" and (n := mps_v3.socket_path_bytes(str(cfg.mps_root))) > 107:
+        raise EnforcementError(
+            f"MPS v3 socket paths under {cfg.mps_root} would be {n} bytes, over the kernel's limit of 107 for a "
+            "unix socket: choose a shorter --mps-root (chart agent.mpsRoot), or --mps-protocol legacy"
+        )
+    log.info("MPS interface: %s (the driver offers %s)", wanted, offered)
+    return wanted
 
 
 def check_mps_binary(binary: str) -> None:

@@ -1,12 +1,13 @@
 """Runs and watches one MPS control daemon (`nvidia-cuda-mps-control -d`) (NVIDIA MPS documentation).
 
-Each lane has its own daemon (`enforce/lane_daemons.py`): its pipe directory is the only one the lane's
-containers get (CUDA_MPS_PIPE_DIRECTORY must match between daemon and clients, §3.2), it sees only the lane's
-GPUs (CUDA_VISIBLE_DEVICES on the daemon), and its defaults are the lane's limits, set through control
-commands after start (§3.1), so a client's env can only lower them. With a shm directory the daemon starts in
-a private mount namespace with that directory on /dev/shm: the server it spawns shares memory with the lane's
-clients and no one else. A health check sends a read-only command; when the daemon stops answering it is
-restarted with exponential backoff and its defaults set again.
+Each daemon serves one lane, or with MPS v3 and servers shared per GPU the lanes of one GPU set
+(`enforce/lane_daemons.py`); it sees only those GPUs (CUDA_VISIBLE_DEVICES on the daemon). Legacy (v2): its
+defaults are the lane's limits, set through control commands after start (§3.1), so a client's env can only
+lower them. v3 (`-p 3`): after each start a setup step creates its server and its lanes' namespaces with their
+limits (`enforce/mps_v3.py`). With a shm directory the daemon starts in a private mount namespace with that
+directory on /dev/shm: the servers it spawns share memory with their clients and no one else. A health check
+sends a read-only command; when the daemon stops answering it is restarted with exponential backoff and its
+limits set again.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import enum
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from tessera.api import contract
 
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
 HEALTH_COMMAND = "get_default_active_thread_percentage"  # what NVIDIA's daemon uses as its health check
+MpsProtocol = Literal[2, 3]  # the legacy interface, or MPS v3 (driver r615+): servers and namespaces
 
 
 class MpsError(RuntimeError):
@@ -85,6 +88,9 @@ class MpsManager:
         defaults: MpsDefaults | None = None,
         env: dict[str, str] | None = None,
         shm_dir: Path | None = None,
+        protocol: MpsProtocol = 2,
+        setup: Callable[[MpsManager], Awaitable[None]] | None = None,
+        health: Callable[[MpsManager], Awaitable[None]] | None = None,
         check_interval_s: float = 5.0,
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 60.0,
@@ -98,6 +104,9 @@ class MpsManager:
         self.defaults.commands()  # validate now, not after the first start
         self.env = dict(env or {})  # e.g. CUDA_VISIBLE_DEVICES: the GPUs the daemon's server may use
         self.shm_dir = shm_dir
+        self.protocol: MpsProtocol = protocol
+        self._setup = setup  # after each start: v3's server and namespaces (legacy sets its defaults)
+        self._health = health  # a read-only command that fails when the daemon is not serving
         self.check_interval_s = check_interval_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
@@ -123,11 +132,11 @@ class MpsManager:
 
     async def _exec(self, args: list[str], stdin: str | None) -> tuple[int, str, str]:
         argv = [self.binary, *args]
-        if args == ["-d"] and self.shm_dir is not None:
+        if args[:1] == ["-d"] and self.shm_dir is not None:
             # The daemon (and the servers it forks) keep this namespace: their /dev/shm is the lane's.
-            script = 'mount --bind "$0" /dev/shm && exec "$1" -d'
+            script = 'mount --bind "$0" /dev/shm && exec "$@"'
             argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
-            argv += [str(self.shm_dir), self.binary]
+            argv += [str(self.shm_dir), self.binary, *args]
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -159,16 +168,26 @@ class MpsManager:
             raise MpsError(f"MPS control command {cmd!r} failed (exit {rc}): {err or out or 'no output'}")
         return out
 
+    async def cli(self, *args: str) -> str:
+        """Run one v3 command (`nvidia-cuda-mps-control <module> <verb> ...`) and return its answer."""
+        rc, out, err = await self._exec(list(args), None)
+        if rc != 0:
+            raise MpsError(f"MPS command {' '.join(args)!r} failed (exit {rc}): {err or out or 'no output'}")
+        return out
+
     async def start(self) -> None:
         for d in (self.pipe_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
         if self.shm_dir is not None:
             self.shm_dir.mkdir(parents=True, exist_ok=True)
-        rc, out, err = await self._exec(["-d"], None)
+        start = ["-d"] if self.protocol == 2 else ["-d", "-p", "3"]
+        rc, out, err = await self._exec(start, None)
         if rc != 0:
-            raise MpsError(f"{self.binary} -d exited {rc}: {err or out or 'no output'}")
+            raise MpsError(f"{self.binary} {' '.join(start)} exited {rc}: {err or out or 'no output'}")
         for cmd in self.defaults.commands():
             await self.command(cmd)
+        if self._setup is not None:
+            await self._setup(self)
         self._phase = MpsPhase.RUNNING
         self._retry_at = None
         self.start_times.append(self._clock())
@@ -176,7 +195,10 @@ class MpsManager:
 
     async def healthy(self) -> bool:
         try:
-            await self.command(HEALTH_COMMAND)
+            if self._health is not None:
+                await self._health(self)
+            else:
+                await self.command(HEALTH_COMMAND)
             return True
         except MpsError as err:
             self._last_error = str(err)
@@ -186,7 +208,10 @@ class MpsManager:
         """Ask the daemon to quit (never SIGKILL: clients mid-kernel would leave the server undefined, §3.3)."""
         if self._phase is MpsPhase.RUNNING:
             with contextlib.suppress(MpsError):
-                await self.command("quit")
+                if self.protocol == 2:
+                    await self.command("quit")
+                else:
+                    await self.cli("-q")  # v3: the daemon and every server it runs
         self._phase = MpsPhase.STOPPED
 
     async def run(self, stop: asyncio.Event) -> None:

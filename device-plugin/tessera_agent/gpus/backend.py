@@ -7,9 +7,11 @@ plugin, inventory and telemetry are the same code on a GPU node and in tests.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 MIB = 1024 * 1024
+ComputeMode = Literal["Default", "ExclusiveProcess", "Prohibited"]  # NVML's NVML_COMPUTEMODE_*
+COMPUTE_MODES: tuple[ComputeMode, ...] = ("Default", "ExclusiveProcess", "Prohibited")
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,15 @@ class GpuBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ComputeModeControl(Protocol):
+    """A GPU's compute mode (nvmlDeviceGetComputeMode / nvmlDeviceSetComputeMode, which needs root)."""
+
+    def compute_mode(self, uuid: str) -> ComputeMode: ...
+
+    def set_compute_mode(self, uuid: str, mode: ComputeMode) -> None: ...
 
 
 def usable_memory_mib(gpu: GpuDevice, extra_reserve_mib: int = 0) -> int:

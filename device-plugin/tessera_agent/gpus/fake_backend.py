@@ -10,7 +10,15 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from tessera_agent.gpus.backend import MIB, GpuBackend, GpuDevice, GpuProcess, GpuUsage, HealthEvent
+from tessera_agent.gpus.backend import (
+    MIB,
+    ComputeMode,
+    GpuBackend,
+    GpuDevice,
+    GpuProcess,
+    GpuUsage,
+    HealthEvent,
+)
 
 
 def fake_topology(index: int, gpus_per_root: int) -> dict[str, Any]:
@@ -34,6 +42,7 @@ class FakeGpuBackend(GpuBackend):
         self._procs: dict[str, dict[int, GpuProcess]] = {g.uuid: {} for g in gpus}
         self._util: dict[str, float] = {g.uuid: 0.0 for g in gpus}
         self._events: queue.Queue[HealthEvent] = queue.Queue()
+        self._modes: dict[str, ComputeMode] = {g.uuid: "Default" for g in gpus}  # NVML's compute mode
 
     @classmethod
     def uniform(
@@ -63,6 +72,17 @@ class FakeGpuBackend(GpuBackend):
                 for i in range(count)
             ]
         )
+
+    # --- ComputeModeControl ---
+    def compute_mode(self, uuid: str) -> ComputeMode:
+        self._require(uuid)
+        with self._lock:
+            return self._modes[uuid]
+
+    def set_compute_mode(self, uuid: str, mode: ComputeMode) -> None:
+        self._require(uuid)
+        with self._lock:
+            self._modes[uuid] = mode
 
     # --- GpuBackend ---
     def gpus(self) -> list[GpuDevice]:

@@ -14,7 +14,7 @@ from typing import Any
 import pynvml
 
 from tessera_agent.gpus import pci
-from tessera_agent.gpus.backend import GpuBackend, GpuDevice, GpuProcess, GpuUsage, HealthEvent
+from tessera_agent.gpus.backend import ComputeMode, GpuBackend, GpuDevice, GpuProcess, GpuUsage, HealthEvent
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +144,21 @@ class NvmlGpuBackend(GpuBackend):
             self._events = None
         pynvml.nvmlShutdown()
 
+    def compute_mode(self, uuid: str) -> ComputeMode:
+        return _MODES[int(pynvml.nvmlDeviceGetComputeMode(self._handle(uuid)))]
+
+    def set_compute_mode(self, uuid: str, mode: ComputeMode) -> None:
+        pynvml.nvmlDeviceSetComputeMode(self._handle(uuid), _MODES.index(mode))
+
     def _handle(self, uuid: str) -> Any:
         try:
             return self._handles[uuid]
         except KeyError:
             raise KeyError(f"NVML knows no GPU {uuid!r} (have {sorted(self._handles)})") from None
+
+
+# NVML_COMPUTEMODE_DEFAULT 0, _EXCLUSIVE_THREAD 1 (deprecated, not used), _PROHIBITED 2, _EXCLUSIVE_PROCESS 3
+_MODES: list[ComputeMode] = ["Default", "Default", "Prohibited", "ExclusiveProcess"]
 
 
 def _str(value: str | bytes) -> str:

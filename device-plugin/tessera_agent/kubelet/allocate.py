@@ -23,7 +23,6 @@ from tessera.api.assignment import Assignment
 from tessera_agent.config import AgentConfig
 from tessera_agent.enforce.device_nodes import DeviceNode, DeviceNodeError, lane_device_nodes
 from tessera_agent.enforce.lane_daemons import LaneLimits
-from tessera_agent.enforce.lane_dirs import LaneDirs
 from tessera_agent.gpus.backend import GpuDevice
 from tessera_agent.kubelet.slots import gpu_of
 from tessera_agent.lanes.book import LaneAdmissionError, LaneBook
@@ -147,7 +146,7 @@ def container_allocation(
             devices = lane_device_nodes([gpus[u] for u in a.gpu_uuids], cfg.dev_root)
         except DeviceNodeError as err:
             raise AllocateRequestError(f"pod {pod.key}: {err}") from None
-    lane = LaneDirs(cfg.mps_root).paths(pod.uid)
+    lane = cfg.lane_layout().lane_paths(pod.uid, a.gpu_uuids)
     mounts = [Mount(pipe_in_container, str(lane.pipe)), Mount("/dev/shm", str(lane.shm))]
     if cfg.coordinator_socket is not None:
         envs[contract.ENV_COORDINATOR_SOCKET] = (

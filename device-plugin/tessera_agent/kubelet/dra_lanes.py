@@ -41,7 +41,6 @@ from tessera.api.resources import input_errors
 from tessera_agent.config import AgentConfig
 from tessera_agent.enforce.device_nodes import DeviceNode
 from tessera_agent.enforce.lane_daemons import LaneLimits
-from tessera_agent.enforce.lane_dirs import LaneDirs
 from tessera_agent.gpus.backend import MIB, GpuDevice
 from tessera_agent.kubelet.allocate import ENV_NVIDIA_VISIBLE_DEVICES, progress_endpoint
 from tessera_agent.kubelet.dra_slice import device_name
@@ -302,9 +301,10 @@ def lane_env(
     return env
 
 
-def lane_mounts(claim_uid: str, cfg: AgentConfig) -> list[dict[str, Any]]:
-    """The claim's own pipe directory (its MPS daemon's) and /dev/shm, never one another claim uses."""
-    lane = LaneDirs(cfg.mps_root).paths(claim_uid)
+def lane_mounts(claim_uid: str, gpus: list[str], cfg: AgentConfig) -> list[dict[str, Any]]:
+    """The claim's own pipe directory (its MPS daemon's, or with v3 its namespace's) and /dev/shm, never one
+    another claim uses (but for a v3 server shared per GPU set: its /dev/shm; docs/node-agent.md)."""
+    lane = cfg.lane_layout().lane_paths(claim_uid, gpus)
     mounts = [(f"{cfg.mps_container_root}/pipe", lane.pipe), ("/dev/shm", lane.shm)]
     if cfg.progress_socket is not None:
         mounts.append((cfg.progress_container_dir, cfg.progress_socket.parent))
@@ -348,7 +348,7 @@ def cdi_spec(
     env = [f"{k}={v}" for k, v in lane_env(claim, devices, cfg, limits).items()]
     edits: dict[str, Any] = {"env": env}
     if not is_observer(devices):
-        edits["mounts"] = lane_mounts(claim.metadata.uid, cfg)
+        edits["mounts"] = lane_mounts(claim.metadata.uid, list(gpu_shares(devices)), cfg)
     if nodes:
         edits["deviceNodes"] = [
             {"path": n.container_path, "hostPath": n.host_path, "permissions": n.permissions} for n in nodes
