@@ -86,6 +86,9 @@ true
 {{- if and .Values.gpuNodes.reserve .Values.gpuNodes.admissionPolicy (semverCompare "<1.36.0-0" .Capabilities.KubeVersion.Version) -}}
 {{- fail (printf "gpuNodes.admissionPolicy: the MutatingAdmissionPolicy that routes namespaces' pods needs Kubernetes 1.36+ (admissionregistration.k8s.io/v1), this cluster runs %s; set gpuNodes.admissionPolicy=false and route the pods yourself (docs/operations.md, \"Reserving GPU nodes\")" .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
+{{- if and (eq .Values.agent.mps.serverSharing "gpu") (eq .Values.agent.mps.protocol "legacy") -}}
+{{- fail "agent.mps.serverSharing: gpu needs MPS v3 namespaces (protocol v3 or auto): legacy clients reach their daemon's control socket, which lanes would then share" -}}
+{{- end -}}
 {{- if eq (toString .Values.scheduler.kubeScheduler.image.tag) "latest" -}}
 {{- fail "scheduler.kubeScheduler.image.tag: 'latest' is not allowed; leave it empty for the cluster's version, or pin one, e.g. v1.37.2" -}}
 {{- end -}}

@@ -353,7 +353,8 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         "tessera_agent_lane_enforcement",
         MetricType.GAUGE,
         "1 for the mechanism that enforces each lane limit on this node, by limit (memory, compute, isolation, "
-        "devices) and mechanism (mps-daemon-per-lane, lane-directories, device-nodes, declared-only).",
+        "devices) and mechanism (mps-namespace, mps-daemon-per-lane, declared-only, lane-directories, "
+        "namespace-directories, device-nodes, device-nodes+exclusive-process).",
         ("node", "limit", "mechanism"),
         frozenset({_AGENT}),
     ),

@@ -167,3 +167,101 @@ def test_two_lanes_daemons_hold_each_lane_to_its_memory_whatever_its_env_says() 
     print("neighbouring lane held to 4 GiB, asking 2 GiB:", large)
     assert small.get("alloc_result") == 2  # CUDA_ERROR_OUT_OF_MEMORY: the daemon's limit, not the env's
     assert large.get("alloc_result") == 0
+
+
+def client_in(
+    pipe: Path, shm: Path, gpu: str, args: list[str], env: dict[str, str] | None = None
+) -> dict[str, object]:
+    """A CUDA client as a lane's container runs it: its pipe directory and /dev/shm those of its lane."""
+    script = 'mount --bind "$0" /dev/shm && exec "$@"'
+    argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, str(shm)]
+    argv += [sys.executable, CLIENT, *args]
+    full = {**os.environ, **(env or {}), "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_VISIBLE_DEVICES": gpu}
+    r = subprocess.run(argv, env=full, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def test_v3_namespaces_hold_lanes_to_their_memory_and_threads_and_a_client_cannot_raise_them() -> None:
+    """Issue 39 on a GPU with MPS v3 (driver r615+): two lanes as namespaces of one shared server (1 GiB / 25 %
+    and 4 GiB / 100 %). The small lane's client, its env raised, gets out of memory at 2 GiB while its neighbour
+    allocates 2 GiB; its kernels run on at most about a quarter of the SMs; and a control command sent from its
+    namespace directory leaves the namespace's limit as the agent set it."""
+    from tessera_agent.enforce import mps_v3
+    from tessera_agent.enforce.compute_mode import ComputeModes
+    from tessera_agent.enforce.lane_daemons import LaneDaemons, LaneLimits
+    from tessera_agent.enforce.lane_dirs import LaneDirs, LaneLayout
+    from tessera_agent.gpus.nvml_backend import NvmlGpuBackend
+
+    if mps_v3.detect("nvidia-cuda-mps-control") != "v3":
+        pytest.skip("this driver's nvidia-cuda-mps-control offers no MPS v3 namespaces (r615+)")
+    backend = NvmlGpuBackend()
+    gpu = backend.gpus()[0].uuid
+    root = Path(tempfile.mkdtemp(prefix="tm-"))
+    layout = LaneLayout(root, "v3", "gpu")
+    daemons = LaneDaemons(
+        LaneDirs(root), layout=layout, compute_modes=ComputeModes(backend, root / "compute-modes.json")
+    )
+    seen: dict[str, object] = {}
+
+    async def scenario() -> None:
+        try:
+            small = await daemons.ensure("small", LaneLimits((gpu,), (1024,), 25))
+            large = await daemons.ensure("large", LaneLimits((gpu,), (4096,), 100))
+            seen["compute_mode"] = backend.compute_mode(gpu)
+            seen["small_alloc"] = await asyncio.to_thread(
+                client_in,
+                small.pipe,
+                small.shm,
+                gpu,
+                ["2048"],
+                {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8192M"},
+            )
+            seen["large_alloc"] = await asyncio.to_thread(client_in, large.pipe, large.shm, gpu, ["2048"])
+            seen["small_sms"] = await asyncio.to_thread(
+                client_in, small.pipe, small.shm, gpu, ["smid", "4096"]
+            )
+            seen["large_sms"] = await asyncio.to_thread(
+                client_in, large.pipe, large.shm, gpu, ["smid", "4096"]
+            )
+            ns = mps_v3.namespace_name("small")
+            manager = daemons.running("small")
+            assert manager is not None
+            seen["limit_before"] = await manager.cli("namespace", "get", ns, "tessera", "pinned-memory-limit")
+            raise_it = subprocess.run(
+                [
+                    "nvidia-cuda-mps-control",
+                    "namespace",
+                    "set",
+                    ns,
+                    "--server=tessera",
+                    "--pinned-memory-limit=8G",
+                ],
+                env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(small.pipe)},
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            seen["control_from_namespace"] = (
+                raise_it.returncode,
+                raise_it.stdout.strip(),
+                raise_it.stderr.strip(),
+            )
+            seen["limit_after"] = await manager.cli("namespace", "get", ns, "tessera", "pinned-memory-limit")
+        finally:
+            await daemons.close()
+            for key in ("small", "large"):
+                await daemons.release(key)
+            seen["compute_mode_after"] = backend.compute_mode(gpu)
+            backend.close()
+
+    asyncio.run(scenario())
+    print("MPS v3 lanes on one GPU:", json.dumps(seen, indent=1))
+    assert seen["compute_mode"] == "ExclusiveProcess"
+    assert seen["small_alloc"].get("alloc_result") == 2  # type: ignore[union-attr]
+    assert seen["large_alloc"].get("alloc_result") == 0  # type: ignore[union-attr]
+    small_sms, large_sms = seen["small_sms"], seen["large_sms"]
+    assert isinstance(small_sms, dict) and isinstance(large_sms, dict)
+    total = int(small_sms["total_sms"])
+    assert int(small_sms["sms"]) <= total * 0.25 + 2 < int(large_sms["sms"]), (small_sms, large_sms)
+    assert seen["limit_after"] == seen["limit_before"], seen

@@ -316,7 +316,16 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
 @pytest.mark.parametrize(
     ("values", "wanted", "unwanted"),
     [
-        ({}, set(), {"--no-mps", "--declared-only"}),  # MPS enforces, a daemon per lane
+        (  # MPS enforces: v3 namespaces where the driver has them, a daemon per lane, exclusive GPUs
+            {},
+            {"--mps-protocol=auto", "--mps-server-sharing=lane"},
+            {"--no-mps", "--declared-only", "--no-exclusive-process"},
+        ),
+        (
+            {"agent": {"mps": {"protocol": "v3", "serverSharing": "gpu", "exclusiveProcess": False}}},
+            {"--mps-protocol=v3", "--mps-server-sharing=gpu", "--no-exclusive-process"},
+            {"--no-mps"},
+        ),
         ({"agent": {"enforcement": "declaredOnly"}}, {"--no-mps", "--declared-only"}, set()),
         (
             {"agent": {"fakeGpus": 2}},
@@ -509,6 +518,7 @@ def test_service_monitors_need_the_crd_unless_told_otherwise() -> None:
         # An empty value would be a label no namespace is meant to carry by accident.
         ({"gpuNodes": {"namespaceLabel": {"value": ""}}}, "at '/gpuNodes/namespaceLabel/value'"),
         ({"gpuNodes": {"namespaceLabel": {"key": "a b"}}}, "at '/gpuNodes/namespaceLabel/key'"),
+        ({"agent": {"mps": {"protocol": "v4"}}}, "at '/agent/mps/protocol'"),
     ],
 )
 def test_schema_rejects_bad_values_with_the_offending_key(values: dict[str, Any], message: str) -> None:
@@ -527,6 +537,11 @@ def test_latest_tags_are_refused_with_a_clear_message(path: tuple[str, ...]) -> 
         values = {key: values}
     with pytest.raises(helm.HelmRenderError, match="'latest' is not allowed; "):
         render(values)
+
+
+def test_servers_shared_per_gpu_without_v3_are_refused_with_a_clear_message() -> None:
+    with pytest.raises(helm.HelmRenderError, match="agent.mps.serverSharing: gpu needs MPS v3 namespaces"):
+        render({"agent": {"mps": {"protocol": "legacy", "serverSharing": "gpu"}}})
 
 
 def test_schema_accepts_the_default_values() -> None:
