@@ -520,8 +520,10 @@ def test_a_tenant_cannot_reach_another_lanes_socket_pipe_shm_or_gpu(
     node: Node, release: AdminCLI, namespace: str
 ) -> None:
     """Issue 39, device-plugin mode: from inside its container a tenant finds no other lane's MPS socket,
-    writes only into its own lane's pipe directory, cannot read its neighbour's /dev/shm, and has exactly its
-    GPU's device node: another GPU's, made with mknod, cannot be opened (tests/integration/node/adversary.py)."""
+    writes only into its own lane's pipe directory, cannot read its neighbour's /dev/shm, raises its limits in
+    its env while its daemon keeps holding the lane's, and has exactly its GPU's device node: another GPU's,
+    made with mknod, cannot be opened (tests/integration/node/adversary.py). The chart's agent runs each
+    lane's daemon with the fake MPS control binary (legacy interface)."""
     limits = {
         contract.RESOURCE_GPU: "1",
         contract.RESOURCE_GPU_MEMORY: "1024",
@@ -545,15 +547,20 @@ def test_a_tenant_cannot_reach_another_lanes_socket_pipe_shm_or_gpu(
     uids = {p: get_pod(node, namespace, p)["metadata"]["uid"] for p in ("prober", "neighbour")}
     assert (mps / "lanes" / uids["prober"] / "pipe" / "probe-a").exists()
     assert not (mps / "pipe").exists() and not (mps / "shm").exists()
-    # The Node says what enforces each limit: fake GPUs run no MPS, so memory and compute are declared only.
+    # (d) Its env said 100 % and 40 GiB; its daemon still holds the lane's 10 % and 1024 MiB.
+    assert seen["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10" and seen["raised"] == 0, seen["env"]
+    held = adversary.held_limits(mps / "lanes" / uids["prober"] / "pipe", "legacy")
+    assert held == {"pinned-memory-limit": "1024M", "active-thread-percentage": "10.0"}, held
+    # The Node says what enforces each limit: each lane's (fake) MPS daemon, its own directories, its GPU's
+    # device nodes and EXCLUSIVE_PROCESS where one daemon serves a GPU.
     status, got = node.plane.request("GET", f"/api/v1/nodes/{node.name}")
     assert status == 200, got
     said = json.loads(got["metadata"]["annotations"][contract.ANN_NODE_LANE_ENFORCEMENT])
     assert said == {
-        "memory": "declared-only",
-        "compute": "declared-only",
+        "memory": "mps-daemon-per-lane",
+        "compute": "mps-daemon-per-lane",
         "isolation": "lane-directories",
-        "devices": "device-nodes",
+        "devices": "device-nodes+exclusive-process",
     }
     for name in uids:
         status, body = node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")

@@ -5,15 +5,18 @@ The agent runs as a host process (`tessera-agent --lanes-api dra --fake-gpu-back
 40 GiB behind the NVML interface, 40448 MiB usable), registered through the kubelet's plugin directory; pods
 ask for lanes with ResourceClaimTemplates, the default kube-scheduler allocates them from the agent's
 ResourceSlice (consumable capacity), and the kubelet asks the agent to prepare each claim before starting the
-container, which sees the lane through the CDI device the agent wrote.
+container, which sees the lane through the CDI device the agent wrote. Each claim's MPS daemon is the fake
+control binary's (`tessera-fake-mps-control`) offering MPS v3, so each claim's lane is a namespace.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,7 @@ from typing import Any
 
 import pytest
 from tessera.api import contract
+from tessera_agent.enforce import mps_v3
 from tessera_agent.kubelet.dra_plugin import HOLD_PREPARE_ENV
 from tessera_agent.kubelet.dra_slice import device_class
 
@@ -43,24 +47,32 @@ class Agent:
         root = node.kubelet_root
         self.state = node.workdir / "dra-agent"
         self.hold = self.state / "hold-prepare"
+        # Each claim's MPS v3 daemon, the fake control binary's: a short root, for the kernel's 108-byte limit
+        # on the socket paths under it.
+        self.mps = Path(tempfile.mkdtemp(prefix="tm-"))
         self.argv = [
             str(Path(sys.executable).parent / "tessera-agent"),
             f"--node={node.name}",
             "--lanes-api=dra",
             "--fake-gpu-backend=1",
-            "--no-mps",
+            f"--mps-binary={Path(sys.executable).parent / 'tessera-fake-mps-control'}",
             "--hp-be-lanes",  # a claim's LaneConfig class; claims without one are best-effort
             "--metrics-port=0",
             "--sample-interval=5",
             f"--kubelet-plugins-dir={root / 'plugins'}",
             f"--kubelet-registry-dir={root / 'plugins_registry'}",
             f"--cdi-dir={node.cdi_dir}",
-            f"--mps-root={self.state / 'mps'}",
+            f"--mps-root={self.mps}",
             f"--dev-root={self.state / 'fake-dev'}",  # fake device nodes, which the claims' CDI specs name
             f"--device-plugin-dir={self.state / 'device-plugins'}",
             "-v",
         ]
-        self.env = {**os.environ, "KUBECONFIG": str(node.plane.kubeconfig), HOLD_PREPARE_ENV: str(self.hold)}
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(node.plane.kubeconfig),
+            HOLD_PREPARE_ENV: str(self.hold),
+            "FAKE_MPS_PROTOCOLS": "2,3",  # a driver with MPS v3: the agent's auto picks namespaces
+        }
         self.starts = 0
         self.proc: Process | None = None
 
@@ -99,6 +111,7 @@ def agent(node: Node) -> Iterator[Agent]:
         yield a
     finally:
         a.stop()
+        shutil.rmtree(a.mps, ignore_errors=True)  # a daemon whose socket goes exits
         node.plane.request("DELETE", f"{RESOURCE_API}/resourceslices/{node.name}-{contract.DRA_DRIVER}")
         node.plane.request("DELETE", f"{RESOURCE_API}/deviceclasses/{contract.DRA_DEVICE_CLASS}")
 
@@ -297,9 +310,14 @@ def test_a_tenant_cannot_reach_another_claims_socket_pipe_shm_or_gpu(
     assert adversary.check_probe(seen, 0, 2) == [], json.dumps(seen)  # the node's one fake GPU is minor 0
     claim = pod_claim(node, namespace, "prober")
     assert claim is not None
-    lanes = agent.state / "mps" / "lanes"
-    assert (lanes / claim["metadata"]["uid"] / "pipe" / "probe-a").exists()
-    assert not (agent.state / "mps" / "pipe").exists() and not (agent.state / "mps" / "shm").exists()
+    uid = claim["metadata"]["uid"]
+    namespace_dir = agent.mps / "lanes" / uid / "pipe" / "tessera" / mps_v3.namespace_name(uid)
+    assert (namespace_dir / "probe-a").exists()  # its container's pipe directory is its v3 namespace's
+    assert not (agent.mps / "pipe").exists() and not (agent.mps / "shm").exists()
+    # (d) Its env said 100 % and 40 GiB; its claim's namespace still holds the lane's 10 % and 2 GiB.
+    assert seen["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10" and seen["raised"] == 0, seen["env"]
+    held = adversary.held_limits(agent.mps / "lanes" / uid / "pipe", "v3", mps_v3.namespace_name(uid))
+    assert held == {"pinned-memory-limit": "2048M", "active-thread-percentage": "10"}, held
 
 
 def log_of(node: Node, namespace: str, name: str) -> str:
@@ -445,7 +463,7 @@ def test_an_admin_access_claim_observes_the_gpu_and_is_charged_nothing(
     assert not [k for k in env if k.startswith(("CUDA_MPS_", "TESSERA_"))], env
     uid = claim["metadata"]["uid"]
     assert agent.checkpoint[uid]["observer"] is True and agent.checkpoint[uid]["limits"] == {}
-    assert not (agent.state / "mps" / "lanes" / uid).exists()
+    assert not (agent.mps / "lanes" / uid).exists()
 
     # 30 % + 70 % is the whole GPU: the 70 % lane fits only if the observer's 1 % is not counted.
     lane_template(node, namespace, "lane-70", "4Gi", "70")

@@ -327,10 +327,15 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
             {"--no-mps"},
         ),
         ({"agent": {"enforcement": "declaredOnly"}}, {"--no-mps", "--declared-only"}, set()),
-        (
+        (  # fake GPUs: the lanes' daemons are the fake MPS control binary's
             {"agent": {"fakeGpus": 2}},
-            {"--fake-gpu-backend=2", "--no-mps", "--dev-root=/run/tessera/fake-dev"},
-            {"--declared-only"},
+            {"--fake-gpu-backend=2", "--mps-binary=tessera-fake-mps-control", "--dev-root=/run/tessera/fake-dev"},
+            {"--declared-only", "--no-mps"},
+        ),
+        (
+            {"agent": {"fakeGpus": 2, "enforcement": "declaredOnly"}},
+            {"--fake-gpu-backend=2", "--no-mps", "--declared-only"},
+            {"--mps-binary=tessera-fake-mps-control"},
         ),
     ],
 )
