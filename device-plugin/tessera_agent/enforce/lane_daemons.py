@@ -233,11 +233,13 @@ class LaneDaemons:
         return gone
 
     async def close(self) -> None:
-        """Stop every daemon, leaving the directories (the lanes' containers may outlive the agent) and the
-        compute modes (the next agent's daemons start on the same GPUs)."""
+        """Stop every daemon, leaving the directories (the lanes' containers may outlive the agent), and give
+        the GPUs back their modes: with no MPS server left, an exclusive GPU would go to the first process that
+        opens it, and the next agent's server could not start there."""
         for group in list(self._daemons):
             await _stop(self._daemons.pop(group))
         self._lane_group.clear()
+        self._follow_compute_modes()
 
     def _follow_compute_modes(self) -> None:
         if self.compute_modes is None:

@@ -218,7 +218,8 @@ async def test_two_daemons_on_a_gpu_set_it_to_default_and_an_agent_restart_keeps
     await plugin.Allocate(request(f"{UUIDS[0]}::1"), AbortContext())
     # Two servers (a daemon per lane) need a context each: the GPU cannot be exclusive to one.
     assert gpus.compute_mode(UUIDS[0]) == "Default"
-    await plugin.daemons.close()
+    await plugin.daemons.close()  # the agent stops: no server left, the admin's mode comes back
+    assert gpus.compute_mode(UUIDS[0]) == "Prohibited"
 
     # A restarted agent takes up both lanes again; the mode it restores at the end is the admin's.
     again, _, _ = servicer(plugin_dir, [], backend=backend)
@@ -231,6 +232,21 @@ async def test_two_daemons_on_a_gpu_set_it_to_default_and_an_agent_restart_keeps
         assert gpus.compute_mode(UUIDS[0]) == "Prohibited"
     finally:
         await again.daemons.close()
+
+
+def test_an_agent_killed_with_gpus_exclusive_restores_the_admins_mode_when_it_comes_back(
+    plugin_dir: Path,
+) -> None:
+    backend = FakeGpuBackend.uniform(1)
+    backend.set_compute_mode(UUIDS[0], "Prohibited")
+    state = plugin_dir / "compute-modes.json"
+    ComputeModes(backend, state).follow({UUIDS[0]: 1})
+    assert backend.compute_mode(UUIDS[0]) == "ExclusiveProcess"
+    # Killed: nothing restored. The next agent reads what the admin had, not its predecessor's setting.
+    again = ComputeModes(backend, state)
+    again.follow({UUIDS[0]: 1})
+    again.follow({})
+    assert backend.compute_mode(UUIDS[0]) == "Prohibited" and json.loads(state.read_text()) == {}
 
 
 async def test_a_v3_daemon_that_dies_is_restarted_with_its_server_and_namespaces(
