@@ -30,6 +30,7 @@ removed or replaced exits, as no client could reach it any more.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -131,14 +132,17 @@ class Legacy:
                 conn, _ = srv.accept()
             except TimeoutError:
                 continue
-            with conn:
+            conn.settimeout(5.0)  # one client at a time: one that sends nothing must not hold the daemon
+            with conn, contextlib.suppress(OSError):  # a client that hangs up early changes nothing
                 cmd = conn.makefile().readline().strip()
+                if not cmd:
+                    continue
                 record(cmd)
                 if cmd == "quit":
-                    conn.sendall(b"\n")
                     os.unlink(SOCK)
+                    conn.sendall(b"\n")
                     break
-                conn.sendall((self.answer(cmd.split() or [""]) + "\n").encode())
+                conn.sendall((self.answer(cmd.split()) + "\n").encode())
         if os.path.exists(shm):
             os.unlink(shm)
 
@@ -260,9 +264,13 @@ class V3:
                 listener = key.fileobj
                 assert isinstance(listener, socket.socket)
                 conn, _ = listener.accept()
+                conn.settimeout(5.0)  # one client at a time: one that sends nothing must not hold the daemon
                 with conn:
-                    if not self.handle(conn, key.data):
-                        return self.quit(shm)
+                    try:
+                        if not self.handle(conn, key.data):
+                            return self.quit(shm)
+                    except OSError:  # a client that hangs up early changes nothing
+                        continue
         if os.path.exists(shm):
             os.unlink(shm)
 

@@ -39,7 +39,7 @@ time.sleep(3600)
 """
 
 PROBER = f"""
-import errno, json, os, socket, stat
+import errno, json, os, socket, stat, time
 out = {{}}
 sockets = []
 for root, dirs, files in os.walk('/'):
@@ -95,6 +95,7 @@ for minor in range({{gpus}}):
             continue
     out['open'][path] = attempt_open(path)
 print('PROBE ' + json.dumps(out), flush=True)
+time.sleep(3600)  # its lane stays while the test asks its daemon what it holds
 """
 
 

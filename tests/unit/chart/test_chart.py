@@ -329,7 +329,11 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
         ({"agent": {"enforcement": "declaredOnly"}}, {"--no-mps", "--declared-only"}, set()),
         (  # fake GPUs: the lanes' daemons are the fake MPS control binary's
             {"agent": {"fakeGpus": 2}},
-            {"--fake-gpu-backend=2", "--mps-binary=tessera-fake-mps-control", "--dev-root=/run/tessera/fake-dev"},
+            {
+                "--fake-gpu-backend=2",
+                "--mps-binary=tessera-fake-mps-control",
+                "--dev-root=/run/tessera/fake-dev",
+            },
             {"--declared-only", "--no-mps"},
         ),
         (
@@ -391,11 +395,13 @@ def test_lane_audit_and_handoff_values_reach_the_agent_the_extender_and_rbac() -
     assert "--on-lane-mismatch=report" in args(report, "DaemonSet", "-agent", "agent")
 
 
-def test_fake_gpus_value_runs_the_fake_backend_without_mps() -> None:
-    """`agent.fakeGpus` (for testing without GPUs): the in-memory backend with the real API and kubelet."""
+def test_fake_gpus_value_runs_the_fake_backend_and_the_fake_mps_control_binary() -> None:
+    """`agent.fakeGpus` (for testing without GPUs): the in-memory backend with the real API and kubelet, and
+    the lanes' daemons run by the fake MPS control binary that the image installs."""
     objs = objects(render({"agent": {"fakeGpus": 2}}))
     (container,) = find(objs, "DaemonSet", "-agent")["spec"]["template"]["spec"]["containers"]
-    assert {"--fake-gpu-backend=2", "--no-mps"} <= set(container["args"])
+    assert {"--fake-gpu-backend=2", "--mps-binary=tessera-fake-mps-control"} <= set(container["args"])
+    assert "--no-mps" not in container["args"]
     assert "--fake-gpus" not in " ".join(container["args"]).replace("--fake-gpu-backend", "")
 
 
@@ -545,7 +551,7 @@ def test_latest_tags_are_refused_with_a_clear_message(path: tuple[str, ...]) -> 
 
 
 def test_servers_shared_per_gpu_without_v3_are_refused_with_a_clear_message() -> None:
-    with pytest.raises(helm.HelmRenderError, match="agent.mps.serverSharing: gpu needs MPS v3 namespaces"):
+    with pytest.raises(helm.HelmRenderError, match=r"agent\.mps\.serverSharing: gpu needs MPS v3 namespaces"):
         render({"agent": {"mps": {"protocol": "legacy", "serverSharing": "gpu"}}})
 
 
