@@ -82,7 +82,7 @@ def pod_cgroup(root: Path, pod_uid: str) -> Path | None:
 def kubelet_pod_cgroups(root: Path) -> Iterator[tuple[str, Path]]:
     """Every pod cgroup under kubelet's directories: (pod UID, its directory)."""
     for parent in kubelet_cgroups(root):
-        for child in _subdirs(parent):
+        for child in subdirs(parent):
             uid = pod_uid_of_cgroup_name(child.name)
             if uid is not None:
                 yield uid, child
@@ -94,7 +94,7 @@ def kubelet_cgroups(root: Path) -> list[Path]:
     found: list[Path] = []
     level = [root]
     for _ in range(_KUBELET_LEVELS):
-        level = [d for parent in level for d in _subdirs(parent) if _is_kubelet_dir(d.name)]
+        level = [d for parent in level for d in subdirs(parent) if _is_kubelet_dir(d.name)]
         found.extend(level)
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
@@ -105,7 +105,7 @@ def _is_kubelet_dir(name: str) -> bool:
     return "kubepods" in name or name in _QOS or name.startswith("kubelet")
 
 
-def _subdirs(path: Path) -> list[Path]:
+def subdirs(path: Path) -> list[Path]:
     try:
         with os.scandir(path) as entries:
             return [path / e.name for e in entries if e.is_dir(follow_symlinks=False)]

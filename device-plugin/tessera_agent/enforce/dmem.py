@@ -36,6 +36,7 @@ from tessera_agent.enforce.cgroups import (
     kubelet_cgroups,
     pod_cgroup,
     read_nested_keyed,
+    subdirs,
     write_nested_keyed,
 )
 from tessera_agent.gpus.backend import MIB, GpuDevice
@@ -234,7 +235,7 @@ class DmemLimits:
             if not (cg / "dmem.min").is_file():
                 continue
             total = dict.fromkeys(regions, 0)
-            for child in cg.iterdir():
+            for child in subdirs(cg):  # a pod's cgroup may go while it is read: then it counts for nothing
                 if not (child / "dmem.min").is_file():
                     continue
                 try:

@@ -291,7 +291,7 @@ async def test_prepare_writes_the_claims_memory_on_its_pods_cgroup_and_unprepare
 async def test_required_prepare_for_a_pod_without_a_cgroup_fails_with_the_reason(
     dra_agent: tuple[NodeAgent, FakeDraApi, Path], dra_cfg: AgentConfig
 ) -> None:
-    agent, api, _ = dra_agent
+    _, api, _ = dra_agent
     api.claims[("ml", "c")] = claim("c", "claim-3", [result("gpu-0", "1Gi", "10")], [("p3", uid(3))])
     error = await prepare(dra_cfg, "c", "claim-3")
     assert (

@@ -200,7 +200,7 @@ def test_no_pod_cgroup_or_no_dmem_files_is_an_error(tmp_path: Path, gpus: list[G
         limits.apply(uid(9), PodMemory({gpus[0].uuid: 512}))
     a = tree.pod(root, uid(1))
     (a / "dmem.max").unlink()
-    with pytest.raises(DmemError, match="no dmem.max"):
+    with pytest.raises(DmemError, match=r"no dmem\.max"):
         limits.apply(uid(1), PodMemory({gpus[0].uuid: 512}))
 
 
