@@ -20,6 +20,7 @@ from tessera_agent.enforce.dmem import (
     parse_capacity,
 )
 from tessera_agent.enforce.dmem_lanes import EVENT_REASON, DmemLanes, PodRef, pods_memory
+from tessera_agent.enforce.lane_dirs import LaneLayout
 from tessera_agent.enforce.mechanism import EnforcementError, check_dmem, mechanisms
 from tessera_agent.gpus.backend import GpuDevice
 from tessera_agent.gpus.fake_backend import FakeGpuBackend
@@ -230,8 +231,9 @@ def test_required_refuses_to_start_naming_the_fix(tmp_path: Path, gpus: list[Gpu
     assert node is not None and node.root == tmp_path / "ok"
 
 
-def test_the_mechanism_report_names_dmem_for_memory() -> None:
+def test_the_mechanism_report_names_dmem_for_memory(tmp_path: Path) -> None:
     assert mechanisms(True, dmem=True)["memory"] == "dmem+mps-daemon-per-lane"
+    assert mechanisms(True, LaneLayout(tmp_path, "v3"), dmem=True)["memory"] == "dmem+mps-namespace"
     assert mechanisms(True, dmem=True)["compute"] == "mps-daemon-per-lane"
     assert mechanisms(False, dmem=True)["memory"] == "dmem"
     assert mechanisms(True)["memory"] == "mps-daemon-per-lane"
