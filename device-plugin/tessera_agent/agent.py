@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tessera_agent.config import AgentConfig
+from tessera_agent.enforce.dmem_lanes import DmemLanes, PodRef, assigned_lanes, pods_memory
 from tessera_agent.enforce.lane_daemons import LaneDaemons
 from tessera_agent.gpus.backend import GpuBackend, usable_memory_mib
 from tessera_agent.gpus.inventory import InventoryPublisher, NodePatcher
@@ -32,7 +33,7 @@ from tessera_agent.lanes.interference import (
 from tessera_agent.lanes.peers import PeerResolver
 from tessera_agent.lanes.progress import ClaimHolders, LaneHolders, ProgressServer
 from tessera_agent.metrics_factory import AgentMetrics
-from tessera_agent.pods import PodSource
+from tessera_agent.pods import NodePod, PodSource
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class NodeAgent:
     dra: DraApi | None = None  # the API server as the DRA driver needs it; required with lanes_api "dra"
     audit: LaneAudit | None = None  # device-plugin mode: containers checked against their pods' lanes
     enforcement: dict[str, str] | None = None  # limit → mechanism, published on the Node beside the inventory
+    dmem: DmemLanes | None = None  # lanes' memory on their pod cgroups (cgroup dmem); None: not on this node
     clock: Callable[[], float] = time.time
     lanes: LaneBook | None = field(init=False, default=None)
     loop: InterferenceLoop | None = field(init=False, default=None)
@@ -92,14 +94,14 @@ class NodeAgent:
         if self.cfg.lanes_api == "dra":
             if self.dra is None:
                 raise ValueError("the DRA driver needs the Kubernetes API (claims and ResourceSlices)")
-            lanes_api = DraDriver(self.cfg, self.backend, self.dra, self.daemons, self.lanes)
+            lanes_api = DraDriver(self.cfg, self.backend, self.dra, self.daemons, self.lanes, self.dmem)
             holders = ClaimHolders(self.cfg.node_name, lanes_api.servicer.holds_lane)
             if self.coordinator is not None:  # a DRA pod's lanes are the claims prepared for it
                 servicer = lanes_api.servicer
                 self.coordinator.lanes_held = lambda pod: servicer.lanes_held(pod.namespace, pod.uid)
         else:
             lanes_api = DevicePlugin(
-                self.cfg, self.backend, self.pods, self.metrics, self.lanes, self.daemons
+                self.cfg, self.backend, self.pods, self.metrics, self.lanes, self.daemons, self.dmem
             )
         tasks = [asyncio.create_task(lanes_api.run(stop)), asyncio.create_task(self._sample(stop, lanes_api))]
         if self.audit is not None and self.cfg.lanes_api == "devicePlugin":
@@ -180,10 +182,25 @@ class NodeAgent:
                         self._progress_latency.forget({p.uid for p in pods})
                 if plugin is not None:  # after the lane book, whose classes a restarted daemon takes
                     await plugin.servicer.keep_lanes(pods, listed_at)
+                if self.dmem is not None:
+                    await self._dmem_round(self.dmem, pods, listed_at, dra)
             except Exception:  # keep the agent up through API hiccups; the next round retries
                 log.exception("sampling round failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.sample_interval_s)
+
+    async def _dmem_round(
+        self, dmem: DmemLanes, pods: list[NodePod], listed_at: float, dra: DraDriver | None
+    ) -> None:
+        """Every lane's pods held to its memory on their cgroups, after a restart too; pods whose lanes went
+        released (their protection zeroed, their ancestors' recomputed)."""
+        if dra is not None:
+            await dra.servicer.refresh_claim_pods()  # a pod that shares a claim later is only in its status
+            lanes = dra.servicer.claim_lanes()
+        else:
+            lanes = assigned_lanes(pods)
+        refs = {p.uid: PodRef(p.uid, p.namespace, p.name) for p in pods}
+        await dmem.sync(pods_memory(lanes), refs, listed_at)
 
     async def _reserve(self, patcher: NodePatcher) -> bool:
         """Set or clear this Node's GPU-node taint as configured; False when the API call failed."""

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from tessera_agent.agent import NodeAgent
     from tessera_agent.config import AgentSettings
+    from tessera_agent.enforce.dmem import DmemNode
     from tessera_agent.gpus.backend import GpuBackend
     from tessera_agent.gpus.inventory import NodePatcher
     from tessera_agent.kubelet.dra_plugin import DraApi
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Tessera node agent.")
     _node_options(p.add_argument_group("node"))
     _mps_options(p.add_argument_group("MPS"))
+    _dmem_options(p.add_argument_group("GPU memory through cgroup dmem"))
     _socket_options(p.add_argument_group("node sockets"))
     _lane_options(p.add_argument_group("HP/BE lanes"))
     _dra_options(p.add_argument_group("DRA driver (--lanes-api dra)"))
@@ -158,6 +160,29 @@ def _mps_options(g: argparse._ArgumentGroup) -> None:
         choices=["ordinal", "uuid"],
         default="ordinal",
         help="how CUDA_MPS_PINNED_DEVICE_MEM_LIMIT names devices",
+    )
+
+
+def _dmem_options(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--dmem",
+        choices=("auto", "required", "off"),
+        default="auto",
+        help="hold each lane's GPU memory in the kernel too: dmem.max (and dmem.min) on the lane's pod cgroup "
+        "(cgroup v2 dmem controller, Linux 6.14+, an NVIDIA driver that registers its GPUs). auto: where "
+        "offered; required: refuse to start where not; off: never (default auto)",
+    )
+    g.add_argument(
+        "--no-dmem-guarantee",
+        action="store_true",
+        help="write only the hard limit (dmem.max), no guaranteed share (dmem.min) on pods and their ancestors",
+    )
+    g.add_argument(
+        "--cgroup-root",
+        type=Path,
+        default=None,
+        help="the host's /sys/fs/cgroup as mounted for the agent (default: the cgroup2 mount in "
+        "/proc/self/mountinfo)",
     )
 
 
@@ -287,6 +312,7 @@ _RENAMED: Final = {
     "node": "agent.node_name",
     "no_peer_check": "agent.peer_check",
     "no_lane_audit": "agent.lane_audit",
+    "no_dmem_guarantee": "agent.dmem_guarantee",
     "hp_priority_class": "agent.hp_priority_classes",
     "be_min_interval": "agent.be_min_interval_s",
     "be_step_interval": "agent.be_step_interval_s",
@@ -386,7 +412,14 @@ def _main(argv: list[str] | None) -> int:
             cluster = _real_cluster(settings)
         except NvmlUnavailableError as err:
             return _refuse(f"{err} (use --fake-gpus N to try it without a GPU)", code=1)
-    agent = _build_agent(settings, cluster)
+    from tessera_agent.enforce.mechanism import EnforcementError, check_dmem
+
+    try:
+        dmem = check_dmem(settings.agent.dmem, cluster.backend.gpus(), settings.agent.cgroup_root)
+    except EnforcementError as err:
+        cluster.backend.close()
+        return _refuse(str(err), code=1)
+    agent = _build_agent(settings, cluster, dmem)
     asyncio.run(_run_until_signalled(agent, settings.shutdown_timeout_s))
     return 0
 
@@ -490,7 +523,7 @@ def _real_cluster(settings: AgentSettings) -> _Cluster:
     return cluster
 
 
-def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
+def _build_agent(settings: AgentSettings, cluster: _Cluster, dmem_node: DmemNode | None = None) -> NodeAgent:
     """The agent's parts wired together; the metrics server started when a port is given."""
     from prometheus_client import start_http_server
 
@@ -525,7 +558,25 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
     )
     from tessera_agent.enforce.mechanism import mechanisms, report
 
-    enforcement = mechanisms(settings.mps, cfg.lane_layout(), exclusive_process=compute_modes is not None)
+    enforcement = mechanisms(
+        settings.mps,
+        cfg.lane_layout(),
+        exclusive_process=compute_modes is not None,
+        dmem=dmem_node is not None,
+    )
+    dmem = None
+    if dmem_node is not None:
+        from tessera_agent.enforce.dmem import DmemLimits
+        from tessera_agent.enforce.dmem_lanes import DmemLanes
+
+        dmem = DmemLanes(
+            DmemLimits(dmem_node, guarantee=cfg.dmem_guarantee, state_path=cfg.mps_root / "dmem-pods.json"),
+            cfg.node_name,
+            required=cfg.dmem == "required",
+            metrics=metrics,
+            events=cluster.events,
+            gpu_index={g.uuid: g.index for g in cluster.backend.gpus()},
+        )
     report(cfg.node_name, enforcement, metrics)
     audit = None
     if cfg.lane_audit and cfg.lanes_api == "devicePlugin" and cluster.api is not None:
@@ -555,6 +606,7 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster) -> NodeAgent:
         dra=cluster.dra,
         audit=audit,
         enforcement=enforcement,
+        dmem=dmem,
     )
 
 

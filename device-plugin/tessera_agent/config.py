@@ -85,6 +85,14 @@ class AgentConfig(_Settings):
     proc_root: Path = Path(
         "/proc"
     )  # where peers' /proc/<pid>/cgroup is read (hostPID); tests use a fake tree
+    # GPU memory held by the kernel too (enforce/dmem.py): each lane's memory as dmem.max (and dmem.min, with
+    # dmem_guarantee) on its pod's cgroup. auto: where the kernel and driver offer it; required: the agent
+    # refuses to start where they do not; off: never.
+    dmem: Literal["auto", "required", "off"] = "auto"
+    dmem_guarantee: bool = True
+    # The host's /sys/fs/cgroup as mounted for the agent (the cgroup v2 root, or on a hybrid host the
+    # directory holding unified/); None: the cgroup2 mount in /proc/self/mountinfo.
+    cgroup_root: Path | None = None
     # margin kept off every GPU's usable memory beyond the driver reserve
     extra_reserve_mib: int = Field(0, ge=0, le=MAX_MIB)
     restart_poll_s: Seconds = 1.0  # how often to look for a kubelet restart (§1.4)

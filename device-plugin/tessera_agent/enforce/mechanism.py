@@ -7,12 +7,16 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from tessera_agent.enforce import mps_v3
+from tessera_agent.enforce.cgroups import MOUNTINFO
+from tessera_agent.enforce.dmem import FIX, DmemNode, DmemUnavailable, detect
 from tessera_agent.enforce.lane_dirs import LaneLayout
 from tessera_agent.enforce.mps_v3 import Generation
+from tessera_agent.gpus.backend import GpuDevice
 from tessera_agent.metrics_factory import AgentMetrics
 
 if TYPE_CHECKING:
@@ -23,6 +27,7 @@ log = logging.getLogger(__name__)
 MPS_DAEMON = "mps-daemon-per-lane"
 MPS_NAMESPACE = "mps-namespace"
 DECLARED_ONLY = "declared-only"
+DMEM = "dmem"
 
 
 class EnforcementError(RuntimeError):
@@ -30,14 +35,19 @@ class EnforcementError(RuntimeError):
 
 
 def mechanisms(
-    mps: bool, layout: LaneLayout | None = None, *, exclusive_process: bool = False
+    mps: bool,
+    layout: LaneLayout | None = None,
+    *,
+    exclusive_process: bool = False,
+    dmem: bool = False,
 ) -> dict[str, str]:
-    """Limit → the mechanism that enforces it."""
+    """Limit → the mechanism that enforces it; with `dmem`, memory is also held by the kernel (cgroup dmem on
+    each lane's pod cgroup)."""
     v3 = mps and layout is not None and layout.generation == "v3"
     limit = (MPS_NAMESPACE if v3 else MPS_DAEMON) if mps else DECLARED_ONLY
     shared = v3 and layout is not None and layout.sharing == "gpu"
     return {
-        "memory": limit,
+        "memory": (f"{DMEM}+{limit}" if mps else DMEM) if dmem else limit,
         "compute": limit,
         # each lane's own pipe (or namespace) directory and /dev/shm; with servers shared per GPU set, the
         # lane's namespace directory and its server's /dev/shm
@@ -80,6 +90,31 @@ def check_mps_binary(binary: str) -> None:
             "compute,utility), pass --mps-binary, or run with limits declared only (--no-mps --declared-only; "
             "chart agent.enforcement: declaredOnly)"
         )
+
+
+def check_dmem(
+    mode: Literal["auto", "required", "off"],
+    gpus: Sequence[GpuDevice],
+    fs_root: Path | None = None,
+    mountinfo: Path = MOUNTINFO,
+) -> DmemNode | None:
+    """dmem as the node offers it for `gpus`, or None (off, or auto where it is not offered: logged); with
+    `required`, a refusal to start that says what is missing."""
+    if mode == "off":
+        return None
+    try:
+        node = detect(gpus, fs_root, mountinfo)
+    except DmemUnavailable as err:
+        if mode == "required":
+            raise EnforcementError(f"--dmem required: {err}. {FIX}") from None
+        log.info("GPU memory not held by cgroup dmem on this node: %s", err)
+        return None
+    log.info(
+        "cgroup dmem on %s: %s",
+        node.root,
+        ", ".join(f"{uuid} {region}" for uuid, region in sorted(node.regions.items())),
+    )
+    return node
 
 
 def report(node: str, by_limit: Mapping[str, str], metrics: AgentMetrics) -> None:

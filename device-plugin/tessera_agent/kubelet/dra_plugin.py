@@ -39,7 +39,10 @@ from tessera.api import contract
 from tessera.kube import KubeClient, KubeError
 
 from tessera_agent.config import AgentConfig
+from tessera_agent.enforce.cgroups import pod_cgroup
 from tessera_agent.enforce.device_nodes import DeviceNodeError, lane_device_nodes
+from tessera_agent.enforce.dmem import DmemError
+from tessera_agent.enforce.dmem_lanes import DmemLanes, PodRef, pods_memory
 from tessera_agent.enforce.lane_daemons import LaneDaemons, LaneLimits
 from tessera_agent.enforce.mps import MpsError
 from tessera_agent.gpus.backend import GpuBackend, usable_memory_mib
@@ -194,10 +197,12 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         api: DraApi,
         daemons: LaneDaemons | None = None,
         lanes: LaneBook | None = None,
+        dmem: DmemLanes | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
         self.api = api
+        self.dmem = dmem  # lanes' memory on their pods' cgroups, written at prepare (None: off)
         self.lanes = lanes  # HP/BE lanes keyed by claim UID (None: off, every lane gets its allocated share)
         # each claim's directories and MPS daemon, as NVIDIA's DRA driver runs one per claim
         self.daemons = daemons if daemons is not None else LaneDaemons.directories_only(cfg.mps_root)
@@ -289,6 +294,13 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
                 if self.lanes is not None:
                     self.lanes.forget(uid)
                 raise ClaimError(f"claim {uid}: its lane's MPS daemon did not start: {err}") from None
+            try:
+                await self._limit_pods(claim, limits)
+            except DmemError as err:  # required: the kubelet retries the prepare
+                await self.daemons.release(uid)
+                if self.lanes is not None:
+                    self.lanes.forget(uid)
+                raise ClaimError(f"claim {uid}: {err}") from None
         async with self._lock:
             write_cdi_spec(self.cfg.cdi_dir, claim, lanes, self.cfg, nodes, limits)
             devices = [
@@ -328,6 +340,51 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
             ),
         )
         return devices
+
+    async def _limit_pods(self, claim: ResourceClaim, limits: LaneLimits) -> None:
+        """The claim's pods whose cgroups the kubelet has made (the one it prepares the claim for) held to
+        their lanes' memory, this claim's included; the others are left to the agent's round."""
+        if self.dmem is None:
+            return
+        pods = [c for c in claim.status.reserved_for if c.resource == "pods" and c.uid]
+        mine = (dict(zip(limits.gpus, limits.memory_mib, strict=True)), [c.uid for c in pods])
+        others = [lane for key, lane in self._claim_lanes().items() if key != claim.metadata.uid]
+        wanted = pods_memory([*others, mine])
+        ready = [c for c in pods if pod_cgroup(self.dmem.limits.node.root, c.uid) is not None]
+        for c in ready or pods[:1]:  # none ready: the first one's failure says why
+            ref = PodRef(c.uid, claim.metadata.namespace, c.name)
+            await self.dmem.apply(ref, wanted[c.uid], when="NodePrepareResources")
+
+    def _claim_lanes(self) -> dict[str, tuple[dict[str, int], list[str]]]:
+        return {
+            uid: ({g: mib for g, (mib, _) in c.limits.items()}, list(c.pod_uids))
+            for uid, c in self.checkpoint.claims.items()
+            if c.state == "prepared" and not c.observer and c.limits
+        }
+
+    def claim_lanes(self) -> list[tuple[dict[str, int], list[str]]]:
+        """Each prepared claim's lane: (memory MiB per GPU UUID, the UIDs of the pods it is reserved for)."""
+        return list(self._claim_lanes().values())
+
+    async def refresh_claim_pods(self) -> None:
+        """Each prepared claim's pods read again from its status.reservedFor (a pod that shares a claim after
+        its prepare is only there)."""
+        for uid, known in list(self.checkpoint.claims.items()):
+            if known.state != "prepared" or known.observer:
+                continue
+            try:
+                claim = ResourceClaim.model_validate(await self.api.get_claim(known.namespace, known.name))
+            except Exception as err:  # gone, or the API server away: the next round reads it again
+                log.debug("claim %s/%s not re-read for its pods: %s", known.namespace, known.name, err)
+                continue
+            if claim.metadata.uid != uid:
+                continue
+            pods = reserved_pod_uids(claim)
+            async with self._lock:
+                current = self.checkpoint.claims.get(uid)
+                if current is not None and current.state == "prepared" and current.pod_uids != pods:
+                    current.pod_uids = pods
+                    self._save()
 
     def held_lanes(self, pods: Sequence[NodePod]) -> list[HeldLane]:
         """The lanes `pods` hold through the claims prepared here (the lane is the claim's UID), for per-lane
@@ -390,6 +447,8 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         await self.daemons.release(uid)
         if self.lanes is not None:
             self.lanes.forget(uid)
+        if self.dmem is not None:  # its pods' limits now those of the lanes they still hold, or released
+            await self.dmem.sync(pods_memory(self.claim_lanes()), {})
 
     def _admit(self, claim: ResourceClaim, devices: list[LaneDevice]) -> LaneLimits:
         """The claim's limits; with HP/BE lanes, its class from its configuration, admitted in the lane book
@@ -693,10 +752,11 @@ class DraDriver:
         api: DraApi,
         daemons: LaneDaemons | None = None,
         lanes: LaneBook | None = None,
+        dmem: DmemLanes | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
-        self.servicer = DraServicer(cfg, backend, api, daemons, lanes)
+        self.servicer = DraServicer(cfg, backend, api, daemons, lanes, dmem)
         self.registration = RegistrationServicer(cfg)
         self.slices = SlicePublisher(cfg, backend, api)
         self.health = HealthServicer(cfg, backend, self.slices)

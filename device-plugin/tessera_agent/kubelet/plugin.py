@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import grpc  # type: ignore[import-untyped]
 
 from tessera_agent.config import AgentConfig
+from tessera_agent.enforce.dmem import DmemError
+from tessera_agent.enforce.dmem_lanes import DmemLanes, PodRef, pods_memory
 from tessera_agent.enforce.lane_daemons import LaneDaemons
 from tessera_agent.enforce.mps import MpsError
 from tessera_agent.gpus.backend import GpuBackend
@@ -49,9 +51,11 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         metrics: AgentMetrics | None = None,
         lanes: LaneBook | None = None,
         daemons: LaneDaemons | None = None,
+        dmem: DmemLanes | None = None,
     ) -> None:
         self.cfg = cfg
         self.metrics = metrics
+        self.dmem = dmem  # lanes' memory on their pod cgroups, written at PreStartContainer (None: off)
         self.pods = pods
         self.lanes = lanes  # HP/BE lanes: class env and per-GPU admission (None: off)
         # each lane's directories and MPS daemon (default: directories only, no MPS)
@@ -62,6 +66,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self._changed = asyncio.Condition()
         self._allocate_lock = asyncio.Lock()
         self._served: set[str] = set()  # pod UIDs served, in case the API has not shown our mark yet
+        self._slot_pods: dict[str, NodePod] = {}  # device ID → the pod Allocate last served it to
 
     # --- state ---
     def devices(self) -> list[api_pb2.Device]:
@@ -89,7 +94,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def GetDevicePluginOptions(
         self, request: api_pb2.Empty, context: object
     ) -> api_pb2.DevicePluginOptions:
-        return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+        return self.options()
+
+    def options(self) -> api_pb2.DevicePluginOptions:
+        # PreStartContainer only where it has work: writing the lane's dmem limits before the container starts
+        return api_pb2.DevicePluginOptions(
+            pre_start_required=self.dmem is not None, get_preferred_allocation_available=True
+        )
 
     async def ListAndWatch(
         self, request: api_pb2.Empty, context: object
@@ -142,6 +153,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     self._count("error")
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
                 self._served.add(pod.uid)
+                self._slot_pods.update(dict.fromkeys(ids, pod))
                 self._count("ok")
                 log.info("Allocate %s -> pod %s lane %s", ids, pod.key, alloc.envs.get("TESSERA_LANE_ID"))
                 responses.append(
@@ -192,9 +204,47 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 log.warning("lane of pod %s runs without its MPS daemon: %s", p.key, err)
 
     async def PreStartContainer(
-        self, request: api_pb2.PreStartContainerRequest, context: object
+        self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.PreStartContainerResponse:
+        """The kubelet is about to start a container holding these slots, the pod's cgroup made: the lane's
+        memory written on it as dmem limits (`enforce/dmem_lanes`)."""
+        if self.dmem is None:
+            return api_pb2.PreStartContainerResponse()
+        ids = list(request.devices_ids)
+        try:
+            pod = await self._pod_of_slots(ids)
+        except AllocateRequestError as err:
+            log.warning("PreStartContainer %s: no dmem limit written: %s", ids, err)
+            self.dmem.count_failure()
+            if self.dmem.required:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+            return api_pb2.PreStartContainerResponse()
+        a = pod.assignment
+        assert a is not None  # only pods with an assignment are served
+        memory = pods_memory([({u: a.memory_mib for u in a.gpu_uuids}, [pod.uid])])[pod.uid]
+        try:
+            await self.dmem.apply(PodRef(pod.uid, pod.namespace, pod.name), memory, when="PreStartContainer")
+        except DmemError as err:  # required: the kubelet fails this start and tries again
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"pod {pod.key}: {err}")
         return api_pb2.PreStartContainerResponse()
+
+    async def _pod_of_slots(self, ids: Sequence[str]) -> NodePod:
+        """The pod Allocate served these slots to: as recorded here, else (after a restart) the running pod
+        whose tessera.io/allocated names them."""
+        known = {self._slot_pods[d].uid: self._slot_pods[d] for d in ids if d in self._slot_pods}
+        if len(known) == 1 and len(ids) == sum(d in self._slot_pods for d in ids):
+            return next(iter(known.values()))
+        pods = [
+            p
+            for p in await self.pods.pods_on_node(self.cfg.node_name)
+            if p.assignment is not None and not p.finished and set(ids) & set(p.allocated_ids)
+        ]
+        if len(pods) != 1:
+            found = ", ".join(sorted(p.key for p in pods)) or "none"
+            raise AllocateRequestError(
+                f"slots {', '.join(ids)} were served to no single pod (found: {found})"
+            )
+        return pods[0]
 
     def _count(self, result: str) -> None:
         if self.metrics is not None:
@@ -218,10 +268,11 @@ class DevicePlugin:
         metrics: AgentMetrics | None = None,
         lanes: LaneBook | None = None,
         daemons: LaneDaemons | None = None,
+        dmem: DmemLanes | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
-        self.servicer = DevicePluginServicer(cfg, backend, pods, metrics, lanes, daemons)
+        self.servicer = DevicePluginServicer(cfg, backend, pods, metrics, lanes, daemons, dmem)
         self._server: grpc.aio.Server | None = None
         self._kubelet_inode: int | None = None
         self.registrations = 0
@@ -247,7 +298,7 @@ class DevicePlugin:
                     version=API_VERSION,
                     endpoint=self.cfg.socket_name,
                     resource_name=self.cfg.resource_name,
-                    options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
+                    options=self.servicer.options(),
                 ),
                 timeout=timeout_s,
             )

@@ -91,10 +91,17 @@ def _pod_uid_in_path(path: str) -> str | None:
     # kubelet's pod component precedes anything the workload could create below its own cgroup, so the first
     # component in a pod form is the pod; anything later is ignored
     for part in path.split("/"):
-        m = _SYSTEMD_POD.fullmatch(part) or _CGROUPFS_POD.fullmatch(part)
-        if m:
-            return m.group(1).replace("_", "-")
+        uid = pod_uid_of_cgroup_name(part)
+        if uid is not None:
+            return uid
     return None
+
+
+def pod_uid_of_cgroup_name(name: str) -> str | None:
+    """The pod UID a single cgroup directory name is kubelet's pod cgroup for (`pod<uid>` with the cgroupfs
+    driver, `kubepods[-<qos>]-pod<uid with _>.slice` with systemd's), else None."""
+    m = _SYSTEMD_POD.fullmatch(name) or _CGROUPFS_POD.fullmatch(name)
+    return m.group(1).replace("_", "-") if m else None
 
 
 def pod_uid_of_pid(pid: int, proc_root: Path = Path("/proc")) -> str | None:

@@ -354,8 +354,25 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         MetricType.GAUGE,
         "1 for the mechanism that enforces each lane limit on this node, by limit (memory, compute, isolation, "
         "devices) and mechanism (mps-namespace, mps-daemon-per-lane, declared-only, lane-directories, "
-        "namespace-directories, device-nodes, device-nodes+exclusive-process).",
+        "namespace-directories, device-nodes, device-nodes+exclusive-process; memory dmem+<MPS mechanism>, or "
+        "dmem, where the cgroup dmem controller holds it too).",
         ("node", "limit", "mechanism"),
+        frozenset({_AGENT}),
+    ),
+    MetricSpec(
+        "tessera_agent_lane_dmem_bytes",
+        MetricType.GAUGE,
+        "The cgroup dmem limit the agent wrote on a lane's pod cgroup, by GPU and limit (max: the hard limit, "
+        "min: the guaranteed share).",
+        ("node", "namespace", "pod", "gpu", "limit"),
+        frozenset({_AGENT}),
+    ),
+    MetricSpec(
+        "tessera_agent_dmem_failures_total",
+        MetricType.COUNTER,
+        "cgroup dmem limits the agent could not write or release on a lane's pod cgroup (each also logged, the "
+        "first for a pod as a Warning event on it).",
+        ("node",),
         frozenset({_AGENT}),
     ),
     # --- extender (kube-scheduler extender API) -------------------------------------------------------------

@@ -294,6 +294,7 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
         "/var/lib/kubelet/pod-resources",
         "/run/tessera/mps",  # each lane's own pipe/, log/ and shm/ under lanes/; no node-wide /dev/shm
         "/run/tessera/progress",
+        "/sys/fs/cgroup",  # lanes' dmem limits on their pods' cgroups (agent.dmem.mode auto)
     }
     assert "/dev/shm" not in {m["mountPath"] for m in container["volumeMounts"]}
     (audit_mount,) = [m for m in container["volumeMounts"] if m["name"] == "pod-resources"]
@@ -351,6 +352,38 @@ def test_enforcement_values_reach_the_agent(
     assert wanted <= set(container["args"]) and not unwanted & set(container["args"])
     fake_dev = [v for v in pod["volumes"] if v["name"] == "fake-dev"]
     assert bool(fake_dev) == ("fakeGpus" in values.get("agent", {}))
+
+
+@pytest.mark.parametrize(
+    ("dmem", "wanted", "unwanted", "mounted"),
+    [
+        ({}, {"--dmem=auto", "--cgroup-root=/host/sys/fs/cgroup"}, {"--no-dmem-guarantee"}, True),
+        (
+            {"mode": "required", "guarantee": False},
+            {"--dmem=required", "--cgroup-root=/host/sys/fs/cgroup", "--no-dmem-guarantee"},
+            set(),
+            True,
+        ),
+        ({"mode": "off"}, {"--dmem=off"}, {"--cgroup-root=/host/sys/fs/cgroup"}, False),
+    ],
+)
+def test_dmem_values_reach_the_agent_with_the_hosts_cgroups(
+    dmem: dict[str, Any], wanted: set[str], unwanted: set[str], mounted: bool
+) -> None:
+    """The agent writes lanes' dmem limits on pods' cgroups in the host's hierarchy, mounted where
+    --cgroup-root says (docs/node-agent.md, "GPU memory through cgroup dmem")."""
+    pod = find(objects(render({"agent": {"dmem": dmem}})), "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert wanted <= set(container["args"]) and not unwanted & set(container["args"])
+    volumes = [v for v in pod["volumes"] if v["name"] == "host-cgroup"]
+    mounts = [m for m in container["volumeMounts"] if m["name"] == "host-cgroup"]
+    if mounted:
+        assert volumes == [
+            {"name": "host-cgroup", "hostPath": {"path": "/sys/fs/cgroup", "type": "Directory"}}
+        ]
+        assert mounts == [{"name": "host-cgroup", "mountPath": "/host/sys/fs/cgroup"}]
+    else:
+        assert not volumes and not mounts
 
 
 def test_lane_audit_and_handoff_values_reach_the_agent_the_extender_and_rbac() -> None:
@@ -526,6 +559,7 @@ def test_service_monitors_need_the_crd_unless_told_otherwise() -> None:
         ({"operator": {"themis": {"renewInPlace": "no"}}}, "at '/operator/themis/renewInPlace'"),
         ({"operator": {"themis": {"leaseSeconds": 0}}}, "at '/operator/themis/leaseSeconds'"),
         ({"gpuNodes": {"reserve": "yes"}}, "at '/gpuNodes/reserve': got string, want boolean"),
+        ({"agent": {"dmem": {"mode": "on"}}}, "at '/agent/dmem/mode': value must be one of"),
         # An empty value would be a label no namespace is meant to carry by accident.
         ({"gpuNodes": {"namespaceLabel": {"value": ""}}}, "at '/gpuNodes/namespaceLabel/value'"),
         ({"gpuNodes": {"namespaceLabel": {"key": "a b"}}}, "at '/gpuNodes/namespaceLabel/key'"),
