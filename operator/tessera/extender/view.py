@@ -331,6 +331,9 @@ class SchedulerCache:
         # or why it cannot be scored by; what allocated claims hold is kept as holdings "claim/<uid>/<n>".
         self.claims: dict[str, ClaimRequest | str | None] = {}
         self._claim_holds: dict[str, list[str]] = {}  # claim "ns/name" → its holding keys
+        # pod uid → the claim kube-scheduler made for its tessera.io/gpu (KEP-5004): counted until the pod's
+        # own tessera.io/assignment is, never both
+        self._extended: dict[str, str] = {}
 
     def _changed(self, node: str) -> None:
         self.generation += 1
@@ -638,9 +641,12 @@ class SchedulerCache:
         except ClaimReadError as err:
             self.claims[key] = str(err)
         self._release_claim(key)
-        reserved = [c.get("uid") for c in (claim.get("status") or {}).get("reservedFor") or []]
-        if is_extended_resource_claim(claim) and any(u in self.holdings for u in reserved):
-            return  # made for a pod asking tessera.io/gpu whose tessera.io/assignment already counts
+        if is_extended_resource_claim(claim):
+            reserved = [str(c.get("uid")) for c in (claim.get("status") or {}).get("reservedFor") or []]
+            for uid in reserved:
+                self._extended[uid] = key
+            if any(u in self.holdings for u in reserved):
+                return  # the pod's tessera.io/assignment counts what it holds
         try:
             shares = claim_shares(claim)
         except ClaimReadError as err:
@@ -667,6 +673,7 @@ class SchedulerCache:
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         self.claims.pop(key, None)
         self._release_claim(key)
+        self._extended = {u: k for u, k in self._extended.items() if k != key}
 
     def replace_claims(self, claims: list[JsonObj]) -> None:
         """Make the view's claims those of a fresh list: claims gone while no watch was open free their GPUs."""
@@ -677,6 +684,7 @@ class SchedulerCache:
         for key in set(self.claims) - listed:
             self.claims.pop(key, None)
             self._release_claim(key)
+        self._extended = {u: k for u, k in self._extended.items() if k in listed}
         for claim in claims:
             self.apply_claim(claim)
 
@@ -700,6 +708,9 @@ class SchedulerCache:
         return combine(found, f"pod {pod_key(pod)}'s claims")
 
     def hold(self, uid: str, holding: Holding) -> None:
+        claim = self._extended.get(uid)
+        if claim is not None:  # the pod's assignment replaces the claim made for its tessera.io/gpu
+            self._release_claim(claim)
         self.release(uid)
         self._holds_taken += 1
         self._held_at[uid] = self._holds_taken

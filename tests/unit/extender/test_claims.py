@@ -18,9 +18,10 @@ from tessera.extender.claims import (
     pod_claim_names,
 )
 from tessera.extender.server import Extender
+from tessera.extender.view import Holding
 from tessera.policy.lanes.fragmentation import Shape
 from tessera.policy.lanes.packing import PackingConfig
-from tessera.policy.lanes.placement import PlacementConfig
+from tessera.policy.lanes.placement import PlacementConfig, Tenant
 
 CLASS = contract.DRA_DEVICE_CLASS
 
@@ -180,3 +181,19 @@ def test_claims_leave_device_plugin_pods_and_relists_alone() -> None:
     ext.view.replace_claims([])  # a claim relist drops what is gone
     assert ext.view.nodes["a"][0].used_compute == 0
     assert ext.view.claims == {}
+
+
+def test_a_pod_asking_tessera_gpu_is_counted_once_by_its_assignment_not_also_by_its_claim() -> None:
+    """A pod asking `tessera.io/gpu` on DRA lanes gets a claim kube-scheduler makes (KEP-5004) and, bound by the
+    extender, an assignment: the view counts its GPU once, whichever of the two it sees first."""
+    made = claim(lane(), name="p-extended-resources-x", results=[result("a", "gpu-1", "40Gi", "100")])
+    made["metadata"]["annotations"] = {"resource.kubernetes.io/extended-resource-claim": "true"}
+    made["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "uid-p"}]
+    for claim_first in (True, False):
+        ext = extender()
+        if claim_first:
+            ext.view.apply_claim(made)
+            assert ext.view.nodes["a"][1].used_compute == 100
+        ext.view.hold("uid-p", Holding("a", (1,), "g1-l1", Tenant(40960, 100)))
+        ext.view.apply_claim(made)
+        assert ext.view.nodes["a"][1].used_compute == 100, claim_first
