@@ -101,6 +101,7 @@ class Extender:
             raise ValueError(f"the handoff wait must be non-negative, got {handoff_wait_s}")
         self.handoff_wait_s = handoff_wait_s  # kept below kube-scheduler's httpTimeout for the extender
         self.view = view or SchedulerCache()
+        self.view.read_claims = claims
         self.config = config or PlacementConfig()
         self.metrics = metrics or ExtenderMetrics()
         # packing: plain GPU pods are scored by FGD's rule (policy.lanes.packing), not by self.config's weights
@@ -448,7 +449,7 @@ class Extender:
             for name in names:
                 _reject(failed, codes, name, (m.BAD_REQUEST, "pod's CPU or memory request is unreadable"))
             return []
-        if not uses_claims(pod):  # a claim's GPUs are learnt in prioritize, with the claim read
+        if not (self.claims and uses_claims(pod)):  # a claim's GPUs are learnt in prioritize, claim read
             self.view.observe(pod, shape)
         ok = []
         for name in names:
@@ -501,7 +502,7 @@ class Extender:
         rejected = memo[2] if memo is not None and memo_ok else frozenset()
         busy = self._busy(pod, spec, names, rejected)
         shape = self.shape(pod, spec) if self.packing is not None else None
-        if shape is not None and spec is None and uses_claims(pod):
+        if shape is not None and spec is None and self.claims and uses_claims(pod):
             shape = self.claim_shape(pod, shape)
         if shape is not None:
             return self._promise(pod, spec, self._prioritize_packing(pod, names, shape, rejected | busy))

@@ -63,9 +63,8 @@ DEFAULT_HP_PRIORITY_CLASSES: tuple[str, ...] = (contract.CLASS_LATENCY_CRITICAL,
 # against the `model` of each GPU in the node's tessera.io/gpus annotation. Absent: any model.
 ANN_GPU_MODELS = contract.ANN_GPU_MODELS
 UNLIMITED = float("inf")  # a node without status.allocatable for CPU or memory: not a constraint
-CLAIM_HOLD = (
-    "claim/"  # holdings of allocated ResourceClaims are keyed claim/<claim uid>/<n> (pod UIDs have no /)
-)
+# Holdings of allocated ResourceClaims are keyed claim/<claim uid>/<n> (a pod's UID has no /).
+CLAIM_HOLD = "claim/"
 
 
 def gpu_models(pod: JsonObj) -> frozenset[str] | None:
@@ -138,6 +137,11 @@ def shape_of(spec: PodRequest | None, pod: JsonObj, default_gpu_memory: int | No
 
 class PodRequestError(ValueError):
     """A pod whose GPU request cannot be understood, with the reason."""
+
+
+def claim_key(claim: JsonObj) -> str:
+    meta = claim.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 def pod_key(pod: JsonObj) -> str:
@@ -329,6 +333,7 @@ class SchedulerCache:
         self._smallest: tuple[int, int | None] | None = None
         # ResourceClaims (lanes.api dra): "ns/name" → the claim's request of gpu.tessera.io (None: asks none),
         # or why it cannot be scored by; what allocated claims hold is kept as holdings "claim/<uid>/<n>".
+        self.read_claims = False  # set by the extender with --dra-claims
         self.claims: dict[str, ClaimRequest | str | None] = {}
         self._claim_holds: dict[str, list[str]] = {}  # claim "ns/name" → its holding keys
         # pod uid → the claim kube-scheduler made for its tessera.io/gpu (KEP-5004): counted until the pod's
@@ -564,7 +569,7 @@ class SchedulerCache:
         node = (pod.get("spec") or {}).get("nodeName")
         # A pending pod is part of the workload to pack for; one asking through claims is learnt once its
         # claim is read (prioritize), not as the CPU-only pod its containers alone describe.
-        if not node and self.distribution is not None and not uses_claims(pod):
+        if not node and self.distribution is not None and not (self.read_claims and uses_claims(pod)):
             self.observe(
                 pod, shape_of(pod_spec(pod, self.hp_priority_classes), pod, self.smallest_gpu_memory())
             )
@@ -635,7 +640,7 @@ class SchedulerCache:
     def apply_claim(self, claim: JsonObj) -> None:
         """Keep the claim's request (for its pods' shapes) and count what its allocation holds on each GPU."""
         meta = claim.get("metadata") or {}
-        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        key = claim_key(claim)
         try:
             self.claims[key] = claim_request(claim)
         except ClaimReadError as err:
@@ -669,18 +674,14 @@ class SchedulerCache:
             self._claim_holds[key] = keys
 
     def delete_claim(self, claim: JsonObj) -> None:
-        meta = claim.get("metadata") or {}
-        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        key = claim_key(claim)
         self.claims.pop(key, None)
         self._release_claim(key)
         self._extended = {u: k for u, k in self._extended.items() if k != key}
 
     def replace_claims(self, claims: list[JsonObj]) -> None:
         """Make the view's claims those of a fresh list: claims gone while no watch was open free their GPUs."""
-        listed = {
-            f"{(c.get('metadata') or {}).get('namespace', '')}/{(c.get('metadata') or {}).get('name', '')}"
-            for c in claims
-        }
+        listed = {claim_key(c) for c in claims}
         for key in set(self.claims) - listed:
             self.claims.pop(key, None)
             self._release_claim(key)

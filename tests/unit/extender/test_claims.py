@@ -197,3 +197,14 @@ def test_a_pod_asking_tessera_gpu_is_counted_once_by_its_assignment_not_also_by_
         ext.view.hold("uid-p", Holding("a", (1,), "g1-l1", Tenant(40960, 100)))
         ext.view.apply_claim(made)
         assert ext.view.nodes["a"][1].used_compute == 100, claim_first
+
+
+def test_without_dra_claims_a_claim_pod_is_scored_as_before_by_its_cpu_and_memory() -> None:
+    """The device plugin's path (no --dra-claims): claims are not read, and a pod with one is ranked as a pod
+    asking no GPU (nodes without GPUs first), as before."""
+    ext = Extender(None, config=PlacementConfig(packing=True))
+    for n in (gpu_node("a", 2), gpu_node("plain", 0)):
+        ext.view.apply_node(n)
+    body = {"Pod": claim_pod("p", "p-lane-1"), "Nodes": None, "NodeNames": ["a", "plain"]}
+    got = {h["Host"]: h["Score"] for h in ext.prioritize(body)}
+    assert got["plain"] == 10 and got["a"] < 10, got
