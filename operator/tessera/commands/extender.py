@@ -101,6 +101,13 @@ def _placement_options(parser: argparse.ArgumentParser) -> None:
         "docs/extender.md) or weights (the --score weights)",
     )
     parser.add_argument(
+        "--dra-claims",
+        action="store_true",
+        help=f"DRA lanes: list and watch ResourceClaims, count what allocated ones hold on each GPU, and score "
+        f"pods asking {contract.DRA_DEVICE_CLASS} through claims by the packing rule (docs/dra.md, "
+        '"Packing through DRA")',
+    )
+    parser.add_argument(
         "--best-effort-overcommit",
         type=float,
         default=1.0,
@@ -248,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
                 hp_classes,
                 handoff,
                 args.handoff_wait,
+                getattr(args, "dra_claims", False),
             )
         )
     except OSError as err:  # the address is taken or not on this machine
@@ -267,6 +275,7 @@ async def _serve(
     hp_classes: tuple[str, ...] = DEFAULT_HP_PRIORITY_CLASSES,
     handoff: Handoffs | None = None,
     handoff_wait_s: float = 3.0,
+    claims: bool = False,
 ) -> None:
     kube = KubeClient(kube_config)
     extender = Extender(
@@ -275,6 +284,7 @@ async def _serve(
         config=config,
         handoffs=handoff,
         handoff_wait_s=handoff_wait_s,
+        claims=claims,
     )
     # In-flight binds get this long to finish after SIGTERM (kube-scheduler's httpTimeout is a few seconds).
     runner = web.AppRunner(make_app(extender), shutdown_timeout=SHUTDOWN_SECONDS)

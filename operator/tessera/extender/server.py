@@ -30,6 +30,7 @@ from tessera.api import contract
 from tessera.api.assignment import Assignment
 from tessera.cluster.topology import Locality
 from tessera.extender import metrics as m
+from tessera.extender.claims import ClaimReadError, pod_claim_names, uses_claims
 from tessera.extender.handoff import Handoffs
 from tessera.extender.metrics import ExtenderMetrics
 from tessera.extender.node_selection import NodeFacts, why_not_selected
@@ -38,6 +39,7 @@ from tessera.extender.view import (
     PodRequest,
     PodRequestError,
     SchedulerCache,
+    pod_key,
     pod_spec,
     shape_of,
 )
@@ -55,6 +57,7 @@ from tessera.policy.lanes.placement import (
     why_not,
 )
 
+CLAIMS_PATH = "/apis/resource.k8s.io/v1"
 _BOUND_MEMORY = 100_000  # pods whose bind this extender remembers (a retry arrives within seconds)
 
 log = logging.getLogger(__name__)
@@ -86,14 +89,19 @@ class Extender:
         packing: PackingConfig | None = None,
         handoffs: Handoffs | None = None,
         handoff_wait_s: float = 3.0,
+        claims: bool = False,
     ) -> None:
         self.kube = kube
+        # lanes.api dra: watch ResourceClaims, score pods asking through them (claims.py)
+        self.claims = claims
+        self._claim_problems: OrderedDict[str, str] = OrderedDict()  # uid → why its claims are not scored
         # One GPU pod per node between bind and the agent's Allocate (handoff.py); None turns it off.
         self.handoffs = handoffs
         if not handoff_wait_s >= 0:
             raise ValueError(f"the handoff wait must be non-negative, got {handoff_wait_s}")
         self.handoff_wait_s = handoff_wait_s  # kept below kube-scheduler's httpTimeout for the extender
         self.view = view or SchedulerCache()
+        self.view.read_claims = claims
         self.config = config or PlacementConfig()
         self.metrics = metrics or ExtenderMetrics()
         # packing: plain GPU pods are scored by FGD's rule (policy.lanes.packing), not by self.config's weights
@@ -190,6 +198,49 @@ class Extender:
         if cached is None or cached[0] != stamp or cached[2] is not spec or stamp[1] is None:
             cached = self._shape = (stamp, shape_of(spec, pod, self.view.smallest_gpu_memory()), spec)
         return cached[1]
+
+    def claim_shape(self, pod: JsonObj, plain: Shape) -> Shape | None:
+        """The shape of a pod asking for GPUs through ResourceClaims (`plain`: its CPU and memory): `plain`
+        when its claims ask no gpu.tessera.io device; None, with the reason logged once, when they cannot be
+        read (then every node gets the same priority and kube-scheduler's own scores decide)."""
+        uid = str(pod["metadata"].get("uid") or pod_key(pod))
+        try:
+            req = self.view.claim_request(pod)
+        except ClaimReadError as err:
+            if self._claim_problems.get(uid) != str(err):
+                self._claim_problems[uid] = str(err)
+                while len(self._claim_problems) > self.SPEC_CACHE:
+                    self._claim_problems.popitem(last=False)
+                log.info("%s: not scored by the packing rule: %s", pod_key(pod), err)
+            return None
+        self._claim_problems.pop(uid, None)
+        if req is None:
+            return plain
+        compute = req.compute_percent / 100.0
+        if req.memory_mib is None:  # all of each GPU's memory, the capacity's default
+            return Shape(req.gpus, compute, 0.0, 1.0, plain.cpu_milli, plain.memory_mib, None)
+        return Shape(req.gpus, compute, float(req.memory_mib), 0.0, plain.cpu_milli, plain.memory_mib, None)
+
+    async def fetch_claims(self, args: JsonObj) -> None:
+        """Read the claims a pod of a filter or prioritize call names that the watch has not brought yet (the
+        resource claim controller makes a template's claim moments before kube-scheduler asks)."""
+        pod = args.get("Pod")
+        if not self.claims or self.kube is None or not isinstance(pod, dict) or not uses_claims(pod):
+            return
+        ns = (pod.get("metadata") or {}).get("namespace") or "default"
+        try:
+            names = pod_claim_names(pod)
+        except ClaimReadError:
+            return
+        for name in names:
+            if f"{ns}/{name}" in self.view.claims:
+                continue
+            try:
+                claim = await self.kube.request("GET", f"{CLAIMS_PATH}/namespaces/{ns}/resourceclaims/{name}")
+            except KubeError as err:
+                log.info("cannot read claim %s/%s: %s", ns, name, err)
+                continue
+            self.view.apply_claim(claim)
 
     def _node_fit(self, pod: JsonObj, spec: PodRequest | None, node: str) -> tuple[str, str] | None:
         shape = self.shape(pod, spec)
@@ -398,7 +449,8 @@ class Extender:
             for name in names:
                 _reject(failed, codes, name, (m.BAD_REQUEST, "pod's CPU or memory request is unreadable"))
             return []
-        self.view.observe(pod, shape)
+        if not (self.claims and uses_claims(pod)):  # a claim's GPUs are learnt in prioritize, claim read
+            self.view.observe(pod, shape)
         ok = []
         for name in names:
             why = self.view.why_not_node(name, shape)
@@ -450,6 +502,8 @@ class Extender:
         rejected = memo[2] if memo is not None and memo_ok else frozenset()
         busy = self._busy(pod, spec, names, rejected)
         shape = self.shape(pod, spec) if self.packing is not None else None
+        if shape is not None and spec is None and self.claims and uses_claims(pod):
+            shape = self.claim_shape(pod, shape)
         if shape is not None:
             return self._promise(pod, spec, self._prioritize_packing(pod, names, shape, rejected | busy))
         resolved: dict[int | None, GpuRequest | str] = {}
@@ -711,15 +765,20 @@ class Extender:
             try:
                 mark = self.view.mark()
                 nodes, pods = await self.kube.list_nodes(), await self.kube.list_pods()
+                claims = (
+                    await self.kube.request("GET", f"{CLAIMS_PATH}/resourceclaims") if self.claims else None
+                )
                 self.view.replace_nodes(nodes.get("items", []))
                 self.view.replace_pods(pods.get("items", []), mark)
+                if claims is not None:
+                    self.view.replace_claims(claims.get("items", []))
                 if self.handoffs is not None:
                     self.handoffs.replace(pods.get("items", []))
                 # The synced view lives as long as the process: keep it out of the collector's full passes,
                 # which otherwise stall a filter for tens of ms at 1,000 nodes (bench_extender.py).
                 gc.collect()
                 gc.freeze()
-                await self._watch_both(nodes, pods, stop)
+                await self._watch_both(nodes, pods, stop, claims)
                 if stop.is_set():
                     break
                 log.info("a watch was closed by the API server; relisting in %.0fs", retry_seconds)
@@ -728,9 +787,11 @@ class Extender:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), retry_seconds)
 
-    async def _watch_both(self, nodes: JsonObj, pods: JsonObj, stop: asyncio.Event) -> None:
-        """Watch nodes and pods until either watch ends or `stop` is set (SIGTERM must not wait for the
-        server to close a watch); the other watch is then cancelled, never left running."""
+    async def _watch_both(
+        self, nodes: JsonObj, pods: JsonObj, stop: asyncio.Event, claims: JsonObj | None = None
+    ) -> None:
+        """Watch nodes and pods (and ResourceClaims, when listed) until any watch ends or `stop` is set
+        (SIGTERM must not wait for the server to close a watch); the others are then cancelled."""
         watches = [
             asyncio.create_task(
                 self._watch(
@@ -749,6 +810,14 @@ class Extender:
                 )
             ),
         ]
+        if claims is not None:
+            watches.append(
+                asyncio.create_task(
+                    self._watch(
+                        f"{CLAIMS_PATH}/resourceclaims", claims, self.view.apply_claim, self.view.delete_claim
+                    )
+                )
+            )
         stopping = asyncio.create_task(stop.wait())
         try:
             done, _ = await asyncio.wait([*watches, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -851,9 +920,11 @@ def make_app(extender: Extender, max_body: int = MAX_BODY) -> web.Application:
         return handle
 
     async def do_filter(body: JsonObj) -> JsonObj:
+        await extender.fetch_claims(body)
         return extender.filter(body)
 
     async def do_prioritize(body: JsonObj) -> list[JsonObj]:
+        await extender.fetch_claims(body)
         return extender.prioritize(body)
 
     async def healthz(_: web.Request) -> web.Response:

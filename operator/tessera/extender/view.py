@@ -26,6 +26,16 @@ from tessera.api.assignment import Assignment, AssignmentError
 from tessera.api.gpu_inventory import GpuInventoryError, parse_node_gpus
 from tessera.api.placement import PlacementAnnotation, PlacementAnnotationError
 from tessera.api.quantity import QuantityError, pod_totals
+from tessera.extender.claims import (
+    ClaimReadError,
+    ClaimRequest,
+    claim_request,
+    claim_shares,
+    combine,
+    is_extended_resource_claim,
+    pod_claim_names,
+    uses_claims,
+)
 from tessera.extender.node_selection import NodeFacts
 from tessera.policy.lanes.fragmentation import PackingState, Shape, ShapeDistribution
 from tessera.policy.lanes.placement import (
@@ -53,6 +63,8 @@ DEFAULT_HP_PRIORITY_CLASSES: tuple[str, ...] = (contract.CLASS_LATENCY_CRITICAL,
 # against the `model` of each GPU in the node's tessera.io/gpus annotation. Absent: any model.
 ANN_GPU_MODELS = contract.ANN_GPU_MODELS
 UNLIMITED = float("inf")  # a node without status.allocatable for CPU or memory: not a constraint
+# Holdings of allocated ResourceClaims are keyed claim/<claim uid>/<n> (a pod's UID has no /).
+CLAIM_HOLD = "claim/"
 
 
 def gpu_models(pod: JsonObj) -> frozenset[str] | None:
@@ -125,6 +137,11 @@ def shape_of(spec: PodRequest | None, pod: JsonObj, default_gpu_memory: int | No
 
 class PodRequestError(ValueError):
     """A pod whose GPU request cannot be understood, with the reason."""
+
+
+def claim_key(claim: JsonObj) -> str:
+    meta = claim.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 def pod_key(pod: JsonObj) -> str:
@@ -314,6 +331,14 @@ class SchedulerCache:
         self.distribution: ShapeDistribution | None = None  # set: every new pod seen is observed
         self._seen: dict[str, None] = {}
         self._smallest: tuple[int, int | None] | None = None
+        # ResourceClaims (lanes.api dra): "ns/name" → the claim's request of gpu.tessera.io (None: asks none),
+        # or why it cannot be scored by; what allocated claims hold is kept as holdings "claim/<uid>/<n>".
+        self.read_claims = False  # set by the extender with --dra-claims
+        self.claims: dict[str, ClaimRequest | str | None] = {}
+        self._claim_holds: dict[str, list[str]] = {}  # claim "ns/name" → its holding keys
+        # pod uid → the claim kube-scheduler made for its tessera.io/gpu (KEP-5004): counted until the pod's
+        # own tessera.io/assignment is, never both
+        self._extended: dict[str, str] = {}
 
     def _changed(self, node: str) -> None:
         self.generation += 1
@@ -542,7 +567,9 @@ class SchedulerCache:
             self.unreserve(uid)
             return
         node = (pod.get("spec") or {}).get("nodeName")
-        if not node and self.distribution is not None:  # a pending pod: part of the workload to pack for
+        # A pending pod is part of the workload to pack for; one asking through claims is learnt once its
+        # claim is read (prioritize), not as the CPU-only pod its containers alone describe.
+        if not node and self.distribution is not None and not (self.read_claims and uses_claims(pod)):
             self.observe(
                 pod, shape_of(pod_spec(pod, self.hp_priority_classes), pod, self.smallest_gpu_memory())
             )
@@ -598,14 +625,93 @@ class SchedulerCache:
         listed_uids = {p["metadata"].get("uid", pod_key(p)) for p in pods}
         for key in set(self.pods) - listed_keys:
             del self.pods[key]
-        for uid in [u for u, at in self._held_at.items() if at <= mark and u not in listed_uids]:
+        for uid in [
+            u
+            for u, at in self._held_at.items()
+            if at <= mark and u not in listed_uids and not u.startswith(CLAIM_HOLD)
+        ]:
             self.release(uid)
         for uid in [u for u in self._usage if u not in listed_uids and self._held_at.get(u, 0) <= mark]:
             self.unreserve(uid)
         for pod in pods:
             self.apply_pod(pod)
 
+    # -- ResourceClaims (lanes.api dra) -------------------------------------------------------------------
+    def apply_claim(self, claim: JsonObj) -> None:
+        """Keep the claim's request (for its pods' shapes) and count what its allocation holds on each GPU."""
+        meta = claim.get("metadata") or {}
+        key = claim_key(claim)
+        try:
+            self.claims[key] = claim_request(claim)
+        except ClaimReadError as err:
+            self.claims[key] = str(err)
+        self._release_claim(key)
+        if is_extended_resource_claim(claim):
+            reserved = [str(c.get("uid")) for c in (claim.get("status") or {}).get("reservedFor") or []]
+            for uid in reserved:
+                self._extended[uid] = key
+            if any(u in self.holdings for u in reserved):
+                return  # the pod's tessera.io/assignment counts what it holds
+        try:
+            shares = claim_shares(claim)
+        except ClaimReadError as err:
+            log.warning("ignoring what claim %s holds: %s", key, err)
+            return
+        keys = []
+        for n, share in enumerate(shares):
+            gpus = {g.index: g for g in self.nodes.get(share.node) or ()}
+            memory = share.memory_mib
+            if memory is None:  # a whole GPU, as the allocator charges a device without consumed capacity
+                if share.gpu_index not in gpus:
+                    continue
+                memory = gpus[share.gpu_index].memory_mib
+            hold_key = f"{CLAIM_HOLD}{meta.get('uid', key)}/{n}"
+            self.hold(
+                hold_key, Holding(share.node, (share.gpu_index,), "", Tenant(memory, share.compute_percent))
+            )
+            keys.append(hold_key)
+        if keys:
+            self._claim_holds[key] = keys
+
+    def delete_claim(self, claim: JsonObj) -> None:
+        key = claim_key(claim)
+        self.claims.pop(key, None)
+        self._release_claim(key)
+        self._extended = {u: k for u, k in self._extended.items() if k != key}
+
+    def replace_claims(self, claims: list[JsonObj]) -> None:
+        """Make the view's claims those of a fresh list: claims gone while no watch was open free their GPUs."""
+        listed = {claim_key(c) for c in claims}
+        for key in set(self.claims) - listed:
+            self.claims.pop(key, None)
+            self._release_claim(key)
+        self._extended = {u: k for u, k in self._extended.items() if k in listed}
+        for claim in claims:
+            self.apply_claim(claim)
+
+    def _release_claim(self, key: str) -> None:
+        for hold_key in self._claim_holds.pop(key, ()):
+            self.release(hold_key)
+
+    def claim_request(self, pod: JsonObj) -> ClaimRequest | None:
+        """The GPUs the pod asks for through its claims (None: none of gpu.tessera.io); ClaimReadError when
+        they cannot be read (a claim not seen yet, or asking in a way that has no one size)."""
+        ns = (pod.get("metadata") or {}).get("namespace") or "default"
+        found = []
+        for name in pod_claim_names(pod):
+            if f"{ns}/{name}" not in self.claims:
+                raise ClaimReadError(f"claim {ns}/{name} is not in the extender's view yet")
+            got = self.claims[f"{ns}/{name}"]
+            if isinstance(got, str):
+                raise ClaimReadError(got)
+            if got is not None:
+                found.append(got)
+        return combine(found, f"pod {pod_key(pod)}'s claims")
+
     def hold(self, uid: str, holding: Holding) -> None:
+        claim = self._extended.get(uid)
+        if claim is not None:  # the pod's assignment replaces the claim made for its tessera.io/gpu
+            self._release_claim(claim)
         self.release(uid)
         self._holds_taken += 1
         self._held_at[uid] = self._holds_taken

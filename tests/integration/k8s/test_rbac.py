@@ -53,10 +53,11 @@ from .conftest import (
     Scheduling,
     chart_objects,
     request_token,
+    run_scheduling,
     running_operator,
     wait_for,
 )
-from .controlplane import ControlPlane, default_scheduler, wait_until
+from .controlplane import ROOT, ControlPlane, default_scheduler, wait_until
 from .test_scheduling import fractional_pod
 
 Call = tuple[str, str, str]  # (API group, resource[/subresource], verb): what an RBAC rule grants
@@ -818,12 +819,13 @@ async def test_be_feedback_restarts_and_events_use_exactly_their_grants(
 DRA_RELEASE = "tessera-dra"
 DRA_VALUES = {"lanes": {"api": "dra"}}
 RESOURCE_API = "/apis/resource.k8s.io/v1"
+DRA_SCHEDULER = "tessera-dra-scheduler"
 
 
 @pytest.fixture(scope="module")
 def dra_rbac(crds: ControlPlane) -> tuple[list[dict[str, Any]], dict[str, Credentials]]:
-    """The chart's RBAC rendered with lanes.api dra (release `tessera-dra`); its objects, and the agent's and
-    the operator's credentials."""
+    """The chart's RBAC rendered with lanes.api dra (release `tessera-dra`); its objects, and the agent's, the
+    operator's and the scheduler's credentials."""
     crds.kubectl("create", "namespace", RELEASE_NS, check=False)
     objs = objects(render(DRA_VALUES, name=DRA_RELEASE, namespace=RELEASE_NS))
     docs = [o for o in objs if o["kind"] in RBAC_KINDS]
@@ -831,7 +833,7 @@ def dra_rbac(crds: ControlPlane) -> tuple[list[dict[str, Any]], dict[str, Creden
     out = {}
     for d in docs:
         component = d["metadata"]["labels"]["app.kubernetes.io/component"]
-        if d["kind"] == "ServiceAccount" and component in ("agent", "operator"):
+        if d["kind"] == "ServiceAccount" and component in ("agent", "operator", "scheduler"):
             token = request_token(crds, RELEASE_NS, d["metadata"]["name"])
             path = crds.write_kubeconfig(crds.workdir / f"{component}-dra.kubeconfig", token=token)
             out[component] = Credentials(d["metadata"]["name"], token, path)
@@ -1006,3 +1008,90 @@ async def test_operator_in_dra_mode_uses_exactly_its_dra_grants(
     assert forbidden(events) == []
     used = {call_of(e) for e in events}
     assert_exact(used, grants(objs, creds["operator"].service_account), "the operator in DRA mode")
+
+
+def test_extender_reading_claims_uses_exactly_its_dra_grants(
+    crds: ControlPlane,
+    dra_rbac: tuple[list[dict[str, Any]], dict[str, Credentials]],
+    nodes: Nodes,
+    namespace: str,
+) -> None:
+    """`tessera extender --dra-claims` and tessera-scheduler as the scheduler's ServiceAccount of a lanes.api
+    dra release: a device-plugin pod bound with its assignment, a pod whose lane claim is made from a template
+    bound beside it, a bind for a pod it has not seen and a prioritize naming a claim that does not exist (each
+    read from the API server: a 404, not a 403). Nothing refused, and the extender's own ClusterRole holds
+    exactly what it calls, resourceclaims included. Its profile has a name of its own: the default release's
+    tessera-scheduler of this module's other tests may still be running."""
+    from tessera_agent.kubelet.dra_slice import device_class, resource_slice
+
+    cluster = crds
+    objs, creds = dra_rbac
+    sa = creds["scheduler"].service_account
+    audit = Audit(cluster, sa_user(sa), from_start=True)  # the extender lists at start
+    node = nodes.add(f"extdra-{secrets.token_hex(3)}", gpus=2)
+    status, body = cluster.request(
+        "POST",
+        f"{RESOURCE_API}/resourceslices",
+        resource_slice(node, FakeGpuBackend.uniform(2), slots=4, generation=0),
+    )
+    assert status == 201, body
+    status, body = cluster.request("POST", f"{RESOURCE_API}/deviceclasses", device_class())
+    assert status in (201, 409), body
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "lane"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": contract.DRA_DEVICE_CLASS,
+            "capacity": {"requests": {"memory": "4Gi", "computeShare": "25"}}}}]}}},
+    }  # fmt: skip
+    config = yaml.safe_load((ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    profiles = [{**p, "schedulerName": DRA_SCHEDULER} for p in config["profiles"]]
+    lane = lane_claim_pod("lane", node)
+    lane["spec"]["schedulerName"] = DRA_SCHEDULER
+    plain = fractional_pod("p", "4096", 25)
+    plain["spec"]["schedulerName"] = DRA_SCHEDULER
+    try:
+        args = ("--no-allocate-handoff", "--dra-claims")
+        with run_scheduling(cluster, creds["scheduler"], args, {"profiles": profiles}) as scheduling:
+            status, out = cluster.request("POST", pods, plain)
+            assert status == 201, out
+            status, out = cluster.request(
+                "POST", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates", template
+            )
+            assert status == 201, out
+            status, out = cluster.request("POST", pods, lane)
+            assert status == 201, out
+            for name in ("p", "lane"):
+                wait_until(
+                    lambda n=name: (cluster.get(f"{pods}/{n}") or {}).get("spec", {}).get("nodeName"),
+                    90,
+                    f"pod {name} bound through the extender",
+                    scheduling.scheduler,
+                )
+            ghost = {"PodName": "ghost", "PodNamespace": namespace, "PodUID": "u", "Node": node}
+            assert post(scheduling.extender_url, "bind", ghost)["Error"] == f"pod {namespace}/ghost not found"
+            unseen = {**lane, "metadata": {"name": "unseen", "namespace": namespace, "uid": "u2"}}
+            unseen["spec"] = {
+                **lane["spec"],
+                "resourceClaims": [{"name": "lane", "resourceClaimName": "ghost"}],
+            }
+            ranked = post(
+                scheduling.extender_url, "prioritize", {"Pod": unseen, "Nodes": None, "NodeNames": [node]}
+            )
+            assert ranked == [{"Host": node, "Score": 0}]  # a claim it cannot read: no priority of its own
+    finally:
+        cluster.request("DELETE", f"{RESOURCE_API}/resourceslices/{node}-{contract.DRA_DRIVER}")
+
+    assert forbidden(audit.events()) == []  # kube-scheduler's requests included
+    extender = audit.events(exclude_agent="kube-scheduler/")
+    assert_exact({call_of(e) for e in extender}, grants(objs, sa), "the extender with --dra-claims")
+
+
+def post(url: str, verb: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        f"{url}/{verb}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return json.loads(resp.read())

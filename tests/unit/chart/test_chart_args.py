@@ -192,3 +192,25 @@ def test_operator_roles_equal_the_rules_the_operator_needs(all_namespaces: bool,
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
         ]
+
+
+@pytest.mark.parametrize("lanes_api", ["devicePlugin", "dra"])
+def test_with_dra_lanes_the_extender_reads_claims_under_a_grant_of_its_own(lanes_api: str) -> None:
+    """`lanes.api: dra`: the extender runs with --dra-claims (pods asking through ResourceClaims are scored by
+    the packing rule) and its ClusterRole reads resourceclaims; the device plugin's path renders neither."""
+    objs = objects(render({"lanes": {"api": lanes_api}}))
+    (ext,) = [c for c in _containers(objs).values() if c["name"] == "extender"]
+    args = _parse(cli.build_parser(), ext["args"])
+    assert args.dra_claims == (lanes_api == "dra")
+    role = find(objs, "ClusterRole", "-extender")
+    claims = [r for r in role["rules"] if "resourceclaims" in r["resources"]]
+    if lanes_api == "dra":
+        assert claims == [
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "resources": ["resourceclaims"],
+                "verbs": ["get", "list", "watch"],
+            }
+        ]
+    else:
+        assert claims == []

@@ -18,6 +18,10 @@ What is replayed of kube-scheduler (pkg/scheduler/schedule_one.go, framework/plu
   tolerations, no owners for default spread constraints), so they do not change the choice.
 - selectHost: a node of the highest total, at random among equals (upstream's reservoir sampling).
 A node picked that is not the extender's first choice still gets the GPUs the rule chose on it (bind).
+With `dra` (`lanes.api: dra`, pods asking through claims that name no device) kube-scheduler's filter is the
+DynamicResources plugin's (the node's slice can satisfy the claim) instead of device-plugin slots, and the GPUs
+are the structured allocator's choice on the node picked: the first of the slice that fit (`first_devices`);
+the extender's priorities (it reads the pod's claim) still choose the node.
 
 How CPU-only pods are routed is read from the rendered chart too (`from_chart`): with `gpuNodes.reserve` the
 agents taint their GPU nodes (the DaemonSet's `--reserve-node`), and the chart's MutatingAdmissionPolicy
@@ -71,6 +75,14 @@ class Profile:
 
 
 DEFAULT_SCHEDULER = Profile("default-scheduler", {k: DEFAULT_SCORE_WEIGHTS[k] for k in VARYING})
+
+
+def first_devices(state: PackingState, row: int, shape: Shape) -> tuple[int, ...]:
+    """The structured allocator's choice on `row`: the first `shape.gpus` GPUs, in slice order, that fit."""
+    if not shape.gpus:
+        return ()
+    fits = np.flatnonzero(state.gpu_fits(np.array([row]), shape)[0])
+    return tuple(int(c) for c in fits[: shape.gpus])
 
 
 def profile_from_config(config: Mapping[str, Any], scheduler: str) -> Profile:
@@ -157,6 +169,7 @@ class AsDeployed:
     slots_per_gpu: int = 10
     cpu_first_fit: bool = False
     gpu_nodes_reserved: bool = False
+    dra: bool = False
     name: str = "as-deployed"
     _start: dict[str, int] = field(default_factory=dict)
     _slots: npt.NDArray[np.float64] | None = None
@@ -167,7 +180,9 @@ class AsDeployed:
         if self._slots is None or len(self._slots) != state.rows:
             self._slots = state.gpus[: state.rows] * self.slots_per_gpu
         kube_ok = (state.cpu[rows] >= shape.cpu_milli - 1e-9) & (state.mem[rows] >= shape.memory_mib - 1e-9)
-        if shape.gpus:
+        if shape.gpus and self.dra:
+            kube_ok &= state.feasible(rows, shape)  # DynamicResources: the node's slice satisfies the claim
+        elif shape.gpus:
             kube_ok &= self._slots >= shape.gpus
         prof = self.gpu_profile if shape.gpus else self.cpu_profile
         if self.gpu_nodes_reserved and prof.scheduler != self.gpu_profile.scheduler:
@@ -190,7 +205,10 @@ class AsDeployed:
             total = total + priorities(scored) * prof.extender_weight * scale
         best = np.flatnonzero(total == total.max())
         i = int(best[rng.randrange(len(best))]) if len(best) > 1 else int(best[0])
-        return int(cand[i]), (scored.gpus_of(i) if extender else ())
+        row = int(cand[i])
+        if self.dra:
+            return row, first_devices(state, row, shape)
+        return row, (scored.gpus_of(i) if extender else ())
 
     def _search(
         self, rows: npt.NDArray[np.intp], ok: npt.NDArray[np.bool_], prof: Profile
@@ -209,7 +227,7 @@ class AsDeployed:
         return rows[np.sort(picked[ok[picked]])]
 
     def placed(self, state: PackingState, pick: Pick, shape: Shape) -> None:
-        if shape.gpus and self._slots is not None:
+        if shape.gpus and self._slots is not None and not self.dra:
             self._slots[pick[0]] -= shape.gpus
 
 
@@ -227,13 +245,14 @@ class ChartDeployment:
         """CPU-only pods go through tessera-scheduler."""
         return self.cpu_profile.scheduler == self.gpu_profile.scheduler
 
-    def policy(self, rule: Tessera, *, slots_per_gpu: int = 10) -> AsDeployed:
+    def policy(self, rule: Tessera, *, slots_per_gpu: int = 10, dra: bool = False) -> AsDeployed:
         return AsDeployed(
             self.gpu_profile,
             self.cpu_profile,
             rule,
             slots_per_gpu=slots_per_gpu,
             gpu_nodes_reserved=self.gpu_nodes_reserved,
+            dra=dra,
         )
 
 

@@ -29,21 +29,19 @@ import numpy.typing as npt
 
 from tessera.policy.lanes.fragmentation import PackingState, Shape
 from tessera.policy.lanes.packing import Pick, all_rows
-from tessera.sim.packing.deployed import DEFAULT_SCHEDULER, Profile, nodes_to_find, plugin_scores
+from tessera.sim.packing.deployed import (
+    DEFAULT_SCHEDULER,
+    Profile,
+    first_devices,
+    nodes_to_find,
+    plugin_scores,
+)
 
 # An admin's bin-packing configuration of the same profile: MostAllocated over CPU and memory, every node
 # scored (what kube-scheduler offers short of a plugin that scores devices).
 MOST_ALLOCATED = Profile(
     "default-scheduler", DEFAULT_SCHEDULER.weights, fit_strategy="MostAllocated", percentage=100
 )
-
-
-def first_devices(state: PackingState, row: int, shape: Shape) -> tuple[int, ...]:
-    """The structured allocator's choice on `row`: the first `shape.gpus` GPUs, in slice order, that fit."""
-    if not shape.gpus:
-        return ()
-    fits = np.flatnonzero(state.gpu_fits(np.array([row]), shape)[0])
-    return tuple(int(c) for c in fits[: shape.gpus])
 
 
 @dataclass
