@@ -157,14 +157,6 @@ class AgentConfig(_Settings):
             raise _fail(
                 "the BE feedback loop reads HP iteration times from the progress socket", "be_feedback"
             )
-        if (
-            self.lanes_api != "devicePlugin" and self.be_feedback
-        ):  # refused, never silently ignored (docs/dra.md)
-            raise _fail(
-                "the BE feedback loop (--be-feedback) is not available with DRA lanes yet: it restarts BE pods "
-                f"by their {contract.ANN_ASSIGNMENT}, which claims' pods do not carry; use --lanes-api devicePlugin",
-                "be_feedback",
-            )
         _socket_path(self.plugin_socket, "device_plugin_dir")
         _socket_path(self.dra_socket, "kubelet_plugins_dir")
         _socket_path(self.dra_registration_socket, "kubelet_registry_dir")

@@ -81,10 +81,6 @@ def test_flags_fill_their_fields() -> None:
     ("argv", "message"),
     [
         (["--no-mps"], "--no-mps (mps): without MPS nothing enforces a lane's memory and compute limits"),
-        (
-            ["--lanes-api", "dra", "--hp-be-lanes", "--be-feedback", "--progress-socket", "/run/p.sock"],
-            "--be-feedback (agent.be_feedback): the BE feedback loop (--be-feedback) is not available with DRA lanes",
-        ),
         (["--be-percent", "0"], "--be-percent (agent.be_percent): must be >= 1"),
         (["--slots-per-gpu", "49"], "--slots-per-gpu (agent.slots_per_gpu): must be <= 48"),
         (["--socket-group", str(2**32 - 1)], "--socket-group (agent.socket_group): must be <= 4294967294"),
@@ -103,10 +99,6 @@ def test_flags_fill_their_fields() -> None:
         (  # auto may choose DRA lanes: refused where they would be, before the API server is asked
             ["--fake-gpus", "1", "--lanes-api", "auto"],
             "--fake-gpus (fake_gpus): DRA lanes read claims from the Kubernetes API",
-        ),
-        (
-            ["--lanes-api", "auto", "--hp-be-lanes", "--be-feedback", "--progress-socket", "/run/p.sock"],
-            "--be-feedback (agent.be_feedback): the BE feedback loop (--be-feedback) is not available with DRA lanes",
         ),
         (
             ["--fake-gpus", "1", "--reserve-node"],
@@ -131,6 +123,24 @@ def test_out_of_range_flag_names_flag_and_field(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     assert _refused(capsys, *argv).startswith(message)
+
+
+@pytest.mark.parametrize("api", ["dra", "auto"])
+def test_dra_lanes_take_the_be_feedback_loop(api: str) -> None:
+    """Issue 39: the loop runs with DRA lanes too (kubelet/dra_feedback.py); what DRA lanes still cannot do
+    is refused (fake GPUs: test_out_of_range_flag_names_flag_and_field)."""
+    argv = [
+        "--node",
+        "n",
+        "--lanes-api",
+        api,
+        "--hp-be-lanes",
+        "--be-feedback",
+        "--progress-socket",
+        "/p.sock",
+    ]
+    s = cli.settings_from(cli.build_parser().parse_args(argv))
+    assert s.agent.lanes_api == api and s.agent.be_feedback and s.agent.hp_be_lanes
 
 
 def test_every_refused_flag_is_on_the_one_line(capsys: pytest.CaptureFixture[str]) -> None:
