@@ -124,7 +124,6 @@ async def running(plugin_dir: Path) -> AsyncIterator[Running]:
         kubelet_plugins_dir=plugin_dir / "plugins",
         kubelet_registry_dir=plugin_dir / "plugins_registry",
         cdi_dir=plugin_dir / "cdi",
-        device_plugin_dir=plugin_dir / "dp",
         progress_socket=plugin_dir / "progress.sock",
         peer_check=False,  # one test process stands in for every pod
         hp_be_lanes=True,

@@ -114,6 +114,11 @@ def test_hp_be_lanes_reach_the_dra_driver() -> None:
     objs = objects(render({**DRA, "agent": {**DRA["agent"], "lanes": {"hpBe": True}}}))
     (container,) = _agent(objs)["containers"]
     assert {"--lanes-api=dra", "--hp-be-lanes"} <= set(container["args"])
+    # a DRA lane's class is its claim's LaneConfig: the agent refuses the pods' priority classes there (the
+    # scheduler extender, still rendered, takes them)
+    assert not [a for a in container["args"] if a.startswith("--hp-priority-class")]
+    argv = ["--node", "n", *container["args"]]
+    assert agent_cli.settings_from(agent_cli.build_parser().parse_args(argv)).agent.hp_be_lanes
 
 
 @pytest.mark.parametrize("effect", [None, "NoExecute"])
