@@ -475,7 +475,7 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
     async def apply_be_share(self, gpu: str, percent: int) -> None:
         """The BE feedback loop moved `gpu`'s BE share (the lane book has it): every BE claim prepared on it takes
         the new share where a container or an MPS server starting later reads it, its CDI spec's env and its
-        daemon's default active-thread percentage. A pod that keeps its claim (a standalone ResourceClaim)
+        lane's MPS limits (its daemon's defaults, or with v3 its namespace's). A pod that keeps its claim (a standalone ResourceClaim)
         thus restarts with the new share; a claim from a template is replaced by one prepared afresh, which
         gets it at prepare. A claim this fails for is recorded in `unshared` (its pods are then not restarted)."""
         assert self.lanes is not None
@@ -507,10 +507,7 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         limits = lane_limits(lanes, self.lanes.class_limits("BE", plain.thread_percent, plain.gpus))
         by_uuid = {g.uuid: g for g in gpus}
         nodes = lane_device_nodes([by_uuid[u] for u in limits.gpus], self.cfg.dev_root)
-        manager = self.daemons.running(uid)
-        if manager is not None:  # defaults first: a daemon restarted by its health loop applies them too
-            manager.defaults = limits.defaults(self.daemons.mem_limit_key)
-            await manager.command(f"set_default_active_thread_percentage {limits.thread_percent}")
+        await self.daemons.update(uid, limits)
         async with self._lock:
             if self.checkpoint.claims.get(uid) is not known:
                 return  # unprepared meanwhile: nothing to write

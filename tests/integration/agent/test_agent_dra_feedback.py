@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from tessera.api import contract
 from tessera.sdk import report_progress
 from tessera_agent.agent import NodeAgent
 from tessera_agent.config import AgentConfig
+from tessera_agent.enforce import mps_v3
 from tessera_agent.enforce.lane_daemons import LaneDaemons
 from tessera_agent.enforce.lane_dirs import LaneDirs
 from tessera_agent.gpus.fake_backend import FakeGpuBackend
@@ -226,7 +229,12 @@ async def test_the_loop_lowers_the_be_share_of_claims_and_restarts_the_pod_that_
     # Both BE claims hold the new share where a new container and a new MPS server read it.
     for uid in ("claim-train", "claim-batch"):
         assert r.env(uid)[contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == str(share)
-        assert r.told(uid)[-1] == f"set_default_active_thread_percentage {share}"
+        sets = [c for c in r.told(uid) if c.startswith("set_")]  # not the health checks between them
+        assert sets[-3:] == [  # the daemon's defaults again, with the new share
+            f"set_default_active_thread_percentage {share}",
+            "set_default_device_pinned_mem_limit 0 4096M",
+            "set_default_client_priority 1",
+        ]
     assert r.env("claim-hp")[contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == "100"
     text = generate_latest(agent.metrics.registry).decode()
     assert f'tessera_lane_be_compute_ratio{{node="{NODE}",uuid="{gpu}"}} {share / 100}' in text
@@ -241,3 +249,71 @@ async def test_the_loop_lowers_the_be_share_of_claims_and_restarts_the_pod_that_
     assert await r.prepare("train", "claim-train") == ""
     assert r.env("claim-train")[contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == str(share)
     assert f"set_default_active_thread_percentage {share}" in r.told("claim-train")
+
+
+async def test_with_mps_v3_a_prepared_claims_namespace_takes_the_new_share_and_keeps_it_across_a_restart(
+    plugin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new BE share reaches a claim that stays prepared under MPS v3 too: its namespace's active-thread
+    percentage, which the daemon, restarted after a crash, sets up again with the new share."""
+    from tessera_agent.gpus.backend import usable_memory_mib
+    from tessera_agent.kubelet.dra_plugin import DraServicer
+    from tessera_agent.lanes.book import LaneBook
+
+    from .test_agent_lane_enforcement import alive
+    from .test_agent_mps_v3 import v3_cli
+
+    monkeypatch.setenv("FAKE_MPS_PROTOCOLS", "2,3")  # a driver that offers v3 namespaces
+    cfg = AgentConfig(
+        node_name=NODE,
+        lanes_api="dra",
+        mps_root=plugin_dir / "mps",
+        kubelet_plugins_dir=plugin_dir / "plugins",
+        kubelet_registry_dir=plugin_dir / "plugins_registry",
+        cdi_dir=plugin_dir / "cdi",
+        hp_be_lanes=True,
+        mps_protocol="v3",
+    )
+    backend = FakeGpuBackend.uniform(1)
+    (gpu,) = [g.uuid for g in backend.gpus()]
+    book = LaneBook({g.uuid: usable_memory_mib(g) for g in backend.gpus()}, default_be_percent=50)
+    daemons = LaneDaemons(
+        LaneDirs(cfg.mps_root), binary=FAKE_MPS, check_interval_s=0.2, layout=cfg.lane_layout()
+    )
+    api = FakeDraApi()
+    s = DraServicer(cfg, backend, api, daemons, book)
+    api.claims[("ml", "train")] = lane_claim("train", "claim-train", "4Gi", "60")
+    try:
+        await s.prepare("ml", "train", "claim-train")
+        pipe = cfg.mps_root / "lanes" / "claim-train" / "pipe"
+        ns = mps_v3.namespace_name("claim-train")
+
+        def share() -> str:
+            return v3_cli(pipe, "namespace", "get", ns, "tessera", "active-thread-percentage")
+
+        assert share() == "50"
+        book.set_be_percent(gpu, 30)
+        await s.apply_be_share(gpu, 30)
+        assert s.unshared == {} and share() == "30"
+        spec = json.loads(cdi_spec_path(cfg.cdi_dir, "claim-train").read_text())
+        env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+        assert env[contract.ENV_MPS_ACTIVE_THREAD_PERCENTAGE] == "30"
+
+        first = json.loads((pipe / "daemon.json").read_text())["pid"]
+        os.kill(first, signal.SIGKILL)
+        await until(lambda: not alive(first), "the daemon exiting")
+
+        def set_up_again() -> bool:
+            try:
+                pid = json.loads((pipe / "daemon.json").read_text())["pid"]
+                return bool(pid != first and share() == "30")
+            except (
+                AssertionError,
+                OSError,
+                ValueError,
+            ):  # the new daemon, its server or namespace not there yet
+                return False
+
+        await until(set_up_again, "the daemon back with the claim's namespace at the new share")
+    finally:
+        await daemons.close()
