@@ -189,8 +189,8 @@ class NodeAgent:
                 elif self.lanes is not None:
                     for problem in self.lanes.refresh(pods):
                         log.warning("lane not recorded: %s", problem)
-                    if self._progress_latency is not None:
-                        self._progress_latency.forget({p.uid for p in pods})
+                if self._progress_latency is not None:
+                    self._progress_latency.forget({p.uid for p in pods})
                 if plugin is not None:  # after the lane book, whose classes a restarted daemon takes
                     await plugin.servicer.keep_lanes(pods, listed_at)
                 if self.dmem is not None:
