@@ -17,6 +17,7 @@ from tessera_agent.enforce.lane_daemons import LaneDaemons
 from tessera_agent.gpus.backend import GpuBackend, usable_memory_mib
 from tessera_agent.gpus.inventory import InventoryPublisher, NodePatcher
 from tessera_agent.gpus.telemetry import LaneTelemetry
+from tessera_agent.kubelet.dra_feedback import ClaimLanes, ClaimPodRestarter
 from tessera_agent.kubelet.dra_plugin import DraApi, DraDriver
 from tessera_agent.kubelet.lane_audit import LaneAudit
 from tessera_agent.kubelet.plugin import DevicePlugin
@@ -59,6 +60,7 @@ class NodeAgent:
     lanes: LaneBook | None = field(init=False, default=None)
     loop: InterferenceLoop | None = field(init=False, default=None)
     _progress_latency: ProgressLatency | None = field(init=False, default=None)
+    _claims: ClaimLanes | None = field(init=False, default=None)  # DRA: the pods of each claim's lane
 
     def __post_init__(self) -> None:
         if self.daemons is None:
@@ -96,9 +98,16 @@ class NodeAgent:
                 raise ValueError("the DRA driver needs the Kubernetes API (claims and ResourceSlices)")
             lanes_api = DraDriver(self.cfg, self.backend, self.dra, self.daemons, self.lanes, self.dmem)
             holders = ClaimHolders(self.cfg.node_name, lanes_api.servicer.holds_lane)
+            servicer = lanes_api.servicer
             if self.coordinator is not None:  # a DRA pod's lanes are the claims prepared for it
-                servicer = lanes_api.servicer
                 self.coordinator.lanes_held = lambda pod: servicer.lanes_held(pod.namespace, pod.uid)
+            self._claims = ClaimLanes(servicer)
+            if self.loop is not None:  # lanes keyed by claim: the loop acts on the pods of each claim
+                assert self._progress_latency is not None
+                self._progress_latency.lanes_of = self._claims.lanes_of
+                self.loop.pods_of = self._claims.pods_of
+                self.loop.on_share = servicer.apply_be_share
+                self.loop.restarter = ClaimPodRestarter(self.loop.restarter, servicer)
         else:
             lanes_api = DevicePlugin(
                 self.cfg, self.backend, self.pods, self.metrics, self.lanes, self.daemons, self.dmem
@@ -175,11 +184,13 @@ class NodeAgent:
                 listed_at = self.daemons.clock()
                 pods = await self.pods.pods_on_node(self.cfg.node_name)
                 telemetry.update(pods, dra.servicer.held_lanes(pods) if dra is not None else None)
-                if self.lanes is not None:
+                if self._claims is not None:  # claims enter the book at prepare and leave it at unprepare
+                    self._claims.note_pods(pods)
+                elif self.lanes is not None:
                     for problem in self.lanes.refresh(pods):
                         log.warning("lane not recorded: %s", problem)
-                    if self._progress_latency is not None:
-                        self._progress_latency.forget({p.uid for p in pods})
+                if self._progress_latency is not None:
+                    self._progress_latency.forget({p.uid for p in pods})
                 if plugin is not None:  # after the lane book, whose classes a restarted daemon takes
                     await plugin.servicer.keep_lanes(pods, listed_at)
                 if self.dmem is not None:

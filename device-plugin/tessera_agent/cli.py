@@ -64,7 +64,13 @@ def _node_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--node", default=os.environ.get("NODE_NAME", ""), help="this node's name (default $NODE_NAME)"
     )
-    g.add_argument("--device-plugin-dir", type=Path, default=Path(contract.DEVICE_PLUGIN_DIR))
+    # Device-plugin options default to None (the settings' default): given with DRA lanes, they are refused.
+    g.add_argument(
+        "--device-plugin-dir",
+        type=Path,
+        default=None,
+        help=f"the kubelet's device-plugin directory (default {contract.DEVICE_PLUGIN_DIR}; device plugin only)",
+    )
     g.add_argument("--slots-per-gpu", type=int, default=contract.DEFAULT_SLOTS_PER_GPU)
     g.add_argument(
         "--extra-reserve-mib", type=int, default=0, help="memory kept off each GPU beyond the driver's"
@@ -79,23 +85,24 @@ def _node_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--pod-resources-socket",
         type=Path,
-        default=Path(contract.POD_RESOURCES_SOCKET),
-        help="the kubelet's PodResources API socket, read by the lane audit (default %(default)s)",
+        default=None,
+        help=f"the kubelet's PodResources API socket, read by the lane audit (default {contract.POD_RESOURCES_SOCKET})",
     )
     g.add_argument(
         "--no-lane-audit",
         action="store_true",
+        default=None,
         help="do not check running containers against their pods' lanes (the kubelet's PodResources API)",
     )
     g.add_argument(
-        "--lane-audit-interval", type=float, default=10.0, help="seconds between two lane audits (default 10)"
+        "--lane-audit-interval", type=float, default=None, help="seconds between two lane audits (default 10)"
     )
     g.add_argument(
         "--on-lane-mismatch",
         choices=("delete", "report"),
-        default="delete",
+        default=None,
         help="what the lane audit does with a pod whose containers hold another pod's lane: delete it (its "
-        "controller recreates it on its own lane) or only report it (events, metric)",
+        "controller recreates it on its own lane; the default) or only report it (events, metric)",
     )
     g.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port (0 = off)")
     g.add_argument("--sample-interval", type=float, default=10.0, help="seconds between telemetry samples")

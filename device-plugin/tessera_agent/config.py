@@ -42,6 +42,22 @@ def _socket_path(path: Path, field: str = "") -> Path:
 
 
 SocketPath = Annotated[Path, AfterValidator(_socket_path)]
+
+_AUDIT = (
+    "the lane audit (device-plugin mode) checks the device IDs the kubelet lists for each container against "
+    "Allocate's; with DRA lanes the kubelet hands a container only its pod's claims' CDI devices, so no audit runs"
+)
+# What only the device-plugin path reads: given with DRA lanes, refused with the reason rather than ignored
+# (a field left at its default is not given; the CLI passes these only when they are set).
+DEVICE_PLUGIN_ONLY: dict[str, str] = {
+    "device_plugin_dir": "DRA lanes serve no device-plugin socket (their sockets are under --kubelet-plugins-dir)",
+    "hp_priority_classes": "with DRA lanes a lane's class is its claim's LaneConfig, never its pod's priority class "
+    '(docs/dra.md, "HP and BE lanes")',
+    "lane_audit": _AUDIT,
+    "pod_resources_socket": _AUDIT,
+    "lane_audit_interval_s": _AUDIT,
+    "on_lane_mismatch": _AUDIT,
+}
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 
 
@@ -158,13 +174,11 @@ class AgentConfig(_Settings):
                 "the BE feedback loop reads HP iteration times from the progress socket", "be_feedback"
             )
         if (
-            self.lanes_api != "devicePlugin" and self.be_feedback
-        ):  # refused, never silently ignored (docs/dra.md)
-            raise _fail(
-                "the BE feedback loop (--be-feedback) is not available with DRA lanes yet: it restarts BE pods "
-                f"by their {contract.ANN_ASSIGNMENT}, which claims' pods do not carry; use --lanes-api devicePlugin",
-                "be_feedback",
-            )
+            self.lanes_api == "dra"
+        ):  # auto takes options for either path: the one not chosen has no use for its own
+            for name in sorted(self.model_fields_set & DEVICE_PLUGIN_ONLY.keys()):
+                if name != "lane_audit" or self.lane_audit:  # turning the audit off asks nothing of DRA lanes
+                    raise _fail(f"not with DRA lanes: {DEVICE_PLUGIN_ONLY[name]}", name)
         _socket_path(self.plugin_socket, "device_plugin_dir")
         _socket_path(self.dra_socket, "kubelet_plugins_dir")
         _socket_path(self.dra_registration_socket, "kubelet_registry_dir")

@@ -151,6 +151,22 @@ class LaneDaemons:
         log.info("lane %s: %s", key, self._describe(key, limits))
         return paths
 
+    async def update(self, key: str, limits: LaneLimits) -> None:
+        """Give a running lane new limits (the BE feedback loop's new share for a DRA claim that stays prepared):
+        legacy, its daemon's defaults, which servers started later take; v3, its namespace's. A restarted
+        daemon applies them too. A lane without a daemon has nothing to change; MpsError when it does not answer."""
+        group = self._lane_group.get(key)
+        daemon = self._daemons.get(group) if group is not None else None
+        if daemon is None or key not in daemon.lanes or daemon.manager is None:
+            return
+        daemon.lanes[key] = limits
+        if self.v3:
+            await daemon.manager.cli(*limits.namespace_commands(key)[1])
+            return
+        daemon.manager.defaults = limits.defaults(self.mem_limit_key)
+        for command in daemon.manager.defaults.commands():
+            await daemon.manager.command(command)
+
     async def _start(self, group: str, daemon: _Daemon) -> None:
         v3 = self.v3
 

@@ -9,8 +9,9 @@ variable or a mount at the same container path).
 
 The env is the device-plugin path's (`allocate.container_allocation`): the claim's GPUs, its own MPS pipe, the
 active thread percentage (the smallest compute share the claim got on any of its GPUs, since one process has
-one percentage), the pinned memory limit per GPU, `TESSERA_LANE_ID` (the claim's UID) and the progress
-endpoint of the pod the claim is reserved for.
+one percentage), the pinned memory limit per GPU, `TESSERA_LANE_ID` (the claim's UID), the lane coordinator's
+socket (`TESSERA_COORDINATOR_SOCKET`, its directory mounted) and the progress endpoint of the pod the claim is
+reserved for.
 
 A claim is one lane per GPU. Several results of one claim on the same GPU (two requests, or one request of
 count 2, each a share with its own shareID: KEP-5075 lets one claim take several shares of a device) are
@@ -292,6 +293,10 @@ def lane_env(
     }
     if limits.client_priority is not None:
         env[contract.ENV_MPS_CLIENT_PRIORITY] = str(limits.client_priority)
+    if cfg.coordinator_socket is not None:  # as Allocate hands it out: the claim's pods join its lane there
+        env[contract.ENV_COORDINATOR_SOCKET] = (
+            f"{cfg.coordinator_container_dir}/{cfg.coordinator_socket.name}"
+        )
     pods = [c for c in claim.status.reserved_for if c.resource == "pods" and c.name]
     if cfg.progress_socket is not None and len(pods) == 1:
         socket = f"{cfg.progress_container_dir}/{cfg.progress_socket.name}"
@@ -306,6 +311,8 @@ def lane_mounts(claim_uid: str, gpus: list[str], cfg: AgentConfig) -> list[dict[
     another claim uses (but for a v3 server shared per GPU set: its /dev/shm; docs/node-agent.md)."""
     lane = cfg.lane_layout().lane_paths(claim_uid, gpus)
     mounts = [(f"{cfg.mps_container_root}/pipe", lane.pipe), ("/dev/shm", lane.shm)]
+    if cfg.coordinator_socket is not None:
+        mounts.append((cfg.coordinator_container_dir, cfg.coordinator_socket.parent))
     if cfg.progress_socket is not None:
         mounts.append((cfg.progress_container_dir, cfg.progress_socket.parent))
     return [

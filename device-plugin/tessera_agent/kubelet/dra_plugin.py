@@ -209,6 +209,8 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         self.checkpoint_path = cfg.dra_plugin_dir / "checkpoint.json"
         self.checkpoint = Checkpoint.load(self.checkpoint_path)
         self._lock = asyncio.Lock()  # one checkpoint writer at a time
+        # BE claims a new BE share could not reach (claim UID → why): their pods are not restarted for it.
+        self.unshared: dict[str, str] = {}
         # Test hook: awaited after a claim is recorded as preparing, before its CDI spec is written.
         self.before_cdi_write: Callable[[str], Awaitable[None]] | None = None
         hold = os.environ.get(HOLD_PREPARE_ENV)
@@ -445,6 +447,7 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
                 self._save()
                 log.info("unprepared claim %s", uid)
         await self.daemons.release(uid)
+        self.unshared.pop(uid, None)
         if self.lanes is not None:
             self.lanes.forget(uid)
         if self.dmem is not None:  # its pods' limits now those of the lanes they still hold, or released
@@ -468,6 +471,53 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         except LaneAdmissionError as err:
             raise ClaimError(str(err)) from None
         return lane_limits(devices, self.lanes.class_limits(klass, plain.thread_percent, plain.gpus))
+
+    async def apply_be_share(self, gpu: str, percent: int) -> None:
+        """The BE feedback loop moved `gpu`'s BE share (the lane book has it): every BE claim prepared on it takes
+        the new share where a container or an MPS server starting later reads it, its CDI spec's env and its
+        lane's MPS limits (its daemon's defaults, or with v3 its namespace's). A pod that keeps its claim (a standalone ResourceClaim)
+        thus restarts with the new share; a claim from a template is replaced by one prepared afresh, which
+        gets it at prepare. A claim this fails for is recorded in `unshared` (its pods are then not restarted)."""
+        assert self.lanes is not None
+        for uid in sorted({ln.uid for ln in self.lanes.on_gpu(gpu) if ln.klass == "BE"}):
+            try:
+                await self._reshare(uid)
+            except Exception as err:  # one claim's trouble must not keep the share from the others
+                self.unshared[uid] = (
+                    f"{type(err).__name__}: {err}" if not isinstance(err, ClaimError) else str(err)
+                )
+                log.warning("claim %s keeps its old BE share (GPU %s now %d%%): %s", uid, gpu, percent, err)
+            else:
+                self.unshared.pop(uid, None)
+
+    async def _reshare(self, uid: str) -> None:
+        known = self.checkpoint.claims.get(uid)
+        if known is None or known.state != "prepared" or known.observer:
+            return
+        assert self.lanes is not None
+        claim = ResourceClaim.model_validate(await self.api.get_claim(known.namespace, known.name))
+        if claim.metadata.uid != uid:
+            raise ClaimError(
+                f"claim {known.namespace}/{known.name} has UID {claim.metadata.uid} now, not {uid}"
+            )
+        gpus = self.backend.gpus()
+        usable = {g.uuid: usable_memory_mib(g, self.cfg.extra_reserve_mib) for g in gpus}
+        lanes = lane_devices(claim, self.cfg.node_name, gpus, usable)
+        plain = lane_limits(lanes)
+        limits = lane_limits(lanes, self.lanes.class_limits("BE", plain.thread_percent, plain.gpus))
+        by_uuid = {g.uuid: g for g in gpus}
+        nodes = lane_device_nodes([by_uuid[u] for u in limits.gpus], self.cfg.dev_root)
+        await self.daemons.update(uid, limits)
+        async with self._lock:
+            if self.checkpoint.claims.get(uid) is not known:
+                return  # unprepared meanwhile: nothing to write
+            write_cdi_spec(self.cfg.cdi_dir, claim, lanes, self.cfg, nodes, limits)
+            known.limits = {
+                g: (mib, limits.thread_percent) for g, mib in zip(limits.gpus, limits.memory_mib, strict=True)
+            }
+            known.pod_uids = reserved_pod_uids(claim)
+            self._save()
+        log.info("claim %s/%s: BE share now %d%%", known.namespace, known.name, limits.thread_percent)
 
     async def restore_lanes(self) -> None:
         """After a restart: the claims prepared before it back in the lane book (their HP/BE classes and

@@ -57,6 +57,8 @@ class PodLane:
     compute_percent: int  # assigned by the extender
     checkpoints: bool
     p99_dedicated_s: float | None = None  # the pod's tessera.io/p99-dedicated-seconds (HP lanes)
+    # DRA: a pod running in a claim's lane (the book keys that lane by the claim's UID; `uid` is then the pod's)
+    claim: str | None = None
 
 
 @dataclass

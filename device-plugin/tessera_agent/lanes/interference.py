@@ -8,6 +8,11 @@ when a client starts, so a change is applied by restarting BE pods, and only tho
 (`tessera.io/checkpoints: "true"`); the others keep their share until they end. Every change, and every
 change held back, is an event on the pods concerned, and the percentage and restarts are metrics.
 
+In DRA mode a lane is a claim's, keyed by the claim's UID, and the pods that run in it are the pods the claim is
+reserved for (`pods_of`); a change first reaches the claims that stay prepared (`on_share`: their CDI spec and
+their MPS daemon's defaults, so a pod that keeps its claim restarts with the new share), then the loop restarts
+the checkpointing pods of each BE claim, with the claim checked again (`kubelet/dra_feedback.py`).
+
 `p99_dedicated` per GPU is the HP pod's `tessera.io/p99-dedicated-seconds` when it says one (a GPU that
 starts shared never shows the HP lane alone, and the loop would otherwise stay idle there), else given,
 else measured by the loop itself while the GPU's HP lane runs alone.
@@ -21,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -95,10 +100,13 @@ class ProgressLatency:
 
     book: LaneBook
     latency: WindowedLatency
+    # The lanes (book keys) a pod holds: its own UID with the device plugin; in DRA mode the claims prepared for it.
+    lanes_of: Callable[[NodePod], Collection[str]] | None = None
     _last: dict[str, tuple[int, float]] = field(default_factory=dict)  # pod UID → (iterations, time)
 
     def on_report(self, pod: NodePod, iterations: int, now: float) -> None:
-        gpus = [ln.gpu for ln in self.book.lanes.values() if ln.uid == pod.uid and ln.klass == "HP"]
+        held = self.lanes_of(pod) if self.lanes_of is not None else (pod.uid,)
+        gpus = [ln.gpu for ln in self.book.lanes.values() if ln.uid in held and ln.klass == "HP"]
         prev = self._last.get(pod.uid)
         self._last[pod.uid] = (iterations, now)
         if not gpus or prev is None or iterations <= prev[0] or now <= prev[1]:
@@ -135,6 +143,11 @@ class Change:
     kept: tuple[str, ...]
 
 
+def own_pod(lane: PodLane) -> list[PodLane]:
+    """Device-plugin mode: a lane is its pod's."""
+    return [lane]
+
+
 @dataclass
 class InterferenceLoop:
     book: LaneBook
@@ -149,6 +162,11 @@ class InterferenceLoop:
     p_min: int = 5
     p_max: int = 100
     on_metric: Callable[[str, Mapping[str, str], float], None] | None = None  # (name, labels, value)
+    # The pods running in a lane, each as a lane of its own (`PodLane.uid` the pod's): device plugin, the lane
+    # itself; DRA, the pods its claim is reserved for. Events, restarts and the baseline annotation are theirs.
+    pods_of: Callable[[PodLane], list[PodLane]] = own_pod
+    # Called with (GPU, new share) once the book has it and before any restart: DRA's prepared claims take it.
+    on_share: Callable[[str, int], Awaitable[None]] | None = None
     controllers: dict[str, PBeController] = field(default_factory=dict)
     _held: dict[str, int] = field(default_factory=dict)  # last proposal reported as held, per GPU
 
@@ -184,6 +202,8 @@ class InterferenceLoop:
             return None
         self._held.pop(gpu, None)
         self.book.set_be_percent(gpu, d.apply)
+        if self.on_share is not None:
+            await self.on_share(gpu, d.apply)
         restarted, kept = await self._apply(gpu, be, old, d.apply, d.reason, why)
         if isinstance(self.latency, WindowedLatency):
             self.latency.reset(gpu)
@@ -192,8 +212,11 @@ class InterferenceLoop:
 
     def _learn_baseline(self, gpu: str, hp: PodLane, p99: float, *, alone: bool) -> None:
         """The HP lane's p99 alone on its GPU: the HP pod's own word wins, else what it shows running alone."""
-        if hp.p99_dedicated_s is not None:
-            self.p99_dedicated[gpu] = hp.p99_dedicated_s
+        said = next(
+            (p.p99_dedicated_s for p in [hp, *self.pods_of(hp)] if p.p99_dedicated_s is not None), None
+        )
+        if said is not None:
+            self.p99_dedicated[gpu] = said
         elif alone:
             self.p99_dedicated.setdefault(gpu, p99)
 
@@ -219,9 +242,9 @@ class InterferenceLoop:
         if not d.why_not or self._held.get(gpu) == d.proposed:
             return
         self._held[gpu] = d.proposed
-        for ln in be:
+        for pod in [p for ln in be for p in self.pods_of(ln)]:
             await self.events.event(
-                ln.pod, REASON_HELD, f"BE share stays {old}% (would be {d.proposed}%): {d.why_not}; {why}"
+                pod.pod, REASON_HELD, f"BE share stays {old}% (would be {d.proposed}%): {d.why_not}; {why}"
             )
 
     async def _apply(
@@ -233,11 +256,12 @@ class InterferenceLoop:
             if ln.compute_percent <= min(old, new):
                 continue  # its own assigned share is the binding cap either way: nothing to apply
             msg = f"BE share {old}% → {new}% ({reason}): {why}"
-            if await self._restart(ln, msg):
-                self._metric("tessera_lane_be_restarts_total", gpu, 1, reason=reason)
-                restarted.append(ln.pod)
-            else:
-                kept.append(ln.pod)
+            for pod in self.pods_of(ln):
+                if await self._restart(pod, msg):
+                    self._metric("tessera_lane_be_restarts_total", gpu, 1, reason=reason)
+                    restarted.append(pod.pod)
+                else:
+                    kept.append(pod.pod)
         return restarted, kept
 
     async def _restart(self, ln: PodLane, msg: str) -> bool:

@@ -250,3 +250,24 @@ async def test_a_restarted_driver_keeps_the_hp_lane_it_prepared_before(
             await again.prepare("ml", "serve-2", "uid-hp2")
     finally:
         await again.daemons.close()
+
+
+async def test_a_claims_containers_are_given_the_coordinator_socket_as_allocate_gives_it(
+    servicer: tuple[DraServicer, FakeDraApi, FakeGpuBackend], plugin_dir: Path
+) -> None:
+    """The coordinator in DRA mode is reachable from the claim's containers: its socket's directory mounted and
+    TESSERA_COORDINATOR_SOCKET naming it, as the device plugin's Allocate hands them out."""
+    s, api, backend = servicer
+    cfg = s.cfg.model_copy(update={"coordinator_socket": plugin_dir / "coord" / "coordinator.sock"})
+    with_coordinator = DraServicer(cfg, backend, api, lanes=s.lanes)
+    api.claims[("ml", "train")] = configured("train", "uid-c", "gpu-0", "2Gi", "20")
+    await with_coordinator.prepare("ml", "train", "uid-c")
+    env = env_of(with_coordinator, "uid-c")
+    assert env[contract.ENV_COORDINATOR_SOCKET] == "/run/tessera/coordinator/coordinator.sock"
+    spec = json.loads(cdi_spec_path(cfg.cdi_dir, "uid-c").read_text())
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]}
+    assert mounts["/run/tessera/coordinator"] == str(plugin_dir / "coord")
+    # without a coordinator socket, neither (the lane's other claims in this file)
+    api.claims[("ml", "plain")] = configured("plain", "uid-p", "gpu-1", "2Gi", "20")
+    await s.prepare("ml", "plain", "uid-p")
+    assert contract.ENV_COORDINATOR_SOCKET not in env_of(s, "uid-p")

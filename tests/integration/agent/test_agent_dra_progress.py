@@ -92,7 +92,6 @@ async def agent(plugin_dir: Path, source: StaticPodSource) -> AsyncIterator[Runn
         kubelet_plugins_dir=plugin_dir / "plugins",
         kubelet_registry_dir=plugin_dir / "plugins_registry",
         cdi_dir=plugin_dir / "cdi",
-        device_plugin_dir=plugin_dir / "dp",
         progress_socket=plugin_dir / "progress.sock",
         socket_group=os.getgid(),
         proc_root=plugin_dir / "proc",

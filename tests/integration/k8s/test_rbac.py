@@ -883,7 +883,6 @@ async def test_node_agent_as_dra_driver_uses_exactly_its_dra_grants(
         kubelet_plugins_dir=sock_dir / "plugins",
         kubelet_registry_dir=sock_dir / "reg",
         cdi_dir=sock_dir / "cdi",
-        device_plugin_dir=sock_dir / "dp",
         progress_socket=sock_dir / "p.sock",
         proc_root=proc.root,
     )

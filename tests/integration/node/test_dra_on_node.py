@@ -64,7 +64,6 @@ class Agent:
             f"--cdi-dir={node.cdi_dir}",
             f"--mps-root={self.mps}",
             f"--dev-root={self.state / 'fake-dev'}",  # fake device nodes, which the claims' CDI specs name
-            f"--device-plugin-dir={self.state / 'device-plugins'}",
             "-v",
         ]
         self.env = {

@@ -94,25 +94,31 @@ def test_an_unknown_lanes_api_is_refused() -> None:
         render({"lanes": {"api": "extender"}})
 
 
-@pytest.mark.parametrize(
-    "agent",
-    [
-        {"lanes": {"hpBe": True, "feedback": {"enabled": True}}, "progress": {"enabled": True}},
-    ],
-)
-def test_options_dra_lanes_cannot_honour_fail_the_render_with_the_reason(agent: dict[str, Any]) -> None:
-    import helm_python as helm
-
-    values = {**DRA, "agent": {**DRA["agent"], **agent}}
-    with pytest.raises(helm.HelmRenderError, match="not available with DRA lanes yet"):
-        render(values)
-    render({"agent": agent})  # the same values render with the device plugin
+def test_the_be_feedback_loop_runs_with_dra_lanes() -> None:
+    """Issue 39: the chart renders the loop's flags with DRA lanes (it failed the render before), and the agent
+    takes them as settings."""
+    agent = {"lanes": {"hpBe": True, "feedback": {"enabled": True}}, "progress": {"enabled": True}}
+    objs = objects(render({**DRA, "agent": {**DRA["agent"], **agent}}))
+    argv = ["--node", "n", *_agent(objs)["containers"][0]["args"]]
+    s = agent_cli.settings_from(agent_cli.build_parser().parse_args(argv))
+    assert s.agent.lanes_api == "dra" and s.agent.be_feedback and s.agent.hp_be_lanes
+    # what the loop does on the API server: pods get and delete, events create, beside the claims' get
+    assert _rules(objs) >= DRA_GRANTS | {
+        ("", "pods", "get"),
+        ("", "pods", "delete"),
+        ("", "events", "create"),
+    }
 
 
 def test_hp_be_lanes_reach_the_dra_driver() -> None:
     objs = objects(render({**DRA, "agent": {**DRA["agent"], "lanes": {"hpBe": True}}}))
     (container,) = _agent(objs)["containers"]
     assert {"--lanes-api=dra", "--hp-be-lanes"} <= set(container["args"])
+    # a DRA lane's class is its claim's LaneConfig: the agent refuses the pods' priority classes there (the
+    # scheduler extender, still rendered, takes them)
+    assert not [a for a in container["args"] if a.startswith("--hp-priority-class")]
+    argv = ["--node", "n", *container["args"]]
+    assert agent_cli.settings_from(agent_cli.build_parser().parse_args(argv)).agent.hp_be_lanes
 
 
 @pytest.mark.parametrize("effect", [None, "NoExecute"])

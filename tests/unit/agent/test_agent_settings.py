@@ -81,10 +81,6 @@ def test_flags_fill_their_fields() -> None:
     ("argv", "message"),
     [
         (["--no-mps"], "--no-mps (mps): without MPS nothing enforces a lane's memory and compute limits"),
-        (
-            ["--lanes-api", "dra", "--hp-be-lanes", "--be-feedback", "--progress-socket", "/run/p.sock"],
-            "--be-feedback (agent.be_feedback): the BE feedback loop (--be-feedback) is not available with DRA lanes",
-        ),
         (["--be-percent", "0"], "--be-percent (agent.be_percent): must be >= 1"),
         (["--slots-per-gpu", "49"], "--slots-per-gpu (agent.slots_per_gpu): must be <= 48"),
         (["--socket-group", str(2**32 - 1)], "--socket-group (agent.socket_group): must be <= 4294967294"),
@@ -103,10 +99,6 @@ def test_flags_fill_their_fields() -> None:
         (  # auto may choose DRA lanes: refused where they would be, before the API server is asked
             ["--fake-gpus", "1", "--lanes-api", "auto"],
             "--fake-gpus (fake_gpus): DRA lanes read claims from the Kubernetes API",
-        ),
-        (
-            ["--lanes-api", "auto", "--hp-be-lanes", "--be-feedback", "--progress-socket", "/run/p.sock"],
-            "--be-feedback (agent.be_feedback): the BE feedback loop (--be-feedback) is not available with DRA lanes",
         ),
         (
             ["--fake-gpus", "1", "--reserve-node"],
@@ -131,6 +123,67 @@ def test_out_of_range_flag_names_flag_and_field(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     assert _refused(capsys, *argv).startswith(message)
+
+
+@pytest.mark.parametrize("api", ["dra", "auto"])
+def test_dra_lanes_take_the_be_feedback_loop(api: str) -> None:
+    """Issue 39: the loop runs with DRA lanes too (kubelet/dra_feedback.py); what DRA lanes still cannot do
+    is refused (fake GPUs: test_out_of_range_flag_names_flag_and_field)."""
+    argv = [
+        "--node",
+        "n",
+        "--lanes-api",
+        api,
+        "--hp-be-lanes",
+        "--be-feedback",
+        "--progress-socket",
+        "/p.sock",
+    ]
+    s = cli.settings_from(cli.build_parser().parse_args(argv))
+    assert s.agent.lanes_api == api and s.agent.be_feedback and s.agent.hp_be_lanes
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--device-plugin-dir", "/dp"],
+            "--device-plugin-dir (agent.device_plugin_dir): not with DRA lanes: ",
+        ),
+        (
+            ["--hp-be-lanes", "--hp-priority-class", "urgent"],
+            "--hp-priority-class (agent.hp_priority_classes): not with DRA lanes: with DRA lanes a lane's class "
+            "is its claim's LaneConfig",
+        ),
+        (
+            ["--on-lane-mismatch", "report"],
+            "--on-lane-mismatch (agent.on_lane_mismatch): not with DRA lanes: ",
+        ),
+        (["--lane-audit-interval", "5"], "--lane-audit-interval (agent.lane_audit_interval_s): not with DRA"),
+        (
+            ["--pod-resources-socket", "/p.sock"],
+            "--pod-resources-socket (agent.pod_resources_socket): not with",
+        ),
+    ],
+)
+def test_device_plugin_options_are_refused_with_dra_lanes_never_ignored(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """Issue 39: an option a mode cannot honour is refused at start. With auto either path may run, so each
+    path's options are taken; without --lanes-api dra the same flags are the device plugin's own."""
+    assert _refused(capsys, "--lanes-api", "dra", *argv).startswith(message)
+    for api in ("auto", "devicePlugin"):
+        cli.settings_from(cli.build_parser().parse_args(["--node", "n", "--lanes-api", api, *argv]))
+
+
+def test_dra_lanes_take_what_asks_nothing_of_the_device_plugin() -> None:
+    """Turning the lane audit off, and every option's default, ask nothing of the device plugin."""
+    for argv in ([], ["--no-lane-audit"]):
+        args = cli.build_parser().parse_args(["--node", "n", "--lanes-api", "dra", *argv])
+        s = cli.settings_from(args)
+        assert s.agent.lanes_api == "dra" and s.agent.lane_audit is not bool(argv)
+    with pytest.raises(ValueError, match="not with DRA lanes: the lane audit"):
+        AgentConfig(node_name="n", lanes_api="dra", lane_audit=True)
 
 
 def test_every_refused_flag_is_on_the_one_line(capsys: pytest.CaptureFixture[str]) -> None:
