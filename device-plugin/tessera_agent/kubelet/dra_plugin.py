@@ -372,21 +372,26 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         """Each prepared claim's pods read again from its status.reservedFor (a pod that shares a claim after
         its prepare is only there)."""
         for uid, known in list(self.checkpoint.claims.items()):
-            if known.state != "prepared" or known.observer:
-                continue
-            try:
-                claim = ResourceClaim.model_validate(await self.api.get_claim(known.namespace, known.name))
-            except Exception as err:  # gone, or the API server away: the next round reads it again
-                log.debug("claim %s/%s not re-read for its pods: %s", known.namespace, known.name, err)
-                continue
-            if claim.metadata.uid != uid:
-                continue
-            pods = reserved_pod_uids(claim)
-            async with self._lock:
-                current = self.checkpoint.claims.get(uid)
-                if current is not None and current.state == "prepared" and current.pod_uids != pods:
-                    current.pod_uids = pods
-                    self._save()
+            if known.state == "prepared" and not known.observer:
+                await self._reread_pods(uid, known.namespace, known.name)
+
+    async def _reread_pods(self, uid: str, namespace: str, name: str) -> set[str] | None:
+        """The claim's pods read again from its status.reservedFor and kept in the checkpoint; None when it
+        cannot be read, or is no longer the claim prepared here (deleted and recreated under its name)."""
+        try:
+            claim = ResourceClaim.model_validate(await self.api.get_claim(namespace, name))
+        except Exception as err:  # gone, or the API server away: the next round reads it again
+            log.info("claim %s/%s not re-read for its pods: %s", namespace, name, err)
+            return None
+        if claim.metadata.uid != uid:
+            return None
+        pods = reserved_pod_uids(claim)
+        async with self._lock:
+            current = self.checkpoint.claims.get(uid)
+            if current is not None and current.state == "prepared" and current.pod_uids != pods:
+                current.pod_uids = pods
+                self._save()
+        return set(pods)
 
     def held_lanes(self, pods: Sequence[NodePod]) -> list[HeldLane]:
         """The lanes `pods` hold through the claims prepared here (the lane is the claim's UID), for per-lane
@@ -422,20 +427,8 @@ class DraServicer(dra_v1_pb2_grpc.DRAPluginServicer):
         if held:
             return held
         for uid, known in prepared.items():
-            try:
-                claim = ResourceClaim.model_validate(await self.api.get_claim(namespace, known.name))
-            except Exception as err:  # gone, or the API server away: this claim vouches for no one now
-                log.info("claim %s/%s not re-read for its pods: %s", namespace, known.name, err)
-                continue
-            if claim.metadata.uid != uid:
-                continue  # deleted and recreated under the same name: not the claim prepared here
-            pods = reserved_pod_uids(claim)
-            async with self._lock:
-                current = self.checkpoint.claims.get(uid)
-                if current is not None and current.state == "prepared" and current.pod_uids != pods:
-                    current.pod_uids = pods
-                    self._save()
-            if pod_uid in pods:
+            pods = await self._reread_pods(uid, namespace, known.name)
+            if pods is not None and pod_uid in pods:  # an unreadable claim vouches for no one now
                 held.add(uid)
         return held
 
