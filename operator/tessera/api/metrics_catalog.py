@@ -396,7 +396,7 @@ CATALOG: Final[tuple[MetricSpec, ...]] = (
         MetricType.COUNTER,
         "Bind calls by outcome (ok, lost_race: the GPUs filled up between filter and bind, or the node was "
         "still handing a GPU to another pod; error) and a fixed reason code (none, no_fit, placed_elsewhere, "
-        "pod_not_found, pod_recreated, node_mismatch, api_error, handoff_pending).",
+        "pod_not_found, pod_recreated, node_mismatch, api_error, handoff_pending, claim_unread).",
         ("outcome", "reason"),
         frozenset({_EXT}),
     ),

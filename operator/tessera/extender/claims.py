@@ -190,3 +190,45 @@ def is_extended_resource_claim(claim: JsonObj) -> bool:
     """A claim kube-scheduler made for a pod asking `tessera.io/gpu` (its pod's assignment counts it)."""
     ann = (claim.get("metadata") or {}).get("annotations") or {}
     return ann.get(EXTENDED_RESOURCE_CLAIM) == "true"
+
+
+def extended_claim_name(pod: JsonObj) -> str:
+    """The claim kube-scheduler made for the pod's extended resources (KEP-5004), as its PreBind recorded it in
+    `status.extendedResourceClaimStatus`; ClaimReadError when none is recorded yet."""
+    status = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    name = status.get("resourceClaimName") if isinstance(status, dict) else None
+    if not name:
+        raise ClaimReadError("no claim for its tessera.io/gpu is recorded in its status yet")
+    return str(name)
+
+
+def claimed_gpus(claim: JsonObj, pod_uid: str, node: str) -> list[int]:
+    """The GPUs (indices, in result order) an extended-resource claim was allocated for the pod on `node`:
+    whole GPUs of this driver, as kube-scheduler's PreBind wrote them. ClaimReadError with the reason when the
+    claim is not that (not yet allocated or reserved for the pod, another node's, a share of a GPU)."""
+    meta = claim.get("metadata") or {}
+    name = f"claim {meta.get('namespace', '')}/{meta.get('name', '')}"
+    if not is_extended_resource_claim(claim):
+        raise ClaimReadError(f"{name} is not one kube-scheduler made for extended resources")
+    if meta.get("deletionTimestamp"):
+        raise ClaimReadError(f"{name} is being deleted")
+    status = claim.get("status") or {}
+    if not status.get("allocation"):
+        raise ClaimReadError(f"{name} is not allocated yet")
+    if pod_uid not in {str((r or {}).get("uid")) for r in status.get("reservedFor") or []}:
+        raise ClaimReadError(f"{name} is not reserved for the pod")
+    try:
+        shares = claim_shares(claim)
+    except ClaimReadError as err:
+        raise ClaimReadError(f"{name}: {err}") from None
+    if not shares:
+        raise ClaimReadError(f"{name} holds no device of {contract.DRA_DRIVER}")
+    out: list[int] = []
+    for share in shares:
+        device = f"{DEVICE_PREFIX}{share.gpu_index}"
+        if share.node != node:
+            raise ClaimReadError(f"{name} holds {device} of node {share.node!r}, not of {node}")
+        if share.compute_percent != 100 or share.gpu_index in out:
+            raise ClaimReadError(f"{name} holds a share of {device}, not the whole GPU")
+        out.append(share.gpu_index)
+    return out

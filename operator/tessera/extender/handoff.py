@@ -45,6 +45,8 @@ def waiting_node(pod: JsonObj) -> str | None:
     annotations = meta.get("annotations") or {}
     if not node or contract.ANN_ASSIGNMENT not in annotations or contract.ANN_ALLOCATED in annotations:
         return None
+    if (pod.get("status") or {}).get("extendedResourceClaimStatus"):
+        return None  # served by the claim kube-scheduler made for it (DRA lanes): no Allocate to wait for
     if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in _FINISHED:
         return None
     return str(node)

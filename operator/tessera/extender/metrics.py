@@ -36,6 +36,7 @@ POD_RECREATED: Final = "pod_recreated"
 NODE_MISMATCH: Final = "node_mismatch"  # bind: the pod does not select the node (node_selection)
 API_ERROR: Final = "api_error"
 HANDOFF_PENDING: Final = "handoff_pending"  # bind: another pod on the node still waits for its Allocate
+CLAIM_UNREAD: Final = "claim_unread"  # bind (DRA): the claim made for the pod's tessera.io/gpu is not read
 NONE: Final = "none"
 
 # Bind outcomes.

@@ -30,7 +30,13 @@ from tessera.api import contract
 from tessera.api.assignment import Assignment
 from tessera.cluster.topology import Locality
 from tessera.extender import metrics as m
-from tessera.extender.claims import ClaimReadError, pod_claim_names, uses_claims
+from tessera.extender.claims import (
+    ClaimReadError,
+    claimed_gpus,
+    extended_claim_name,
+    pod_claim_names,
+    uses_claims,
+)
 from tessera.extender.handoff import Handoffs
 from tessera.extender.metrics import ExtenderMetrics
 from tessera.extender.node_selection import NodeFacts, why_not_selected
@@ -646,9 +652,15 @@ class Extender:
         if why_not is not None:
             return {"Error": f"cannot bind {ns}/{name} to {node}: {why_not}"}, m.ERROR, m.NODE_MISMATCH
         lock = self._locks.setdefault(node, asyncio.Lock())
-        if pod_spec(pod, self.view.hp_priority_classes) is None:
+        spec = pod_spec(pod, self.view.hp_priority_classes)
+        if spec is None:
             async with lock:
                 return await self._bind_plain(pod, ns, name, uid, node)
+        if self.claims and node not in self.view.device_plugin_nodes:
+            # DRA lanes: kube-scheduler's PreBind has allocated the claim it made for the pod's tessera.io/gpu,
+            # which names the GPUs (and the kubelet calls no Allocate, so there is no handoff to wait for)
+            async with lock:
+                return await self._bind_claimed(pod, spec, ns, name, uid, node)
         if self.handoffs is None:
             async with lock:
                 return await self._bind_gpu(pod, ns, name, uid, node)
@@ -731,6 +743,91 @@ class Extender:
             self._bound.popitem(last=False)
         log.info("bound %s/%s to %s GPUs %s lane %s", ns, name, node, choice.gpu_indices, assignment.lane_id)
         return {"Error": ""}, m.OK, m.NONE
+
+    async def _bind_claimed(
+        self, pod: JsonObj, spec: PodRequest, ns: str, name: str, uid: str, node: str
+    ) -> tuple[JsonObj, str, str]:
+        """Bind a pod asking `tessera.io/gpu` on a node with DRA lanes: its GPUs are the ones the claim
+        kube-scheduler made for it (KEP-5004) was allocated, and the assignment names exactly those, so the
+        view and the operator count the GPUs the pod's lane is on. Never a GPU of the extender's choosing."""
+
+        def refused(why: str, outcome: str, code: str) -> tuple[JsonObj, str, str]:
+            return {"Error": f"cannot bind {ns}/{name} to {node}: {why}"}, outcome, code
+
+        if spec.problem is not None:
+            return refused(spec.problem, m.ERROR, m.BAD_REQUEST)
+        gpus = {g.index: g for g in self.view.nodes.get(node) or ()}
+        if not gpus:
+            why = self.view.node_errors.get(node, f"node has no {contract.ANN_NODE_GPUS} annotation")
+            return refused(why, m.ERROR, m.NO_INVENTORY)
+        req = self._resolve(spec, node, {})
+        if isinstance(req, str):
+            return refused(req, m.ERROR, m.BAD_REQUEST)
+        shape = self.shape(pod, spec)
+        why_not = None if shape is None else self.view.why_not_node(node, shape)
+        if why_not is not None:
+            return refused(why_not, m.LOST_RACE, m.NO_FIT)
+        try:
+            indices = await self._claimed_gpus(ns, name, uid, node)
+            if len(indices) != req.gpus:
+                raise ClaimReadError(f"it holds {len(indices)} GPUs, the pod asks for {req.gpus}")
+            unknown = [i for i in indices if i not in gpus]
+            if unknown:
+                raise ClaimReadError(
+                    f"it holds gpu-{unknown[0]}, which {contract.ANN_NODE_GPUS} does not list"
+                )
+        except ClaimReadError as err:
+            # PreBind runs before this bind, so this is not a wait: kube-scheduler retries the pod
+            return refused(f"the GPUs of its claim are not known: {err}", m.ERROR, m.CLAIM_UNREAD)
+        # whole GPUs, as the device plugin's lane for tessera.io/gpu alone: each GPU's memory and 100 %
+        whole = GpuRequest(
+            req.gpus, min(gpus[i].memory_mib for i in indices), 100, req.compute_fraction, req.workload_class
+        )
+        assignment = Assignment(
+            node=node,
+            gpu_uuids=[gpus[i].uuid for i in indices],
+            gpu_indices=indices,
+            lane_id=self.view.lane_id(node, indices[0]),
+            memory_mib=whole.memory_mib,
+            compute_percent=whole.compute_percent,
+        )
+        self.view.hold(uid, Holding(node, tuple(indices), assignment.lane_id, whole.as_tenant()))
+        if shape is not None:
+            self.view.reserve(uid, node, shape.cpu_milli, shape.memory_mib)
+        try:
+            if self.kube is not None:
+                await self.kube.patch_pod_annotations(
+                    ns, name, {contract.ANN_ASSIGNMENT: assignment.to_annotation()}
+                )
+                await self.kube.bind_pod(ns, name, uid, node)
+        except KubeError as err:
+            self.view.release(uid)
+            self.view.unreserve(uid)
+            return {"Error": f"binding {ns}/{name} to {node} failed: {err}"}, m.ERROR, m.API_ERROR
+        self._bound[uid] = node
+        while len(self._bound) > _BOUND_MEMORY:
+            self._bound.popitem(last=False)
+        log.info(
+            "bound %s/%s to %s GPUs %s (its claim's) lane %s", ns, name, node, indices, assignment.lane_id
+        )
+        return {"Error": ""}, m.OK, m.NONE
+
+    async def _claimed_gpus(self, ns: str, name: str, uid: str, node: str) -> list[int]:
+        """The GPUs the claim made for the pod's extended resources holds, read from the API server: the
+        pod's status and the claim were written by PreBind moments ago, and the watch may not have them."""
+        if self.kube is None:
+            raise ClaimReadError("no API server to read it from")
+        try:
+            pod = await self.kube.get_pod(ns, name)
+            if (pod.get("metadata") or {}).get("uid") != uid:
+                raise ClaimReadError(f"pod {ns}/{name} now has another uid (recreated?)")
+            claim_name = extended_claim_name(pod)
+            claim = await self.kube.request(
+                "GET", f"{CLAIMS_PATH}/namespaces/{ns}/resourceclaims/{claim_name}"
+            )
+        except KubeError as err:
+            raise ClaimReadError(f"cannot read it: {err}") from None
+        return claimed_gpus(claim, uid, node)
 
     async def _bind_plain(
         self, pod: JsonObj, ns: str, name: str, uid: str, node: str

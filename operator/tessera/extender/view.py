@@ -339,6 +339,9 @@ class SchedulerCache:
         # pod uid → the claim kube-scheduler made for its tessera.io/gpu (KEP-5004): counted until the pod's
         # own tessera.io/assignment is, never both
         self._extended: dict[str, str] = {}
+        # nodes whose allocatable lists tessera.io/gpu: a device plugin serves it there, and kube-scheduler's
+        # DynamicResources plugin makes no claim for it (it serves only nodes that advertise none)
+        self.device_plugin_nodes: set[str] = set()
 
     def _changed(self, node: str) -> None:
         self.generation += 1
@@ -520,6 +523,10 @@ class SchedulerCache:
         self.node_facts[name] = NodeFacts.of(node)
         # every node's CPU and memory: pods asking for no GPU may go to nodes without GPUs
         self.allocatable[name] = node_allocatable(node)
+        if contract.RESOURCE_GPU in ((node.get("status") or {}).get("allocatable") or {}):
+            self.device_plugin_nodes.add(name)
+        else:
+            self.device_plugin_nodes.discard(name)
         raw = (node["metadata"].get("annotations") or {}).get(contract.ANN_NODE_GPUS)
         if raw is None:
             self._drop_node(name)
@@ -549,6 +556,7 @@ class SchedulerCache:
         self.node_errors.pop(name, None)
         self.node_facts.pop(name, None)
         self.allocatable.pop(name, None)
+        self.device_plugin_nodes.discard(name)
 
     def _drop_node(self, name: str) -> None:
         self.nodes.pop(name, None)

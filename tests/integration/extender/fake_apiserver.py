@@ -1,5 +1,5 @@
 """A minimal Kubernetes API server for the extender's calls: list/watch nodes and pods, get and
-merge-patch pods, and create pods/binding.
+merge-patch pods, create pods/binding, and get ResourceClaims (`claims`, set by the test).
 
 kmock's KubernetesEmulator has no `pods/binding` subresource (create a Binding → sets spec.nodeName), which
 the extender's bind needs, so these tests use this small aiohttp server instead.
@@ -29,6 +29,7 @@ class FakeApiServer:
         self.nodes: dict[str, JsonObj] = {}
         self.pods: dict[str, JsonObj] = {}
         self.bindings: list[JsonObj] = []
+        self.claims: dict[str, JsonObj] = {}  # "namespace/name" → ResourceClaim, read by GET only
         self.rv = 1
         self.lists = dict.fromkeys(KINDS, 0)  # list requests served, per kind
         self.watches = dict.fromkeys(KINDS, 0)  # watch requests served, per kind
@@ -87,6 +88,7 @@ class FakeApiServer:
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get_pod)
         app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch_pod)
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/binding", self._bind)
+        app.router.add_get("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}", self._get_claim)
         return app
 
     def _list(self, kind: str) -> Any:
@@ -134,6 +136,12 @@ class FakeApiServer:
         if key not in self.pods:
             return web.json_response({"kind": "Status", "reason": "NotFound", "code": 404}, status=404)
         return web.json_response(self.pods[key])
+
+    async def _get_claim(self, request: web.Request) -> web.Response:
+        key = f"{request.match_info['ns']}/{request.match_info['name']}"
+        if key not in self.claims:
+            return web.json_response({"kind": "Status", "reason": "NotFound", "code": 404}, status=404)
+        return web.json_response(self.claims[key])
 
     async def _patch_pod(self, request: web.Request) -> web.Response:
         key = f"{request.match_info['ns']}/{request.match_info['name']}"

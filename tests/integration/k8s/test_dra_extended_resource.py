@@ -7,6 +7,7 @@ claim as any other."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import shutil
@@ -19,17 +20,21 @@ import grpc
 import pytest
 import yaml
 from tessera.api import contract
+from tessera.api.assignment import Assignment
+from tessera.api.gpu_inventory import dump_node_gpus
+from tessera.controller.view import pod_info
 from tessera.kube import KubeClient, KubeConfig
 from tessera_agent.config import AgentConfig
 from tessera_agent.gpus.backend import usable_memory_mib
 from tessera_agent.gpus.fake_backend import FakeGpuBackend
+from tessera_agent.gpus.inventory import node_gpus
 from tessera_agent.kubelet.dra_plugin import DraDriver, KubernetesDraApi
 from tessera_agent.kubelet.dra_slice import device_class
 from tessera_agent.proto import dra_v1_pb2, dra_v1_pb2_grpc
 
 from tests.ports import free_port
 
-from .conftest import Nodes, wait_for
+from .conftest import Credentials, Nodes, Scheduling, run_scheduling, wait_for
 from .controlplane import ControlPlane, Process, default_scheduler, wait_until
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
@@ -56,18 +61,30 @@ class DraNode:
         self.name, self.backend, self.cfg = name, backend, cfg
 
 
-@pytest.fixture
-async def dra_node(cluster: ControlPlane, nodes: Nodes, sock_dir: Path) -> AsyncIterator[DraNode]:
-    """A node in DRA mode with two fake 40 GiB GPUs: no tessera.io/gpu in its capacity (no device plugin), the
-    agent's DRA driver running against the API server (publishing the slice, answering the kubelet's calls),
-    and the chart's DeviceClass, extendedResourceName included. The class is the test's own: it replaces
-    one left by another test and goes afterwards, so no other test sees tessera.io/gpu backed by DRA."""
-    node = nodes.add(f"dra-er-{secrets.token_hex(3)}", gpus=2)
+@contextlib.asynccontextmanager
+async def running_dra_node(
+    cluster: ControlPlane, nodes: Nodes, sock_dir: Path, gpus: int
+) -> AsyncIterator[DraNode]:
+    """A node in DRA mode with `gpus` fake 40 GiB GPUs: no tessera.io/gpu in its capacity (no device plugin),
+    the agent's inventory annotation for those GPUs, the agent's DRA driver running against the API server
+    (publishing the slice, answering the kubelet's calls), and the chart's DeviceClass, extendedResourceName
+    included. The class is the test's own: it replaces one left by another test and goes afterwards, so no
+    other test sees tessera.io/gpu backed by DRA."""
+    backend = FakeGpuBackend.uniform(gpus)
+    node = nodes.add(f"dra-er-{secrets.token_hex(3)}", gpus=gpus)
     gone = {contract.RESOURCE_GPU: None}
     status, body = cluster.request(
         "PATCH",
         f"/api/v1/nodes/{node}/status",
         {"status": {"capacity": gone, "allocatable": gone}},
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, body
+    inventory = {contract.ANN_NODE_GPUS: dump_node_gpus(node_gpus(backend))}  # as the agent publishes it
+    status, body = cluster.request(
+        "PATCH",
+        f"/api/v1/nodes/{node}",
+        {"metadata": {"annotations": inventory}},
         content_type="application/merge-patch+json",
     )
     assert status == 200, body
@@ -79,7 +96,6 @@ async def dra_node(cluster: ControlPlane, nodes: Nodes, sock_dir: Path) -> Async
     assert status == 201, body
     assert body["spec"]["extendedResourceName"] == contract.RESOURCE_GPU  # kept: DRAExtendedResource is on
 
-    backend = FakeGpuBackend.uniform(2)
     cfg = AgentConfig(
         node_name=node,
         lanes_api="dra",
@@ -103,6 +119,13 @@ async def dra_node(cluster: ControlPlane, nodes: Nodes, sock_dir: Path) -> Async
         await api.close()
         cluster.request("DELETE", slice_path)
         cluster.request("DELETE", CLASS_PATH)
+
+
+@pytest.fixture
+async def dra_node(cluster: ControlPlane, nodes: Nodes, sock_dir: Path) -> AsyncIterator[DraNode]:
+    """A DRA node of two GPUs (running_dra_node)."""
+    async with running_dra_node(cluster, nodes, sock_dir, 2) as node:
+        yield node
 
 
 def plain_pod(name: str, node: str, resources: dict[str, str]) -> dict[str, Any]:
@@ -333,3 +356,64 @@ async def test_the_class_makes_device_plugin_pods_asking_gpu_memory_unschedulabl
         )
     finally:
         cluster.request("DELETE", CLASS_PATH)
+
+
+@pytest.fixture
+def tessera_scheduler(cluster: ControlPlane, chart_rbac: dict[str, Credentials]) -> Iterator[Scheduling]:
+    """tessera-scheduler and its extender as the chart runs them with `lanes.api: dra`, the handoff on (the
+    chart's default) with a stale time past every deadline here: no kubelet calls Allocate in these tests, so
+    a pod the extender took to wait for one would hold its node for the rest of the test."""
+    args = ("--dra-claims", "--handoff-stale", "600")
+    with run_scheduling(cluster, chart_rbac["scheduler"], args) as started:
+        yield started
+
+
+async def test_through_tessera_scheduler_the_assignment_names_the_gpus_the_claim_got(
+    cluster: ControlPlane, nodes: Nodes, sock_dir: Path, namespace: str, tessera_scheduler: Scheduling
+) -> None:
+    """Four GPUs, 70 % of gpu-0 held by another pod's lane claim. A pod asking `tessera.io/gpu: 1` through
+    tessera-scheduler is allocated gpu-1 by the DynamicResources plugin (the first whole GPU), one asking 2
+    gets gpu-2 and gpu-3; the extender's bind writes the assignment naming exactly the GPUs of each pod's claim
+    (UUIDs as the agent's inventory lists them), and the operator's view reads those as the pod's GPUs. The
+    second pod is bound at once: a claim's pod waits for no Allocate, so the handoff does not hold the node."""
+    from .test_dra_packing import lane_pod, lane_template, placed
+
+    sched = tessera_scheduler.scheduler
+    async with running_dra_node(cluster, nodes, sock_dir, 4) as dra:
+        node = dra.name
+        pods = f"/api/v1/namespaces/{namespace}/pods"
+        held = lane_template(
+            namespace, "held", "28Gi", "70", select=f'device.attributes["{contract.DRA_DRIVER}"].index == 0'
+        )
+        status, body = cluster.request(
+            "POST", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates", held
+        )
+        assert status == 201, body
+        status, body = cluster.request(
+            "POST", pods, lane_pod("holder", "held", "1", contract.SCHEDULER_NAME, node=node)
+        )
+        assert status == 201, body
+        holder = await wait_for(
+            lambda: placed(cluster, namespace, "holder"), 90, "the holder placed", sched.tail
+        )
+        assert holder == (node, [(node, "gpu-0")]), holder
+
+        uuids = {g.index: g.uuid for g in dra.backend.gpus()}
+        usable = usable_memory_mib(dra.backend.gpus()[0])
+        for name, count, want in (("one", 1, [1]), ("two", 2, [2, 3])):
+            body = plain_pod(name, node, {contract.RESOURCE_GPU: str(count)})
+            body["spec"]["schedulerName"] = contract.SCHEDULER_NAME
+            status, out = cluster.request("POST", pods, body)
+            assert status == 201, out
+            pod, claim = await scheduled(cluster, namespace, name, sched)
+            results = claim["status"]["allocation"]["devices"]["results"]
+            got = [
+                int(r["device"].removeprefix("gpu-")) for r in results if r["driver"] == contract.DRA_DRIVER
+            ]
+            assert sorted(got) == want, results
+            assignment = Assignment.parse(pod["metadata"]["annotations"][contract.ANN_ASSIGNMENT])
+            assert (assignment.node, assignment.gpu_indices) == (node, got), assignment
+            assert assignment.gpu_uuids == [uuids[i] for i in got]
+            assert (assignment.memory_mib, assignment.compute_percent) == (usable, 100)
+            info = pod_info(pod)
+            assert (info.node, info.gpu_indices) == (node, tuple(got))

@@ -169,7 +169,7 @@ def test_a_pod_asking_tessera_gpu_runs_on_a_whole_gpu_the_scheduler_claimed_for_
     assert env["CUDA_VISIBLE_DEVICES"] == gpu_uuids(node)[int(result["device"].removeprefix("gpu-"))]
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100" and env["TESSERA_LANE_ID"] == uid
     # Routed to tessera-scheduler (gpuNodes.reserve), the pod also went through the extender, whose bind
-    # recorded a GPU of its own choosing (docs/dra.md says what that means); on this idle node it is the same.
+    # recorded the GPU of the claim kube-scheduler allocated for it (docs/dra.md, "Through tessera-scheduler").
     assignment = json.loads(got["metadata"]["annotations"][contract.ANN_ASSIGNMENT])
     assert assignment["gpuIndices"] == [int(result["device"].removeprefix("gpu-"))]
     node.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/plain")

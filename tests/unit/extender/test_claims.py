@@ -15,8 +15,11 @@ from tessera.extender.claims import (
     ClaimShare,
     claim_request,
     claim_shares,
+    claimed_gpus,
+    extended_claim_name,
     pod_claim_names,
 )
+from tessera.extender.handoff import waiting_node
 from tessera.extender.server import Extender
 from tessera.extender.view import Holding
 from tessera.policy.lanes.fragmentation import Shape
@@ -208,3 +211,78 @@ def test_without_dra_claims_a_claim_pod_is_scored_as_before_by_its_cpu_and_memor
     body = {"Pod": claim_pod("p", "p-lane-1"), "Nodes": None, "NodeNames": ["a", "plain"]}
     got = {h["Host"]: h["Score"] for h in ext.prioritize(body)}
     assert got["plain"] == 10 and got["a"] < 10, got
+
+
+def extended_claim(*results: dict[str, Any], reserved_for: str = "uid-p") -> Any:
+    """The claim kube-scheduler makes for a pod's tessera.io/gpu, as its PreBind leaves it."""
+    made = claim(lane(), name="p-extended-resources-x", results=list(results))
+    made["metadata"]["annotations"] = {"resource.kubernetes.io/extended-resource-claim": "true"}
+    made["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": reserved_for}]
+    return made
+
+
+def test_the_claim_made_for_a_pods_tessera_gpu_is_read_from_its_status() -> None:
+    pod: dict[str, Any] = {"metadata": {"name": "p"}, "status": {"phase": "Pending"}}
+    with pytest.raises(ClaimReadError, match="no claim for its tessera"):
+        extended_claim_name(pod)  # PreBind has not recorded it (yet)
+    pod["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "p-extended-resources-x",
+        "requestMappings": [{"containerName": "c", "resourceName": "tessera.io/gpu", "requestName": "r0"}],
+    }
+    assert extended_claim_name(pod) == "p-extended-resources-x"
+
+
+def test_the_gpus_of_an_allocated_extended_resource_claim() -> None:
+    whole = "40448Mi"
+    one = extended_claim(result("a", "gpu-1", whole, "100"))
+    assert claimed_gpus(one, "uid-p", "a") == [1]
+    # count 2: two whole GPUs, in the allocator's order
+    two = extended_claim(result("a", "gpu-3", whole, "100"), result("a", "gpu-2", whole, "100"))
+    assert claimed_gpus(two, "uid-p", "a") == [3, 2]
+    # another driver's devices in the same claim (another extended resource) are not this pod's GPUs
+    nic = {**result("a", "nic-0", None, None), "driver": "nic.example.com"}
+    assert claimed_gpus(extended_claim(nic, result("a", "gpu-0", whole, "100")), "uid-p", "a") == [0]
+    assert claimed_gpus(extended_claim(result("a", "gpu-0", None, None)), "uid-p", "a") == [0]  # no capacity
+
+
+@pytest.mark.parametrize(
+    ("made", "why"),
+    [
+        ({**extended_claim(), "status": {}}, "not allocated yet"),
+        (
+            extended_claim(result("a", "gpu-1", "40448Mi", "100"), reserved_for="uid-q"),
+            "not reserved for the pod",
+        ),
+        (extended_claim({**result("a", "nic-0", None, None), "driver": "nic.example.com"}), "no device of"),
+        (extended_claim(result("b", "gpu-1", "40448Mi", "100")), "of node 'b', not of a"),
+        (extended_claim(result("a", "gpu-1", "10Gi", "30")), "a share of gpu-1"),
+        (
+            extended_claim(result("a", "gpu-1", "20Gi", "50"), result("a", "gpu-1", "20Gi", "50")),
+            "share of gpu-1",
+        ),
+        (extended_claim(result("a", "lane-1", None, None)), "not one the agent publishes"),
+        (claim(lane(), results=[result("a", "gpu-1", "40448Mi", "100")]), "not one kube-scheduler made"),
+    ],
+)
+def test_an_extended_resource_claim_that_names_no_whole_gpus_of_the_node_is_refused(
+    made: Any, why: str
+) -> None:
+    with pytest.raises(ClaimReadError, match=why):
+        claimed_gpus(made, "uid-p", "a")
+    deleting = extended_claim(result("a", "gpu-1", "40448Mi", "100"))
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+    with pytest.raises(ClaimReadError, match="being deleted"):
+        claimed_gpus(deleting, "uid-p", "a")
+
+
+def test_a_pod_served_by_its_claim_waits_for_no_allocate() -> None:
+    """The handoff holds a node for a bound pod until the agent's Allocate marks it; a pod whose tessera.io/gpu
+    a claim serves (DRA lanes) never gets an Allocate, so it holds no node."""
+    pod: dict[str, Any] = {
+        "metadata": {"name": "p", "uid": "uid-p", "annotations": {contract.ANN_ASSIGNMENT: "{}"}},
+        "spec": {"nodeName": "a"},
+        "status": {"phase": "Pending"},
+    }
+    assert waiting_node(pod) == "a"
+    pod["status"]["extendedResourceClaimStatus"] = {"resourceClaimName": "p-extended-resources-x"}
+    assert waiting_node(pod) is None
