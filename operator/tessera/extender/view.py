@@ -86,6 +86,14 @@ def _quantity(value: object, scale: float) -> float:
     return amount * scale
 
 
+def _positive(quantity: object) -> bool:
+    """A node's allocatable count above zero (an unreadable one counts as none, as kube-scheduler would fail it)."""
+    try:
+        return _quantity(quantity, 1) > 0
+    except PodRequestError:
+        return False
+
+
 def pod_cpu_memory(pod: JsonObj) -> tuple[float, float]:
     """CPU (milli) and memory (MiB) the pod requests: the sum over its containers' requests (limits when no
     request is given, as the API server defaults them)."""
@@ -523,7 +531,11 @@ class SchedulerCache:
         self.node_facts[name] = NodeFacts.of(node)
         # every node's CPU and memory: pods asking for no GPU may go to nodes without GPUs
         self.allocatable[name] = node_allocatable(node)
-        if contract.RESOURCE_GPU in ((node.get("status") or {}).get("allocatable") or {}):
+        # kube-scheduler's rule (DynamicResources, filterExtendedResources): a node whose allocatable counts
+        # none of the resource serves it through DRA, also when a device plugin once registered it (the
+        # kubelet keeps the name at 0 after the plugin goes)
+        gpus = ((node.get("status") or {}).get("allocatable") or {}).get(contract.RESOURCE_GPU)
+        if gpus is not None and _positive(gpus):
             self.device_plugin_nodes.add(name)
         else:
             self.device_plugin_nodes.discard(name)

@@ -140,6 +140,23 @@ async def test_a_claim_not_known_at_bind_fails_the_bind_with_the_reason_writing_
     assert "uid-p" not in ext.view.holdings
 
 
+async def test_a_node_where_a_device_plugin_once_advertised_tessera_gpu_binds_from_the_claim(
+    served: tuple[FakeApiServer, Extender],
+) -> None:
+    """The kubelet keeps an extended resource at 0 after its device plugin goes (the node served lanes through
+    the device plugin before its agent moved to DRA); kube-scheduler then serves the pod through DRA
+    (allocatable 0), and so must the bind: it names the claim's GPU, not one of its own choosing."""
+    api, ext = served
+    setup(api, ext)
+    n = node("a", gpus=3)
+    n["status"] = {"allocatable": {"cpu": "64", "memory": "256Gi", contract.RESOURCE_GPU: "0"}}
+    ext.view.apply_node(n)
+    api.claims[f"default/{CLAIM}"] = made_claim(whole("gpu-2"))
+    assert await ext.bind(ARGS) == {"Error": ""}
+    a = Assignment.parse(api.pods["default/p"]["metadata"]["annotations"][contract.ANN_ASSIGNMENT])
+    assert a.gpu_indices == [2]  # the claim's, where the rule alone would take gpu-1
+
+
 async def test_a_node_advertising_tessera_gpu_keeps_the_device_plugins_bind(
     served: tuple[FakeApiServer, Extender],
 ) -> None:

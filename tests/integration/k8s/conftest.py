@@ -342,6 +342,9 @@ class Scheduling:
     extender: Process
     scheduler: Process
     scheduler_metrics_url: str = ""  # kube-scheduler's own /metrics (HTTPS, self-signed, no token needed)
+    # Where the API server's audit log ended when these started: their requests are the ones after it (the
+    # chart's scheduler account is the session's, and earlier tests ran extenders under it too).
+    audit_offset: int = 0
 
 
 def _extender_healthy(url: str) -> bool:
@@ -373,6 +376,7 @@ def run_scheduling(
     `scheduler_config` replaces top-level fields of its KubeSchedulerConfiguration."""
     port, metrics_port, sched_port = free_port(), free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
+    audit_offset = cluster.audit_offset()
     ext = cluster.spawn(
         f"extender-{port}",
         [str(TESSERA),
@@ -397,6 +401,7 @@ def run_scheduling(
             ext,
             sched,
             f"https://127.0.0.1:{sched_port}/metrics",
+            audit_offset,
         )
     finally:
         sched.stop()

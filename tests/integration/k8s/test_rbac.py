@@ -72,9 +72,9 @@ class Audit:
     made on (the log is append-only, so earlier tests' requests are left out). Discovery (/api, /apis,
     /version) is not a resource request and needs no grant."""
 
-    def __init__(self, cluster: ControlPlane, user: str, *, from_start: bool = False) -> None:
+    def __init__(self, cluster: ControlPlane, user: str, *, since: int | None = None) -> None:
         self.cluster, self.user = cluster, user
-        self.offset = 0 if from_start else cluster.audit_offset()
+        self.offset = cluster.audit_offset() if since is None else since
 
     def events(
         self, user_agent: str | None = None, *, exclude_agent: str | None = None
@@ -595,7 +595,8 @@ def test_extender_binds_under_the_scheduler_service_account(
     the extender's own ClusterRole holds exactly what the extender calls (the built-in scheduler roles
     cover kube-scheduler). Its requests are told apart from kube-scheduler's by their user agent."""
     creds = chart_rbac["scheduler"]
-    audit = Audit(cluster, sa_user(creds.service_account), from_start=True)  # the extender lists at start
+    # From the extender's start (it lists then), not before: earlier tests ran extenders under this account too.
+    audit = Audit(cluster, sa_user(creds.service_account), since=scheduling.audit_offset)
     node = nodes.add(f"ext-{secrets.token_hex(3)}", gpus=2)
     status, body = cluster.request(
         "POST", f"/api/v1/namespaces/{namespace}/pods", fractional_pod("p", "4096", 25)
@@ -1026,7 +1027,9 @@ def test_extender_reading_claims_uses_exactly_its_dra_grants(
     cluster = crds
     objs, creds = dra_rbac
     sa = creds["scheduler"].service_account
-    audit = Audit(cluster, sa_user(sa), from_start=True)  # the extender lists at start
+    audit = Audit(
+        cluster, sa_user(sa), since=0
+    )  # the extender lists at start; this release's account is its own
     node = nodes.add(f"extdra-{secrets.token_hex(3)}", gpus=2)
     status, body = cluster.request(
         "POST",
