@@ -724,8 +724,26 @@ class Extender:
             memory_mib=req.memory_mib,
             compute_percent=req.compute_percent,
         )
-        self.view.hold(uid, Holding(node, choice.gpu_indices, assignment.lane_id, req.as_tenant()))
-        shape = self.shape(pod, spec)
+        holding = Holding(node, choice.gpu_indices, assignment.lane_id, req.as_tenant())
+        failed = await self._commit(ns, name, uid, assignment, holding, self.shape(pod, spec))
+        if failed is not None:
+            return failed
+        log.info("bound %s/%s to %s GPUs %s lane %s", ns, name, node, choice.gpu_indices, assignment.lane_id)
+        return {"Error": ""}, m.OK, m.NONE
+
+    async def _commit(
+        self,
+        ns: str,
+        name: str,
+        uid: str,
+        assignment: Assignment,
+        holding: Holding,
+        shape: Shape | None,
+    ) -> tuple[JsonObj, str, str] | None:
+        """Count the pod on its GPUs (and CPU and memory), write its assignment and bind it; the error
+        result when the API server refused, with nothing left counted."""
+        node = assignment.node
+        self.view.hold(uid, holding)
         if shape is not None:
             self.view.reserve(uid, node, shape.cpu_milli, shape.memory_mib)
         try:
@@ -741,8 +759,7 @@ class Extender:
         self._bound[uid] = node
         while len(self._bound) > _BOUND_MEMORY:
             self._bound.popitem(last=False)
-        log.info("bound %s/%s to %s GPUs %s lane %s", ns, name, node, choice.gpu_indices, assignment.lane_id)
-        return {"Error": ""}, m.OK, m.NONE
+        return None
 
     async def _bind_claimed(
         self, pod: JsonObj, spec: PodRequest, ns: str, name: str, uid: str, node: str
@@ -791,22 +808,10 @@ class Extender:
             memory_mib=whole.memory_mib,
             compute_percent=whole.compute_percent,
         )
-        self.view.hold(uid, Holding(node, tuple(indices), assignment.lane_id, whole.as_tenant()))
-        if shape is not None:
-            self.view.reserve(uid, node, shape.cpu_milli, shape.memory_mib)
-        try:
-            if self.kube is not None:
-                await self.kube.patch_pod_annotations(
-                    ns, name, {contract.ANN_ASSIGNMENT: assignment.to_annotation()}
-                )
-                await self.kube.bind_pod(ns, name, uid, node)
-        except KubeError as err:
-            self.view.release(uid)
-            self.view.unreserve(uid)
-            return {"Error": f"binding {ns}/{name} to {node} failed: {err}"}, m.ERROR, m.API_ERROR
-        self._bound[uid] = node
-        while len(self._bound) > _BOUND_MEMORY:
-            self._bound.popitem(last=False)
+        holding = Holding(node, tuple(indices), assignment.lane_id, whole.as_tenant())
+        failed = await self._commit(ns, name, uid, assignment, holding, shape)
+        if failed is not None:
+            return failed
         log.info(
             "bound %s/%s to %s GPUs %s (its claim's) lane %s", ns, name, node, indices, assignment.lane_id
         )
