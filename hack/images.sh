@@ -19,6 +19,8 @@
 # Each image is cached under ~/.cache/tessera/images by a key of what decides it (the package list, the
 # source, the build context and its base's key), so a warm cache answers at once; buildah keeps its own layer
 # cache in ~/.cache/tessera/images/storage (its own storage: the machine's other images are not touched).
+# Only the TESSERA_IMAGES_KEEP (default 3) sets asked for last are kept, with the archives and buildah images
+# they name: each source change builds a new Tessera image, and the cache would otherwise grow without end.
 # Progress goes to stderr. Needs root, buildah, mmdebstrap and gcc (bash hack/install-node-deps.sh).
 # Environment: TESSERA_CACHE_DIR (default ~/.cache/tessera); TESSERA_DEBIAN_MIRROR (default: the first
 # deb.debian.org-style URI in /etc/apt/sources*, else http://deb.debian.org/debian).
@@ -204,6 +206,33 @@ if [[ ! -f "$dest/images.env" ]]; then
     echo "SCHEDULER_IMAGE=$SCHEDULER_IMAGE"
   } >"$dest/images.env.tmp"
   mv "$dest/images.env.tmp" "$dest/images.env"
+fi
+touch "$dest"  # its mtime says when a checkout last asked for it
+
+# ---- pruning: every source change makes a new Tessera image (~1 GiB with the worker), so keep the sets
+# asked for last and the archives and buildah images they name; the rest goes.
+keep="${TESSERA_IMAGES_KEEP:-3}"
+[[ "$keep" =~ ^[0-9]+$ && "$keep" -ge 1 ]] || keep=1  # the set just made is always kept
+mapfile -t old_sets < <(ls -1dt "$cache"/set-* 2>/dev/null | tail -n +"$((keep + 1))")
+if [[ ${#old_sets[@]} -gt 0 ]]; then
+  rm -rf "${old_sets[@]}"
+  declare -A kept=(["${base_tar##*/}"]=1)  # by file name: the links may spell the cache another way
+  kept_images=" "
+  for set in "$cache"/set-*; do
+    for link in "$set"/*.tar; do kept["$(basename "$(readlink "$link")")"]=1; done
+    kept_images+="$(grep -E '^(TESSERA|WORKER)_IMAGE=' "$set/images.env" | cut -d= -f2 | tr '\n' ' ' || true)"
+  done
+  freed=0
+  for tar in "$cache"/*.tar; do
+    [[ -n "${kept[${tar##*/}]:-}" ]] && continue
+    freed=$((freed + $(stat -c %s "$tar")))
+    rm -f "$tar"
+  done
+  while read -r name; do
+    [[ "$kept_images" == *" $name "* ]] || "${B[@]}" rmi --force "$name" >/dev/null 2>&1 || true
+  done < <("${B[@]}" images --format '{{.Name}}:{{.Tag}}' 2>/dev/null | grep -E '^localhost/tessera(/worker)?:' || true)
+  "${B[@]}" rmi --prune >/dev/null 2>&1 || true
+  say "pruned ${#old_sets[@]} older image sets ($((freed / 1048576)) MiB of archives; TESSERA_IMAGES_KEEP=$keep)"
 fi
 [[ $((SECONDS - start)) -gt 0 ]] && say "done"
 echo "$dest"
