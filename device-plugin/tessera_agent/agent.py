@@ -61,6 +61,8 @@ class NodeAgent:
     loop: InterferenceLoop | None = field(init=False, default=None)
     _progress_latency: ProgressLatency | None = field(init=False, default=None)
     _claims: ClaimLanes | None = field(init=False, default=None)  # DRA: the pods of each claim's lane
+    _lanes_api: DevicePlugin | DraDriver | None = field(init=False, default=None)
+    _stopping: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         if self.daemons is None:
@@ -90,6 +92,14 @@ class NodeAgent:
             on_metric=agent_metrics_sink(self.metrics),
         )
 
+    def readiness(self) -> str | None:
+        """For the readiness probe: None while the kubelet can allocate lanes here; else what is awaited."""
+        if self._stopping:
+            return "stopping"
+        if self._lanes_api is None:
+            return "starting"
+        return self._lanes_api.readiness()
+
     async def run(self, stop: asyncio.Event) -> None:
         lanes_api: DevicePlugin | DraDriver
         holders = LaneHolders()
@@ -112,6 +122,7 @@ class NodeAgent:
             lanes_api = DevicePlugin(
                 self.cfg, self.backend, self.pods, self.metrics, self.lanes, self.daemons, self.dmem
             )
+        self._lanes_api = lanes_api
         tasks = [asyncio.create_task(lanes_api.run(stop)), asyncio.create_task(self._sample(stop, lanes_api))]
         if self.audit is not None and self.cfg.lanes_api == "devicePlugin":
             tasks.append(asyncio.create_task(self.audit.run(stop, self.cfg.lane_audit_interval_s)))
@@ -139,6 +150,7 @@ class NodeAgent:
         async def close_sockets() -> None:
             # on stop, the sockets stop accepting first, while the device plugin winds down
             await stop.wait()
+            self._stopping = True
             await self._close(progress)
 
         tasks.append(asyncio.create_task(close_sockets()))

@@ -105,6 +105,13 @@ def _node_options(g: argparse._ArgumentGroup) -> None:
         "controller recreates it on its own lane; the default) or only report it (events, metric)",
     )
     g.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port (0 = off)")
+    g.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        help="port of /healthz (the event loop answers) and /readyz (the kubelet has taken the device plugin "
+        "or the DRA driver), for the pod's probes (0 = off; the chart sets 9103)",
+    )
     g.add_argument("--sample-interval", type=float, default=10.0, help="seconds between telemetry samples")
     g.add_argument(
         "--shutdown-timeout",
@@ -427,7 +434,7 @@ def _main(argv: list[str] | None) -> int:
         cluster.backend.close()
         return _refuse(str(err), code=1)
     agent = _build_agent(settings, cluster, dmem)
-    asyncio.run(_run_until_signalled(agent, settings.shutdown_timeout_s))
+    asyncio.run(_run_until_signalled(agent, settings.shutdown_timeout_s, settings.health_port))
     return 0
 
 
@@ -617,8 +624,22 @@ def _build_agent(settings: AgentSettings, cluster: _Cluster, dmem_node: DmemNode
     )
 
 
-async def _run_until_signalled(agent: NodeAgent, shutdown_timeout_s: float) -> None:
-    """Run the agent until it ends or SIGTERM/SIGINT; then give in-flight work `shutdown_timeout_s`."""
+async def _run_until_signalled(agent: NodeAgent, shutdown_timeout_s: float, health_port: int = 0) -> None:
+    """Run the agent until it ends or SIGTERM/SIGINT; then give in-flight work `shutdown_timeout_s`. With
+    `health_port`, the probe endpoints answer for as long as the agent runs."""
+    from tessera_agent.health import HealthServer
+
+    health = HealthServer(health_port, agent.readiness) if health_port else None
+    if health is not None:
+        await health.start()
+    try:
+        await _run_agent(agent, shutdown_timeout_s)
+    finally:
+        if health is not None:
+            await health.stop()
+
+
+async def _run_agent(agent: NodeAgent, shutdown_timeout_s: float) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

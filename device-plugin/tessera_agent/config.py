@@ -223,6 +223,7 @@ class AgentSettings(_Settings):
     declared_only: bool = False
     mps_binary: str = Field("nvidia-cuda-mps-control", min_length=1)
     metrics_port: int = Field(9400, ge=0, le=65535)  # 0 = no metrics server
+    health_port: int = Field(0, ge=0, le=65535)  # /healthz and /readyz (health.py); 0 = off
     sample_interval_s: Seconds = 10.0
     shutdown_timeout_s: Seconds = 10.0  # for in-flight work after SIGTERM
     lane_policy: Policy = "FAIR"

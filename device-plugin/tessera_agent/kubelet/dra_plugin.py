@@ -805,6 +805,20 @@ class DraDriver:
         self.health = HealthServicer(cfg, backend, self.slices)
         self._server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
+        self._published = False  # the slice has been published since serving began
+
+    def readiness(self) -> str | None:
+        """None once the kubelet has registered the driver and the node's slice is published."""
+        if self._server is None:
+            return f"the DRA driver is not serving on {self.cfg.dra_socket}"
+        if not self.registration.registered.is_set():
+            refused = (
+                f" (last refusal: {self.registration.last_error})" if self.registration.last_error else ""
+            )
+            return f"waiting for the kubelet to register {contract.DRA_DRIVER}{refused}"
+        if not self._published:
+            return "waiting to publish the node's ResourceSlice"
+        return None
 
     async def serve(self) -> None:
         for sock in (self.cfg.dra_socket, self.cfg.dra_registration_socket):
@@ -869,6 +883,7 @@ class DraDriver:
         while not stop.is_set():
             try:
                 await self.slices.publish()
+                self._published = True
                 return
             except Exception as err:  # the API server not there yet, a conflict: try again
                 log.warning("ResourceSlice not published (%s); retrying in %.1fs", err, delay)

@@ -275,6 +275,7 @@ class DevicePlugin:
         self.servicer = DevicePluginServicer(cfg, backend, pods, metrics, lanes, daemons, dmem)
         self._server: grpc.aio.Server | None = None
         self._kubelet_inode: int | None = None
+        self._registered = False  # the kubelet took the current server's registration
         self.registrations = 0
         self.on_registered: Callable[[], None] | None = None
 
@@ -303,12 +304,22 @@ class DevicePlugin:
                 timeout=timeout_s,
             )
         self._kubelet_inode = os.stat(kubelet).st_ino
+        self._registered = True
         self.registrations += 1
         log.info("registered %s with kubelet at %s", self.cfg.resource_name, kubelet)
         if self.on_registered:
             self.on_registered()
 
+    def readiness(self) -> str | None:
+        """None once the kubelet has taken this server's registration; else what is awaited."""
+        if self._server is None:
+            return f"the device plugin is not serving on {self.cfg.plugin_socket}"
+        if not self._registered:
+            return f"waiting for the kubelet at {self.cfg.kubelet_socket} to take {self.cfg.resource_name}"
+        return None
+
     async def stop(self, grace_s: float = 1.0) -> None:
+        self._registered = False
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None

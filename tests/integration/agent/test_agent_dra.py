@@ -180,6 +180,28 @@ async def test_registration_answers_what_the_kubelet_checks(running: Running, cf
     assert running.driver.registration.registered.is_set()
 
 
+async def test_ready_once_the_kubelet_registers_the_driver_and_the_slice_is_published(
+    running: Running, cfg: AgentConfig
+) -> None:
+    """What the agent's /readyz answers (health.py): the slice is published (start waits for it), the kubelet
+    has not yet said it registered the driver; a refusal is named; ready after the kubelet's yes."""
+    driver = running.driver
+    assert "waiting for the kubelet to register" in (driver.readiness() or "")
+    async with grpc.aio.insecure_channel(f"unix://{cfg.dra_registration_socket}") as channel:
+        stub = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
+        refused = pluginregistration_v1_pb2.RegistrationStatus(
+            plugin_registered=False, error="no such version"
+        )
+        await stub.NotifyRegistrationStatus(refused, timeout=DEADLINE_S)
+        assert "last refusal: no such version" in (driver.readiness() or "")
+        await stub.NotifyRegistrationStatus(
+            pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=True), timeout=DEADLINE_S
+        )
+    assert driver.readiness() is None
+    await running.halt()
+    assert "not serving" in (driver.readiness() or "")
+
+
 async def test_slice_has_one_shareable_device_per_gpu(
     running: Running, api: FakeDraApi, backend: FakeGpuBackend
 ) -> None:

@@ -314,6 +314,19 @@ def test_agent_daemonset_has_host_access_for_device_plugin_and_mps() -> None:
     ]
 
 
+@pytest.mark.parametrize("values", [{}, {"agent": {"healthPort": 9200}}])
+def test_agent_probes_ask_its_health_endpoints_on_the_port_it_serves_them(values: dict[str, Any]) -> None:
+    """Readiness from /readyz (the kubelet has the lanes' API), liveness from /healthz (the event loop answers)."""
+    (container,) = find(objects(render(values)), "DaemonSet", "-agent")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    port = values.get("agent", {}).get("healthPort", 9103)
+    assert f"--health-port={port}" in container["args"]
+    assert {"name": "health", "containerPort": port, "protocol": "TCP"} in container["ports"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
 @pytest.mark.parametrize(
     ("values", "wanted", "unwanted"),
     [
