@@ -257,6 +257,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return [p for p in pods if p.uid not in self._served]
 
 
+# The kubelet's answer to a Register for a socket it is connected to (pkg/kubelet/cm/devicemanager)
+ALREADY_CONNECTED = "device plugin already connected"
+
+
 class DevicePlugin:
     """Owns the gRPC server's lifecycle: serve, register, watch for kubelet restarts, shut down cleanly."""
 
@@ -290,19 +294,30 @@ class DevicePlugin:
         self._server = server
         log.info("device plugin serving on %s", sock)
 
-    async def register(self, timeout_s: float = 5.0) -> None:
+    async def register(self, timeout_s: float = 10.0) -> None:
+        # 10 s: the kubelet's Register dials this server back with a 10 s deadline of its own before answering
         kubelet = self.cfg.kubelet_socket
         async with grpc.aio.insecure_channel(f"unix://{kubelet}") as channel:
             stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
-            await stub.Register(
-                api_pb2.RegisterRequest(
-                    version=API_VERSION,
-                    endpoint=self.cfg.socket_name,
-                    resource_name=self.cfg.resource_name,
-                    options=self.servicer.options(),
-                ),
-                timeout=timeout_s,
-            )
+            try:
+                await stub.Register(
+                    api_pb2.RegisterRequest(
+                        version=API_VERSION,
+                        endpoint=self.cfg.socket_name,
+                        resource_name=self.cfg.resource_name,
+                        options=self.servicer.options(),
+                    ),
+                    timeout=timeout_s,
+                )
+            except grpc.aio.AioRpcError as err:
+                # A Register whose answer was lost (our deadline passed after the kubelet had connected) makes
+                # the kubelet refuse every later one for this socket: it holds a live connection to it already
+                # (devicemanager's PluginConnected), which is what registering asks for.
+                if ALREADY_CONNECTED not in (err.details() or ""):
+                    raise
+                log.info(
+                    "the kubelet holds a connection to %s already: %s", self.cfg.plugin_socket, err.details()
+                )
         self._kubelet_inode = os.stat(kubelet).st_ino
         self._registered = True
         self.registrations += 1

@@ -255,6 +255,71 @@ async def test_reregisters_after_kubelet_restart(
         assert len(first.devices) == 8
 
 
+class KubeletHoldingTheSocket(FakeKubelet):
+    """A kubelet that connected to the plugin's socket on a Register whose answer the plugin never saw: each
+    later Register for that socket gets devicemanager's refusal (a Go error, so gRPC status UNKNOWN)."""
+
+    async def Register(
+        self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.Empty:
+        self.requests.append(request)
+        self.registered.set()
+        await context.abort(
+            grpc.StatusCode.UNKNOWN, f"device plugin already connected: {self.plugin_dir / request.endpoint}"
+        )
+        raise AssertionError("abort returns only by raising")
+
+
+async def test_a_kubelet_already_connected_to_the_socket_counts_as_registered(
+    plugin_dir: Path, backend: FakeGpuBackend
+) -> None:
+    kubelet = KubeletHoldingTheSocket(plugin_dir)
+    await kubelet.start()
+    cfg = AgentConfig(node_name=NODE, device_plugin_dir=plugin_dir, restart_poll_s=0.05)
+    plugin = DevicePlugin(cfg, backend, StaticPodSource())
+    stop = asyncio.Event()
+    task = asyncio.create_task(plugin.run(stop))
+    try:
+        for _ in range(250):
+            if plugin.readiness() is None:
+                break
+            await asyncio.sleep(0.02)
+        assert plugin.readiness() is None and plugin.registrations == 1 and len(kubelet.requests) == 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        await kubelet.stop()
+    assert plugin.readiness() is not None  # stopped: not ready
+
+
+async def test_any_other_refusal_is_retried_and_not_ready(plugin_dir: Path, backend: FakeGpuBackend) -> None:
+    class Refusing(FakeKubelet):
+        async def Register(
+            self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext
+        ) -> api_pb2.Empty:
+            self.requests.append(request)
+            await context.abort(grpc.StatusCode.UNKNOWN, "invalid resource name")
+            raise AssertionError("abort returns only by raising")
+
+    kubelet = Refusing(plugin_dir)
+    await kubelet.start()
+    cfg = AgentConfig(node_name=NODE, device_plugin_dir=plugin_dir, restart_poll_s=0.05)
+    plugin = DevicePlugin(cfg, backend, StaticPodSource())
+    stop = asyncio.Event()
+    task = asyncio.create_task(plugin.run(stop))
+    try:
+        for _ in range(250):
+            if len(kubelet.requests) >= 2:
+                break
+            await asyncio.sleep(0.02)
+        assert len(kubelet.requests) >= 2 and plugin.registrations == 0
+        assert "waiting for the kubelet" in (plugin.readiness() or "")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        await kubelet.stop()
+
+
 async def test_clean_shutdown_removes_socket(
     plugin_dir: Path, kubelet: FakeKubelet, backend: FakeGpuBackend
 ) -> None:
