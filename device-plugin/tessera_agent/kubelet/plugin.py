@@ -67,6 +67,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self._allocate_lock = asyncio.Lock()
         self._served: set[str] = set()  # pod UIDs served, in case the API has not shown our mark yet
         self._slot_pods: dict[str, NodePod] = {}  # device ID → the pod Allocate last served it to
+        self.watchers = 0  # ListAndWatch streams open: a kubelet connected to this server
 
     # --- state ---
     def devices(self) -> list[api_pb2.Device]:
@@ -106,13 +107,17 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.Empty, context: object
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         seen = -1
-        while True:
-            async with self._changed:
-                while self._version == seen:
-                    await self._changed.wait()
-                seen = self._version
-                devices = self.devices()
-            yield api_pb2.ListAndWatchResponse(devices=devices)
+        self.watchers += 1
+        try:
+            while True:
+                async with self._changed:
+                    while self._version == seen:
+                        await self._changed.wait()
+                    seen = self._version
+                    devices = self.devices()
+                yield api_pb2.ListAndWatchResponse(devices=devices)
+        finally:
+            self.watchers -= 1
 
     async def GetPreferredAllocation(
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext
@@ -311,9 +316,10 @@ class DevicePlugin:
                 )
             except grpc.aio.AioRpcError as err:
                 # A Register whose answer was lost (our deadline passed after the kubelet had connected) makes
-                # the kubelet refuse every later one for this socket: it holds a live connection to it already
-                # (devicemanager's PluginConnected), which is what registering asks for.
-                if ALREADY_CONNECTED not in (err.details() or ""):
+                # the kubelet refuse every later one for this socket (devicemanager's PluginConnected). That
+                # is registered when the kubelet is watching this very server; a kubelet that has yet to see
+                # a previous server on the socket go says the same, and is asked again.
+                if ALREADY_CONNECTED not in (err.details() or "") or not self.servicer.watchers:
                     raise
                 log.info(
                     "the kubelet holds a connection to %s already: %s", self.cfg.plugin_socket, err.details()

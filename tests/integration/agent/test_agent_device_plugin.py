@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
@@ -255,69 +256,89 @@ async def test_reregisters_after_kubelet_restart(
         assert len(first.devices) == 8
 
 
-class KubeletHoldingTheSocket(FakeKubelet):
-    """A kubelet that connected to the plugin's socket on a Register whose answer the plugin never saw: each
-    later Register for that socket gets devicemanager's refusal (a Go error, so gRPC status UNKNOWN)."""
+class RefusingKubelet(FakeKubelet):
+    """A kubelet whose Register refuses with `message`, as devicemanager does: a Go error, gRPC status UNKNOWN."""
+
+    def __init__(self, plugin_dir: Path, message: str) -> None:
+        super().__init__(plugin_dir)
+        self.message = message
+        self.watch: asyncio.Task[None] | None = None
 
     async def Register(
         self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.Empty:
         self.requests.append(request)
-        self.registered.set()
         await context.abort(
-            grpc.StatusCode.UNKNOWN, f"device plugin already connected: {self.plugin_dir / request.endpoint}"
+            grpc.StatusCode.UNKNOWN, self.message.format(socket=self.plugin_dir / request.endpoint)
         )
         raise AssertionError("abort returns only by raising")
+
+    def watch_plugin(self) -> None:
+        """Hold a ListAndWatch stream open on the plugin, as a kubelet connected to it does."""
+
+        async def watch() -> None:
+            channel = grpc.aio.insecure_channel(f"unix://{self.plugin_dir / contract.AGENT_SOCKET_NAME}")
+            async with channel:
+                async for _ in api_pb2_grpc.DevicePluginStub(channel).ListAndWatch(api_pb2.Empty()):
+                    pass
+
+        self.watch = asyncio.create_task(watch())
+
+    async def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await self.watch
+        await super().stop()
+
+
+@contextlib.asynccontextmanager
+async def plugin_against(kubelet: FakeKubelet, backend: FakeGpuBackend) -> AsyncIterator[DevicePlugin]:
+    """A device plugin run against `kubelet` (started here) until the block ends."""
+    await kubelet.start()
+    cfg = AgentConfig(node_name=NODE, device_plugin_dir=kubelet.plugin_dir, restart_poll_s=0.05)
+    plugin = DevicePlugin(cfg, backend, StaticPodSource())
+    stop = asyncio.Event()
+    task = asyncio.create_task(plugin.run(stop))
+    try:
+        yield plugin
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        await kubelet.stop()
+
+
+async def eventually(cond: Callable[[], bool]) -> None:
+    for _ in range(250):
+        if cond():
+            return
+        await asyncio.sleep(0.02)
 
 
 async def test_a_kubelet_already_connected_to_the_socket_counts_as_registered(
     plugin_dir: Path, backend: FakeGpuBackend
 ) -> None:
-    kubelet = KubeletHoldingTheSocket(plugin_dir)
-    await kubelet.start()
-    cfg = AgentConfig(node_name=NODE, device_plugin_dir=plugin_dir, restart_poll_s=0.05)
-    plugin = DevicePlugin(cfg, backend, StaticPodSource())
-    stop = asyncio.Event()
-    task = asyncio.create_task(plugin.run(stop))
-    try:
-        for _ in range(250):
-            if plugin.readiness() is None:
-                break
-            await asyncio.sleep(0.02)
-        assert plugin.readiness() is None and plugin.registrations == 1 and len(kubelet.requests) == 1
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 5)
-        await kubelet.stop()
+    """A Register whose answer the plugin never saw left the kubelet connected to the socket: it refuses every
+    later Register for it so (devicemanager's PluginConnected). So does a kubelet still connected to an earlier
+    server on that socket: the plugin asks again until the kubelet watches this one."""
+    kubelet = RefusingKubelet(plugin_dir, "device plugin already connected: {socket}")
+    async with plugin_against(kubelet, backend) as plugin:
+        # Not while the kubelet holds no stream from this server (it has yet to see an earlier one go) ...
+        await eventually(lambda: len(kubelet.requests) >= 2)
+        assert plugin.registrations == 0 and "waiting for the kubelet" in (plugin.readiness() or "")
+        # ... but once it watches this one, the refusal says the kubelet has it.
+        kubelet.watch_plugin()
+        await eventually(lambda: plugin.readiness() is None)
+        assert plugin.readiness() is None and plugin.registrations == 1
     assert plugin.readiness() is not None  # stopped: not ready
 
 
 async def test_any_other_refusal_is_retried_and_not_ready(plugin_dir: Path, backend: FakeGpuBackend) -> None:
-    class Refusing(FakeKubelet):
-        async def Register(
-            self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext
-        ) -> api_pb2.Empty:
-            self.requests.append(request)
-            await context.abort(grpc.StatusCode.UNKNOWN, "invalid resource name")
-            raise AssertionError("abort returns only by raising")
-
-    kubelet = Refusing(plugin_dir)
-    await kubelet.start()
-    cfg = AgentConfig(node_name=NODE, device_plugin_dir=plugin_dir, restart_poll_s=0.05)
-    plugin = DevicePlugin(cfg, backend, StaticPodSource())
-    stop = asyncio.Event()
-    task = asyncio.create_task(plugin.run(stop))
-    try:
-        for _ in range(250):
-            if len(kubelet.requests) >= 2:
-                break
-            await asyncio.sleep(0.02)
+    kubelet = RefusingKubelet(plugin_dir, "invalid resource name")
+    async with plugin_against(kubelet, backend) as plugin:
+        await eventually(lambda: len(kubelet.requests) >= 2)
         assert len(kubelet.requests) >= 2 and plugin.registrations == 0
         assert "waiting for the kubelet" in (plugin.readiness() or "")
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 5)
-        await kubelet.stop()
 
 
 async def test_clean_shutdown_removes_socket(
