@@ -602,6 +602,8 @@ class RegistrationServicer(pluginregistration_v1_pb2_grpc.RegistrationServicer):
             log.info("kubelet registered DRA driver %s", contract.DRA_DRIVER)
             self.registered.set()
         else:
+            # a refusal after a yes (a restarted kubelet that refuses the driver) makes the node unready again
+            self.registered.clear()
             self.last_error = request.error
             log.error("kubelet refused DRA driver %s: %s", contract.DRA_DRIVER, request.error)
         return pluginregistration_v1_pb2.RegistrationStatusResponse()

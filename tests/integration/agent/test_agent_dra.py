@@ -197,6 +197,13 @@ async def test_ready_once_the_kubelet_registers_the_driver_and_the_slice_is_publ
         await stub.NotifyRegistrationStatus(
             pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=True), timeout=DEADLINE_S
         )
+        assert driver.readiness() is None
+        # a kubelet that refuses the driver later (after its restart) makes the node unready again
+        await stub.NotifyRegistrationStatus(refused, timeout=DEADLINE_S)
+        assert "last refusal: no such version" in (driver.readiness() or "")
+        await stub.NotifyRegistrationStatus(
+            pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=True), timeout=DEADLINE_S
+        )
     assert driver.readiness() is None
     await running.halt()
     assert "not serving" in (driver.readiness() or "")
