@@ -463,7 +463,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self._spawn(
             "kube-scheduler",
             [str(self.plane.assets / "kube-scheduler"), f"--kubeconfig={self.plane.kubeconfig}",
-             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}"],
+             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+             "-v=2"],  # each attempt and its reason, for a test's failure to quote
         )  # fmt: skip
 
     def _start_kube_proxy(self) -> None:

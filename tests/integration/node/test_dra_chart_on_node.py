@@ -67,6 +67,10 @@ def dra_release(node: Node, admin_cli: AdminCLI) -> Iterator[AdminCLI]:
     values["agent"].update(
         {"fakeGpus": FAKE_GPUS, "kubeletRootDir": str(node.kubelet_root), "cdiDir": str(node.cdi_dir)}
     )
+    # The operator creates a TrialGroup's trials and a deployment's replicas together, and kube-scheduler 1.37.2
+    # can count one's claim twice while it is in flight, leaving another unschedulable until its flush of such
+    # pods (docs/dra.md, "Lane pods created together"): the docs' bound on that wait, shorter for the deadlines.
+    values["scheduler"]["kubeScheduler"]["extraArgs"] = ["--pod-max-in-unschedulable-pods-duration=30s"]
     t0 = time.monotonic()
     helm_install(node, admin_cli, RELEASE, values, NS)
     try:

@@ -623,3 +623,20 @@ def test_kube_scheduler_tag_follows_the_cluster_unless_pinned() -> None:
     assert re.fullmatch(r"registry\.k8s\.io/kube-scheduler:v1\.\d+\.\d+", image(None))
     pinned = {"scheduler": {"kubeScheduler": {"image": {"tag": "v1.36.3"}}}}
     assert image(pinned) == "registry.k8s.io/kube-scheduler:v1.36.3"
+
+
+def test_kube_scheduler_extra_args_follow_its_own_flags() -> None:
+    def command(values: dict[str, Any] | None) -> list[str]:
+        deployment = find(objects(render(values)), "Deployment", "-scheduler")
+        (ks,) = [
+            c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "kube-scheduler"
+        ]
+        return list(ks["command"])
+
+    default = command(None)
+    assert default[0] == "kube-scheduler" and not [a for a in default if "unschedulable" in a]
+    retry = "--pod-max-in-unschedulable-pods-duration=60s"
+    given = command({"scheduler": {"kubeScheduler": {"extraArgs": [retry]}}})
+    assert given == [*default, retry]
+    with pytest.raises(helm.HelmValuesError, match="extraArgs"):  # the schema: strings only
+        render({"scheduler": {"kubeScheduler": {"extraArgs": [60]}}})
