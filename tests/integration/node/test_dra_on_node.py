@@ -173,8 +173,8 @@ def lane_pods_one_at_a_time(
 ) -> None:
     """Lane pods (sleeping), each created once the one before is bound. kube-scheduler 1.37.2 counts a claim
     twice while it is allocated and still in flight (tests/integration/k8s/test_scheduler_inflight_capacity.py):
-    a pod filtered in that window finds the GPU full and waits for the 5-minute flush of unschedulable pods,
-    which these tests' deadlines do not cover. Binding comes after that window closes."""
+    a pod filtered in that window finds the GPU fuller than it is and can wait for the 5-minute flush of
+    unschedulable pods, which these tests' deadlines do not cover. Binding comes after the window closes."""
     templates = [template] * len(names) if isinstance(template, str) else template
     for name, of in zip(names, templates, strict=True):
         lane_pod(node, namespace, name, of, sleep_s=3600)
