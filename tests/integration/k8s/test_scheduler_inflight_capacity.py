@@ -1,7 +1,7 @@
 """kube-scheduler 1.37.2, as hack/k8s/go.mod builds it, counts a shared device's claim twice while the claim is
 both allocated in its cache and still in flight (the end of PreBind). A lane pod whose filter runs in that
-window is found unschedulable, and nothing after it is an event for that pod: it waits up to the 5-minute
-flush of unschedulable pods (docs/dra.md, "Lane pods created together"). The Go test drives the scheduler's own
+window is found unschedulable and, unless something else changes, no later event requeues it: it can wait
+for the 5-minute flush of unschedulable pods (docs/dra.md, "Lane pods created together"). The Go test drives the scheduler's own
 DRA claim tracker through Reserve, PreBind's status write and the end of PreBind; it fails once an upstream
 release counts the claim once, and then the workaround in the node tests and the docs can go."""
 
