@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -19,6 +19,7 @@ from tessera_agent.pods import StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import api_pb2, api_pb2_grpc
 
 from .agent_fake_kubelet import FakeKubelet
+from .waiting import until
 
 NODE = "node-a"
 
@@ -308,13 +309,6 @@ async def plugin_against(kubelet: FakeKubelet, backend: FakeGpuBackend) -> Async
         await kubelet.stop()
 
 
-async def eventually(cond: Callable[[], bool]) -> None:
-    for _ in range(250):
-        if cond():
-            return
-        await asyncio.sleep(0.02)
-
-
 async def test_a_kubelet_already_connected_to_the_socket_counts_as_registered(
     plugin_dir: Path, backend: FakeGpuBackend
 ) -> None:
@@ -324,11 +318,11 @@ async def test_a_kubelet_already_connected_to_the_socket_counts_as_registered(
     kubelet = RefusingKubelet(plugin_dir, "device plugin already connected: {socket}")
     async with plugin_against(kubelet, backend) as plugin:
         # Not while the kubelet holds no stream from this server (it has yet to see an earlier one go) ...
-        await eventually(lambda: len(kubelet.requests) >= 2)
+        await until(lambda: len(kubelet.requests) >= 2, "a second Register")
         assert plugin.registrations == 0 and "waiting for the kubelet" in (plugin.readiness() or "")
         # ... but once it watches this one, the refusal says the kubelet has it.
         kubelet.watch_plugin()
-        await eventually(lambda: plugin.readiness() is None)
+        await until(lambda: plugin.readiness() is None, "the plugin ready")
         assert plugin.readiness() is None and plugin.registrations == 1
     assert plugin.readiness() is not None  # stopped: not ready
 
@@ -336,7 +330,7 @@ async def test_a_kubelet_already_connected_to_the_socket_counts_as_registered(
 async def test_any_other_refusal_is_retried_and_not_ready(plugin_dir: Path, backend: FakeGpuBackend) -> None:
     kubelet = RefusingKubelet(plugin_dir, "invalid resource name")
     async with plugin_against(kubelet, backend) as plugin:
-        await eventually(lambda: len(kubelet.requests) >= 2)
+        await until(lambda: len(kubelet.requests) >= 2, "a second Register")
         assert len(kubelet.requests) >= 2 and plugin.registrations == 0
         assert "waiting for the kubelet" in (plugin.readiness() or "")
 

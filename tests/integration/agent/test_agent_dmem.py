@@ -18,8 +18,7 @@ import asyncio
 import json
 import signal
 import sys
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,19 +39,12 @@ from tests.unit.agent.dmem_tree import REGIONS, lines, uid
 
 from .agent_fake_kubelet import FakeKubelet
 from .test_agent_dra import NODE, FakeDraApi, dra_stub, result
+from .waiting import until
 
 FAKE_MPS = str(Path(__file__).parent / "fake-bin" / "nvidia-cuda-mps-control")
 UUIDS = [f"GPU-00000000-0000-0000-0000-{i:012d}" for i in range(2)]  # FakeGpuBackend.uniform's
 MIB = 1024 * 1024
 DEADLINE_S = 30.0
-
-
-async def until(cond: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {DEADLINE_S}s")
-        await asyncio.sleep(0.05)
 
 
 def value(path: Path, region: str) -> str | None:

@@ -27,6 +27,8 @@ from tessera_agent.proto import (
     pluginregistration_v1_pb2_grpc,
 )
 
+from .waiting import until
+
 NODE = "node-a"
 DEADLINE_S = 30.0
 
@@ -125,15 +127,6 @@ async def start(cfg: AgentConfig, backend: FakeGpuBackend, api: FakeDraApi) -> R
     task = asyncio.create_task(driver.run(stop))
     await until(lambda: cfg.dra_registration_socket.exists() and bool(api.slices), "the driver to serve")
     return Running(driver, stop, task)
-
-
-async def until(cond: Any, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_S
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture

@@ -36,8 +36,9 @@ from tessera_agent.metrics_factory import AgentMetrics
 from tessera_agent.pods import NodePod, StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import dra_v1_pb2, dra_v1_pb2_grpc
 
-from .test_agent_dra import DEADLINE_S, NODE, FakeDraApi, claim, result, until
+from .test_agent_dra import DEADLINE_S, NODE, FakeDraApi, claim, result
 from .test_agent_dra_lanes import FAKE_MPS, lane_config
+from .waiting import until
 
 
 @dataclass

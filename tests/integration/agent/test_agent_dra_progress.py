@@ -26,7 +26,8 @@ from tessera_agent.pods import StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import dra_v1_pb2, dra_v1_pb2_grpc
 
 from .peer_support import NODE, FakeProc, Peer, pod_uid
-from .test_agent_dra import DEADLINE_S, FakeDraApi, result, until
+from .test_agent_dra import DEADLINE_S, FakeDraApi, result
+from .waiting import until
 
 TRAIN, MATE, STRANGER, OLD = pod_uid(1), pod_uid(2), pod_uid(3), pod_uid(4)
 

@@ -26,7 +26,8 @@ from tessera_agent.kubelet.dra_plugin import Checkpoint, DraDriver, DraServicer
 from tessera_agent.lanes.book import LaneBook
 from tessera_agent.proto import dra_v1_pb2, dra_v1_pb2_grpc
 
-from .test_agent_dra import DEADLINE_S, NODE, FakeDraApi, claim, result, until
+from .test_agent_dra import DEADLINE_S, NODE, FakeDraApi, claim, result
+from .waiting import until
 
 FAKE_MPS = str(Path(__file__).parent / "fake-bin" / "nvidia-cuda-mps-control")
 USABLE_MIB = 40960 - 512  # the fake A100's memory less the driver reserve

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from tessera_agent.pods import NodePod, StaticPodSource, pod_info_from_manifest
 from tessera_agent.proto import api_pb2, api_pb2_grpc
 
 from .agent_fake_kubelet import FakeKubelet
+from .waiting import until
 
 NODE = "node-a"
 
@@ -71,14 +70,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-async def wait_until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def allocate(kubelet: FakeKubelet, device: str) -> dict[str, str]:
@@ -146,7 +137,7 @@ async def test_agent_hp_be_env_and_feedback_loop(plugin_dir: Path, kubelet: Fake
 
         # The HP lane alone: its iteration time (10 ms) becomes the GPU's dedicated p99.
         await hp_iterations(30, 0.010)
-        await wait_until(lambda: uuid in agent.loop.p99_dedicated, "the dedicated p99")  # type: ignore[union-attr]
+        await until(lambda: uuid in agent.loop.p99_dedicated, "the dedicated p99")  # type: ignore[union-attr]
         assert agent.loop.p99_dedicated[uuid] == pytest.approx(0.010)
         # Forget the alone-time samples: a loop step between the BE pods' arrival and the first shared
         # iteration would otherwise read those 10 ms as "under target with BE present" and raise the BE share
@@ -189,7 +180,7 @@ async def test_agent_hp_be_env_and_feedback_loop(plugin_dir: Path, kubelet: Fake
 
         # Shared: the HP iterations slow to 16 ms, over the 11.5 ms target; the loop lowers the BE share.
         await hp_iterations(30, 0.016)
-        await wait_until(lambda: rec.restarts != [], "a BE restart")
+        await until(lambda: rec.restarts != [], "a BE restart")
         assert rec.restarts == ["ml/train"]  # the BE pod that checkpoints, only
         assert agent.lanes.be_percent_of(uuid) < 50
         reasons = {(p, r) for p, r, _ in rec.events}

@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import pytest
 from tessera_agent.proto import api_pb2, api_pb2_grpc
 
 from .agent_fake_kubelet import FakeKubelet
+from .waiting import until
 
 FAKE_MPS = str(Path(__file__).parent / "fake-bin" / "nvidia-cuda-mps-control")
 UUIDS = [f"GPU-00000000-0000-0000-0000-{i:012d}" for i in range(2)]  # FakeGpuBackend.uniform's
@@ -74,14 +74,6 @@ def ask(pipe: Path, command: str) -> str:
     )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
-
-
-async def until(cond: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout}s")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

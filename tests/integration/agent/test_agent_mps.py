@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from tessera_agent.enforce.mps import MpsDefaults, MpsError, MpsManager, MpsPhase
+
+from .waiting import until
 
 FAKE = str(Path(__file__).parent / "fake-bin" / "nvidia-cuda-mps-control")
 
@@ -34,14 +35,6 @@ def kill_daemon(root: Path) -> None:
     os.kill(int((root / "pipe" / "nvidia-cuda-mps-control.pid").read_text()), signal.SIGKILL)
 
 
-async def until(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 async def manager(mps_root: Path) -> AsyncIterator[tuple[MpsManager, asyncio.Event]]:
     mgr = MpsManager(
@@ -62,7 +55,7 @@ async def manager(mps_root: Path) -> AsyncIterator[tuple[MpsManager, asyncio.Eve
 
 async def test_start_applies_defaults(manager: tuple[MpsManager, asyncio.Event], mps_root: Path) -> None:
     mgr, _ = manager
-    await until(lambda: mgr.state().phase is MpsPhase.RUNNING)
+    await until(lambda: mgr.state().phase is MpsPhase.RUNNING, "the daemon running")
     sent = [c for _, c in commands(mps_root)]
     assert sent[:4] == [
         "-d",
@@ -78,18 +71,18 @@ async def test_crash_restarts_with_doubling_backoff(
     manager: tuple[MpsManager, asyncio.Event], mps_root: Path
 ) -> None:
     mgr, _ = manager
-    await until(lambda: len(mgr.start_times) == 1)
+    await until(lambda: len(mgr.start_times) == 1, "the first start")
     kill_daemon(mps_root)
-    await until(lambda: mgr.state().phase is MpsPhase.BACKOFF)
+    await until(lambda: mgr.state().phase is MpsPhase.BACKOFF, "backoff")
     st = mgr.state()
     assert (
         st.retry_in_s is not None
         and st.retry_in_s <= 0.4
         and "Cannot find MPS control daemon" in (st.last_error or "")
     )
-    await until(lambda: len(mgr.start_times) == 2)
+    await until(lambda: len(mgr.start_times) == 2, "the second start")
     kill_daemon(mps_root)  # crash again before a health check proves the restart stable
-    await until(lambda: len(mgr.start_times) == 3)
+    await until(lambda: len(mgr.start_times) == 3, "the third start")
     gaps = [b - a for a, b in zip(mgr.start_times, mgr.start_times[1:], strict=False)]
     assert gaps[0] >= 0.4 and gaps[1] >= 0.8, gaps
     assert mgr.state().restarts == 2 and mgr.state().phase is MpsPhase.RUNNING
@@ -103,7 +96,7 @@ async def test_stop_sends_quit(mps_root: Path) -> None:
     mgr = MpsManager(mps_root / "pipe", mps_root / "log", binary=FAKE, check_interval_s=0.05)
     stop = asyncio.Event()
     task = asyncio.create_task(mgr.run(stop))
-    await until(lambda: mgr.state().phase is MpsPhase.RUNNING)
+    await until(lambda: mgr.state().phase is MpsPhase.RUNNING, "the daemon running")
     stop.set()
     await asyncio.wait_for(task, 10)
     assert commands(mps_root)[-1][1] == "quit"

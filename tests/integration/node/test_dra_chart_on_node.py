@@ -41,6 +41,7 @@ from .test_dra_on_node import (
     GPU0,
     RESOURCE_API,
     SHOW_LANE,
+    allocated_claims,
     cdi_specs,
     lane_env,
     lane_pod,
@@ -190,12 +191,11 @@ def test_a_pod_asking_tessera_gpu_runs_on_a_whole_gpu_the_scheduler_claimed_for_
 
 
 def gpus_unclaimed(node: Node) -> bool:
-    """No GPU is held by an earlier test: no allocated ResourceClaim, and no live pod placed on GPUs (the
+    """No GPU is held by an earlier test: no claim holding a share of one, and no live pod placed on GPUs (the
     operator counts a pod's GPUs from its placement or assignment annotation until the pod ends, and the
     pods of earlier tests, here and in the chart tests before, go with their namespaces, in their own
     time). A test that wants both GPUs waits for this."""
-    got = node.plane.get(f"{RESOURCE_API}/resourceclaims") or {}
-    if [c for c in got.get("items", []) if (c.get("status") or {}).get("allocation")]:
+    if allocated_claims(node):
         return False
     every = node.plane.get("/api/v1/pods") or {}
     return not [
