@@ -7,20 +7,18 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 
 class Tripwire:
     """Relays 127.0.0.1:``port`` → 127.0.0.1:``target``. Once :meth:`arm` is called, the first gateway→worker
-    chunk whose stream contains ``marker`` is passed on and then ``action`` runs (once); ``fired_at`` is
-    its ``time.perf_counter()``."""
+    chunk whose stream contains ``marker`` is passed on and then ``action`` runs, once; ``fired`` says
+    whether it has."""
 
     def __init__(self, target: int, marker: bytes, action: Callable[[], None]) -> None:
         self.target, self.marker, self.action = target, marker, action
-        self.fired_at: float | None = None
         self._armed = threading.Event()
+        self._fired = threading.Event()
         self._closed = threading.Event()
         self._fire_lock = threading.Lock()
         self._sockets: list[socket.socket] = []
@@ -33,6 +31,10 @@ class Tripwire:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def fired(self) -> bool:
+        return self._fired.is_set()
 
     def arm(self) -> None:
         self._armed.set()
@@ -78,10 +80,9 @@ class Tripwire:
 
     def _fire(self) -> None:
         with self._fire_lock:
-            if self.fired_at is not None:
-                return
-            self.action()
-            self.fired_at = time.perf_counter()
+            if not self._fired.is_set():
+                self.action()
+                self._fired.set()
 
 
 def _drop(s: socket.socket) -> None:
@@ -90,7 +91,7 @@ def _drop(s: socket.socket) -> None:
     s.close()
 
 
-@contextmanager
+@contextlib.contextmanager
 def tripwire(target_url: str, marker: bytes, action: Callable[[], None]) -> Iterator[Tripwire]:
     port = int(target_url.rsplit(":", 1)[1])
     wire = Tripwire(port, marker, action)
